@@ -33,6 +33,7 @@ _VALUE, _VALUE_OR_CLOSE, _AFTER_VALUE, _KEY, _AFTER_KEY, _STRING, _DONE = range(
 _WS = re.compile(r"[ \t\r\n]*")
 _JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 _LOOSE_NUMBER = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_NUMBER_PREFIX = re.compile(r"[-+]?[0-9]*\.?[0-9]*(?:[eE][+-]?[0-9]*)?")
 _INT = re.compile(r"[-+]?[0-9]+")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _GEMMA_KEY = re.compile(r"[A-Za-z_$][A-Za-z0-9_.$-]*")
@@ -196,13 +197,11 @@ class ValueReader:
         return end, None
 
     def _number(self, buf: str, pos: int, final: bool) -> tuple[int, Status | None]:
+        if not final and _NUMBER_PREFIX.fullmatch(buf, pos):
+            return pos, Status.MORE  # the number may go on
         m = _LOOSE_NUMBER.match(buf, pos)
         end = m.end() if m else pos
-        if end == len(buf) and not final:
-            return pos, Status.MORE  # the number may go on
         if m is None or (end < len(buf) and buf[end] not in _VALUE_ENDERS):
-            if not final and end == len(buf):
-                return pos, Status.MORE
             return pos, Status.ERROR
         text = m.group()
         if _JSON_NUMBER.fullmatch(text):

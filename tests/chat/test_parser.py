@@ -1,0 +1,83 @@
+"""parse() on our own outputs for every format, and the prefix property at every cut."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from chat import ChatMsg, parse, spec_for_kind
+from tests.chat.fixtures import CASES
+from tests.chat.support import is_prefix_msg
+
+IDS = [c[0] for c in CASES]
+
+
+def _check(msg: ChatMsg, reasoning: str, content: str, calls: list) -> None:
+    assert msg.reasoning_content == reasoning
+    assert msg.content == content
+    assert [c.name for c in msg.tool_calls] == [name for name, _ in calls]
+    for got, (_, args) in zip(msg.tool_calls, calls):
+        if isinstance(args, str):  # a partial call: the argument text so far
+            assert got.arguments == args
+        else:
+            assert json.loads(got.arguments) == args
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_parse_gives_expected_fields(case) -> None:
+    _, kind, prefill, raw, reasoning, content, calls, tools, partial = case
+    msg = parse(spec_for_kind(kind), prefill + raw, partial=partial, tools=tools)
+    _check(msg, reasoning, content, calls)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_every_partial_parse_is_a_prefix_of_the_final_parse(case) -> None:
+    _, kind, prefill, raw, _, _, _, tools, partial = case
+    spec = spec_for_kind(kind)
+    text = prefill + raw
+    final = parse(spec, text, partial=partial, tools=tools)
+    for cut in range(len(text) + 1):
+        part = parse(spec, text[:cut], partial=True, tools=tools)
+        why = is_prefix_msg(part, final)
+        assert why is None, f"cut {cut}: {why}"
+
+
+def test_arguments_stream_as_canonical_json() -> None:
+    spec = spec_for_kind("hermes_json")
+    text = '<tool_call>{"name":"f","arguments":{"a":"x y","b":[1,2]}}</tool_call>'
+    msg = parse(spec, text, partial=False)
+    assert msg.tool_calls[0].arguments == '{"a": "x y", "b": [1, 2]}'
+    part = parse(spec, text[: text.index("y")], partial=True)
+    assert part.tool_calls[0].arguments == '{"a": "x '
+
+
+def test_bare_scalars_wait_until_they_end() -> None:
+    spec = spec_for_kind("hermes_json")
+    head = '<tool_call>{"name": "f", "arguments": {"a": tru'
+    assert parse(spec, head, partial=True).tool_calls[0].arguments == '{"a": '
+    assert parse(spec, head + "e}", partial=True).tool_calls[0].arguments == '{"a": true}'
+
+
+@pytest.mark.parametrize("kind,raw", [
+    ("hermes_json", '<tool_call>{"name": "f", "arguments": {}}</tool_call>'),
+    ("qwen_xml", "<tool_call>\n<function=f>\n</function>\n</tool_call>"),
+    ("gemma4", "<|tool_call>call:f{}<tool_call|>"),
+    ("lfm2_pythonic", "<|tool_call_start|>[f()]<|tool_call_end|>"),
+])
+def test_tool_markup_stays_content_without_tool_parsing(kind: str, raw: str) -> None:
+    msg = parse(spec_for_kind(kind), raw, partial=False, parse_tool_calls=False)
+    assert msg.tool_calls == []
+    assert msg.content == raw
+
+
+def test_harmony_call_body_is_content_without_tool_parsing() -> None:
+    raw = '<|channel|>commentary to=functions.f<|message|>{"a": 1}<|call|>'
+    msg = parse(spec_for_kind("harmony"), "assistant" + raw, partial=False,
+                parse_tool_calls=False)
+    assert msg.tool_calls == [] and msg.content == '{"a": 1}'
+
+
+def test_thinking_off_spec_leaves_think_tags_in_content() -> None:
+    spec = spec_for_kind("hermes_json", reasoning=False)
+    assert parse(spec, "<think>x</think>y", partial=False).content == "<think>x</think>y"
