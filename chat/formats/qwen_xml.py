@@ -23,7 +23,7 @@ PARAMETER_START = "<parameter="
 PARAMETER_END = "</parameter>"
 
 
-_TYPE_ALIASES = {"float": "number", "double": "number", "int": "integer", "bool": "boolean",
+TYPE_ALIASES = {"float": "number", "double": "number", "int": "integer", "bool": "boolean",
                  "str": "string", "dict": "object", "list": "array"}
 
 
@@ -33,9 +33,9 @@ def schema_types(schema: Any) -> set[str]:
         return set()
     t = schema.get("type")
     if isinstance(t, str):
-        return {_TYPE_ALIASES.get(t, t)}
+        return {TYPE_ALIASES.get(t, t)}
     if isinstance(t, list):
-        return {_TYPE_ALIASES.get(x, x) for x in t if isinstance(x, str)}
+        return {TYPE_ALIASES.get(x, x) for x in t if isinstance(x, str)}
     out: set[str] = set()
     for key in ("anyOf", "oneOf"):
         for sub in schema.get(key) or ():

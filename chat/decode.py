@@ -1,0 +1,251 @@
+"""Decode constraints: what the decode loop calls each step to mask and advance.
+
+`make_constraint` returns a `GrammarConstraint` (an xgrammar matcher over the request's
+structural tag), a `TokenBanConstraint` (tool_choice "none": the tool opener is banned),
+or None: nothing to constrain, and the loop pays nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Protocol
+
+import msgspec
+import numpy as np
+
+from chat.engine import GrammarEngine
+from chat.errors import ConstraintError
+from chat.grammar import structural_tag, text_markers
+from chat.request import ConstraintRequest
+from chat.spec import FormatKind, FormatSpec
+
+log = logging.getLogger(__name__)
+
+
+def mask_words(vocab_size: int) -> int:
+    """uint32 words in a mask over `vocab_size` tokens (bit i of word i // 32)."""
+    return (vocab_size + 31) // 32
+
+
+class DecodeConstraint(Protocol):
+    active: bool
+
+    def start(self, prefill: str) -> None: ...
+
+    def fill_mask(self, buf: np.ndarray) -> bool: ...
+
+    def accept(self, token: int) -> None: ...
+
+    def accept_forced(self, token: int) -> None: ...
+
+    def rollback(self, n: int) -> None: ...
+
+
+class TokenBanConstraint:
+    """Bans one token (the tool opener under tool_choice "none")."""
+
+    def __init__(self, token_id: int, vocab_size: int) -> None:
+        self.active = True
+        self.token_id = token_id
+        self._mask = np.full(mask_words(vocab_size), 0xFFFFFFFF, dtype=np.uint32)
+        self._mask[token_id // 32] &= np.uint32(~(1 << (token_id % 32)) & 0xFFFFFFFF)
+
+    def start(self, prefill: str) -> None:
+        pass
+
+    def fill_mask(self, buf: np.ndarray) -> bool:
+        buf[:] = self._mask
+        return True
+
+    def accept(self, token: int) -> None:
+        pass
+
+    def accept_forced(self, token: int) -> None:
+        pass
+
+    def rollback(self, n: int) -> None:
+        pass
+
+
+class GrammarConstraint:
+    """An xgrammar matcher for one request.
+
+    If the prefill or a forced token opens reasoning that the grammar left out, it switches
+    to the precompiled with-reasoning grammar and replays what it had accepted; if the
+    matcher still rejects a token it logs once and stops masking for this request.
+    """
+
+    def __init__(
+        self,
+        engine: GrammarEngine,
+        compiled: Any,
+        *,
+        with_reasoning: Any = None,
+        stop_token_ids: list[int],
+        skip_prefix: str = "",
+        request_id: str = "",
+    ) -> None:
+        self.engine = engine
+        self.active = True
+        self.request_id = request_id
+        self._stop = stop_token_ids
+        self._with_reasoning = with_reasoning
+        self._skip = skip_prefix
+        self._prefill = ""
+        self._history: list[int] = []
+        self.matcher = engine.matcher(compiled, stop_token_ids)
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self, prefill: str) -> None:
+        if self._skip and prefill.startswith(self._skip):
+            prefill = prefill[len(self._skip) :]
+        self._prefill = prefill
+        if not prefill or self.matcher.accept_string(prefill):
+            return
+        if not self._use_reasoning_grammar():
+            self.give_up(f"the prefill {prefill!r} is rejected")
+
+    def fill_mask(self, buf: np.ndarray) -> bool:
+        if not self.active:
+            return False
+        return bool(self.matcher.fill_next_token_bitmask(buf.view(np.int32).reshape(1, -1)))
+
+    def accept(self, token: int) -> None:
+        if not self.active:
+            return
+        if self.matcher.accept_token(int(token)):
+            self._history.append(int(token))
+        else:
+            self.give_up(f"token {token} is rejected")
+
+    def accept_forced(self, token: int) -> None:
+        if not self.active:
+            return
+        if self.matcher.accept_token(int(token)):
+            self._history.append(int(token))
+            return
+        if self._use_reasoning_grammar() and self.matcher.accept_token(int(token)):
+            self._history.append(int(token))
+            return
+        self.give_up(f"forced token {token} is rejected")
+
+    def rollback(self, n: int) -> None:
+        if self.active and n > 0:
+            self.matcher.rollback(n)
+            del self._history[-n:]
+
+    def give_up(self, why: str) -> None:
+        if self.active:
+            log.warning("Constrained decoding disabled for request %s: %s",
+                        self.request_id or "-", why)
+        self.active = False
+
+    def _use_reasoning_grammar(self) -> bool:
+        """Switch to the with-reasoning grammar and replay; False when there is none or the
+        replay fails."""
+        if self._with_reasoning is None:
+            return False
+        matcher = self.engine.matcher(self._with_reasoning, self._stop)
+        self._with_reasoning = None
+        if self._prefill and not matcher.accept_string(self._prefill):
+            return False
+        for t in self._history:
+            if not matcher.accept_token(t):
+                return False
+        self.matcher = matcher
+        return True
+
+    # -- checking whole outputs -----------------------------------------------------------
+    def check_text(self, text: str) -> tuple[bool, str]:
+        """Accept `text` as the rest of the output; (ok, why not)."""
+        m = self.matcher
+        if not m.accept_string(text):
+            return False, self._locate(text)
+        if not m.is_completed():
+            return False, f"the output is incomplete at its end (byte {len(text.encode())})"
+        return True, ""
+
+    def _locate(self, text: str) -> str:
+        m = self.matcher
+        # the failed accept_string left the matcher unchanged: feed one character at a time
+        offset = 0
+        for ch in text:
+            if not m.accept_string(ch):
+                at = len(text.encode("utf-8")[:offset].decode("utf-8", "ignore"))
+                return f"rejected at byte {offset}: {text[max(0, at - 20) : at + 20]!r}"
+            offset += len(ch.encode("utf-8"))
+        return f"rejected at byte {offset}"
+
+
+def make_constraint(
+    spec: FormatSpec,
+    request: ConstraintRequest,
+    engine: GrammarEngine | None,
+    *,
+    request_id: str = "",
+    tools_enabled: bool = True,
+    thinking_enabled: bool = True,
+) -> DecodeConstraint | None:
+    """The decode constraint for a request, or None when nothing is constrained.
+
+    Args:
+        spec: the model's format.
+        request: the normalised request options.
+        engine: the model's grammar engine; needed when `needs_grammar` says so.
+        request_id: for the log line if the constraint has to give up.
+        tools_enabled: False for a model whose template leaves the tools out of the prompt:
+            `required` and a named function are refused, `auto` drops the tool grammar.
+        thinking_enabled: False when the model renders with thinking off: reasoning is
+            then not allowed in the grammar.
+
+    Raises:
+        ConstraintError: the request cannot be served on this model (HTTP 400).
+    """
+    request = effective_request(request, tools_enabled=tools_enabled,
+                                thinking_enabled=thinking_enabled)
+    if request.tool_choice == "none" and request.all_tools and request.response_format == "text":
+        if engine is None or not spec.tool_start:
+            return None
+        token = engine.token_id(spec.tool_start)
+        return TokenBanConstraint(token, engine.vocab_size) if token is not None else None
+    tag = structural_tag(spec, request)
+    if tag is None:
+        return None
+    if engine is None:
+        raise ValueError("this request needs a GrammarEngine")
+    param = "response_format.json_schema.schema" if request.json_schema else "tools"
+    compiled = engine.compile(tag, param=param)
+    with_reasoning = None
+    if spec.reasoning and not request.allow_reasoning:
+        alt = structural_tag(spec, msgspec.structs.replace(request, allow_reasoning=True))
+        if alt is not None:
+            with_reasoning = engine.compile(alt, param=param)
+    markers = set(text_markers(spec))
+    stops = [t for t in engine.stop_token_ids
+             if engine.vocab[t].decode("utf-8", "replace") not in markers]
+    return GrammarConstraint(
+        engine, compiled, with_reasoning=with_reasoning, stop_token_ids=stops,
+        skip_prefix="assistant" if spec.kind is FormatKind.HARMONY else "",
+        request_id=request_id,
+    )
+
+
+def effective_request(
+    request: ConstraintRequest, *, tools_enabled: bool = True, thinking_enabled: bool = True
+) -> ConstraintRequest:
+    """Apply what the model can do to a request (see `make_constraint`)."""
+    if not tools_enabled and request.tools:
+        if request.tool_choice == "required":
+            raise ConstraintError(
+                "This model's chat template does not show tools to the model, so it cannot be "
+                "made to call one; use tool_choice 'auto' or 'none'.", param="tool_choice")
+        request = request.without_tools()
+    if not thinking_enabled and request.allow_reasoning:
+        request = msgspec.structs.replace(request, allow_reasoning=False)
+    return request
+
+
+def needs_grammar(spec: FormatSpec, request: ConstraintRequest) -> bool:
+    """Whether `make_constraint` will need the model's `GrammarEngine`."""
+    return structural_tag(spec, request) is not None or (
+        request.tool_choice == "none" and bool(request.all_tools) and bool(spec.tool_start))

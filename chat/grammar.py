@@ -1,0 +1,315 @@
+"""structural_tag: the xgrammar structural tag (a JSON-able dict) for a format and request.
+
+The tag is: an optional reasoning block (only when reasoning is allowed or forced; optional
+so a prefill that already opened it is accepted), then the body: tool calls in the format's
+own syntax (xgrammar's JSON, qwen_xml and gemma styles; our own EBNF for LFM2's Python
+calls), or the `response_format` document. Numbers are bounded to 16 digits and runs of
+whitespace to a few characters, so a constrained model cannot pad forever.
+Pure data: xgrammar is only imported where tags are compiled (`chat.engine`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from chat.formats.qwen_xml import TYPE_ALIASES, schema_types
+from chat.request import ConstraintRequest, ToolSpec
+from chat.spec import (
+    HARMONY_CALL,
+    HARMONY_CHANNEL,
+    HARMONY_CONSTRAIN,
+    HARMONY_END,
+    HARMONY_MESSAGE,
+    HARMONY_RETURN,
+    HARMONY_START,
+    FormatKind,
+    FormatSpec,
+)
+
+MAX_DIGITS = 16
+MAX_WHITESPACE = 2
+INT_BOUND = 10**MAX_DIGITS - 1
+_AFTER_REASONING = {"type": "regex", "pattern": "[ \\n]{0,4}"}
+_WS = {"type": "regex", "pattern": "[ \\n]{0,2}"}
+
+Tag = dict[str, Any]
+
+
+def structural_tag(spec: FormatSpec, request: ConstraintRequest) -> Tag | None:
+    """The structural tag for `request` on a model of format `spec`, or None when nothing
+    is constrained (no tools to call and a text response)."""
+    if spec.kind is FormatKind.HARMONY:
+        return _harmony(request)
+    body = _body(spec, request)
+    if body is None:
+        return None
+    reasoning = spec.reasoning and (request.allow_reasoning or spec.reasoning_forced)
+    elements: list[Tag] = []
+    if reasoning:
+        elements.append({"type": "optional", "content": {
+            "type": "tag", "begin": spec.reasoning_start, "content": {"type": "any_text"},
+            "end": spec.reasoning_end}})
+        elements.append(_AFTER_REASONING)
+    elements.append(body)
+    return {"type": "structural_tag", "format": {"type": "sequence", "elements": elements}}
+
+
+def text_markers(spec: FormatSpec) -> tuple[str, ...]:
+    """Stop strings the grammar spells as text (kept out of the matcher's stop tokens)."""
+    if spec.kind is FormatKind.HARMONY:
+        return (HARMONY_CALL, HARMONY_RETURN, HARMONY_END)
+    return ()
+
+
+# -- bodies -------------------------------------------------------------------------------
+def _document(request: ConstraintRequest) -> Tag | None:
+    if request.response_format == "text":
+        return None
+    return _json(request.json_schema if request.json_schema is not None else {"type": "object"})
+
+
+def _body(spec: FormatSpec, request: ConstraintRequest) -> Tag | None:
+    document = _document(request)
+    if not request.tools or request.tool_choice == "none" or not spec.has_tools:
+        return document
+    once = not request.parallel_tool_calls
+    tags = _tool_tags(spec, request.tools, once)
+    if request.tool_choice == "required" or document is not None:
+        one = tags[0] if len(tags) == 1 else {"type": "or", "elements": tags}
+        calls = one if once or spec.kind is FormatKind.LFM2_PYTHONIC else {"type": "sequence", "elements": [
+            one, {"type": "star", "content": {"type": "sequence", "elements": [_WS, one]}}]}
+        if request.tool_choice == "required":
+            return calls
+        return {"type": "or", "elements": [calls, document]}  # auto with a response format
+    return {"type": "triggered_tags", "triggers": [spec.tool_start], "tags": tags,
+            "at_least_one": False, "stop_after_first": once}
+
+
+def _tool_tags(spec: FormatSpec, tools: tuple[ToolSpec, ...], once: bool) -> list[Tag]:
+    kind = spec.kind
+    if kind is FormatKind.HERMES_JSON:
+        # One tag: the call object is a JSON document, one wrapper schema per tool.
+        wrappers = [{"type": "object", "properties": {
+            "name": {"const": t.name}, "arguments": bounded_schema(t.parameters)},
+            "required": ["name", "arguments"]} for t in tools]
+        schema = wrappers[0] if len(wrappers) == 1 else {"anyOf": wrappers}
+        content = {"type": "json_schema", "json_schema": schema, "style": "json",
+                   "max_whitespace_cnt": MAX_WHITESPACE}
+        return [{"type": "tag", "begin": spec.tool_start,
+                 "content": {"type": "sequence", "elements": [_WS, content, _WS]},
+                 "end": spec.tool_end}]
+    if kind is FormatKind.QWEN_XML:
+        return [{"type": "tag", "begin": f"{spec.tool_start}\n<function={t.name}>\n",
+                 "content": _json(t.parameters, style="qwen_xml"),
+                 "end": f"</function>\n{spec.tool_end}"} for t in tools]
+    if kind is FormatKind.GEMMA4:
+        return [{"type": "tag", "begin": f"{spec.tool_start}call:{t.name}",
+                 "content": _json(t.parameters, style="gemma"), "end": spec.tool_end}
+                for t in tools]
+    if kind is FormatKind.LFM2_PYTHONIC:
+        return [{"type": "tag", "begin": f"{spec.tool_start}[",
+                 "content": {"type": "grammar", "grammar": python_calls_ebnf(tools, once)},
+                 "end": f"]{spec.tool_end}"}]
+    raise ValueError(f"format {kind} has no tool syntax")
+
+
+def _harmony(request: ConstraintRequest) -> Tag | None:
+    """gpt-oss: [analysis message] [commentary preambles] then a call or the final answer.
+
+    The prefill's role (`assistant`) is dropped before matching, so the grammar starts at
+    the first message's channel.
+    """
+    document = _document(request)
+    tools = request.tools if request.tool_choice != "none" else ()
+    if not tools and document is None:
+        return None
+    head, next_message = HARMONY_CHANNEL, f"{HARMONY_END}{HARMONY_START}assistant"
+    constrain = {"type": "regex", "pattern": " ?<\\|constrain\\|>json"}
+    calls = [{"type": "sequence", "elements": [
+        {"type": "const_string", "value": f"{head}commentary to=functions.{t.name}"},
+        {"type": "optional", "content": constrain},
+        {"type": "const_string", "value": HARMONY_MESSAGE},
+        _json(t.parameters),
+        {"type": "const_string", "value": HARMONY_CALL}]} for t in tools]
+    final = {"type": "tag", "begin": f"{head}final{HARMONY_MESSAGE}",
+             "content": document or {"type": "any_text"}, "end": HARMONY_RETURN}
+    options = calls if request.tool_choice == "required" else calls + [final]
+    body = options[0] if len(options) == 1 else {"type": "or", "elements": options}
+    elements: list[Tag] = []
+    if request.allow_reasoning:
+        elements.append({"type": "optional", "content": {
+            "type": "tag", "begin": f"{head}analysis{HARMONY_MESSAGE}",
+            "content": {"type": "any_text"}, "end": next_message}})
+    if tools and request.tool_choice != "required":
+        elements.append({"type": "star", "content": {
+            "type": "tag", "begin": f"{head}commentary{HARMONY_MESSAGE}",
+            "content": {"type": "any_text"}, "end": next_message}})
+    elements.append(body)
+    return {"type": "structural_tag", "format": {"type": "sequence", "elements": elements}}
+
+
+# -- JSON schemas -------------------------------------------------------------------------
+def _json(schema: Any, *, style: str = "json") -> Tag:
+    tag: Tag = {"type": "json_schema", "json_schema": bounded_schema(schema), "style": style}
+    if style == "json":
+        tag["max_whitespace_cnt"] = MAX_WHITESPACE
+    return tag
+
+
+def bounded_schema(schema: Any) -> Any:
+    """A copy of `schema` whose integers and numbers have at most 16 digits."""
+    schema = copy.deepcopy(schema)
+    _bound(schema)
+    return schema
+
+
+def _bound(node: Any) -> None:
+    if isinstance(node, list):
+        for item in node:
+            _bound(item)
+        return
+    if not isinstance(node, dict):
+        return
+    types = node.get("type")
+    if isinstance(types, str):
+        types = node["type"] = TYPE_ALIASES.get(types, types)
+    elif isinstance(types, list):
+        types = node["type"] = [TYPE_ALIASES.get(t, t) for t in types]
+    types = {types} if isinstance(types, str) else set(types or ())
+    if "array" in types and "items" not in node and "prefixItems" not in node:
+        node["items"] = {}  # xgrammar's strict mode would otherwise allow only []
+    if types & {"integer", "number"}:
+        node.setdefault("minimum", -INT_BOUND)
+        node.setdefault("maximum", INT_BOUND)
+    for key, value in node.items():
+        if key in ("properties", "$defs", "definitions", "patternProperties"):
+            if isinstance(value, dict):
+                for sub in value.values():
+                    _bound(sub)
+        elif key in ("items", "additionalProperties", "anyOf", "oneOf", "allOf", "prefixItems",
+                     "not", "contains"):
+            _bound(value)
+
+
+# -- LFM2: Python keyword arguments as EBNF -------------------------------------------------
+_PY_RULES = r'''pysq ::= [^'\\\r\n] | "\\" ['"\\nrt]
+pydq ::= [^"\\\r\n] | "\\" ['"\\nrt]
+pystr ::= "'" pysq* "'" | "\"" pydq* "\""
+pyint ::= "-"? ("0" | [1-9] [0-9]{0,15})
+pynum ::= pyint ("." [0-9]{1,16})?
+pybool ::= "True" | "False" | "true" | "false"
+pynone ::= "None" | "null"
+pyany ::= pystr | pynum | pybool | pynone | pylist | pydict
+pylist ::= "[" (pyany (", " pyany){0,63})? "]"
+pydict ::= "{" (pystr ": " pyany (", " pystr ": " pyany){0,63})? "}"
+pyname ::= [A-Za-z_] [A-Za-z0-9_]*
+pykwargs ::= (pyname "=" pyany (", " pyname "=" pyany){0,63})?
+'''
+
+
+class _EBNF:
+    def __init__(self) -> None:
+        self.rules: list[str] = []
+        self.count = 0
+
+    def rule(self, body: str) -> str:
+        name = f"r{self.count}"
+        self.count += 1
+        self.rules.append(f"{name} ::= {body}")
+        return name
+
+    def value(self, schema: Any, depth: int = 0) -> str:
+        if not isinstance(schema, dict) or depth > 6:
+            return "pyany"
+        if "enum" in schema and isinstance(schema["enum"], list) and schema["enum"]:
+            return self.rule(" | ".join(_py_literal(v) for v in schema["enum"]))
+        if "const" in schema:
+            return self.rule(_py_literal(schema["const"]))
+        for key in ("anyOf", "oneOf"):
+            subs = schema.get(key)
+            if isinstance(subs, list) and subs:
+                return self.rule(" | ".join(self.value(s, depth + 1) for s in subs))
+        types = schema_types(schema)
+        if not types:
+            return "pyany"
+        alts = []
+        for t in sorted(types):
+            if t == "string":
+                alts.append("pystr")
+            elif t == "integer":
+                alts.append("pyint")
+            elif t == "number":
+                alts.append("pynum")
+            elif t == "boolean":
+                alts.append("pybool")
+            elif t == "null":
+                alts.append("pynone")
+            elif t == "array":
+                item = self.value(schema.get("items"), depth + 1)
+                alts.append(self.rule(f'"[" ({item} (", " {item}){{0,63}})? "]"'))
+            elif t == "object":
+                props = schema.get("properties")
+                if isinstance(props, dict) and props:
+                    body = self.members(props, schema.get("required") or [], ": ", depth, True)
+                    alts.append(self.rule(f'"{{" {body} "}}"'))
+                else:
+                    alts.append("pydict")
+            else:
+                alts.append("pyany")
+        return self.rule(" | ".join(alts)) if len(alts) > 1 else alts[0]
+
+    def members(self, props: dict, required: list, sep: str, depth: int, quoted: bool) -> str:
+        """Properties in declared order; required ones present, optional ones skippable."""
+        names = list(props)
+        kv = []
+        for name in names:
+            key = (_py_quote(name) + sep) if quoted else (name + sep)
+            kv.append(f"{json.dumps(key)} {self.value(props[name], depth + 1)}")
+        n = len(names)
+        rest = ['""'] * (n + 1)
+        first = ['""'] * (n + 1)
+        rest_names = [self.rule('""')] * (n + 1)
+        first_names = [rest_names[n]] * (n + 1)
+        for i in range(n - 1, -1, -1):
+            req = names[i] in required
+            nxt_rest, nxt_first = rest_names[i + 1], first_names[i + 1]
+            rest[i] = f'(", " {kv[i]} {nxt_rest})' + ("" if req else f" | {nxt_rest}")
+            first[i] = f"({kv[i]} {nxt_rest})" + ("" if req else f" | {nxt_first}")
+            rest_names[i] = self.rule(rest[i])
+            first_names[i] = self.rule(first[i])
+        return first_names[0]
+
+
+def _py_quote(text: str) -> str:
+    inner = text.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n")
+    return "'" + inner + "'"
+
+
+def _py_literal(value: Any) -> str:
+    """An EBNF string matching the Python literal of `value`."""
+    if isinstance(value, bool):
+        return json.dumps("True" if value else "False")
+    if value is None:
+        return json.dumps("None")
+    if isinstance(value, str):
+        return json.dumps(_py_quote(value))
+    return json.dumps(json.dumps(value))
+
+
+def python_calls_ebnf(tools: tuple[ToolSpec, ...], once: bool) -> str:
+    """EBNF for LFM2's call list body: `f(k=v, ...)` (`, ` separated unless `once`)."""
+    g = _EBNF()
+    calls = []
+    for tool in tools:
+        schema = tool.parameters
+        props = schema.get("properties") if isinstance(schema, dict) else None
+        if isinstance(props, dict) and props:
+            kwargs = g.members(props, schema.get("required") or [], "=", 0, False)
+        else:
+            kwargs = "pykwargs"
+        calls.append(g.rule(f'{json.dumps(tool.name + "(")} {kwargs} ")"'))
+    call = g.rule(" | ".join(calls))
+    root = call if once else f'{call} (", " {call}){{0,15}}'
+    return f"root ::= {root}\n" + "\n".join(g.rules) + "\n" + _PY_RULES

@@ -1,0 +1,289 @@
+"""ConstraintRequest: the OpenAI options that restrict an output, validated and normalised.
+
+`constraint_request_from_openai(body)` reads `tools`, `tool_choice` (auto, none, required, a
+named function, allowed_tools), `parallel_tool_calls`, `response_format` (text, json_object,
+json_schema) and the thinking switch (`think: false`, `reasoning_effort: "none"`,
+`chat_template_kwargs.enable_thinking: false`). A JSON null reads as missing everywhere.
+Invalid values raise `ConstraintError` naming the parameter (HTTP 400).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from chat.errors import ConstraintError
+
+ToolChoice = Literal["auto", "none", "required"]
+ResponseFormat = Literal["text", "json_object", "json_schema"]
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+
+
+class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """One function tool: its name and the JSON schema of its arguments (an object)."""
+
+    name: str
+    parameters: dict = msgspec.field(default_factory=lambda: {"type": "object"})
+    description: str = ""
+
+
+class ConstraintRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """What a request asks of the output's shape.
+
+    Attributes:
+        tools: the tools the model may call (after `allowed_tools` filtering).
+        all_tools: every tool the request declared (for rendering the prompt).
+        tool_choice: "auto", "none" or "required"; a named function is "required" with
+            `tools` holding that one function.
+        named: the function name when the request named one.
+        parallel_tool_calls: False: at most one call.
+        response_format: "text", "json_object" or "json_schema".
+        json_schema: the schema for "json_schema".
+        allow_reasoning: False when the request turned thinking off.
+    """
+
+    tools: tuple[ToolSpec, ...] = ()
+    all_tools: tuple[ToolSpec, ...] = ()
+    tool_choice: ToolChoice = "auto"
+    named: str | None = None
+    parallel_tool_calls: bool = True
+    response_format: ResponseFormat = "text"
+    json_schema: dict | None = None
+    allow_reasoning: bool = True
+
+    @property
+    def parse_tool_calls(self) -> bool:
+        """Whether tool markup in the output is read as calls."""
+        return bool(self.tools) and self.tool_choice != "none"
+
+    @property
+    def constrains(self) -> bool:
+        """Whether anything restricts the output beyond the thinking switch."""
+        return bool(self.tools) or self.response_format != "text"
+
+    def without_tools(self) -> ConstraintRequest:
+        return msgspec.structs.replace(self, tools=(), tool_choice="auto", named=None)
+
+
+def _get(body: dict, key: str) -> Any:
+    value = body.get(key)
+    return None if value is None else value
+
+
+def _type_name(value: Any) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
+            int: "an integer", float: "a number"}.get(type(value), type(value).__name__)
+
+
+def _tools(body: dict) -> tuple[ToolSpec, ...]:
+    raw = _get(body, "tools")
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ConstraintError(f"'tools' must be an array of tools, got {_type_name(raw)}.",
+                              param="tools")
+    out: list[ToolSpec] = []
+    seen: set[str] = set()
+    for i, tool in enumerate(raw):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict):
+            raise ConstraintError(f"'{where}' must be an object.", param=where)
+        kind = _get(tool, "type") or "function"
+        if kind != "function":
+            raise ConstraintError(
+                f"'{where}.type' is {kind!r}; only 'function' tools are supported.",
+                param=f"{where}.type")
+        fn = _get(tool, "function")
+        if fn is None and "name" in tool:
+            fn = tool  # the flat (Responses API) shape
+        if not isinstance(fn, dict):
+            raise ConstraintError(f"'{where}.function' must be an object with a 'name'.",
+                                  param=f"{where}.function")
+        name = _get(fn, "name")
+        if not isinstance(name, str) or not name:
+            raise ConstraintError(f"'{where}.function.name' must be a non-empty string.",
+                                  param=f"{where}.function.name")
+        if name in seen:
+            raise ConstraintError(f"Two tools are named {name!r}; tool names must be unique.",
+                                  param=f"{where}.function.name")
+        seen.add(name)
+        params = _get(fn, "parameters")
+        if params is None:
+            params = {"type": "object", "properties": {}}
+        if not isinstance(params, dict) or params.get("type", "object") != "object":
+            raise ConstraintError(
+                f"'{where}.function.parameters' must be a JSON schema of type 'object'.",
+                param=f"{where}.function.parameters")
+        desc = _get(fn, "description")
+        out.append(ToolSpec(name=name, parameters=params,
+                            description=desc if isinstance(desc, str) else ""))
+    return tuple(out)
+
+
+def _function_name(obj: Any, where: str) -> str:
+    """The name in `{"type": "function", "function": {"name": ...}}` (or a flat `name`)."""
+    if not isinstance(obj, dict):
+        raise ConstraintError(f"'{where}' must be an object.", param=where)
+    if _get(obj, "type") not in (None, "function"):
+        raise ConstraintError(f"'{where}.type' must be 'function'.", param=f"{where}.type")
+    fn = _get(obj, "function")
+    name = _get(fn, "name") if isinstance(fn, dict) else _get(obj, "name")
+    if not isinstance(name, str) or not name:
+        raise ConstraintError(f"'{where}.function.name' must be a non-empty string.",
+                              param=f"{where}.function.name")
+    return name
+
+
+def _tool_choice(body: dict, tools: tuple[ToolSpec, ...]) -> tuple[str, str | None, tuple]:
+    raw = _get(body, "tool_choice")
+    names = [t.name for t in tools]
+    if raw is None:
+        return "auto", None, tools
+    if isinstance(raw, str):
+        if raw not in ("auto", "none", "required"):
+            raise ConstraintError(
+                f"'tool_choice' is {raw!r}; use 'auto', 'none', 'required' or "
+                '{"type": "function", "function": {"name": ...}}.', param="tool_choice")
+        if raw == "required" and not tools:
+            raise ConstraintError("'tool_choice' is 'required' but the request has no 'tools'.",
+                                  param="tool_choice")
+        return raw, None, tools
+    if not isinstance(raw, dict):
+        raise ConstraintError(f"'tool_choice' must be a string or an object, got "
+                              f"{_type_name(raw)}.", param="tool_choice")
+    kind = _get(raw, "type")
+    if kind == "allowed_tools":
+        allowed = _get(raw, "allowed_tools")
+        if not isinstance(allowed, dict):
+            raise ConstraintError("'tool_choice.allowed_tools' must be an object with 'mode' "
+                                  "and 'tools'.", param="tool_choice.allowed_tools")
+        mode = _get(allowed, "mode") or "auto"
+        if mode not in ("auto", "required"):
+            raise ConstraintError(f"'tool_choice.allowed_tools.mode' is {mode!r}; use 'auto' or "
+                                  "'required'.", param="tool_choice.allowed_tools.mode")
+        listed = _get(allowed, "tools")
+        if not isinstance(listed, list) or not listed:
+            raise ConstraintError("'tool_choice.allowed_tools.tools' must be a non-empty array.",
+                                  param="tool_choice.allowed_tools.tools")
+        chosen = []
+        for i, item in enumerate(listed):
+            where = f"tool_choice.allowed_tools.tools[{i}]"
+            name = _function_name(item, where)
+            if name not in names:
+                raise ConstraintError(f"'{where}' names {name!r}, which is not in 'tools'.",
+                                      param=f"{where}.function.name")
+            chosen.append(name)
+        subset = tuple(t for t in tools if t.name in chosen)
+        return mode, None, subset
+    if kind != "function":
+        raise ConstraintError("'tool_choice.type' must be 'function' or 'allowed_tools'.",
+                              param="tool_choice.type")
+    name = _function_name(raw, "tool_choice")
+    if not tools:
+        raise ConstraintError("'tool_choice' names a function but the request has no 'tools'.",
+                              param="tool_choice")
+    if name not in names:
+        raise ConstraintError(
+            f"'tool_choice.function.name' is {name!r}, which is not in 'tools' "
+            f"(known: {', '.join(names)}).", param="tool_choice.function.name")
+    return "required", name, tuple(t for t in tools if t.name == name)
+
+
+def _response_format(body: dict) -> tuple[str, dict | None]:
+    raw = _get(body, "response_format")
+    if raw is None:
+        return "text", None
+    if not isinstance(raw, dict):
+        raise ConstraintError("'response_format' must be an object with a 'type'.",
+                              param="response_format")
+    kind = _get(raw, "type") or "text"
+    if kind == "text":
+        return "text", None
+    if kind == "json_object":
+        return "json_object", {"type": "object"}
+    if kind != "json_schema":
+        raise ConstraintError(f"'response_format.type' is {kind!r}; use 'text', 'json_object' "
+                              "or 'json_schema'.", param="response_format.type")
+    spec = _get(raw, "json_schema")
+    if not isinstance(spec, dict):
+        raise ConstraintError("'response_format.json_schema' must be an object with 'name' and "
+                              "'schema'.", param="response_format.json_schema")
+    strict = _get(spec, "strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise ConstraintError("'response_format.json_schema.strict' must be a boolean.",
+                              param="response_format.json_schema.strict")
+    schema = _get(spec, "schema")
+    if schema is None:
+        schema = {}
+    if not isinstance(schema, (dict, bool)):
+        raise ConstraintError("'response_format.json_schema.schema' must be a JSON schema object.",
+                              param="response_format.json_schema.schema")
+    if schema is True or schema == {}:
+        schema = {}
+    if schema is False:
+        raise ConstraintError("'response_format.json_schema.schema' is false: nothing matches.",
+                              param="response_format.json_schema.schema")
+    return "json_schema", schema
+
+
+def _allow_reasoning(body: dict) -> bool:
+    allow = True
+    think = _get(body, "think")
+    if think is not None:
+        if not isinstance(think, bool):
+            raise ConstraintError("'think' must be a boolean.", param="think")
+        allow = allow and think
+    effort = _get(body, "reasoning_effort")
+    if effort is not None:
+        if effort not in REASONING_EFFORTS:
+            raise ConstraintError(f"'reasoning_effort' is {effort!r}; use one of "
+                                  f"{', '.join(REASONING_EFFORTS)}.", param="reasoning_effort")
+        allow = allow and effort != "none"
+    kwargs = _get(body, "chat_template_kwargs")
+    if kwargs is not None:
+        if not isinstance(kwargs, dict):
+            raise ConstraintError("'chat_template_kwargs' must be an object.",
+                                  param="chat_template_kwargs")
+        enable = _get(kwargs, "enable_thinking")
+        if enable is not None:
+            if not isinstance(enable, bool):
+                raise ConstraintError("'chat_template_kwargs.enable_thinking' must be a boolean.",
+                                      param="chat_template_kwargs.enable_thinking")
+            allow = allow and enable
+    return allow
+
+
+def constraint_request_from_openai(body: dict) -> ConstraintRequest:
+    """Validate and normalise a request's constraint options.
+
+    Args:
+        body: the decoded JSON body of a chat completion request.
+
+    Returns:
+        The normalised `ConstraintRequest`.
+
+    Raises:
+        ConstraintError: an option is malformed or inconsistent; `param` names it.
+    """
+    if not isinstance(body, dict):
+        raise ConstraintError("The request body must be a JSON object.")
+    all_tools = _tools(body)
+    choice, named, tools = _tool_choice(body, all_tools)
+    parallel = _get(body, "parallel_tool_calls")
+    if parallel is None:
+        parallel = True
+    elif not isinstance(parallel, bool):
+        raise ConstraintError(f"'parallel_tool_calls' must be a boolean, got "
+                              f"{_type_name(parallel)}.", param="parallel_tool_calls")
+    fmt, schema = _response_format(body)
+    return ConstraintRequest(
+        tools=tools if choice != "none" else (),
+        all_tools=all_tools,
+        tool_choice=choice,  # type: ignore[arg-type]
+        named=named,
+        parallel_tool_calls=parallel,
+        response_format=fmt,  # type: ignore[arg-type]
+        json_schema=schema,
+        allow_reasoning=_allow_reasoning(body),
+    )
