@@ -1,0 +1,259 @@
+"""Constraints through GrammarEngine.accepts(): every tool_choice mode on every format
+accepts outputs that obey the request and rejects outputs that break it."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+
+from chat import (
+    ConstraintError,
+    GrammarEngine,
+    constraint_request_from_openai,
+    format_prefill,
+    make_constraint,
+    spec_for_kind,
+    structural_tag,
+)
+from chat.decode import GrammarConstraint, TokenBanConstraint, mask_words, needs_grammar
+from tests.chat.render import calls_text, final_text, reasoning_text
+from tests.chat.vocab import small_vocab
+
+TOOL_KINDS = ["hermes_json", "qwen_xml", "gemma4", "lfm2_pythonic", "harmony"]
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city"]}}}
+TOGGLE = {"type": "function", "function": {"name": "toggle", "parameters": {
+    "type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"]}}}
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"},
+                                           "age": {"type": "integer"}},
+          "required": ["name", "age"]}
+PARIS = ("get_weather", {"city": "Paris", "days": 3})
+OSLO = ("get_weather", {"city": "Oslo"})
+ON = ("toggle", {"on": True})
+
+
+@pytest.fixture(scope="module")
+def engine() -> GrammarEngine:
+    vocab, stops = small_vocab()
+    return GrammarEngine(vocab, stops)
+
+
+def _prefill(kind: str) -> str:
+    return "assistant" if kind == "harmony" else ""
+
+
+def _accepts(engine, kind, body, text, *, prefill=None) -> tuple[bool, str]:
+    spec = spec_for_kind(kind)
+    request = constraint_request_from_openai(body)
+    return engine.accepts(spec, request, _prefill(kind) if prefill is None else prefill, text)
+
+
+def _tools(choice="auto", parallel=None, **extra) -> dict:
+    body = {"tools": [WEATHER, TOGGLE], "tool_choice": choice, **extra}
+    if parallel is not None:
+        body["parallel_tool_calls"] = parallel
+    return body
+
+
+# -- accepted ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", TOOL_KINDS)
+@pytest.mark.parametrize("choice", ["auto", "required"])
+def test_calls_are_accepted(engine, kind: str, choice: str) -> None:
+    # gpt-oss stops at <|call|>: one call a turn
+    text = calls_text(kind, [PARIS] if kind == "harmony" else [PARIS, ON])
+    assert _accepts(engine, kind, _tools(choice), text) == (True, "")
+
+
+@pytest.mark.parametrize("kind", TOOL_KINDS)
+def test_reasoning_then_call_is_accepted(engine, kind: str) -> None:
+    text = reasoning_text(kind, "I should check.") + calls_text(kind, [OSLO])
+    assert _accepts(engine, kind, _tools("required"), text) == (True, "")
+
+
+@pytest.mark.parametrize("kind", TOOL_KINDS)
+def test_named_function_is_accepted(engine, kind: str) -> None:
+    body = _tools({"type": "function", "function": {"name": "toggle"}})
+    assert _accepts(engine, kind, body, calls_text(kind, [ON])) == (True, "")
+
+
+@pytest.mark.parametrize("kind", [k for k in TOOL_KINDS if k != "harmony"])
+def test_auto_allows_text_around_calls(engine, kind: str) -> None:
+    text = "Let me look." + calls_text(kind, [OSLO])
+    assert _accepts(engine, kind, _tools("auto"), text) == (True, "")
+    assert _accepts(engine, kind, _tools("auto"), "No tool needed.") == (True, "")
+
+
+def test_harmony_auto_allows_a_final_answer_or_a_preamble(engine) -> None:
+    ok = final_text("harmony", "Sunny.")
+    assert _accepts(engine, "harmony", _tools("auto"), ok) == (True, "")
+    pre = "<|channel|>commentary<|message|>Checking.<|end|><|start|>assistant"
+    assert _accepts(engine, "harmony", _tools("auto"), pre + calls_text("harmony", [OSLO]))[0]
+
+
+# -- rejected ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", TOOL_KINDS)
+def test_unknown_function_is_rejected(engine, kind: str) -> None:
+    text = calls_text(kind, [("delete_all", {"city": "x"})])
+    for choice in ("auto", "required"):
+        ok, why = _accepts(engine, kind, _tools(choice), text)
+        assert not ok, choice
+
+
+@pytest.mark.parametrize("kind", TOOL_KINDS)
+def test_missing_required_argument_is_rejected(engine, kind: str) -> None:
+    text = calls_text(kind, [("get_weather", {"days": 2})])
+    assert not _accepts(engine, kind, _tools("required"), text)[0]
+
+
+@pytest.mark.parametrize("kind", TOOL_KINDS)
+def test_text_where_only_calls_may_stand_is_rejected(engine, kind: str) -> None:
+    text = "Sure! " + calls_text(kind, [OSLO])
+    assert not _accepts(engine, kind, _tools("required"), text)[0]
+    assert not _accepts(engine, kind, _tools("required"), final_text(kind, "No."))[0]
+
+
+@pytest.mark.parametrize("kind", [k for k in TOOL_KINDS if k != "harmony"])
+def test_second_call_is_rejected_without_parallel_calls(engine, kind: str) -> None:
+    two = calls_text(kind, [PARIS, ON])
+    assert not _accepts(engine, kind, _tools("required", parallel=False), two)[0]
+    one = calls_text(kind, [PARIS])
+    assert _accepts(engine, kind, _tools("required", parallel=False), one)[0]
+
+
+@pytest.mark.parametrize("kind", TOOL_KINDS)
+def test_named_function_rejects_the_other_tool(engine, kind: str) -> None:
+    body = _tools({"type": "function", "function": {"name": "toggle"}})
+    assert not _accepts(engine, kind, body, calls_text(kind, [OSLO]))[0]
+
+
+@pytest.mark.parametrize("kind", TOOL_KINDS)
+def test_reasoning_is_rejected_when_thinking_is_off(engine, kind: str) -> None:
+    text = reasoning_text(kind, "hmm") + calls_text(kind, [OSLO])
+    assert not _accepts(engine, kind, _tools("required", think=False), text)[0]
+    assert _accepts(engine, kind, _tools("required", think=False), calls_text(kind, [OSLO]))[0]
+
+
+def test_wrong_argument_type_is_rejected(engine) -> None:
+    text = calls_text("hermes_json", [("toggle", {"on": "yes"})])
+    assert not _accepts(engine, "hermes_json", _tools("required"), text)[0]
+
+
+def test_unbounded_numbers_and_whitespace_are_rejected(engine) -> None:
+    long = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "x", "days": ' + \
+        "1" * 17 + "}}\n</tool_call>"
+    assert not _accepts(engine, "hermes_json", _tools("required"), long)[0]
+    padded = '<tool_call>\n{"name":      "get_weather", "arguments": {"city": "x"}}\n</tool_call>'
+    assert not _accepts(engine, "hermes_json", _tools("required"), padded)[0]
+
+
+# -- response_format ------------------------------------------------------------------------
+FMT = {"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}}}
+
+
+@pytest.mark.parametrize("kind", TOOL_KINDS + ["content_only"])
+def test_json_schema_document(engine, kind: str) -> None:
+    doc = json.dumps({"name": "Ann", "age": 31})
+    assert _accepts(engine, kind, FMT, final_text(kind, doc)) == (True, "")
+    assert _accepts(engine, kind, FMT, reasoning_text(kind, "easy") + final_text(kind, doc))[0]
+    bad = json.dumps({"name": "Ann"})
+    assert not _accepts(engine, kind, FMT, final_text(kind, bad))[0]
+    assert not _accepts(engine, kind, FMT, final_text(kind, "Here: " + doc))[0]
+
+
+def test_json_object(engine) -> None:
+    body = {"response_format": {"type": "json_object"}}
+    assert _accepts(engine, "hermes_json", body, '{"a": [1, 2]}')[0]
+    assert not _accepts(engine, "hermes_json", body, "[1, 2]")[0]
+
+
+def test_unusable_schema_is_a_constraint_error(engine) -> None:
+    body = {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object", "properties": {"a": {"type": "tensor"}}}}}}
+    with pytest.raises(ConstraintError) as err:
+        _accepts(engine, "hermes_json", body, "{}")
+    assert err.value.param == "response_format.json_schema.schema"
+
+
+# -- make_constraint --------------------------------------------------------------------------
+def test_nothing_to_constrain_costs_nothing(engine) -> None:
+    spec = spec_for_kind("hermes_json")
+    request = constraint_request_from_openai({"think": False})
+    assert structural_tag(spec, request) is None
+    assert make_constraint(spec, request, engine) is None
+    assert not needs_grammar(spec, request)
+
+
+def test_tool_choice_none_bans_the_single_token_opener(engine) -> None:
+    spec = spec_for_kind("hermes_json")
+    request = constraint_request_from_openai({"tools": [WEATHER], "tool_choice": "none"})
+    c = make_constraint(spec, request, engine)
+    assert isinstance(c, TokenBanConstraint)
+    buf = np.zeros(mask_words(engine.vocab_size), dtype=np.uint32)
+    assert c.fill_mask(buf)
+    opener = engine.token_id("<tool_call>")
+    bits = np.unpackbits(buf.view(np.uint8), bitorder="little")
+    assert bits[opener] == 0 and bits[:engine.vocab_size].sum() == engine.vocab_size - 1
+
+
+def test_model_without_tools_in_its_prompt(engine) -> None:
+    spec = spec_for_kind("hermes_json")
+    required = constraint_request_from_openai(_tools("required"))
+    with pytest.raises(ConstraintError) as err:
+        make_constraint(spec, required, engine, tools_enabled=False)
+    assert err.value.param == "tool_choice"
+    named = constraint_request_from_openai(
+        _tools({"type": "function", "function": {"name": "toggle"}}))
+    with pytest.raises(ConstraintError):
+        make_constraint(spec, named, engine, tools_enabled=False)
+    auto = constraint_request_from_openai(_tools("auto"))
+    assert make_constraint(spec, auto, engine, tools_enabled=False) is None
+
+
+def test_prefill_that_opens_reasoning_switches_grammar(engine, caplog) -> None:
+    spec = spec_for_kind("hermes_json")
+    request = constraint_request_from_openai(_tools("required", think=False))
+    c = make_constraint(spec, request, engine)
+    assert isinstance(c, GrammarConstraint)
+    with caplog.at_level(logging.WARNING):
+        c.start(format_prefill(spec, "<|im_start|>assistant\n<think>\n"))
+    assert c.active and "disabled" not in caplog.text
+    assert c.check_text("ok</think>\n" + calls_text("hermes_json", [OSLO])) == (True, "")
+
+
+def test_thinking_off_model_allows_no_reasoning(engine) -> None:
+    spec = spec_for_kind("gemma4")
+    request = constraint_request_from_openai(FMT)
+    c = make_constraint(spec, request, engine, thinking_enabled=False)
+    assert not c.check_text(reasoning_text("gemma4", "x") + '{"name": "a", "age": 1}')[0]
+
+
+def test_forced_token_that_opens_reasoning_switches_grammar(engine) -> None:
+    spec = spec_for_kind("hermes_json")
+    c = make_constraint(spec, constraint_request_from_openai({**FMT, "think": False}), engine)
+    c.start("")
+    c.accept_forced(engine.token_id("<think>"))
+    assert c.active
+    assert c.check_text("x</think>" + '{"name": "a", "age": 1}') == (True, "")
+
+
+def test_rejected_token_gives_up_once(engine, caplog) -> None:
+    spec = spec_for_kind("hermes_json")
+    c = make_constraint(spec, constraint_request_from_openai(FMT), engine, request_id="req-7")
+    c.start("")
+    with caplog.at_level(logging.WARNING):
+        c.accept(engine.token_id("<tool_call>"))
+        c.accept(engine.token_id("<tool_call>"))
+    assert not c.active
+    assert caplog.text.count("Constrained decoding disabled for request req-7") == 1
+    buf = np.zeros(mask_words(engine.vocab_size), dtype=np.uint32)
+    assert c.fill_mask(buf) is False
+
+
+def test_compiled_grammars_are_cached(engine) -> None:
+    spec = spec_for_kind("qwen_xml")
+    tag = structural_tag(spec, constraint_request_from_openai(_tools("required")))
+    assert engine.compile(tag) is engine.compile(json.loads(json.dumps(tag)))
