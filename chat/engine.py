@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from chat.errors import ConstraintError
+from chat.spec import HARMONY_CALL, HARMONY_END, HARMONY_RETURN
 
 
 class GrammarEngine:
@@ -42,11 +43,14 @@ class GrammarEngine:
         self.vocab = [bytes(v) for v in vocab]
         self.vocab_size = len(self.vocab)
         self.stop_token_ids = [int(t) for t in stop_token_ids if 0 <= int(t) < self.vocab_size]
+        # Harmony's grammars spell <|call|>, <|return|> and <|end|> as text; as xgrammar stop
+        # tokens they would be allowed anywhere by the mask and then rejected.
+        text_stops = {m.encode() for m in (HARMONY_CALL, HARMONY_RETURN, HARMONY_END)}
         self.info = xgr.TokenizerInfo(
             self.vocab,
             vocab_type=xgr.VocabType.RAW,
             vocab_size=self.vocab_size,
-            stop_token_ids=self.stop_token_ids,
+            stop_token_ids=[t for t in self.stop_token_ids if self.vocab[t] not in text_stops],
         )
         self.compiler = xgr.GrammarCompiler(self.info, max_threads=max_threads,
                                             cache_enabled=False)

@@ -41,7 +41,7 @@ def structural_tag(spec: FormatSpec, request: ConstraintRequest) -> Tag | None:
     """The structural tag for `request` on a model of format `spec`, or None when nothing
     is constrained (no tools to call and a text response)."""
     if spec.kind is FormatKind.HARMONY:
-        return _harmony(request)
+        return _harmony(spec, request)
     body = _body(spec, request)
     if body is None:
         return None
@@ -64,14 +64,15 @@ def text_markers(spec: FormatSpec) -> tuple[str, ...]:
 
 
 # -- bodies -------------------------------------------------------------------------------
-def _document(request: ConstraintRequest) -> Tag | None:
+def _document(spec: FormatSpec, request: ConstraintRequest) -> Tag | None:
     if request.response_format == "text":
         return None
-    return _json(request.json_schema if request.json_schema is not None else {"type": "object"})
+    schema = request.json_schema if request.json_schema is not None else {"type": "object"}
+    return _json(schema, excludes=markers(spec))
 
 
 def _body(spec: FormatSpec, request: ConstraintRequest) -> Tag | None:
-    document = _document(request)
+    document = _document(spec, request)
     if not request.tools or request.tool_choice == "none" or not spec.has_tools:
         return document
     once = not request.parallel_tool_calls
@@ -92,21 +93,21 @@ def _tool_tags(spec: FormatSpec, tools: tuple[ToolSpec, ...], once: bool) -> lis
     if kind is FormatKind.HERMES_JSON:
         # One tag: the call object is a JSON document, one wrapper schema per tool.
         wrappers = [{"type": "object", "properties": {
-            "name": {"const": t.name}, "arguments": bounded_schema(t.parameters)},
+            "name": {"const": t.name}, "arguments": t.parameters},
             "required": ["name", "arguments"]} for t in tools]
         schema = wrappers[0] if len(wrappers) == 1 else {"anyOf": wrappers}
-        content = {"type": "json_schema", "json_schema": schema, "style": "json",
-                   "max_whitespace_cnt": MAX_WHITESPACE}
+        content = _json(schema, excludes=markers(spec))
         return [{"type": "tag", "begin": spec.tool_start,
                  "content": {"type": "sequence", "elements": [_WS, content, _WS]},
                  "end": spec.tool_end}]
     if kind is FormatKind.QWEN_XML:
         return [{"type": "tag", "begin": f"{spec.tool_start}\n<function={t.name}>\n",
-                 "content": _json(t.parameters, style="qwen_xml"),
+                 "content": _json(t.parameters, style="qwen_xml", excludes=markers(spec)),
                  "end": f"</function>\n{spec.tool_end}"} for t in tools]
     if kind is FormatKind.GEMMA4:
         return [{"type": "tag", "begin": f"{spec.tool_start}call:{t.name}",
-                 "content": _json(t.parameters, style="gemma"), "end": spec.tool_end}
+                 "content": _json(t.parameters, style="gemma", excludes=markers(spec)),
+                 "end": spec.tool_end}
                 for t in tools]
     if kind is FormatKind.LFM2_PYTHONIC:
         return [{"type": "tag", "begin": f"{spec.tool_start}[",
@@ -115,47 +116,62 @@ def _tool_tags(spec: FormatSpec, tools: tuple[ToolSpec, ...], once: bool) -> lis
     raise ValueError(f"format {kind} has no tool syntax")
 
 
-def _harmony(request: ConstraintRequest) -> Tag | None:
+def _harmony(spec: FormatSpec, request: ConstraintRequest) -> Tag | None:
     """gpt-oss: [analysis message] [commentary preambles] then a call or the final answer.
 
     The prefill's role (`assistant`) is dropped before matching, so the grammar starts at
     the first message's channel.
     """
-    document = _document(request)
+    document = _document(spec, request)
     tools = request.tools if request.tool_choice != "none" else ()
     if not tools and document is None:
         return None
     head, next_message = HARMONY_CHANNEL, f"{HARMONY_END}{HARMONY_START}assistant"
+    # free text must not spell the stop tokens the grammar matches as text
+    text = {"type": "any_text", "excludes": [HARMONY_CALL, HARMONY_RETURN]}
     constrain = {"type": "regex", "pattern": " ?<\\|constrain\\|>json"}
     calls = [{"type": "sequence", "elements": [
         {"type": "const_string", "value": f"{head}commentary to=functions.{t.name}"},
         {"type": "optional", "content": constrain},
         {"type": "const_string", "value": HARMONY_MESSAGE},
-        _json(t.parameters),
+        _json(t.parameters, excludes=markers(spec)),
         {"type": "const_string", "value": HARMONY_CALL}]} for t in tools]
     final = {"type": "tag", "begin": f"{head}final{HARMONY_MESSAGE}",
-             "content": document or {"type": "any_text"}, "end": HARMONY_RETURN}
+             "content": document or text, "end": HARMONY_RETURN}
     options = calls if request.tool_choice == "required" else calls + [final]
     body = options[0] if len(options) == 1 else {"type": "or", "elements": options}
     elements: list[Tag] = []
     if request.allow_reasoning:
         elements.append({"type": "optional", "content": {
             "type": "tag", "begin": f"{head}analysis{HARMONY_MESSAGE}",
-            "content": {"type": "any_text"}, "end": next_message}})
+            "content": text, "end": next_message}})
     if tools and request.tool_choice != "required":
         elements.append({"type": "star", "content": {
             "type": "tag", "begin": f"{head}commentary{HARMONY_MESSAGE}",
-            "content": {"type": "any_text"}, "end": next_message}})
+            "content": text, "end": next_message}})
     elements.append(body)
     return {"type": "structural_tag", "format": {"type": "sequence", "elements": elements}}
 
 
 # -- JSON schemas -------------------------------------------------------------------------
-def _json(schema: Any, *, style: str = "json") -> Tag:
-    tag: Tag = {"type": "json_schema", "json_schema": bounded_schema(schema), "style": style}
-    if style == "json":
-        tag["max_whitespace_cnt"] = MAX_WHITESPACE
+def _json(schema: Any, *, style: str = "json", excludes: tuple[str, ...] = ()) -> Tag:
+    """A JSON-schema format. `excludes`: the format's markers, which no string may contain
+    (the parser would read them as markup)."""
+    tag: Tag = {"type": "json_schema", "json_schema": bounded_schema(schema), "style": style,
+                "max_whitespace_cnt": MAX_WHITESPACE}
+    if excludes:
+        tag["excludes"] = list(excludes)
     return tag
+
+
+def markers(spec: FormatSpec) -> tuple[str, ...]:
+    """The strings the parser reads as markup in this format."""
+    if spec.kind is FormatKind.HARMONY:
+        return (HARMONY_START, HARMONY_END, HARMONY_MESSAGE, HARMONY_CHANNEL, HARMONY_CALL,
+                HARMONY_RETURN, HARMONY_CONSTRAIN)
+    found = (spec.reasoning_start, spec.reasoning_end, spec.tool_start, spec.tool_end,
+             spec.stop_marker)
+    return tuple(dict.fromkeys(m for m in found if m))
 
 
 def bounded_schema(schema: Any) -> Any:
