@@ -29,7 +29,7 @@ from chat.spec import (
 )
 
 MAX_DIGITS = 16
-MAX_WHITESPACE = 2
+MAX_WHITESPACE = 4
 INT_BOUND = 10**MAX_DIGITS - 1
 _AFTER_REASONING = {"type": "regex", "pattern": "[ \\n]{0,4}"}
 _WS = {"type": "regex", "pattern": "[ \\n]{0,2}"}
@@ -194,8 +194,13 @@ def _bound(node: Any) -> None:
     elif isinstance(types, list):
         types = node["type"] = [TYPE_ALIASES.get(t, t) for t in types]
     types = {types} if isinstance(types, str) else set(types or ())
+    # xgrammar compiles in strict mode: an array without `items` would allow only [], and
+    # an object without properties only {}. JSON Schema means "anything" there.
     if "array" in types and "items" not in node and "prefixItems" not in node:
-        node["items"] = {}  # xgrammar's strict mode would otherwise allow only []
+        node["items"] = {}
+    if "object" in types and not node.get("properties") and "additionalProperties" not in node:
+        node.pop("properties", None)
+        node["additionalProperties"] = True
     if types & {"integer", "number"}:
         node.setdefault("minimum", -INT_BOUND)
         node.setdefault("maximum", INT_BOUND)
