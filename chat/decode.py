@@ -95,6 +95,11 @@ class GrammarConstraint:
         self._history: list[int] = []
         self.matcher = engine.matcher(compiled, stop_token_ids)
 
+    @property
+    def tokens(self) -> list[int]:
+        """The tokens accepted so far (not counting the prefill)."""
+        return list(self._history)
+
     # -- lifecycle ------------------------------------------------------------------------
     def start(self, prefill: str) -> None:
         if self._skip and prefill.startswith(self._skip):
