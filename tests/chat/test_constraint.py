@@ -257,3 +257,27 @@ def test_compiled_grammars_are_cached(engine) -> None:
     spec = spec_for_kind("qwen_xml")
     tag = structural_tag(spec, constraint_request_from_openai(_tools("required")))
     assert engine.compile(tag) is engine.compile(json.loads(json.dumps(tag)))
+
+
+def test_rollback_undoes_accepted_tokens(engine) -> None:
+    spec = spec_for_kind("hermes_json")
+    c = make_constraint(spec, constraint_request_from_openai(FMT), engine)
+    c.start("")
+    brace = engine.token_id("{")
+    c.accept(brace)
+    assert c.tokens == [brace]
+    c.rollback(1)
+    assert c.tokens == [] and c.active
+    assert c.check_text('{"name": "a", "age": 1}') == (True, "")
+
+
+def test_padded_vocabulary_entries_are_never_allowed() -> None:
+    vocab, stops = small_vocab()
+    padded = GrammarEngine(list(vocab) + [b""] * 40, stops)
+    spec = spec_for_kind("hermes_json")
+    c = make_constraint(spec, constraint_request_from_openai(FMT), padded)
+    c.start("")
+    buf = np.zeros(mask_words(padded.vocab_size), dtype=np.uint32)
+    c.fill_mask(buf)
+    bits = np.unpackbits(buf.view(np.uint8), bitorder="little")
+    assert not bits[len(vocab):padded.vocab_size].any()
