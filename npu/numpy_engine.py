@@ -1,0 +1,308 @@
+"""NumpyEngine: the reference CPU engine for Llama, Qwen2/3, Gemma 3 and LFM2, in float32.
+
+Tokens from several sequences go through one forward together: every linear layer is one
+matrix product over all of them (one pass over the weights per step, whatever the batch),
+while attention and LFM2's short convolution run per sequence against its own cache.
+Prefill is chunked so a long prompt is matrix-matrix work of bounded size.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from npu import rope as rope_mod
+from npu.config import ModelConfig
+from npu.errors import ContextLengthError, ModelError
+
+PREFILL_CHUNK = 512
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    var = np.mean(np.square(x), axis=-1, keepdims=True)
+    return (x / np.sqrt(var + np.float32(eps))) * w
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.tanh(np.float32(math.sqrt(2.0 / math.pi))
+                                    * (x + np.float32(0.044715) * x * x * x)))
+
+
+class _Layer:
+    __slots__ = ("kind", "norm_in", "norm_post_attn", "norm_pre_ff", "norm_post_ff", "wqkv",
+                 "bqkv", "wo", "q_norm", "k_norm", "in_proj", "conv", "out_proj", "w_gate_up",
+                 "w_down", "inv_freq", "window")
+
+
+class _Seq:
+    __slots__ = ("pos", "k", "v", "conv")
+
+    def __init__(self, n_layers: int) -> None:
+        self.pos = 0
+        self.k: list[np.ndarray | None] = [None] * n_layers
+        self.v: list[np.ndarray | None] = [None] * n_layers
+        self.conv: list[np.ndarray | None] = [None] * n_layers
+
+
+class NumpyEngine:
+    """Engine interface: prefill(seq_id, ids) -> logits[V]; decode(seq_ids, tokens) ->
+    logits[B, V]; release(seq_id). Logits are float32 and owned by the caller.
+
+    Args:
+        config: the model's config.
+        weights: name -> float32 array, Hugging Face names; consumed (entries are removed
+            as they are repacked, so peak memory stays near one copy of the weights).
+    """
+
+    def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray]) -> None:
+        self.config = c = config
+        self.vocab_size = c.vocab_size
+        self.max_context = c.max_position
+        self._seqs: dict[object, _Seq] = {}
+
+        def take(name: str, *, optional: bool = False) -> np.ndarray | None:
+            arr = weights.pop(name, None)
+            if arr is None and not optional:
+                raise ModelError(f"the weights lack tensor {name!r} (architecture {c.arch})")
+            return arr
+
+        gemma = c.arch == "gemma3"
+        lfm2 = c.arch == "lfm2"
+
+        def norm(name: str) -> np.ndarray:
+            w = take(name)
+            return (w + np.float32(1.0)).astype(np.float32) if gemma else w
+
+        self.embed = np.ascontiguousarray(take("model.embed_tokens.weight"))
+        self.embed_scale = np.float32(math.sqrt(c.hidden_size)) if gemma else None
+        self.final_norm = norm("model.embedding_norm.weight" if lfm2 else "model.norm.weight")
+        head = take("lm_head.weight", optional=True)
+        if head is None:
+            if not c.tie_embeddings:
+                raise ModelError("the weights lack tensor 'lm_head.weight' and the config does "
+                                 "not tie it to the embeddings")
+            head = self.embed
+        self.lm_head = head
+        self.layers: list[_Layer] = []
+        inv_cache: dict[tuple, np.ndarray] = {}
+        for i in range(c.num_layers):
+            p = f"model.layers.{i}."
+            L = _Layer()
+            L.kind = c.layer_types[i]
+            L.window = c.sliding_window if L.kind == "sliding_attention" else 0
+            if lfm2:
+                L.norm_in = norm(p + "operator_norm.weight")
+                L.norm_pre_ff = norm(p + "ffn_norm.weight")
+                L.norm_post_attn = L.norm_post_ff = None
+            else:
+                L.norm_in = norm(p + "input_layernorm.weight")
+                if gemma:
+                    L.norm_post_attn = norm(p + "post_attention_layernorm.weight")
+                    L.norm_pre_ff = norm(p + "pre_feedforward_layernorm.weight")
+                    L.norm_post_ff = norm(p + "post_feedforward_layernorm.weight")
+                else:
+                    L.norm_post_attn = L.norm_post_ff = None
+                    L.norm_pre_ff = norm(p + "post_attention_layernorm.weight")
+            L.wqkv = L.bqkv = L.wo = L.q_norm = L.k_norm = None
+            L.in_proj = L.conv = L.out_proj = None
+            L.inv_freq = None
+            if L.kind == "conv":
+                L.in_proj = take(p + "conv.in_proj.weight")
+                L.conv = np.ascontiguousarray(take(p + "conv.conv.weight")[:, 0, :])
+                L.out_proj = take(p + "conv.out_proj.weight")
+            else:
+                a = p + "self_attn."
+                parts = [take(a + n + "_proj.weight") for n in ("q", "k", "v")]
+                L.wqkv = np.ascontiguousarray(np.concatenate(parts, axis=0))
+                del parts
+                if c.attention_bias:
+                    L.bqkv = np.concatenate([take(a + n + "_proj.bias") for n in ("q", "k", "v")])
+                L.wo = take(a + ("out_proj.weight" if lfm2 else "o_proj.weight"))
+                if c.qk_norm:
+                    qn, kn = ("q_layernorm", "k_layernorm") if lfm2 else ("q_norm", "k_norm")
+                    L.q_norm = norm(a + qn + ".weight")
+                    L.k_norm = norm(a + kn + ".weight")
+                r = c.rope_for(i)
+                key = (r, c.head_dim)
+                if key not in inv_cache:
+                    inv_cache[key] = rope_mod.inv_freq(r, c.head_dim)
+                L.inv_freq = inv_cache[key]
+            if lfm2:
+                gate, up = take(p + "feed_forward.w1.weight"), take(p + "feed_forward.w3.weight")
+                L.w_down = take(p + "feed_forward.w2.weight")
+            else:
+                gate, up = take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")
+                L.w_down = take(p + "mlp.down_proj.weight")
+            L.w_gate_up = np.ascontiguousarray(np.concatenate([gate, up], axis=0))
+            del gate, up
+            self.layers.append(L)
+        self.act = silu if c.activation == "silu" else gelu_tanh
+        self.scale = np.float32(c.query_scale or c.head_dim ** -0.5)
+
+    @property
+    def weight_bytes(self) -> int:
+        arrays = [self.embed, self.final_norm] + ([] if self.lm_head is self.embed
+                                                  else [self.lm_head])
+        for L in self.layers:
+            arrays += [a for a in (L.wqkv, L.wo, L.in_proj, L.conv, L.out_proj, L.w_gate_up,
+                                   L.w_down) if a is not None]
+        return sum(a.nbytes for a in arrays)
+
+    # -- public interface -------------------------------------------------------------------
+    def prefill(self, seq_id: object, ids: Sequence[int]) -> np.ndarray:
+        """Run a prompt (or more of it) for `seq_id`; returns the next-token logits [V]."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.size == 0:
+            raise ValueError("prefill needs at least one token")
+        seq = self._seqs.get(seq_id)
+        if seq is None:
+            seq = self._seqs[seq_id] = _Seq(len(self.layers))
+        self._check_room(seq, ids.size)
+        logits = None
+        for start in range(0, ids.size, PREFILL_CHUNK):
+            chunk = ids[start : start + PREFILL_CHUNK]
+            logits = self._forward(chunk, [(seq, chunk.size)])
+        assert logits is not None
+        return logits[0]
+
+    def decode(self, seq_ids: Sequence[object], tokens: Sequence[int]) -> np.ndarray:
+        """One token for each sequence, all in one forward; returns logits [B, V]."""
+        seqs = []
+        for sid in seq_ids:
+            seq = self._seqs.get(sid)
+            if seq is None:
+                raise KeyError(f"unknown sequence {sid!r}: prefill it first")
+            self._check_room(seq, 1)
+            seqs.append(seq)
+        return self._forward(np.asarray(tokens, dtype=np.int64), [(s, 1) for s in seqs])
+
+    def release(self, seq_id: object) -> None:
+        """Free a sequence's caches (unknown ids are ignored)."""
+        self._seqs.pop(seq_id, None)
+
+    def length(self, seq_id: object) -> int:
+        seq = self._seqs.get(seq_id)
+        return seq.pos if seq else 0
+
+    def _check_room(self, seq: _Seq, n: int) -> None:
+        if seq.pos + n > self.max_context:
+            raise ContextLengthError(
+                f"{seq.pos + n} tokens exceed the model's context length of {self.max_context}",
+                limit=self.max_context, requested=seq.pos + n)
+
+    # -- the forward pass -------------------------------------------------------------------
+    def _forward(self, ids: np.ndarray, segments: list[tuple[_Seq, int]]) -> np.ndarray:
+        c = self.config
+        x = self.embed[ids]
+        if self.embed_scale is not None:
+            x = x * self.embed_scale
+        positions = np.concatenate([np.arange(s.pos, s.pos + n) for s, n in segments])
+        tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        for li, L in enumerate(self.layers):
+            h = rms_norm(x, L.norm_in, c.rms_eps)
+            if L.kind == "conv":
+                h = self._conv(li, L, h, segments)
+            else:
+                key = id(L.inv_freq)
+                if key not in tables:
+                    tables[key] = rope_mod.cos_sin(L.inv_freq, positions)
+                h = self._attention(li, L, h, segments, *tables[key])
+            if L.norm_post_attn is not None:
+                h = rms_norm(h, L.norm_post_attn, c.rms_eps)
+            x = x + h
+            h = rms_norm(x, L.norm_pre_ff, c.rms_eps)
+            gu = h @ L.w_gate_up.T
+            inter = gu.shape[-1] // 2
+            h = (self.act(gu[:, :inter]) * gu[:, inter:]) @ L.w_down.T
+            if L.norm_post_ff is not None:
+                h = rms_norm(h, L.norm_post_ff, c.rms_eps)
+            x = x + h
+        for seq, n in segments:
+            seq.pos += n
+        ends = np.cumsum([n for _, n in segments]) - 1
+        last = rms_norm(x[ends], self.final_norm, c.rms_eps)
+        return np.ascontiguousarray(last @ self.lm_head.T, dtype=np.float32)
+
+    def _attention(self, li: int, L: _Layer, h: np.ndarray, segments, cos, sin) -> np.ndarray:
+        c = self.config
+        nq, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
+        qkv = h @ L.wqkv.T
+        if L.bqkv is not None:
+            qkv = qkv + L.bqkv
+        T = h.shape[0]
+        q = qkv[:, : nq * hd].reshape(T, nq, hd)
+        k = qkv[:, nq * hd : (nq + nkv) * hd].reshape(T, nkv, hd)
+        v = qkv[:, (nq + nkv) * hd :].reshape(T, nkv, hd)
+        if L.q_norm is not None:
+            q = rms_norm(q, L.q_norm, c.rms_eps)
+            k = rms_norm(k, L.k_norm, c.rms_eps)
+        q = rope_mod.apply(q, cos, sin)
+        k = rope_mod.apply(k, cos, sin)
+        out = np.empty((T, nq * hd), dtype=np.float32)
+        group = nq // nkv
+        start = 0
+        for seq, n in segments:
+            K, V = self._append_kv(seq, li, k[start : start + n], v[start : start + n])
+            total = seq.pos + n
+            qs = q[start : start + n].transpose(1, 0, 2).reshape(nkv, group * n, hd)
+            scores = (qs @ K[:, :total].transpose(0, 2, 1)) * self.scale  # [nkv, g*n, total]
+            scores = scores.reshape(nkv, group, n, total)
+            qpos = np.arange(seq.pos, total)[:, None]
+            kpos = np.arange(total)[None, :]
+            masked = kpos > qpos
+            if L.window:
+                masked = masked | (kpos <= qpos - L.window)
+            if masked.any():
+                scores = np.where(masked, np.float32(-np.inf), scores)
+            scores = scores - scores.max(axis=-1, keepdims=True)
+            probs = np.exp(scores)
+            probs /= probs.sum(axis=-1, keepdims=True)
+            o = probs.reshape(nkv, group * n, total) @ V[:, :total]  # [nkv, g*n, hd]
+            out[start : start + n] = o.reshape(nq, n, hd).transpose(1, 0, 2).reshape(n, nq * hd)
+            start += n
+        return out @ L.wo.T
+
+    def _append_kv(self, seq: _Seq, li: int, k: np.ndarray, v: np.ndarray):
+        n = k.shape[0]
+        need = seq.pos + n
+        K, V = seq.k[li], seq.v[li]
+        if K is None or K.shape[1] < need:
+            cap = max(need, 2 * (K.shape[1] if K is not None else 0), 16)
+            cap = min(cap, self.max_context) if need <= self.max_context else need
+            c = self.config
+            newK = np.empty((c.num_kv_heads, cap, c.head_dim), dtype=np.float32)
+            newV = np.empty_like(newK)
+            if K is not None:
+                newK[:, : seq.pos] = K[:, : seq.pos]
+                newV[:, : seq.pos] = V[:, : seq.pos]
+            seq.k[li], seq.v[li] = K, V = newK, newV
+        K[:, seq.pos : need] = k.transpose(1, 0, 2)
+        V[:, seq.pos : need] = v.transpose(1, 0, 2)
+        return K, V
+
+    def _conv(self, li: int, L: _Layer, h: np.ndarray, segments) -> np.ndarray:
+        H = self.config.hidden_size
+        width = L.conv.shape[1]
+        bcx = h @ L.in_proj.T
+        b, cgate, xin = bcx[:, :H], bcx[:, H : 2 * H], bcx[:, 2 * H :]
+        bx = b * xin
+        out = np.empty_like(bx)
+        start = 0
+        for seq, n in segments:
+            state = seq.conv[li]
+            if state is None:
+                state = np.zeros((width - 1, H), dtype=np.float32)
+            window = np.concatenate([state, bx[start : start + n]], axis=0)  # [w-1+n, H]
+            acc = np.zeros((n, H), dtype=np.float32)
+            for j in range(width):
+                acc += window[j : j + n] * L.conv[:, j]
+            out[start : start + n] = acc
+            seq.conv[li] = window[-(width - 1) :].copy()
+            start += n
+        return (cgate * out) @ L.out_proj.T
