@@ -1,0 +1,130 @@
+"""Sampler: temperature, top-k, top-p, min-p, repetition/presence/frequency penalties and a
+per-request seed, under an optional token mask.
+
+The mask (uint32 words, bit i of word i // 32 set when token i may be sampled) sets the
+disallowed logits to -inf on the sampler's own float32 copy, after the penalties and before
+top-k/top-p; the engine's logits are never written. If a sample still lands outside the
+mask (NaN logits), the best allowed token is used instead.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import numpy as np
+
+
+class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
+    """Sampling options; temperature 0 is greedy."""
+
+    temperature: float = 1.0
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+
+
+def allowed_from_mask(mask: np.ndarray, size: int) -> np.ndarray:
+    """The bool array of allowed tokens from a uint32 bitset."""
+    return np.unpackbits(mask.view(np.uint8), bitorder="little")[:size].astype(bool)
+
+
+class Sampler:
+    """Samples one request's tokens.
+
+    Args:
+        params: the options.
+        vocab_size: the logits width.
+        prompt_ids: the prompt, which the repetition penalty also counts (as HF does).
+    """
+
+    def __init__(self, params: SamplingParams, vocab_size: int,
+                 prompt_ids: list[int] | None = None) -> None:
+        self.params = p = params
+        self.vocab_size = vocab_size
+        self.rng = np.random.default_rng(p.seed)
+        self._seen = np.zeros(vocab_size, dtype=bool)
+        self._counts = np.zeros(vocab_size, dtype=np.int32)
+        self._penalized = (p.repetition_penalty != 1.0 or p.presence_penalty != 0.0
+                           or p.frequency_penalty != 0.0)
+        if prompt_ids:
+            ids = np.asarray(prompt_ids)
+            self._seen[ids[(ids >= 0) & (ids < vocab_size)]] = True
+
+    def accept(self, token: int) -> None:
+        """Count a generated token (for the penalties)."""
+        if 0 <= token < self.vocab_size:
+            self._seen[token] = True
+            self._counts[token] += 1
+
+    def sample(self, logits: np.ndarray, mask: np.ndarray | None = None) -> int:
+        """One token from `logits` [V] (not modified), under `mask` if given."""
+        p = self.params
+        x = np.array(logits[: self.vocab_size], dtype=np.float32, copy=True)
+        if self._penalized:
+            if p.repetition_penalty != 1.0:
+                seen = self._seen
+                x[seen] = np.where(x[seen] > 0, x[seen] / p.repetition_penalty,
+                                   x[seen] * p.repetition_penalty)
+            if p.frequency_penalty or p.presence_penalty:
+                x -= p.frequency_penalty * self._counts + p.presence_penalty * (self._counts > 0)
+        allowed = None
+        if mask is not None:
+            allowed = allowed_from_mask(mask, self.vocab_size)
+            x[~allowed] = -np.inf
+        token = self._draw(x)
+        if allowed is not None and not allowed[token]:
+            token = self._best_allowed(logits, allowed)
+        return token
+
+    def _draw(self, x: np.ndarray) -> int:
+        p = self.params
+        if p.temperature <= 0.0:
+            return int(np.argmax(x))
+        x = x / np.float32(p.temperature)
+        if p.top_k and 0 < p.top_k < x.size:
+            kth = np.partition(x, -p.top_k)[-p.top_k]
+            x = np.where(x < kth, -np.inf, x)
+        top = np.max(x)
+        if not np.isfinite(top):
+            return int(np.argmax(x))
+        probs = np.exp(x - top)
+        probs /= probs.sum()
+        if p.min_p > 0.0:
+            probs = np.where(probs < p.min_p * probs.max(), 0.0, probs)
+        if p.top_p < 1.0:
+            order = np.argsort(-probs, kind="stable")
+            cum = np.cumsum(probs[order])
+            cut = int(np.searchsorted(cum, p.top_p * cum[-1])) + 1
+            keep = np.zeros_like(probs)
+            keep[order[:cut]] = probs[order[:cut]]
+            probs = keep
+        total = probs.sum()
+        if not np.isfinite(total) or total <= 0:
+            return int(np.argmax(x))
+        probs = probs / total
+        return int(self.rng.choice(probs.size, p=probs))
+
+    @staticmethod
+    def _best_allowed(logits: np.ndarray, allowed: np.ndarray) -> int:
+        x = np.where(np.isnan(logits[: allowed.size]), -np.inf, logits[: allowed.size])
+        x = np.where(allowed, x, -np.inf)
+        if np.isneginf(x).all():
+            return int(np.flatnonzero(allowed)[0]) if allowed.any() else 0
+        return int(np.argmax(x))
+
+
+def logprobs(logits: np.ndarray, token: int, top: int = 0) -> tuple[float, list[tuple[int, float]]]:
+    """The model's log-probability of `token` and the `top` most likely tokens."""
+    x = logits.astype(np.float64)
+    m = np.max(x)
+    lse = m + np.log(np.sum(np.exp(x - m)))
+    lp = x - lse
+    best: list[tuple[int, float]] = []
+    if top:
+        idx = np.argpartition(-lp, min(top, lp.size - 1))[:top]
+        idx = idx[np.argsort(-lp[idx], kind="stable")]
+        best = [(int(i), float(lp[i])) for i in idx]
+    return float(lp[token]), best

@@ -1,0 +1,150 @@
+"""ChatTemplate: Hugging Face chat templates rendered in a sandboxed Jinja environment.
+
+The environment is the one transformers uses: `ImmutableSandboxedEnvironment` with
+`trim_blocks`/`lstrip_blocks`, loop controls, the `{% generation %}` tag, the globals
+`raise_exception` and `strftime_now`, and `tojson` as HF defines it. A template that
+reaches for Python internals fails with a `ModelError`, never a crash.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from npu.errors import ModelError
+
+_PROBE_TOOL = {"type": "function", "function": {
+    "name": "probe_tool_x9", "description": "probe",
+    "parameters": {"type": "object", "properties": {"a": {"type": "string"}}}}}
+
+
+class TemplateError(ModelError):
+    """The template raised or could not be rendered; the message says why."""
+
+
+def _environment():
+    import jinja2
+    from jinja2 import nodes
+    from jinja2.ext import Extension
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class GenerationTag(Extension):
+        """`{% generation %}...{% endgeneration %}` (HF's assistant-mask marker): renders its body."""
+
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.CallBlock(self.call_method("_render", []), [], [], body).set_lineno(
+                lineno)
+
+        def _render(self, caller):
+            return caller()
+
+    def raise_exception(message):
+        raise TemplateError(f"the chat template refused the conversation: {message}")
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    def strftime_now(fmt):
+        return datetime.now().strftime(fmt)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[GenerationTag, jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    return env
+
+
+def _arguments_as_objects(messages: list[dict]) -> list[dict]:
+    """Tool-call arguments arrive as JSON text (OpenAI); templates expect objects."""
+    out = []
+    for m in messages:
+        calls = m.get("tool_calls") if isinstance(m, dict) else None
+        if calls:
+            m = dict(m)
+            fixed = []
+            for call in calls:
+                call = dict(call)
+                fn = dict(call.get("function") or {})
+                args = fn.get("arguments")
+                if isinstance(args, str):
+                    try:
+                        fn["arguments"] = json.loads(args) if args.strip() else {}
+                    except ValueError:
+                        pass
+                call["function"] = fn
+                fixed.append(call)
+            m["tool_calls"] = fixed
+        out.append(m)
+    return out
+
+
+class ChatTemplate:
+    """A compiled chat template.
+
+    Args:
+        source: the Jinja source.
+        bos_token / eos_token: the strings templates may write.
+    """
+
+    def __init__(self, source: str, *, bos_token: str = "", eos_token: str = "") -> None:
+        import jinja2
+
+        self.source = source
+        self.bos_token, self.eos_token = bos_token, eos_token
+        try:
+            self._template = _environment().from_string(source)
+        except jinja2.TemplateError as exc:
+            raise TemplateError(f"the chat template does not compile: {exc}") from None
+
+    def render(self, messages: list[dict], tools: list[dict] | None = None, *,
+               add_generation_prompt: bool = True, enable_thinking: bool | None = None,
+               **kwargs: Any) -> str:
+        """Render a conversation.
+
+        Raises:
+            TemplateError: the template raised, or tried something the sandbox forbids.
+        """
+        import jinja2
+        from jinja2.exceptions import SecurityError
+
+        context: dict[str, Any] = dict(kwargs)
+        context.update(messages=_arguments_as_objects(messages), tools=tools or None,
+                       add_generation_prompt=add_generation_prompt,
+                       bos_token=self.bos_token, eos_token=self.eos_token)
+        if enable_thinking is not None:
+            context["enable_thinking"] = enable_thinking
+        try:
+            return self._template.render(**context)
+        except TemplateError:
+            raise
+        except SecurityError as exc:
+            raise TemplateError(f"the chat template tried an unsafe operation: {exc}") from None
+        except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError,
+                IndexError, ZeroDivisionError) as exc:
+            raise TemplateError(f"the chat template failed: {type(exc).__name__}: {exc}") from None
+
+    def thinking_enabled(self, enable_thinking: bool | None = None) -> bool:
+        """Whether the model thinks when rendered with this switch: the generation prompt
+        is the one rendered with thinking explicitly on. A template with no switch thinks
+        (or not) on its own: True."""
+        probe = [{"role": "user", "content": "hi"}]
+        try:
+            return (self.render(probe, enable_thinking=enable_thinking)
+                    == self.render(probe, enable_thinking=True))
+        except TemplateError:
+            return True
+
+    def tools_enabled(self) -> bool:
+        """Whether the template shows the request's tools to the model."""
+        probe = [{"role": "user", "content": "hi"}]
+        try:
+            return "probe_tool_x9" in self.render(probe, tools=[_PROBE_TOOL])
+        except TemplateError:
+            return False

@@ -1,0 +1,142 @@
+"""Tokenizer (over the `tokenizers` library), the decoded bytes of every token, and the
+incremental Detokenizer that only ever emits complete UTF-8 and never re-emits text."""
+
+from __future__ import annotations
+
+import codecs
+import json
+import re
+from functools import cache
+from pathlib import Path
+
+from npu.errors import ModelError
+
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+@cache
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's printable-character alphabet for bytes, inverted."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
+        range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+def _uses(node, kind: str) -> bool:
+    if isinstance(node, dict):
+        if node.get("type") == kind:
+            return True
+        return any(_uses(v, kind) for v in node.values())
+    if isinstance(node, list):
+        return any(_uses(v, kind) for v in node)
+    return False
+
+
+class Tokenizer:
+    """A model's tokenizer.
+
+    Args:
+        path: tokenizer.json.
+        bos_token / eos_token / unk_token / pad_token: from tokenizer_config.json.
+        add_bos: prepend BOS when the template does not write it.
+    """
+
+    def __init__(self, path: Path, *, bos_token: str | None = None, eos_token: str | None = None,
+                 unk_token: str | None = None, pad_token: str | None = None,
+                 add_bos: bool = False) -> None:
+        from tokenizers import Tokenizer as HFTokenizer
+
+        try:
+            self._tok = HFTokenizer.from_file(str(path))
+        except Exception as exc:
+            raise ModelError(f"{path}: cannot be read as a tokenizer.json ({exc})") from None
+        self._json = json.loads(path.read_text(encoding="utf-8"))
+        self.bos_token, self.eos_token = bos_token, eos_token
+        self.unk_token, self.pad_token = unk_token, pad_token
+        self.add_bos = add_bos
+        self._vocab = self._tok.get_vocab(with_added_tokens=True)
+        self.size = max(self._vocab.values()) + 1
+        self.byte_level = _uses(self._json.get("decoder"), "ByteLevel")
+        decoder = self._json.get("decoder")
+        self.strips_leading_space = _uses(decoder, "Strip") or (
+            _uses(decoder, "Metaspace") and not self.byte_level)
+        self.bos_id = self.id_of(bos_token) if bos_token else None
+        self.eos_id = self.id_of(eos_token) if eos_token else None
+
+    def id_of(self, text: str) -> int | None:
+        """The id of `text` when it is one token of the vocabulary."""
+        return self._vocab.get(text)
+
+    def is_token(self, text: str) -> bool:
+        return text in self._vocab
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text` (special-token text becomes those tokens; no BOS added)."""
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_bytes(self, size: int | None = None) -> list[bytes]:
+        """The bytes each token decodes to, padded with b"" to `size` (the logits width).
+
+        BOS, UNK and PAD decode to b"" (never text); every other added token to its content.
+        """
+        size = max(size or 0, self.size)
+        out = [b""] * size
+        added = {a["id"]: a["content"] for a in self._json.get("added_tokens", [])}
+        blank = {t for t in (self.bos_token, self.unk_token, self.pad_token) if t}
+        dec = _byte_decoder()
+        for piece, i in self._vocab.items():
+            if i in added:
+                out[i] = b"" if added[i] in blank else added[i].encode("utf-8")
+            elif self.byte_level:
+                try:
+                    out[i] = bytes(dec[ch] for ch in piece)
+                except KeyError:
+                    out[i] = piece.encode("utf-8")
+            else:
+                m = _BYTE_PIECE.fullmatch(piece)
+                out[i] = bytes([int(m.group(1), 16)]) if m else piece.replace(
+                    "\u2581", " ").encode("utf-8")
+        return out
+
+    def detokenizer(self, *, at_start: bool = True) -> Detokenizer:
+        """An incremental decoder for generated ids. `at_start`: the output starts the text
+        (the prompt decodes to nothing), so a SentencePiece leading space is dropped as
+        `decode` would."""
+        return Detokenizer(self._bytes(), strip_first_space=at_start and
+                           self.strips_leading_space)
+
+    @cache  # noqa: B019  (one per tokenizer, which lives as long as its model)
+    def _bytes(self) -> tuple[bytes, ...]:
+        return tuple(self.token_bytes())
+
+
+class Detokenizer:
+    """Turns token ids into text as they come: complete UTF-8 characters only."""
+
+    def __init__(self, token_bytes: tuple[bytes, ...], *, strip_first_space: bool = False):
+        self._bytes = token_bytes
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._strip = strip_first_space
+
+    def push(self, token: int) -> str:
+        data = self._bytes[token] if 0 <= token < len(self._bytes) else b""
+        text = self._decoder.decode(data)
+        if self._strip and text:
+            self._strip = False
+            if text.startswith(" "):
+                text = text[1:]
+        return text
+
+    def flush(self) -> str:
+        """What is left at the end (an incomplete character becomes U+FFFD)."""
+        return self._decoder.decode(b"", final=True)
