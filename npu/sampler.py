@@ -82,14 +82,15 @@ class Sampler:
     def _draw(self, x: np.ndarray) -> int:
         p = self.params
         if p.temperature <= 0.0:
-            return int(np.argmax(x))
+            token = int(np.argmax(x))
+            return token if not np.isnan(x[token]) else _nanargmax(x)
         x = x / np.float32(p.temperature)
         if p.top_k and 0 < p.top_k < x.size:
             kth = np.partition(x, -p.top_k)[-p.top_k]
             x = np.where(x < kth, -np.inf, x)
         top = np.max(x)
         if not np.isfinite(top):
-            return int(np.argmax(x))
+            return _nanargmax(x)
         probs = np.exp(x - top)
         probs /= probs.sum()
         if p.min_p > 0.0:
@@ -114,6 +115,11 @@ class Sampler:
         if np.isneginf(x).all():
             return int(np.flatnonzero(allowed)[0]) if allowed.any() else 0
         return int(np.argmax(x))
+
+
+def _nanargmax(x: np.ndarray) -> int:
+    """The best token ignoring NaN (0 when every logit is NaN)."""
+    return 0 if np.isnan(x).all() else int(np.nanargmax(x))
 
 
 def logprobs(logits: np.ndarray, token: int, top: int = 0) -> tuple[float, list[tuple[int, float]]]:

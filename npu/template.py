@@ -85,6 +85,92 @@ def _arguments_as_objects(messages: list[dict]) -> list[dict]:
     return out
 
 
+class Capabilities:
+    """What a template renders natively (probed once, as llama.cpp's minja does)."""
+
+    def __init__(self, render) -> None:
+        def shows(messages, needle, **kw) -> bool:
+            try:
+                return needle in render(messages, **kw)
+            except ModelError:
+                return False
+
+        user = {"role": "user", "content": "probe_user_x9"}
+        call = {"id": "call_probe", "type": "function",
+                "function": {"name": "probe_tool_x9", "arguments": {"probe_arg_x9": 1}}}
+        asst = {"role": "assistant", "content": "", "tool_calls": [call]}
+        self.system = shows([{"role": "system", "content": "probe_system_x9"}, user],
+                            "probe_system_x9")
+        self.tool_calls = shows([user, asst], "probe_tool_x9")
+        string_call = {**call, "function": {**call["function"],
+                                            "arguments": '{"probe_arg_x9": 1}'}}
+        self.string_arguments = (not self.tool_calls and shows(
+            [user, {**asst, "tool_calls": [string_call]}], "probe_tool_x9"))
+        if self.string_arguments:
+            self.tool_calls = True
+        tool_msg = {"role": "tool", "tool_call_id": "call_probe", "name": "probe_tool_x9",
+                    "content": "probe_result_x9"}
+        self.tool_results = shows([user, asst if self.tool_calls else
+                                   {"role": "assistant", "content": "ok"}, tool_msg],
+                                  "probe_result_x9")
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return "" if content is None else str(content)
+
+
+def polyfill(messages: list[dict], caps: Capabilities) -> list[dict]:
+    """Rewrite a conversation into what the template can show: the system prompt into the
+    first user turn, tool calls into assistant text, tool results into user turns; then
+    merge neighbours of the same role (some templates insist on alternation)."""
+    out: list[dict] = []
+    system = ""
+    for m in messages:
+        role = m.get("role")
+        if role == "system" and not caps.system:
+            system += ("\n\n" if system else "") + _text(m.get("content"))
+            continue
+        if role == "assistant" and m.get("tool_calls") and not caps.tool_calls:
+            calls = [{"name": (c.get("function") or {}).get("name"),
+                      "arguments": (c.get("function") or {}).get("arguments")}
+                     for c in m["tool_calls"]]
+            body = _text(m.get("content"))
+            m = {"role": "assistant",
+                 "content": (body + "\n" if body else "") + json.dumps({"tool_calls": calls})}
+        elif role == "assistant" and m.get("tool_calls") and caps.string_arguments:
+            m = dict(m)
+            m["tool_calls"] = [{**c, "function": {**c["function"], "arguments": json.dumps(
+                c["function"]["arguments"]) if not isinstance(c["function"]["arguments"], str)
+                else c["function"]["arguments"]}} for c in m["tool_calls"]]
+        elif role == "tool" and not caps.tool_results:
+            m = {"role": "user", "content": f"Tool result ({m.get('name') or 'tool'}): "
+                                            f"{_text(m.get('content'))}"}
+        out.append(m)
+    if system:
+        for i, m in enumerate(out):
+            if m.get("role") == "user":
+                out[i] = {**m, "content": system + "\n\n" + _text(m.get("content"))}
+                break
+        else:
+            out.insert(0, {"role": "user", "content": system})
+    if caps.tool_results and caps.system:
+        return out
+    merged: list[dict] = []
+    for m in out:
+        if (merged and m.get("role") in ("user", "assistant") and m.get("role") ==
+                merged[-1].get("role") and not m.get("tool_calls")
+                and not merged[-1].get("tool_calls")):
+            merged[-1] = {**merged[-1], "content": _text(merged[-1].get("content")) + "\n\n"
+                          + _text(m.get("content"))}
+        else:
+            merged.append(m)
+    return merged
+
+
 class ChatTemplate:
     """A compiled chat template.
 
@@ -98,6 +184,7 @@ class ChatTemplate:
 
         self.source = source
         self.bos_token, self.eos_token = bos_token, eos_token
+        self._caps: Capabilities | None = None
         try:
             self._template = _environment().from_string(source)
         except jinja2.TemplateError as exc:
@@ -105,8 +192,9 @@ class ChatTemplate:
 
     def render(self, messages: list[dict], tools: list[dict] | None = None, *,
                add_generation_prompt: bool = True, enable_thinking: bool | None = None,
-               **kwargs: Any) -> str:
-        """Render a conversation.
+               _native: bool = False, **kwargs: Any) -> str:
+        """Render a conversation. What the template cannot show natively (a system prompt,
+        tool calls, tool results) is rewritten first, see `polyfill`.
 
         Raises:
             TemplateError: the template raised, or tried something the sandbox forbids.
@@ -114,12 +202,15 @@ class ChatTemplate:
         import jinja2
         from jinja2.exceptions import SecurityError
 
+        native = _native
         context: dict[str, Any] = dict(kwargs)
         context.update(messages=_arguments_as_objects(messages), tools=tools or None,
                        add_generation_prompt=add_generation_prompt,
                        bos_token=self.bos_token, eos_token=self.eos_token)
         if enable_thinking is not None:
             context["enable_thinking"] = enable_thinking
+        if not native:
+            context["messages"] = polyfill(context["messages"], self.capabilities)
         try:
             return self._template.render(**context)
         except TemplateError:
@@ -129,6 +220,14 @@ class ChatTemplate:
         except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError,
                 IndexError, ZeroDivisionError) as exc:
             raise TemplateError(f"the chat template failed: {type(exc).__name__}: {exc}") from None
+
+    @property
+    def capabilities(self) -> Capabilities:
+        if self._caps is None:
+            self._caps = Capabilities(
+                lambda messages, **kw: self.render(messages, add_generation_prompt=False,
+                                                   _native=True, **kw))
+        return self._caps
 
     def thinking_enabled(self, enable_thinking: bool | None = None) -> bool:
         """Whether the model thinks when rendered with this switch: the generation prompt

@@ -68,9 +68,9 @@ def iter_tensors(folder: Path) -> Iterator[tuple[str, np.ndarray]]:
             start, end = info["data_offsets"]
             raw = data[offset + start : offset + end].view(dtype).reshape(info["shape"])
             if info["dtype"] == "BF16":
-                arr = (raw.astype(np.uint32) << 16).view(np.float32)
+                arr = (np.array(raw, dtype=np.uint32) << 16).view(np.float32)
             else:
-                arr = raw.astype(np.float32)
+                arr = np.array(raw, dtype=np.float32)
             yield name, arr
         del data
 

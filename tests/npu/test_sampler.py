@@ -1,0 +1,82 @@
+"""Sampler: greedy, seeds, options, and the mask (applied to a copy, with a fallback)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from npu import Sampler, SamplingParams, logprobs
+
+
+def _mask(allowed: list[int], size: int) -> np.ndarray:
+    bits = np.zeros((size + 31) // 32 * 32, dtype=np.uint8)
+    bits[allowed] = 1
+    return np.packbits(bits, bitorder="little").view(np.uint32)
+
+
+def test_greedy_takes_the_argmax() -> None:
+    s = Sampler(SamplingParams(temperature=0.0), 5)
+    assert s.sample(np.array([0.1, 3.0, 2.0, -1.0, 0.0], np.float32)) == 1
+
+
+def test_same_seed_same_tokens() -> None:
+    logits = np.random.default_rng(0).standard_normal(100).astype(np.float32)
+    runs = [[Sampler(SamplingParams(seed=42), 100).sample(logits) for _ in range(1)]
+            for _ in range(2)]
+    a = Sampler(SamplingParams(seed=42, temperature=1.3), 100)
+    b = Sampler(SamplingParams(seed=42, temperature=1.3), 100)
+    assert [a.sample(logits) for _ in range(50)] == [b.sample(logits) for _ in range(50)]
+    assert runs[0] == runs[1]
+
+
+def test_mask_is_applied_to_a_copy() -> None:
+    logits = np.array([5.0, 1.0, 4.0, 0.0], np.float32)
+    before = logits.copy()
+    s = Sampler(SamplingParams(temperature=0.0), 4)
+    assert s.sample(logits, _mask([1, 3], 4)) == 1
+    assert np.array_equal(logits, before)
+    hot = Sampler(SamplingParams(temperature=5.0, seed=1), 4)
+    assert {hot.sample(logits, _mask([1, 3], 4)) for _ in range(200)} <= {1, 3}
+
+
+def test_nan_logits_fall_back_to_the_best_allowed_token() -> None:
+    logits = np.full(8, np.nan, np.float32)
+    logits[6] = 1.0
+    s = Sampler(SamplingParams(temperature=0.8, seed=3), 8)
+    assert s.sample(logits, _mask([2, 6], 8)) == 6
+    assert Sampler(SamplingParams(temperature=0.0), 8).sample(
+        np.full(8, np.nan, np.float32), _mask([5], 8)) == 5
+
+
+def test_top_k_one_is_greedy_and_top_p_keeps_the_head() -> None:
+    logits = np.array([1.0, 2.0, 9.0, 3.0], np.float32)
+    s = Sampler(SamplingParams(top_k=1, seed=0), 4)
+    assert {s.sample(logits) for _ in range(20)} == {2}
+    s = Sampler(SamplingParams(top_p=0.5, seed=0), 4)
+    assert {s.sample(logits) for _ in range(20)} == {2}
+    s = Sampler(SamplingParams(min_p=0.5, seed=0), 4)
+    assert {s.sample(logits) for _ in range(20)} == {2}
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.0, repetition_penalty=10.0),
+    SamplingParams(temperature=0.0, frequency_penalty=5.0),
+    SamplingParams(temperature=0.0, presence_penalty=5.0),
+])
+def test_penalties_move_away_from_used_tokens(params) -> None:
+    logits = np.array([2.0, 1.9, 0.0], np.float32)
+    s = Sampler(params, 3)
+    first = s.sample(logits)
+    s.accept(first)
+    assert first == 0 and s.sample(logits) == 1
+
+
+def test_repetition_penalty_counts_the_prompt() -> None:
+    s = Sampler(SamplingParams(temperature=0.0, repetition_penalty=10.0), 3, prompt_ids=[0])
+    assert s.sample(np.array([2.0, 1.9, 0.0], np.float32)) == 1
+
+
+def test_logprobs() -> None:
+    lp, top = logprobs(np.log(np.array([0.5, 0.25, 0.25], np.float32)), 1, top=2)
+    assert lp == pytest.approx(np.log(0.25), abs=1e-6)
+    assert top[0][0] == 0 and top[0][1] == pytest.approx(np.log(0.5), abs=1e-6)

@@ -1,0 +1,116 @@
+"""Chat templates: every shared template renders a conversation with a system prompt, a
+tool call and its result; the sandbox holds; thinking and tool switches are reported."""
+
+from __future__ import annotations
+
+import pytest
+
+from npu import ChatTemplate, TemplateError
+from tests.shared import needs_shared, template, template_names
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}]
+CONVERSATION = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": "", "tool_calls": [{
+        "id": "call_abcdefghijabcdefghijabcd", "type": "function",
+        "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+    {"role": "tool", "tool_call_id": "call_abcdefghijabcdefghijabcd", "name": "get_weather",
+     "content": "18C and sunny"},
+]
+# Mistral's templates want tool-call ids of exactly 9 characters.
+MISTRAL_ID = "abcDEF123"
+
+
+def _conversation(name: str) -> list[dict]:
+    if "mistral" in name.lower() or "Ministral" in name:
+        conv = [dict(m) for m in CONVERSATION]
+        conv[2] = {**conv[2], "tool_calls": [{**conv[2]["tool_calls"][0], "id": MISTRAL_ID}]}
+        conv[3] = {**conv[3], "tool_call_id": MISTRAL_ID}
+        return conv
+    return CONVERSATION
+
+
+@needs_shared
+@pytest.mark.parametrize("name", template_names() or ["none"])
+def test_every_shared_template_renders_a_tool_conversation(name: str) -> None:
+    tpl = ChatTemplate(template(name), bos_token="<s>", eos_token="</s>")
+    text = tpl.render(_conversation(name), TOOLS, add_generation_prompt=True)
+    assert "Paris" in text and "18C and sunny" in text
+
+
+@needs_shared
+@pytest.mark.parametrize("name,switch,expect", [
+    ("Qwen-Qwen3-0.6B", None, True), ("Qwen-Qwen3-0.6B", False, False),
+    ("google-gemma-4-31B-it", None, False), ("google-gemma-4-31B-it", True, True),
+    ("Qwen-QwQ-32B", False, True),  # no switch: the template always thinks
+])
+def test_thinking_enabled(name: str, switch, expect: bool) -> None:
+    assert ChatTemplate(template(name)).thinking_enabled(switch) is expect
+
+
+@needs_shared
+@pytest.mark.parametrize("name,expect", [
+    ("Qwen-Qwen3-0.6B", True), ("google-gemma-2-2b-it", False),
+    ("openai-gpt-oss-120b", True), ("LiquidAI-LFM2.5-Instruct", True),
+])
+def test_tools_enabled(name: str, expect: bool) -> None:
+    assert ChatTemplate(template(name)).tools_enabled() is expect
+
+
+def test_generation_tag_and_hf_globals() -> None:
+    tpl = ChatTemplate("{% for m in messages %}{% generation %}{{ m.content }}"
+                       "{% endgeneration %}{% endfor %}{{ strftime_now('%Y') | length }}"
+                       "{{ {'b': 'é'} | tojson }}")
+    assert tpl.render([{"role": "user", "content": "x"}]) == 'x4{"b": "é"}'
+
+
+def test_raise_exception_is_a_template_error() -> None:
+    tpl = ChatTemplate("{{ raise_exception('only user and assistant roles') }}")
+    with pytest.raises(TemplateError, match="only user and assistant roles"):
+        tpl.render([])
+
+
+@pytest.mark.parametrize("source", [
+    "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+    "{{ messages.__class__.__init__.__globals__ }}",
+    "{% set x = messages.append(1) %}",
+])
+def test_sandbox_refuses_python_internals(source: str) -> None:
+    with pytest.raises(TemplateError):
+        ChatTemplate(source).render([{"role": "user", "content": "x"}])
+
+
+def test_syntax_error_is_a_template_error() -> None:
+    with pytest.raises(TemplateError, match="does not compile"):
+        ChatTemplate("{% for %}")
+
+
+def test_tool_call_arguments_reach_the_template_as_objects() -> None:
+    tpl = ChatTemplate("{% for m in messages %}{% for c in m.tool_calls or [] %}"
+                       "{{ c.function.name }}:{{ c.function.arguments.city }}{% endfor %}"
+                       "{% endfor %}")
+    msg = {"role": "assistant", "tool_calls": [{"function": {
+        "name": "f", "arguments": "{\"city\": \"Oslo\"}"}}]}
+    assert tpl.render([msg]) == "f:Oslo"
+
+
+def test_conversation_is_rewritten_for_templates_that_cannot_show_it() -> None:
+    # no system role, no tool calls, no tool messages, strict alternation (like Gemma 2)
+    tpl = ChatTemplate(
+        "{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('no system') }}"
+        "{% endif %}{% if (m.role == 'user') != (loop.index0 % 2 == 0) %}"
+        "{{ raise_exception('alternate') }}{% endif %}<{{ m.role }}>{{ m.content }}"
+        "{% endfor %}")
+    text = tpl.render([
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "", "tool_calls": [{"function": {
+            "name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
+        {"role": "tool", "name": "get_weather", "content": "sunny"},
+    ])
+    assert text.startswith("<user>Be brief.\n\nWeather?<assistant>")
+    assert "get_weather" in text and text.endswith("<user>Tool result (get_weather): sunny")
