@@ -1,0 +1,133 @@
+"""NumpyEngine speed on a Qwen3-0.6B-shaped model (random weights, the real shapes), beside
+this machine's memory bandwidth measured in the same run.
+
+Printed: decode tokens/s for one sequence and its ratio to the bandwidth bound (weight bytes
+per token / bandwidth); aggregate tokens/s for 8 concurrent sequences and its ratio to one;
+prefill tokens/s for a 512-token prompt; peak memory against the fp32 weights plus KV cache.
+
+    python bench/bench_engine.py            # Qwen3-0.6B shapes (about 3 GB of fp32 weights)
+    python bench/bench_engine.py --quick    # a small model, to check the script works
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from npu import NumpyEngine, config_from_json  # noqa: E402
+
+QWEN3_06B = {"architectures": ["Qwen3ForCausalLM"], "hidden_size": 1024,
+             "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
+             "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+             "max_position_embeddings": 40960, "rms_norm_eps": 1e-6,
+             "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
+             "tie_word_embeddings": True}
+QUICK = {**QWEN3_06B, "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+         "vocab_size": 8192}
+
+
+def random_weights(c: dict, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    H, inter, hd = c["hidden_size"], c["intermediate_size"], c["head_dim"]
+    nq, nkv = c["num_attention_heads"], c["num_key_value_heads"]
+
+    def mat(rows: int, cols: int) -> np.ndarray:
+        m = rng.standard_normal((rows, cols), dtype=np.float32)
+        m *= np.float32(cols ** -0.5)
+        return m
+
+    w = {"model.embed_tokens.weight": mat(c["vocab_size"], H),
+         "model.norm.weight": np.ones(H, np.float32)}
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        w.update({p + "input_layernorm.weight": np.ones(H, np.float32),
+                  p + "post_attention_layernorm.weight": np.ones(H, np.float32),
+                  p + "self_attn.q_proj.weight": mat(nq * hd, H),
+                  p + "self_attn.k_proj.weight": mat(nkv * hd, H),
+                  p + "self_attn.v_proj.weight": mat(nkv * hd, H),
+                  p + "self_attn.o_proj.weight": mat(H, nq * hd),
+                  p + "self_attn.q_norm.weight": np.ones(hd, np.float32),
+                  p + "self_attn.k_norm.weight": np.ones(hd, np.float32),
+                  p + "mlp.gate_proj.weight": mat(inter, H),
+                  p + "mlp.up_proj.weight": mat(inter, H),
+                  p + "mlp.down_proj.weight": mat(H, inter)})
+    return w
+
+
+def bandwidth_gbs(nbytes: int = 1 << 30, repeat: int = 5) -> float:
+    """Memory read bandwidth as decode sees it: the best of `repeat` BLAS matrix-vector
+    products over a float32 matrix much larger than the caches (all threads BLAS uses)."""
+    a = np.ones((nbytes // 4 // 1024, 1024), dtype=np.float32)
+    x = np.ones((1, 1024), dtype=np.float32)
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        x @ a.T
+        best = min(best, time.perf_counter() - t0)
+    return nbytes / best / 1e9
+
+
+def decode_rate(engine: NumpyEngine, batch: int, steps: int, prompt: list[int]) -> float:
+    ids = [("b", batch, i) for i in range(batch)]
+    for sid in ids:
+        engine.prefill(sid, prompt)
+    tokens = [1] * batch
+    engine.decode(ids, tokens)  # warm up
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        logits = engine.decode(ids, tokens)
+        tokens = [int(t) for t in np.argmax(logits, axis=-1)]
+    dt = time.perf_counter() - t0
+    for sid in ids:
+        engine.release(sid)
+    return batch * steps / dt
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="a small model (CI)")
+    args = ap.parse_args()
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # the interpreter
+    raw = QUICK if args.quick else QWEN3_06B
+    steps = 8 if args.quick else 24
+    config = config_from_json(raw)
+    bw = bandwidth_gbs(1 << 28 if args.quick else 1 << 30)  # before the model: not in its peak
+    t0 = time.perf_counter()
+    engine = NumpyEngine(config, random_weights(raw, np.random.default_rng(0)))
+    weight_bytes = engine.weight_bytes
+    print(f"model: {'quick' if args.quick else 'Qwen3-0.6B'} shapes, fp32 weights "
+          f"{weight_bytes / 1e9:.2f} GB, built in {time.perf_counter() - t0:.1f} s")
+    bound = bw * 1e9 / weight_bytes
+    print(f"memory read bandwidth: {bw:.1f} GB/s -> decode bound {bound:.1f} tok/s")
+    prompt = list(range(16))
+    one = decode_rate(engine, 1, steps, prompt)
+    print(f"decode, 1 sequence:   {one:7.2f} tok/s   ratio to bound {one / bound:.2f} "
+          "(target >= 0.8)")
+    eight = decode_rate(engine, 8, steps, prompt)
+    print(f"decode, 8 sequences:  {eight:7.2f} tok/s   ratio to 1 sequence {eight / one:.2f} "
+          "(target >= 2.5)")
+    long_prompt = list(np.random.default_rng(1).integers(0, raw["vocab_size"], 512))
+    engine.prefill("warm", long_prompt[:32])
+    engine.release("warm")
+    t0 = time.perf_counter()
+    engine.prefill("p", long_prompt)
+    rate = 512 / (time.perf_counter() - t0)
+    kv_bytes = (2 * config.num_layers * config.num_kv_heads * config.head_dim * 4
+                * (512 + 9 * (16 + steps + 1)))
+    engine.release("p")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+    print(f"prefill, 512 tokens:  {rate:7.1f} tok/s")
+    print(f"peak memory above the interpreter {peak / 1e9:.2f} GB = "
+          f"{peak / (weight_bytes + kv_bytes):.2f}x (fp32 weights + KV cache) (target <= 1.3)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
