@@ -37,6 +37,14 @@ class Model:
         self.defaults = defaults
 
     @property
+    def token_table(self) -> list[bytes]:
+        """The bytes each token decodes to, one entry per logit (built once)."""
+        table = getattr(self, "_token_table", None)
+        if table is None:
+            table = self._token_table = self.tokenizer.token_bytes(self.config.vocab_size)
+        return table
+
+    @property
     def chat_template_source(self) -> str:
         return self.template.source if self.template else ""
 

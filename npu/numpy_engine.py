@@ -182,6 +182,16 @@ class NumpyEngine:
             seqs.append(seq)
         return self._forward(np.asarray(tokens, dtype=np.int64), [(s, 1) for s in seqs])
 
+    def fork(self, src: object, dst: object) -> None:
+        """Start `dst` as a copy of `src`'s state (n choices share one prefill)."""
+        seq = self._seqs[src]
+        new = _Seq(len(self.layers))
+        new.pos = seq.pos
+        new.k = [None if a is None else a.copy() for a in seq.k]
+        new.v = [None if a is None else a.copy() for a in seq.v]
+        new.conv = [None if a is None else a.copy() for a in seq.conv]
+        self._seqs[dst] = new
+
     def release(self, seq_id: object) -> None:
         """Free a sequence's caches (unknown ids are ignored)."""
         self._seqs.pop(seq_id, None)

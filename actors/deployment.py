@@ -1,0 +1,57 @@
+"""ModelWorker: the Ray Serve deployment around a `Worker`, one replica per device.
+
+On NPU hosts a replica asks for `{"NPU": 1}` and learns its device index from Ray's
+accelerator ids; CPU replicas need no claim. Serve's router balances requests across the
+replicas, `max_ongoing_requests` is the batch one worker decodes together, and the health
+check fails once the worker's decode loop has died (Serve then restarts the replica).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+from ray import serve
+
+from actors.events import Event, GenerateRequest
+from actors.worker import Worker
+
+log = logging.getLogger(__name__)
+
+
+def device_index(device: str) -> int | None:
+    """This replica's NPU index from Ray (None on CPU)."""
+    if device != "npu":
+        return None
+    import ray
+
+    ids = ray.get_runtime_context().get_accelerator_ids().get("NPU") or []
+    return int(ids[0]) if ids else None
+
+
+@serve.deployment
+class ModelWorker:
+    def __init__(self, *, name: str, path: str, device: str = "cpu", max_batch: int = 8):
+        from npu import load_model
+
+        self.name = name
+        index = device_index(device)
+        self.worker = Worker(lambda: load_model(path, "cpu" if device == "auto" else device,
+                                                name=name),
+                             max_batch=max_batch)
+        log.info("worker for %s on %s%s ready", name, device,
+                 f" #{index}" if index is not None else "")
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[Event]:
+        async for event in self.worker.generate(request):
+            yield event
+
+    async def info(self) -> dict:
+        m = self.worker.model
+        return {"id": self.name, "created": int(self.worker.started),
+                "context_length": m.context_length, "format": self.worker.spec.kind.value,
+                "replica": serve.get_replica_context().replica_tag}
+
+    def check_health(self) -> None:
+        if not self.worker.healthy:
+            raise RuntimeError(f"the decode loop has failed: {self.worker.error!r}")

@@ -1,0 +1,244 @@
+"""Session: one request on a worker, from prompt to events.
+
+It renders the template, tokenizes, builds the constraint and one `Choice` per `n`, and
+turns each sampled token into events: detokenize -> stop strings -> ChatStream deltas.
+Everything here runs on the worker's decode thread, except `build_session`, which runs in
+a helper thread because it may compile a grammar.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from actors.errors import RequestError
+from actors.events import Deltas, Event, Finished, GenerateRequest, TokenLogprob
+from chat import (
+    ChatStream,
+    ConstraintError,
+    FormatSpec,
+    constraint_request_from_openai,
+    format_prefill,
+    make_constraint,
+)
+from chat.decode import mask_words, needs_grammar
+from npu import Model, ModelError, Sampler, SamplingParams, logprobs
+
+log = logging.getLogger(__name__)
+_ids = itertools.count()
+PROMPT_TAIL_TOKENS = 32
+
+
+class Choice:
+    """One of a request's `n` outputs: its sequence in the engine and its decode state."""
+
+    def __init__(self, session: Session, index: int, sampler: Sampler, constraint: Any,
+                 stream: ChatStream | None) -> None:
+        self.session = session
+        self.index = index
+        self.seq_id = (session.id, index)
+        self.sampler = sampler
+        self.constraint = constraint
+        self.stream = stream
+        self.detok = session.model.tokenizer.detokenizer(at_start=session.at_start)
+        from actors.stops import StopMatcher
+
+        self.stops = StopMatcher(session.stop_strings)
+        self.generated = 0
+        self.next_token: int | None = None
+        self.done = False
+        self.mask = np.zeros(mask_words(session.vocab_size), dtype=np.uint32)
+        self.masked = False
+
+    def prepare_mask(self) -> None:
+        """Fill the mask for the next sample (runs while the forward pass runs)."""
+        c = self.constraint
+        self.masked = bool(c is not None and c.active and c.fill_mask(self.mask))
+
+    def take(self, logits: np.ndarray) -> list[Event]:
+        """Sample from `logits` and turn the token into events."""
+        token = self.sampler.sample(logits, self.mask if self.masked else None)
+        s = self.session
+        if self.constraint is not None:
+            self.constraint.accept(token)
+        self.sampler.accept(token)
+        self.generated += 1
+        lp = None
+        if s.request.logprobs:
+            lp = [self._logprob(logits, token)]
+        if token in s.eos_ids and not s.request.ignore_eos:
+            return self.finish("stop")
+        text = self.stops.push(self.detok.push(token))
+        events = self._emit(text, lp)
+        if self.stops.stopped:
+            return events + self.finish("stop")
+        if s.request.max_tokens is not None and self.generated >= s.request.max_tokens:
+            return events + self.finish("length")
+        if s.model.engine.length(self.seq_id) + 1 >= s.model.context_length:
+            return events + self.finish("length")
+        self.next_token = token
+        return events
+
+    def _logprob(self, logits: np.ndarray, token: int) -> TokenLogprob:
+        tok = self.session.model.tokenizer
+        table = self.session.token_table
+        value, top = logprobs(logits, token, self.session.request.top_logprobs)
+        text = table[token].decode("utf-8", "replace")
+        return TokenLogprob(token=text, logprob=value, bytes=list(table[token]),
+                            top=[(table[t].decode("utf-8", "replace"), v, list(table[t]))
+                                 for t, v in top])
+
+    def _emit(self, text: str, lp: list | None, final: bool = False) -> list[Event]:
+        if self.stream is not None:
+            deltas = self.stream.update(text, final=final) if (text or final) else []
+            if deltas or lp:
+                return [Deltas(index=self.index, deltas=deltas, logprobs=lp)]
+            return []
+        if text or lp:
+            return [Deltas(index=self.index, text=text, logprobs=lp)]
+        return []
+
+    def finish(self, reason: str) -> list[Event]:
+        self.done = True
+        tail = self.stops.push(self.detok.flush()) + self.stops.flush()
+        events = self._emit(tail, None, final=True)
+        if reason == "stop" and self.stream is not None and self.stream.message.tool_calls:
+            reason = "tool_calls"
+        return events + [Finished(index=self.index, finish_reason=reason,
+                                  completion_tokens=self.generated)]
+
+
+class Session:
+    """A request on a worker."""
+
+    def __init__(self, request: GenerateRequest, model: Model, prompt_ids: list[int], *,
+                 spec: FormatSpec, prefill: str, constraint_factory: Callable[[], Any] | None,
+                 parse_tool_calls: bool, tools: list[dict] | None, stop_strings: list[str],
+                 eos_ids: set[int], at_start: bool, token_table: list[bytes]) -> None:
+        self.id = next(_ids)
+        self.request = request
+        self.model = model
+        self.prompt_ids = prompt_ids
+        self.vocab_size = model.config.vocab_size
+        self.stop_strings = stop_strings
+        self.eos_ids = eos_ids
+        self.at_start = at_start
+        self.token_table = token_table
+        self.cancelled = False
+        self.prefilled = 0  # prompt tokens already through the engine
+        base = model.defaults
+        params = dict(
+            temperature=_pick(request.temperature, base.temperature),
+            top_p=_pick(request.top_p, base.top_p), top_k=_pick(request.top_k, base.top_k),
+            min_p=_pick(request.min_p, base.min_p),
+            repetition_penalty=_pick(request.repetition_penalty, base.repetition_penalty),
+            presence_penalty=request.presence_penalty,
+            frequency_penalty=request.frequency_penalty)
+        self.choices: list[Choice] = []
+        for i in range(request.n):
+            seed = None if request.seed is None else request.seed + i
+            sampler = Sampler(SamplingParams(seed=seed, **params), self.vocab_size, prompt_ids)
+            constraint = constraint_factory() if constraint_factory else None
+            if constraint is not None:
+                constraint.start(prefill)
+            stream = (ChatStream(spec, prefill=prefill, parse_tool_calls=parse_tool_calls,
+                                 tools=tools) if request.kind == "chat" else None)
+            self.choices.append(Choice(self, i, sampler, constraint, stream))
+
+    @property
+    def done(self) -> bool:
+        return self.cancelled or all(c.done for c in self.choices)
+
+
+def _pick(value, default):
+    return default if value is None else value
+
+
+def build_session(request: GenerateRequest, model: Model, spec: FormatSpec,
+                  grammar_engine: Callable[[], Any]) -> Session:
+    """Validate a request against the model and set it up.
+
+    Raises:
+        RequestError: bad options (400) or a prompt over the context (400).
+    """
+    body = request.body
+    tools = body.get("tools") or None
+    if request.kind == "chat":
+        try:
+            creq = constraint_request_from_openai(body)
+        except ConstraintError as exc:
+            raise RequestError(exc.message, param=exc.param) from None
+        kwargs = {}
+        effort = body.get("reasoning_effort")
+        if effort is not None:
+            kwargs["reasoning_effort"] = effort
+        extra = body.get("chat_template_kwargs") or {}
+        enable_thinking = extra.get("enable_thinking")
+        if enable_thinking is None and (body.get("think") is False or effort == "none"):
+            enable_thinking = False
+        if enable_thinking is None and body.get("think") is True:
+            enable_thinking = True
+        try:
+            text = model.render(request.messages, creq.all_tools and tools,
+                                enable_thinking=enable_thinking,
+                                **{k: v for k, v in extra.items() if k != "enable_thinking"},
+                                **kwargs)
+        except ModelError as exc:
+            raise RequestError(str(exc), param="messages") from None
+        thinking = model.thinking_enabled(enable_thinking)
+        tools_enabled = model.tools_enabled()
+    else:
+        text = request.prompt
+        creq, thinking, tools_enabled = None, True, True
+    prompt_ids = model.prompt_ids(text)
+    if not prompt_ids:
+        prompt_ids = [model.tokenizer.bos_id] if model.tokenizer.bos_id is not None else []
+    if not prompt_ids:
+        raise RequestError("The prompt is empty.", param="prompt")
+    limit = model.context_length
+    if len(prompt_ids) >= limit:
+        raise RequestError(
+            f"This model's maximum context length is {limit} tokens; the prompt has "
+            f"{len(prompt_ids)}.", param="messages" if request.kind == "chat" else "prompt",
+            code="context_length_exceeded")
+    tail = model.tokenizer.decode(prompt_ids[-PROMPT_TAIL_TOKENS:], skip_special_tokens=False)
+    prefill = format_prefill(spec, tail) if request.kind == "chat" else ""
+    factory = None
+    parse_calls = False
+    if creq is not None:
+        parse_calls = creq.parse_tool_calls and tools_enabled
+        try:
+            from chat.decode import effective_request
+
+            eff = effective_request(creq, tools_enabled=tools_enabled,
+                                    thinking_enabled=thinking)
+        except ConstraintError as exc:
+            raise RequestError(exc.message, param=exc.param) from None
+        if needs_grammar(spec, eff):
+            engine = grammar_engine()
+            # compile once here (errors are 400s); each choice gets its own matcher
+            try:
+                make_constraint(spec, eff, engine, request_id=request.request_id)
+            except ConstraintError as exc:
+                raise RequestError(exc.message, param=exc.param) from None
+
+            def factory():
+                return make_constraint(spec, eff, engine, request_id=request.request_id)
+    stops = list(request.stop)
+    if request.kind == "chat":
+        stops += [s for s in spec.extra_stops if model.tokenizer.id_of(s) is None]
+    eos = set(model.eos_token_ids)
+    for s in spec.extra_stops:
+        tid = model.tokenizer.id_of(s)
+        if tid is not None:
+            eos.add(tid)
+    table = model.token_table
+    at_start = all(not table[i] for i in prompt_ids)
+    return Session(request, model, prompt_ids, spec=spec, prefill=prefill,
+                   constraint_factory=factory, parse_tool_calls=parse_calls, tools=tools,
+                   stop_strings=stops, eos_ids=eos, at_start=at_start,
+                   token_table=table)

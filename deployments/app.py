@@ -1,0 +1,70 @@
+"""build_app: the Serve application of a config (the import path of configs/*.yaml)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from actors.deployment import ModelWorker
+from deployments.ingress import make_ingress
+
+
+class ModelEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """One served model.
+
+    Attributes:
+        name: the id clients send as `model`.
+        path: a model directory, or "flm-tiny".
+        device: "cpu", "npu" (one replica per NPU, each claiming {"NPU": 1}) or "auto".
+        replicas: worker replicas (CPU: how many; NPU: usually the NPU count).
+        max_batch: sequences one worker decodes together (its max_ongoing_requests).
+        max_queued: requests waiting per replica before the API answers 503.
+    """
+
+    name: str
+    path: str
+    device: str = "cpu"
+    replicas: int = 1
+    max_batch: int = 8
+    max_queued: int = 64
+
+
+class AppConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    models: list[ModelEntry] = msgspec.field(
+        default_factory=lambda: [ModelEntry(name="flm-tiny", path="flm-tiny")])
+    api_key: str | None = None
+    cors_origins: list[str] = msgspec.field(default_factory=list)
+    max_request_bytes: int = 4 << 20
+    ingress_replicas: int = 1
+
+
+def _device(entry: ModelEntry) -> str:
+    if entry.device != "auto":
+        return entry.device
+    return "cpu"  # NPU discovery arrives with the NPU path
+
+
+def build_app(args: dict[str, Any] | None = None):
+    """The application for `args` (the `args:` of a Serve config).
+
+    Raises:
+        msgspec.ValidationError: the config is malformed; the message names the key.
+    """
+    cfg = msgspec.convert(args or {}, AppConfig)
+    workers = {}
+    for m in cfg.models:
+        device = _device(m)
+        actor: dict[str, Any] = {"num_cpus": 0}
+        if device == "npu":
+            actor["resources"] = {"NPU": 1}
+        workers[m.name] = ModelWorker.options(
+            name=f"worker-{m.name}", num_replicas=m.replicas, max_ongoing_requests=m.max_batch,
+            max_queued_requests=m.max_queued, ray_actor_options=actor,
+            health_check_period_s=5, health_check_timeout_s=30,
+        ).bind(name=m.name, path=m.path, device=device, max_batch=m.max_batch)
+    settings = {"api_key": cfg.api_key, "max_request_bytes": cfg.max_request_bytes}
+    ingress = make_ingress({"cors_origins": cfg.cors_origins})
+    return ingress.options(name="openai-ingress", num_replicas=cfg.ingress_replicas,
+                           max_ongoing_requests=1000,
+                           ray_actor_options={"num_cpus": 0}).bind(workers, settings)

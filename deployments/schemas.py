@@ -1,0 +1,78 @@
+"""The OpenAI request bodies the ingress accepts, as msgspec Structs.
+
+Unknown fields are ignored (clients send many); a JSON null reads as missing. Constraint
+options (tools, tool_choice, response_format, ...) are checked by the chat library on the
+worker, which knows the model; here they are only required to be JSON.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import Meta
+
+PositiveInt = Annotated[int, Meta(ge=1)]
+
+
+class Message(msgspec.Struct, kw_only=True):
+    role: str
+    content: str | list[dict] | None = None
+    name: str | None = None
+    tool_calls: list[dict] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.role not in ("system", "developer", "user", "assistant", "tool"):
+            raise ValueError(f"unknown role {self.role!r}; use system, developer, user, "
+                             "assistant or tool")
+
+
+class StreamOptions(msgspec.Struct, kw_only=True):
+    include_usage: bool | None = None
+
+
+class SamplingFields(msgspec.Struct, kw_only=True):
+    model: str
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    max_tokens: PositiveInt | None = None
+    n: Annotated[int, Meta(ge=1, le=8)] | None = None
+    temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Meta(gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, Meta(ge=-1)] | None = None
+    min_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
+    repetition_penalty: Annotated[float, Meta(gt=0.0, le=10.0)] | None = None
+    presence_penalty: Annotated[float, Meta(ge=-2.0, le=2.0)] | None = None
+    frequency_penalty: Annotated[float, Meta(ge=-2.0, le=2.0)] | None = None
+    seed: int | None = None
+    stop: str | Annotated[list[str], Meta(max_length=8)] | None = None
+    user: str | None = None
+    ignore_eos: bool | None = None
+
+
+class ChatRequest(SamplingFields, kw_only=True):
+    messages: Annotated[list[Message], Meta(min_length=1)]
+    max_completion_tokens: PositiveInt | None = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None
+    response_format: Any = None
+    think: Any = None
+    reasoning_effort: Any = None
+    chat_template_kwargs: Any = None
+
+
+class CompletionRequest(SamplingFields, kw_only=True):
+    prompt: str | Annotated[list[str], Meta(min_length=1, max_length=1)]
+    logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
+    echo: bool | None = None
+    suffix: str | None = None
+
+
+CONSTRAINT_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "response_format", "think",
+                     "reasoning_effort", "chat_template_kwargs")
