@@ -47,10 +47,16 @@ class ModelWorker:
             yield event
 
     async def info(self) -> dict:
+        import ray
+
         m = self.worker.model
+        ctx = serve.get_replica_context()
+        replica = getattr(ctx, "replica_id", None)
         return {"id": self.name, "created": int(self.worker.started),
                 "context_length": m.context_length, "format": self.worker.spec.kind.value,
-                "replica": serve.get_replica_context().replica_tag}
+                "active": self.worker.active,
+                "replica": str(getattr(replica, "unique_id", replica)),
+                "actor": ray.get_runtime_context().get_actor_name()}
 
     def check_health(self) -> None:
         if not self.worker.healthy:

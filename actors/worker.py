@@ -139,9 +139,10 @@ class Worker:
                         idle = False
                 except queue.Empty:
                     pass
+                self._drop_cancelled(waiting, running, sinks)
+                self.active = len(running) + len(waiting)
                 if not waiting and not running:
                     continue
-                self._drop_cancelled(waiting, running, sinks)
                 # one prefill chunk per step, for the oldest waiting session with room
                 if waiting and self._running_seqs(running) + len(waiting[0].choices) \
                         <= max(self.max_batch, len(waiting[0].choices)):

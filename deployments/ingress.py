@@ -58,11 +58,16 @@ def decode_request(body: bytes, kind: str):
 
 
 def _param_from(err: msgspec.ValidationError) -> str | None:
+    """The OpenAI `param` of a msgspec error: its path, plus a missing field's name."""
     text = str(err)
-    if " - at `$." in text:
-        path = text.split(" - at `$.", 1)[1].rstrip("`")
-        return path.replace("`", "")
-    return None
+    path = ""
+    if " - at `$" in text:
+        text, path = text.split(" - at `$", 1)
+        path = path.rstrip("`").lstrip(".")
+    if text.startswith("Object missing required field `"):
+        field = text.split("`")[1]
+        path = f"{path}.{field}" if path else field
+    return path or None
 
 
 def _is_backpressure(exc: BaseException) -> bool:

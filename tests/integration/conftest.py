@@ -1,0 +1,60 @@
+"""One Ray Serve instance for the whole test run: flm-tiny on two replicas, and the real
+stories260K model when ../shared is there."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import httpx
+import pytest
+
+from tests.shared import SHARED
+
+STORIES = SHARED / "models" / "stories260K" / "hf-f32"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def serve_url(tmp_path_factory):
+    ray = pytest.importorskip("ray")
+    from ray import serve
+
+    from deployments.app import build_app
+
+    cache = str(tmp_path_factory.mktemp("flm-cache"))
+    os.environ["FLM_CACHE"] = cache
+    port = _free_port()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"FLM_CACHE": cache}})
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    models = [{"name": "flm-tiny", "path": "flm-tiny", "replicas": 2, "max_batch": 8,
+               "max_queued": 48}]
+    if STORIES.exists():
+        models.append({"name": "stories260k", "path": str(STORIES), "max_batch": 4})
+    serve.run(build_app({"models": models, "max_request_bytes": 1 << 20}), name="flm",
+              route_prefix="/")
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/v1/models", timeout=5).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    yield url
+    serve.shutdown()
+    ray.shutdown()
+
+
+@pytest.fixture()
+def client(serve_url):
+    with httpx.Client(base_url=serve_url, timeout=120) as c:
+        yield c
