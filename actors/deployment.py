@@ -42,9 +42,9 @@ class ModelWorker:
         log.info("worker for %s on %s%s ready", name, device,
                  f" #{index}" if index is not None else "")
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[Event]:
-        async for event in self.worker.generate(request):
-            yield event
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[list[Event]]:
+        async for batch in self.worker.generate(request):
+            yield batch
 
     async def info(self) -> dict:
         import ray

@@ -84,7 +84,6 @@ class Choice:
         return events
 
     def _logprob(self, logits: np.ndarray, token: int) -> TokenLogprob:
-        tok = self.session.model.tokenizer
         table = self.session.token_table
         value, top = logprobs(logits, token, self.session.request.top_logprobs)
         text = table[token].decode("utf-8", "replace")

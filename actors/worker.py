@@ -70,22 +70,23 @@ class Worker:
             return self._grammar
 
     # -- requests -------------------------------------------------------------------------------
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[Event]:
-        """Events for one request: Accepted or Rejected first, then Deltas/Finished per
-        choice, then Usage (or Failed if the worker breaks)."""
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[list[Event]]:
+        """Events for one request, in batches: [Accepted] or [Rejected] first, then
+        Deltas/Finished per choice, then Usage (or Failed if the worker breaks). A batch
+        holds every event that was ready, so a slow consumer gets fewer, larger messages."""
         try:
             session = await asyncio.to_thread(build_session, request, self.model, self.spec,
                                               self.grammar_engine)
         except RequestError as exc:
-            yield Rejected(status=exc.status, message=exc.message, param=exc.param,
-                           code=exc.code, type=exc.type)
+            yield [Rejected(status=exc.status, message=exc.message, param=exc.param,
+                            code=exc.code, type=exc.type)]
             return
         if self.error is not None:
-            yield Rejected(status=503, message="The model worker has failed.",
-                           type="server_error")
+            yield [Rejected(status=503, message="The model worker has failed.",
+                            type="server_error")]
             return
-        yield Accepted(request_id=request.request_id, model=self.model.name,
-                       prompt_tokens=len(session.prompt_ids))
+        yield [Accepted(request_id=request.request_id, model=self.model.name,
+                        prompt_tokens=len(session.prompt_ids))]
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
 
@@ -96,10 +97,16 @@ class Worker:
         self._incoming.put((session, sink))
         try:
             while True:
-                item = await events.get()
-                if item is _End:
+                batch = [await events.get()]
+                while not events.empty():
+                    batch.append(events.get_nowait())
+                end = batch[-1] is _End
+                if end:
+                    batch.pop()
+                if batch:
+                    yield batch  # type: ignore[misc]
+                if end:
                     return
-                yield item  # type: ignore[misc]
         finally:
             session.cancelled = True  # the decode thread frees it at its next step
 
@@ -123,7 +130,6 @@ class Worker:
         sinks: dict[int, Callable[[object], None]] = {}
         waiting: list[Session] = []  # admitted, prompt not fully prefilled
         running: list[Session] = []
-        engine = self.model.engine
         # A decode step holds the GIL in short bursts; a smaller switch interval lets the
         # event loop thread forward events promptly.
         sys.setswitchinterval(0.001)

@@ -20,6 +20,9 @@ class ModelEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         replicas: worker replicas (CPU: how many; NPU: usually the NPU count).
         max_batch: sequences one worker decodes together (its max_ongoing_requests).
         max_queued: requests waiting per replica before the API answers 503.
+        blas_threads: BLAS threads in the worker (None: the library's default, all
+            cores). On a small host the serving processes compete with BLAS for the cores;
+            1 thread can stream faster there (see BENCHMARKS.md).
     """
 
     name: str
@@ -28,6 +31,7 @@ class ModelEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     replicas: int = 1
     max_batch: int = 8
     max_queued: int = 64
+    blas_threads: int | None = None
 
 
 class AppConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -58,6 +62,10 @@ def build_app(args: dict[str, Any] | None = None):
         actor: dict[str, Any] = {"num_cpus": 0}
         if device == "npu":
             actor["resources"] = {"NPU": 1}
+        if m.blas_threads:
+            n = str(m.blas_threads)
+            actor["runtime_env"] = {"env_vars": {"OPENBLAS_NUM_THREADS": n,
+                                                 "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n}}
         workers[m.name] = ModelWorker.options(
             name=f"worker-{m.name}", num_replicas=m.replicas, max_ongoing_requests=m.max_batch,
             max_queued_requests=m.max_queued, ray_actor_options=actor,

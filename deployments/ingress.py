@@ -202,7 +202,7 @@ def make_ingress(config: dict[str, Any]):
         @staticmethod
         async def _first(gen):
             try:
-                return await gen.__anext__()
+                return (await gen.__anext__())[0]
             except StopAsyncIteration:
                 raise ApiError(503, "The model worker closed the request.") from None
             except Exception as exc:
@@ -220,47 +220,12 @@ def make_ingress(config: dict[str, Any]):
             started: set[int] = set()
             offsets: dict[int, int] = {}
             finished = False
-
-            def chunk(choices: list, usage: Any = None) -> bytes:
-                body = {**meta, "object": obj, "choices": choices}
-                if include_usage:
-                    body["usage"] = usage
-                return sse(body)
-
             try:
-                async for ev in gen:
-                    if isinstance(ev, Deltas):
-                        if kind == "chat":
-                            choice = {"index": ev.index,
-                                      "delta": chat_delta(ev, first=ev.index not in started),
-                                      "logprobs": chat_logprobs(ev.logprobs),
-                                      "finish_reason": None}
-                        else:
-                            off = offsets.get(ev.index, 0)
-                            choice = {"index": ev.index, "text": ev.text,
-                                      "logprobs": completion_logprobs(ev.logprobs, off),
-                                      "finish_reason": None}
-                            offsets[ev.index] = off + len(ev.text)
-                        started.add(ev.index)
-                        yield chunk([choice])
-                    elif isinstance(ev, Finished):
-                        if kind == "chat":
-                            delta = {"role": "assistant"} if ev.index not in started else {}
-                            choice = {"index": ev.index, "delta": delta, "logprobs": None,
-                                      "finish_reason": ev.finish_reason}
-                        else:
-                            choice = {"index": ev.index, "text": "", "logprobs": None,
-                                      "finish_reason": ev.finish_reason}
-                        started.add(ev.index)
-                        yield chunk([choice])
-                    elif isinstance(ev, Usage):
-                        if include_usage:
-                            yield chunk([], {"prompt_tokens": ev.prompt_tokens,
-                                             "completion_tokens": ev.completion_tokens,
-                                             "total_tokens": ev.prompt_tokens
-                                             + ev.completion_tokens})
-                    elif isinstance(ev, Failed):
-                        yield sse(error_body(ev.message, type="server_error"))
+                async for batch in gen:
+                    out = b"".join(self._chunks(batch, kind, obj, meta, started, offsets,
+                                                include_usage))
+                    if out:
+                        yield out
                 finished = True
             except asyncio.CancelledError:  # the client went away
                 raise
@@ -274,21 +239,65 @@ def make_ingress(config: dict[str, Any]):
                     gen.cancel()
             yield DONE
 
+        @staticmethod
+        def _chunks(batch, kind, obj, meta, started, offsets, include_usage):
+            def chunk(choices: list, usage: Any = None) -> bytes:
+                body = {**meta, "object": obj, "choices": choices}
+                if include_usage:
+                    body["usage"] = usage
+                return sse(body)
+
+            for ev in batch:
+                if isinstance(ev, Deltas):
+                    if kind == "chat":
+                        choice = {"index": ev.index,
+                                  "delta": chat_delta(ev, first=ev.index not in started),
+                                  "logprobs": chat_logprobs(ev.logprobs),
+                                  "finish_reason": None}
+                    else:
+                        off = offsets.get(ev.index, 0)
+                        choice = {"index": ev.index, "text": ev.text,
+                                  "logprobs": completion_logprobs(ev.logprobs, off),
+                                  "finish_reason": None}
+                        offsets[ev.index] = off + len(ev.text)
+                    started.add(ev.index)
+                    yield chunk([choice])
+                elif isinstance(ev, Finished):
+                    if kind == "chat":
+                        delta = {"role": "assistant"} if ev.index not in started else {}
+                        choice = {"index": ev.index, "delta": delta, "logprobs": None,
+                                  "finish_reason": ev.finish_reason}
+                    else:
+                        choice = {"index": ev.index, "text": "", "logprobs": None,
+                                  "finish_reason": ev.finish_reason}
+                    started.add(ev.index)
+                    yield chunk([choice])
+                elif isinstance(ev, Usage):
+                    if include_usage:
+                        yield chunk([], {"prompt_tokens": ev.prompt_tokens,
+                                         "completion_tokens": ev.completion_tokens,
+                                         "total_tokens": ev.prompt_tokens
+                                         + ev.completion_tokens})
+                elif isinstance(ev, Failed):
+                    yield sse(error_body(ev.message, type="server_error"))
+
         async def _collect(self, gen, kind: str, meta: dict, req) -> Response:
             folds: dict[int, ChoiceFold] = {}
             usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
             try:
-                async for ev in gen:
-                    if isinstance(ev, Deltas):
-                        folds.setdefault(ev.index, ChoiceFold()).add(ev)
-                    elif isinstance(ev, Finished):
-                        folds.setdefault(ev.index, ChoiceFold()).finish_reason = ev.finish_reason
-                    elif isinstance(ev, Usage):
-                        usage = {"prompt_tokens": ev.prompt_tokens,
-                                 "completion_tokens": ev.completion_tokens,
-                                 "total_tokens": ev.prompt_tokens + ev.completion_tokens}
-                    elif isinstance(ev, Failed):
-                        raise ApiError(503, ev.message, type="server_error")
+                async for batch in gen:
+                    for ev in batch:
+                        if isinstance(ev, Deltas):
+                            folds.setdefault(ev.index, ChoiceFold()).add(ev)
+                        elif isinstance(ev, Finished):
+                            fold = folds.setdefault(ev.index, ChoiceFold())
+                            fold.finish_reason = ev.finish_reason
+                        elif isinstance(ev, Usage):
+                            usage = {"prompt_tokens": ev.prompt_tokens,
+                                     "completion_tokens": ev.completion_tokens,
+                                     "total_tokens": ev.prompt_tokens + ev.completion_tokens}
+                        elif isinstance(ev, Failed):
+                            raise ApiError(503, ev.message, type="server_error")
             except ApiError:
                 raise
             except Exception as exc:

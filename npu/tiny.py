@@ -73,8 +73,8 @@ def _train_tokenizer():
     return tok
 
 
-def build_tiny(folder: Path) -> None:
-    """Write the model directory into `folder`."""
+def build_tiny(folder: Path, dims: dict | None = None) -> None:
+    """Write the model directory into `folder` (`dims` overrides the shapes, for benches)."""
     from safetensors.numpy import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -84,7 +84,7 @@ def build_tiny(folder: Path) -> None:
     vocab = (size + 63) // 64 * 64
     ids = {t: tok.token_to_id(t) for t in SPECIAL + MARKERS}
     config = {
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", **DIMS,
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", **DIMS, **(dims or {}),
         "vocab_size": vocab, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
         "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
         "hidden_act": "silu", "attention_bias": False, "bos_token_id": None,

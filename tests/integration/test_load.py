@@ -9,7 +9,6 @@ import time
 import httpx
 import pytest
 
-from tests.integration.helpers import sse_events
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 MSG = [{"role": "user", "content": "Tell me a story."}]

@@ -1,0 +1,148 @@
+"""The serving path's cost, measured side by side in one run (completions: every token is
+visible text, so first-token timing is exact).
+
+For flm-tiny and for a bigger random model (about 5+ ms a token): decode tokens/s of the
+worker called in-process vs the same request streamed through HTTP (Ray Serve, two
+deployment hops, SSE), and the time to first token the serving path adds. Then aggregate
+tokens/s of 32 concurrent streams (continuous batching) vs the same 32 requests one at a
+time.
+
+    python bench/bench_serve.py           # full
+    python bench/bench_serve.py --quick   # fewer tokens and streams (CI)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import httpx  # noqa: E402
+
+from actors.events import Deltas, GenerateRequest  # noqa: E402
+from actors.worker import Worker  # noqa: E402
+from npu import load_model  # noqa: E402
+from npu.tiny import build_tiny, ensure_tiny  # noqa: E402
+
+MSG = [{"role": "user", "content": "Tell me a long story about the sea."}]
+PROMPT = "The little robot watched the quiet harbour"
+MEDIUM = {"hidden_size": 768, "intermediate_size": 2304, "num_hidden_layers": 12,
+          "num_attention_heads": 12, "num_key_value_heads": 4, "head_dim": 64}
+
+
+async def in_process(worker: Worker, tokens: int) -> tuple[float, float]:
+    """(seconds to first delta, tokens/s after it) for one request on the worker."""
+    req = GenerateRequest(request_id="b", kind="completion", prompt=PROMPT, max_tokens=tokens,
+                          seed=1, ignore_eos=True, temperature=1.0)
+    t0 = time.perf_counter()
+    first = None
+    async for batch in worker.generate(req):
+        if first is None and any(isinstance(ev, Deltas) and ev.text for ev in batch):
+            first = time.perf_counter()
+    end = time.perf_counter()
+    return first - t0, (tokens - 1) / (end - first)
+
+
+async def over_http(client: httpx.AsyncClient, model: str, tokens: int) -> tuple[float, float]:
+    body = {"model": model, "prompt": PROMPT, "max_tokens": tokens, "seed": 1,
+            "ignore_eos": True, "temperature": 1.0, "stream": True}
+    t0 = time.perf_counter()
+    first = None
+    async with client.stream("POST", "/v1/completions", json=body) as r:
+        async for line in r.aiter_lines():
+            if first is None and line.startswith("data: {") and '"text":""' not in line:
+                first = time.perf_counter()
+    end = time.perf_counter()
+    return first - t0, (tokens - 1) / (end - first)
+
+
+async def concurrent(client: httpx.AsyncClient, n: int, tokens: int) -> float:
+    body = {"model": "flm-tiny", "messages": MSG, "max_tokens": tokens, "seed": 1,
+            "ignore_eos": True, "stream": True}
+
+    async def one():
+        async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+            async for _ in r.aiter_lines():
+                pass
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*[one() for _ in range(n)])
+    return n * tokens / (time.perf_counter() - t0)
+
+
+async def sequential(client: httpx.AsyncClient, n: int, tokens: int) -> float:
+    body = {"model": "flm-tiny", "messages": MSG, "max_tokens": tokens, "seed": 1,
+            "ignore_eos": True, "stream": True}
+    t0 = time.perf_counter()
+    for _ in range(n):
+        async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+            async for _ in r.aiter_lines():
+                pass
+    return n * tokens / (time.perf_counter() - t0)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer tokens and streams (CI)")
+    ap.add_argument("--blas-threads", type=int, default=0,
+                    help="the workers' blas_threads setting (0: library default)")
+    args = ap.parse_args()
+    tokens = 48 if args.quick else 256
+    streams = 8 if args.quick else 32
+    cache = Path(tempfile.mkdtemp(prefix="flm-bench-"))
+    os.environ["FLM_CACHE"] = str(cache)
+    tiny = ensure_tiny(cache)
+    medium = cache / "medium"
+    build_tiny(medium, MEDIUM)
+
+    import ray
+    from ray import serve
+
+    from deployments.app import build_app
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"FLM_CACHE": str(cache)}})
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    blas = {"blas_threads": args.blas_threads} if args.blas_threads else {}
+    serve.run(build_app({"models": [
+        {"name": "flm-tiny", "path": str(tiny), "max_batch": 32, "max_queued": 64, **blas},
+        {"name": "medium", "path": str(medium), "max_batch": 4, **blas}]}), name="bench",
+        route_prefix="/")
+    url = f"http://127.0.0.1:{port}"
+
+    async def run():
+        async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+            for name, folder in (("flm-tiny", tiny), ("medium", medium)):
+                worker = Worker(lambda f=folder: load_model(f, name=name))
+                await in_process(worker, 8)  # warm up both paths
+                await over_http(client, name, 8)
+                ttft_in, rate_in = await in_process(worker, tokens)
+                ttft_http, rate_http = await over_http(client, name, tokens)
+                worker.close()
+                print(f"{name:9s} in-process {rate_in:8.1f} tok/s ({1000 / rate_in:6.2f} ms/tok)"
+                      f" | HTTP stream {rate_http:8.1f} tok/s | ratio {rate_http / rate_in:.3f}"
+                      f" | TTFT added by serving {1000 * (ttft_http - ttft_in):6.1f} ms")
+            await concurrent(client, 4, 8)
+            agg = await concurrent(client, streams, tokens)
+            seq = await sequential(client, streams, tokens)
+            print(f"{streams} streams: concurrent {agg:8.1f} tok/s vs one at a time "
+                  f"{seq:8.1f} tok/s | ratio {agg / seq:.2f} (target >= 4)")
+
+    asyncio.run(run())
+    serve.shutdown()
+    ray.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

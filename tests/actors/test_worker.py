@@ -1,0 +1,89 @@
+"""Worker (no Ray): event order, rejections, stops, n choices, cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from actors.events import Accepted, Deltas, Finished, GenerateRequest, Rejected, Usage
+from actors.worker import Worker
+from npu import load_model
+from npu.tiny import ensure_tiny
+
+pytestmark = pytest.mark.timeout(120)
+MSG = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory) -> Worker:
+    folder: Path = ensure_tiny(tmp_path_factory.mktemp("cache"))
+    w = Worker(lambda: load_model(folder, name="flm-tiny"), max_batch=4)
+    yield w
+    w.close()
+
+
+async def _events(worker: Worker, **kw) -> list:
+    req = GenerateRequest(request_id="t", messages=MSG, **kw)
+    return [ev async for batch in worker.generate(req) for ev in batch]
+
+
+def test_events_come_in_order(worker) -> None:
+    events = asyncio.run(_events(worker, max_tokens=5, seed=1))
+    assert isinstance(events[0], Accepted) and isinstance(events[-1], Usage)
+    assert isinstance(events[-2], Finished) and events[-2].finish_reason == "length"
+    assert all(isinstance(e, Deltas) for e in events[1:-2])
+    assert events[-1].completion_tokens == 5
+
+
+@pytest.mark.parametrize("kw,param", [
+    ({"body": {"tool_choice": "required"}}, "tool_choice"),
+    ({"messages": [{"role": "user", "content": "x " * 5000}]}, "messages"),
+])
+def test_bad_requests_are_rejected_first(worker, kw: dict, param: str) -> None:
+    req = GenerateRequest(request_id="t", **{"messages": MSG, **kw})
+
+    async def run():
+        return [ev async for batch in worker.generate(req) for ev in batch]
+
+    events = asyncio.run(run())
+    assert len(events) == 1 and isinstance(events[0], Rejected)
+    assert events[0].status == 400 and events[0].param == param
+
+
+def test_same_seed_same_output_and_n_choices(worker) -> None:
+    a = asyncio.run(_events(worker, max_tokens=8, seed=5, n=2))
+    b = asyncio.run(_events(worker, max_tokens=8, seed=5, n=2))
+    texts = lambda evs, i: "".join(d.text for e in evs if isinstance(e, Deltas)  # noqa: E731
+                                   and e.index == i for d in e.deltas)
+    assert texts(a, 0) == texts(b, 0) and texts(a, 1) == texts(b, 1)
+    assert {e.index for e in a if isinstance(e, Finished)} == {0, 1}
+
+
+def test_stop_string_ends_the_choice(worker) -> None:
+    events = asyncio.run(_events(worker, kind="completion", prompt="Numbers:", max_tokens=50,
+                                 seed=1, stop=[" "]))
+    text = "".join(e.text for e in events if isinstance(e, Deltas))
+    fin = [e for e in events if isinstance(e, Finished)][0]
+    assert " " not in text
+    assert fin.finish_reason in ("stop", "length")
+
+
+def test_cancelled_request_frees_its_sequence(worker) -> None:
+    async def run():
+        req = GenerateRequest(request_id="c", messages=MSG, max_tokens=3000, seed=2,
+                              ignore_eos=True)
+        gen = worker.generate(req)
+        async for batch in gen:
+            if any(isinstance(ev, Deltas) for ev in batch):
+                break
+        await gen.aclose()
+        for _ in range(200):
+            if worker.active == 0:
+                return True
+            await asyncio.sleep(0.02)
+        return False
+
+    assert asyncio.run(run())
+    assert not worker.model.engine._seqs  # every KV cache released
