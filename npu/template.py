@@ -232,7 +232,13 @@ class ChatTemplate:
     def thinking_enabled(self, enable_thinking: bool | None = None) -> bool:
         """Whether the model thinks when rendered with this switch: the generation prompt
         is the one rendered with thinking explicitly on. A template with no switch thinks
-        (or not) on its own: True."""
+        (or not) on its own: True. (Probed once per switch value.)"""
+        cache = self.__dict__.setdefault("_thinking", {})
+        if enable_thinking not in cache:
+            cache[enable_thinking] = self._probe_thinking(enable_thinking)
+        return cache[enable_thinking]
+
+    def _probe_thinking(self, enable_thinking: bool | None) -> bool:
         probe = [{"role": "user", "content": "hi"}]
         try:
             return (self.render(probe, enable_thinking=enable_thinking)
@@ -241,9 +247,11 @@ class ChatTemplate:
             return True
 
     def tools_enabled(self) -> bool:
-        """Whether the template shows the request's tools to the model."""
-        probe = [{"role": "user", "content": "hi"}]
-        try:
-            return "probe_tool_x9" in self.render(probe, tools=[_PROBE_TOOL])
-        except TemplateError:
-            return False
+        """Whether the template shows the request's tools to the model (probed once)."""
+        if "_tools" not in self.__dict__:
+            probe = [{"role": "user", "content": "hi"}]
+            try:
+                self._tools = "probe_tool_x9" in self.render(probe, tools=[_PROBE_TOOL])
+            except TemplateError:
+                self._tools = False
+        return self._tools
