@@ -13,6 +13,7 @@ import pytest
 from tests.shared import SHARED
 
 STORIES = SHARED / "models" / "stories260K" / "hf-f32"
+SECRET = "test-key-123"
 
 
 def _free_port() -> int:
@@ -40,6 +41,10 @@ def serve_url(tmp_path_factory):
         models.append({"name": "stories260k", "path": str(STORIES), "max_batch": 4})
     serve.run(build_app({"models": models, "max_request_bytes": 1 << 20}), name="flm",
               route_prefix="/")
+    # a second app with an API key and CORS, on its own prefix
+    serve.run(build_app({"models": [{"name": "flm-tiny", "path": "flm-tiny", "max_batch": 2}],
+                         "api_key": SECRET, "cors_origins": ["http://example.test"]}),
+              name="secured", route_prefix="/secured")
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
