@@ -103,12 +103,18 @@ def _template_source(folder: Path, tok_config: dict) -> str | None:
     return source if isinstance(source, str) else None
 
 
-def load_model(path: str | Path, device: str = "cpu", *, name: str | None = None) -> Model:
+def load_model(path: str | Path, device: str = "cpu", *, name: str | None = None,
+               kernel_dir: str | Path | None = None, device_index: int = 0,
+               xrt: Any = None) -> Model:
     """Load a model directory (or the embedded `flm-tiny`).
 
     Args:
         path: a model directory, or "flm-tiny" (generated on first use into a cache).
-        device: "cpu" (the numpy engine). NPU engines arrive with the NPU path.
+        device: "cpu" (the numpy engine) or "npu" (the XRT engine: linear layers on the
+            NPU's GEMM kernel).
+        kernel_dir: "npu": the GEMM kernel directory (manifest.json, xclbin, insts.bin).
+        device_index: "npu": which NPU.
+        xrt: "npu": an `npu.xrt.XRT` (default: over the real pyxrt).
 
     Raises:
         ModelError: a missing or unsupported file, key or architecture, named.
@@ -120,8 +126,10 @@ def load_model(path: str | Path, device: str = "cpu", *, name: str | None = None
     folder = Path(path)
     if not folder.is_dir():
         raise ModelError(f"model directory {folder} does not exist")
-    if device not in ("cpu", "auto"):
-        raise ModelError(f"device {device!r} is not available here (use 'cpu')")
+    if device not in ("cpu", "npu"):
+        raise ModelError(f"device {device!r} is not one of 'cpu', 'npu'")
+    if device == "npu" and kernel_dir is None:
+        raise ModelError("device 'npu' needs a GEMM kernel directory (kernel_dir)")
     config_path = folder / "config.json"
     if not config_path.exists():
         raise ModelError(f"{folder}: config.json is missing")
@@ -149,7 +157,14 @@ def load_model(path: str | Path, device: str = "cpu", *, name: str | None = None
         top_k=int(gen.get("top_k") or 0), top_p=float(gen.get("top_p") or 1.0),
         min_p=float(gen.get("min_p") or 0.0),
         repetition_penalty=float(gen.get("repetition_penalty") or 1.0))
-    engine = NumpyEngine(config, load_weights(folder))
+    if device == "npu":
+        from npu.xrt import XRT
+        from npu.xrt_engine import XRTEngine
+
+        engine = XRTEngine(config, load_weights(folder), xrt=xrt or XRT(),
+                           device_index=device_index, kernel_dir=Path(kernel_dir))
+    else:
+        engine = NumpyEngine(config, load_weights(folder))
     if engine.vocab_size < tokenizer.size:
         raise ModelError(f"{folder}: the tokenizer has {tokenizer.size} tokens but the model "
                          f"only {engine.vocab_size} logits")

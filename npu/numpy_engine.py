@@ -35,7 +35,7 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
 
 
 class _Layer:
-    __slots__ = ("kind", "norm_in", "norm_post_attn", "norm_pre_ff", "norm_post_ff", "wqkv",
+    __slots__ = ("index", "kind", "norm_in", "norm_post_attn", "norm_pre_ff", "norm_post_ff", "wqkv",
                  "bqkv", "wo", "q_norm", "k_norm", "in_proj", "conv", "out_proj", "w_gate_up",
                  "w_down", "inv_freq", "window")
 
@@ -94,6 +94,7 @@ class NumpyEngine:
         for i in range(c.num_layers):
             p = f"model.layers.{i}."
             L = _Layer()
+            L.index = i
             L.kind = c.layer_types[i]
             L.window = c.sliding_window if L.kind == "sliding_attention" else 0
             if lfm2:
@@ -227,9 +228,9 @@ class NumpyEngine:
                 h = rms_norm(h, L.norm_post_attn, c.rms_eps)
             x = x + h
             h = rms_norm(x, L.norm_pre_ff, c.rms_eps)
-            gu = h @ L.w_gate_up.T
+            gu = self._mm(h, L, "w_gate_up")
             inter = gu.shape[-1] // 2
-            h = (self.act(gu[:, :inter]) * gu[:, inter:]) @ L.w_down.T
+            h = self._mm(self.act(gu[:, :inter]) * gu[:, inter:], L, "w_down")
             if L.norm_post_ff is not None:
                 h = rms_norm(h, L.norm_post_ff, c.rms_eps)
             x = x + h
@@ -237,12 +238,18 @@ class NumpyEngine:
             seq.pos += n
         ends = np.cumsum([n for _, n in segments]) - 1
         last = rms_norm(x[ends], self.final_norm, c.rms_eps)
-        return np.ascontiguousarray(last @ self.lm_head.T, dtype=np.float32)
+        return np.ascontiguousarray(self._mm(last, None, "lm_head"), dtype=np.float32)
+
+    def _mm(self, x: np.ndarray, layer: _Layer | None, name: str) -> np.ndarray:
+        """x @ W.T for the named weight of a layer (or the lm_head): the one place a
+        linear layer is computed, which other engines replace."""
+        w = self.lm_head if layer is None else getattr(layer, name)
+        return x @ w.T
 
     def _attention(self, li: int, L: _Layer, h: np.ndarray, segments, cos, sin) -> np.ndarray:
         c = self.config
         nq, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
-        qkv = h @ L.wqkv.T
+        qkv = self._mm(h, L, "wqkv")
         if L.bqkv is not None:
             qkv = qkv + L.bqkv
         T = h.shape[0]
@@ -276,7 +283,7 @@ class NumpyEngine:
             o = probs.reshape(nkv, group * n, total) @ V[:, :total]  # [nkv, g*n, hd]
             out[start : start + n] = o.reshape(nq, n, hd).transpose(1, 0, 2).reshape(n, nq * hd)
             start += n
-        return out @ L.wo.T
+        return self._mm(out, L, "wo")
 
     def _append_kv(self, seq: _Seq, li: int, k: np.ndarray, v: np.ndarray):
         n = k.shape[0]
@@ -299,7 +306,7 @@ class NumpyEngine:
     def _conv(self, li: int, L: _Layer, h: np.ndarray, segments) -> np.ndarray:
         H = self.config.hidden_size
         width = L.conv.shape[1]
-        bcx = h @ L.in_proj.T
+        bcx = self._mm(h, L, "in_proj")
         b, cgate, xin = bcx[:, :H], bcx[:, H : 2 * H], bcx[:, 2 * H :]
         bx = b * xin
         out = np.empty_like(bx)
@@ -315,4 +322,4 @@ class NumpyEngine:
             out[start : start + n] = acc
             seq.conv[li] = window[-(width - 1) :].copy()
             start += n
-        return (cgate * out) @ L.out_proj.T
+        return self._mm(cgate * out, L, "out_proj")

@@ -1,0 +1,46 @@
+"""XRTEngine: the numpy engine with its linear layers on an NPU GEMM kernel.
+
+Attention projections, MLP, LFM2's projections and the lm_head run through `GemmKernel`;
+their weights are tiled and uploaded once at load and the host copies dropped, so per step
+only activations cross. Norms, RoPE, attention softmax, the short convolution and sampling
+stay in numpy. Same interface as `NumpyEngine`, so workers, batching and constraints work
+unchanged.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from npu.config import ModelConfig
+from npu.numpy_engine import NumpyEngine, _Layer
+from npu.xrt import XRT, GemmKernel
+
+LINEAR = ("wqkv", "wo", "w_gate_up", "w_down", "in_proj", "out_proj")
+
+
+class XRTEngine(NumpyEngine):
+    def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray], *, xrt: XRT,
+                 device_index: int, kernel_dir: Path) -> None:
+        super().__init__(config, weights)
+        self.gemm = GemmKernel(xrt, device_index, kernel_dir)
+        self.device_index = device_index
+        self._dev = {}
+        for L in self.layers:
+            for name in LINEAR:
+                w = getattr(L, name)
+                if w is not None:
+                    self._dev[(L.index, name)] = self.gemm.upload(w)
+                    setattr(L, name, None)  # the device holds it now
+        self._dev[(-1, "lm_head")] = self.gemm.upload(self.lm_head)
+        if self.lm_head is not self.embed:
+            self.lm_head = None
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.gemm.weight_bytes
+
+    def _mm(self, x: np.ndarray, layer: _Layer | None, name: str) -> np.ndarray:
+        key = (-1, name) if layer is None else (layer.index, name)
+        return self.gemm.matmul(np.ascontiguousarray(x, dtype=np.float32), self._dev[key])

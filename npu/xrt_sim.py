@@ -1,0 +1,270 @@
+"""A simulator of the pyxrt calls flm-serve makes, for CI and development without an NPU.
+
+`Simulator()` is a stand-in for the `pyxrt` module: same names and call signatures
+(`device`, `xclbin`, `hw_context`, `kernel`, `bo`, `xclBOSyncDirection`, `ert_cmd_state`,
+`xrt_info_device`). Its kernels are numpy callables registered per (xclbin uuid, kernel
+name). Device memory is separate from host memory, so a missing `sync` gives wrong results
+as it would on hardware. It enforces the context limit (6 on Phoenix/npu1, 16 on XDNA2),
+the kernel's argument count, buffer flags and group ids, and it can be told to fail device
+opens, time out or error a run. An "xclbin" for it is a JSON file: {"uuid", "kernels"}.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import uuid as uuid_mod
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+KernelFn = Callable[..., None]
+
+
+class SimulatorError(RuntimeError):
+    """What pyxrt would raise (it raises RuntimeError subclasses)."""
+
+
+class xclBOSyncDirection(enum.IntEnum):  # noqa: N801  (pyxrt's name)
+    XCL_BO_SYNC_BO_TO_DEVICE = 0
+    XCL_BO_SYNC_BO_FROM_DEVICE = 1
+
+
+class ert_cmd_state(enum.IntEnum):  # noqa: N801
+    ERT_CMD_STATE_NEW = 1
+    ERT_CMD_STATE_QUEUED = 2
+    ERT_CMD_STATE_RUNNING = 3
+    ERT_CMD_STATE_COMPLETED = 4
+    ERT_CMD_STATE_ERROR = 5
+    ERT_CMD_STATE_ABORT = 6
+    ERT_CMD_STATE_TIMEOUT = 9
+
+
+class xrt_info_device(enum.IntEnum):  # noqa: N801
+    bdf = 0
+    name = 1
+
+
+class _Flags(enum.IntEnum):
+    normal = 0
+    cacheable = 1
+    host_only = 2
+    device_only = 3
+
+
+class Faults:
+    """What to break: counts are consumed as faults happen."""
+
+    def __init__(self) -> None:
+        self.fail_opens = 0
+        self.timeouts = 0
+        self.errors = 0
+        self.lost_devices: set[int] = set()
+
+
+def context_limit(name: str) -> int:
+    return 6 if "npu1" in name.lower() or "phoenix" in name.lower() else 16
+
+
+class Simulator:
+    """A pyxrt-like module. `devices` are the device names it shows (one per NPU)."""
+
+    xclBOSyncDirection = xclBOSyncDirection
+    ert_cmd_state = ert_cmd_state
+    xrt_info_device = xrt_info_device
+
+    def __init__(self, devices: list[str] | None = None) -> None:
+        self.device_names = list(devices if devices is not None else ["RyzenAI-npu4"])
+        self.faults = Faults()
+        self.kernels: dict[tuple[str, str], tuple[int, KernelFn]] = {}
+        self.runs = 0
+        sim = self
+
+        class device:  # noqa: N801
+            def __init__(self, index: int) -> None:
+                if index >= len(sim.device_names) or index < 0:
+                    raise SimulatorError(f"No such device {index}")
+                if sim.faults.fail_opens > 0:
+                    sim.faults.fail_opens -= 1
+                    raise SimulatorError(f"Failed to open device {index} (simulated)")
+                self.index = index
+                self.registered: dict[str, Any] = {}
+                self.contexts = 0
+
+            def register_xclbin(self, xb: Any) -> Any:
+                self.registered[xb.uuid] = xb
+                return xb.get_uuid()
+
+            def get_info(self, key: Any) -> str:
+                if key == xrt_info_device.name:
+                    return sim.device_names[self.index]
+                if key == xrt_info_device.bdf:
+                    return f"0000:{0xc4 + self.index:02x}:00.1"
+                raise SimulatorError(f"unsupported info key {key}")
+
+        class xclbin:  # noqa: N801
+            def __init__(self, path: str) -> None:
+                try:
+                    data = json.loads(Path(path).read_text())
+                    self.uuid = str(data["uuid"])
+                    self._kernels = list(data["kernels"])
+                except (OSError, ValueError, KeyError) as exc:
+                    raise SimulatorError(f"Failed to load xclbin {path}: {exc}") from None
+
+            def get_uuid(self) -> str:
+                return self.uuid
+
+            def get_kernels(self) -> list:
+                return [_KernelInfo(n) for n in self._kernels]
+
+        class hw_context:  # noqa: N801
+            def __init__(self, dev: Any, xuuid: str) -> None:
+                if sim._lost(dev):
+                    raise SimulatorError("device lost")
+                if xuuid not in dev.registered:
+                    raise SimulatorError("xclbin not registered on this device")
+                limit = context_limit(sim.device_names[dev.index])
+                if dev.contexts >= limit:
+                    raise SimulatorError(f"No free hardware context ({limit} in use)")
+                dev.contexts += 1
+                self.device = dev
+                self.uuid = xuuid
+
+        class bo:  # noqa: N801
+            flags = _Flags
+            normal = _Flags.normal
+            cacheable = _Flags.cacheable
+            host_only = _Flags.host_only
+            device_only = _Flags.device_only
+
+            def __init__(self, dev: Any, size: int, flags: Any, group: int) -> None:
+                if size <= 0:
+                    raise SimulatorError("bo size must be positive")
+                self.device, self.size, self.flags, self.group = dev, int(size), flags, group
+                self.host = np.zeros(self.size, dtype=np.uint8)
+                self.dev = np.zeros(self.size, dtype=np.uint8)
+
+            def write(self, data: Any, offset: int) -> None:
+                raw = np.frombuffer(bytes(data) if not isinstance(data, np.ndarray)
+                                    else data.tobytes(), dtype=np.uint8)
+                if offset + raw.size > self.size:
+                    raise SimulatorError("write past the end of the bo")
+                self.host[offset : offset + raw.size] = raw
+
+            def read(self, size: int, offset: int) -> np.ndarray:
+                return self.host[offset : offset + size].copy()
+
+            def map(self) -> memoryview:
+                return memoryview(self.host)
+
+            def sync(self, direction: Any, size: int | None = None, offset: int = 0) -> None:
+                if sim._lost(self.device):
+                    raise SimulatorError("device lost")
+                end = self.size if size is None else offset + size
+                if direction == xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE:
+                    self.dev[offset:end] = self.host[offset:end]
+                else:
+                    self.host[offset:end] = self.dev[offset:end]
+
+        class kernel:  # noqa: N801
+            def __init__(self, ctx: Any, name: str) -> None:
+                key = (ctx.uuid, name)
+                if key not in sim.kernels:
+                    raise SimulatorError(f"No kernel {name!r} in the xclbin")
+                self.ctx, self.name = ctx, name
+                self.n_args, self.fn = sim.kernels[key]
+
+            def group_id(self, arg: int) -> int:
+                if not 0 <= arg < self.n_args:
+                    raise SimulatorError(f"kernel {self.name} has no argument {arg}")
+                return arg
+
+            def __call__(self, *args: Any) -> Any:
+                if len(args) != self.n_args:
+                    raise SimulatorError(f"kernel {self.name} takes {self.n_args} arguments, "
+                                         f"got {len(args)}")
+                for i, a in enumerate(args):
+                    if isinstance(a, bo):
+                        if a.group != self.group_id(i):
+                            raise SimulatorError(f"argument {i}: bo in group {a.group}, the "
+                                                 f"kernel wants group {self.group_id(i)}")
+                        want = _Flags.cacheable if i == 1 else _Flags.host_only
+                        if a.flags != want:
+                            raise SimulatorError(f"argument {i}: bo flags {a.flags!r}, "
+                                                 f"expected {want!r}")
+                return _Run(sim, self, args)
+
+        self.device, self.xclbin, self.hw_context = device, xclbin, hw_context
+        self.bo, self.kernel = bo, kernel
+
+    def register_kernel(self, xclbin_uuid: str, name: str, n_args: int, fn: KernelFn) -> None:
+        """`fn(*args)` gets ints as ints and each bo's *device* memory (uint8 array)."""
+        self.kernels[(xclbin_uuid, name)] = (n_args, fn)
+
+    def lose_device(self, index: int) -> None:
+        self.faults.lost_devices.add(index)
+
+    def _lost(self, dev: Any) -> bool:
+        return dev.index in self.faults.lost_devices
+
+
+class _KernelInfo:
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def get_name(self) -> str:
+        return self._name
+
+
+class _Run:
+    def __init__(self, sim: Simulator, k: Any, args: tuple) -> None:
+        self.state = ert_cmd_state.ERT_CMD_STATE_COMPLETED
+        sim.runs += 1
+        if sim._lost(k.ctx.device):
+            self.state = ert_cmd_state.ERT_CMD_STATE_ABORT
+        elif sim.faults.timeouts > 0:
+            sim.faults.timeouts -= 1
+            self.state = ert_cmd_state.ERT_CMD_STATE_TIMEOUT
+        elif sim.faults.errors > 0:
+            sim.faults.errors -= 1
+            self.state = ert_cmd_state.ERT_CMD_STATE_ERROR
+        else:
+            k.fn(*[a.dev if hasattr(a, "dev") else a for a in args])
+
+    def wait(self, timeout_ms: int = 0) -> ert_cmd_state:
+        return self.state
+
+
+def write_xclbin(path: Path, kernels: list[str]) -> str:
+    """Write a simulator xclbin; returns its uuid."""
+    xuuid = str(uuid_mod.uuid4())
+    path.write_text(json.dumps({"uuid": xuuid, "kernels": kernels}))
+    return xuuid
+
+
+def gemm_kernel(manifest: dict, insts: np.ndarray) -> KernelFn:
+    """The reference GEMM a kernel directory's manifest describes, as a simulator kernel:
+    C[M, N] = A[M, K] @ B[K, N] in float32, B stored in (n, k) tiles, sizes in a uint32 bo.
+    It checks that the instruction stream it was given is the one built for it."""
+    tile_k, tile_n = manifest["tile"]["k"], manifest["tile"]["n"]
+    words = manifest.get("instr_length", "words") == "words"
+    order = manifest.get("args", ["a", "b", "c", "sizes"])
+
+    def run(opcode: int, instr: np.ndarray, n_instr: int, *bufs: np.ndarray) -> None:
+        if opcode != 3:
+            raise SimulatorError(f"unexpected opcode {opcode}")
+        count = n_instr if words else n_instr // 4
+        if count != insts.size or not np.array_equal(instr[: insts.nbytes].view(np.uint32),
+                                                      insts):
+            raise SimulatorError("the instruction stream on the device is not the kernel's")
+        args = dict(zip(order, bufs))
+        M, K, N = (int(v) for v in args["sizes"][:12].view(np.uint32))
+        a = args["a"][: M * K * 4].view(np.float32).reshape(M, K)
+        tiles = args["b"][: K * N * 4].view(np.float32).reshape(N // tile_n, K // tile_k,
+                                                                 tile_k, tile_n)
+        b = tiles.transpose(1, 2, 0, 3).reshape(K, N)
+        args["c"][: M * N * 4] = (a @ b).astype(np.float32).view(np.uint8).ravel()
+
+    return run
