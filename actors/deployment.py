@@ -31,14 +31,30 @@ def device_index(device: str) -> int | None:
 
 @serve.deployment
 class ModelWorker:
-    def __init__(self, *, name: str, path: str, device: str = "cpu", max_batch: int = 8):
+    def __init__(self, *, name: str, path: str, device: str = "cpu", max_batch: int = 8,
+                 kernel_dir: str | None = None, simulator_devices: list[str] | None = None):
         from npu import load_model
 
         self.name = name
         index = device_index(device)
-        self.worker = Worker(lambda: load_model(path, "cpu" if device == "auto" else device,
-                                                name=name),
-                             max_batch=max_batch)
+        self.index = index
+        if device == "npu":
+            from npu.xrt import XRT
+
+            if simulator_devices:  # testing: the pyxrt simulator stands in for the driver
+                from npu.xrt_sim import simulator_for
+
+                xrt = XRT(simulator_for(kernel_dir, simulator_devices))
+            else:
+                xrt = XRT()
+
+            def factory():
+                return load_model(path, "npu", name=name, kernel_dir=kernel_dir,
+                                  device_index=index or 0, xrt=xrt)
+        else:
+            def factory():
+                return load_model(path, "cpu", name=name)
+        self.worker = Worker(factory, max_batch=max_batch)
         log.info("worker for %s on %s%s ready", name, device,
                  f" #{index}" if index is not None else "")
 
@@ -54,10 +70,13 @@ class ModelWorker:
         replica = getattr(ctx, "replica_id", None)
         return {"id": self.name, "created": int(self.worker.started),
                 "context_length": m.context_length, "format": self.worker.spec.kind.value,
-                "active": self.worker.active,
+                "active": self.worker.active, "device_index": self.index,
                 "replica": str(getattr(replica, "unique_id", replica)),
                 "actor": ray.get_runtime_context().get_actor_name()}
 
     def check_health(self) -> None:
         if not self.worker.healthy:
             raise RuntimeError(f"the decode loop has failed: {self.worker.error!r}")
+        check = getattr(self.worker.model.engine, "check_device", None)
+        if check is not None:
+            check()

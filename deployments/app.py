@@ -20,6 +20,9 @@ class ModelEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         replicas: worker replicas (CPU: how many; NPU: usually the NPU count).
         max_batch: sequences one worker decodes together (its max_ongoing_requests).
         max_queued: requests waiting per replica before the API answers 503.
+        kernel_dir: NPU: the GEMM kernel directory (manifest.json, xclbin, insts.bin).
+        simulator_devices: testing only: run "npu" workers on the pyxrt simulator with
+            these device names instead of the driver.
         blas_threads: BLAS threads in the worker (None: the library's default, all
             cores). On a small host the serving processes compete with BLAS for the cores;
             1 thread can stream faster there (see BENCHMARKS.md).
@@ -32,6 +35,8 @@ class ModelEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_batch: int = 8
     max_queued: int = 64
     blas_threads: int | None = None
+    kernel_dir: str | None = None
+    simulator_devices: list[str] | None = None
 
 
 class AppConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -44,9 +49,17 @@ class AppConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 def _device(entry: ModelEntry) -> str:
+    """"auto": the NPUs pyxrt sees (with a kernel directory), else the CPU."""
     if entry.device != "auto":
         return entry.device
-    return "cpu"  # NPU discovery arrives with the NPU path
+    if not entry.kernel_dir:
+        return "cpu"
+    try:
+        from npu.xrt import XRT
+
+        return "npu" if XRT().enumerate_devices() else "cpu"
+    except Exception:  # no pyxrt, no driver
+        return "cpu"
 
 
 def build_app(args: dict[str, Any] | None = None):
@@ -70,7 +83,8 @@ def build_app(args: dict[str, Any] | None = None):
             name=f"worker-{m.name}", num_replicas=m.replicas, max_ongoing_requests=m.max_batch,
             max_queued_requests=m.max_queued, ray_actor_options=actor,
             health_check_period_s=5, health_check_timeout_s=30,
-        ).bind(name=m.name, path=m.path, device=device, max_batch=m.max_batch)
+        ).bind(name=m.name, path=m.path, device=device, max_batch=m.max_batch,
+               kernel_dir=m.kernel_dir, simulator_devices=m.simulator_devices)
     settings = {"api_key": cfg.api_key, "max_request_bytes": cfg.max_request_bytes}
     ingress = make_ingress({"cors_origins": cfg.cors_origins})
     return ingress.options(name="openai-ingress", num_replicas=cfg.ingress_replicas,

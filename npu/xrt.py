@@ -7,7 +7,6 @@ adapter drives the real module or `npu.xrt_sim.Simulator`.
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import time
@@ -262,9 +261,11 @@ class GemmKernel:
         """x [M, K] @ W.T -> [M, N] on the device."""
         m = x.shape[0]
         mp = self._pad(m, self.tm)
-        a = np.zeros((mp, w.kp), dtype=np.float32)
-        a[:m, : w.k] = x
-        a_bo = self._buffer("a", a.nbytes)
+        # Only the real rows cross: the kernel also computes the padding rows of its last
+        # M tile from whatever the buffer holds there, and those results are dropped.
+        a = np.zeros((m, w.kp), dtype=np.float32)
+        a[:, : w.k] = x
+        a_bo = self._buffer("a", mp * w.kp * 4)
         c_bo = self._buffer("c", mp * w.np_ * 4)
         self.xrt.to_device(a_bo, a)
         sizes = np.array([mp, w.kp, w.np_, 0], dtype=np.uint32)
@@ -272,8 +273,8 @@ class GemmKernel:
         order = {"a": a_bo, "b": w.bo, "c": c_bo, "sizes": self.sizes_bo}
         self.xrt.run(self.kernel, 3, self.instr_bo, self.n_instr,
                      *[order[name] for name in self.manifest.args])
-        out = self.xrt.from_device(c_bo, mp * w.np_ * 4).view(np.float32).reshape(mp, w.np_)
+        out = self.xrt.from_device(c_bo, m * w.np_ * 4).view(np.float32).reshape(m, w.np_)
         self.bytes_in += a.nbytes + sizes.nbytes
-        self.bytes_out += mp * w.np_ * 4
+        self.bytes_out += m * w.np_ * 4
         self.runs += 1
-        return out[:m, : w.n]
+        return out[:, : w.n]

@@ -41,6 +41,16 @@ class XRTEngine(NumpyEngine):
     def weight_bytes(self) -> int:
         return self.gemm.weight_bytes
 
+    def check_device(self) -> None:
+        """Raise XRTError when the NPU is gone (for health checks)."""
+        xrt = self.gemm.xrt
+        try:
+            xrt.device(self.device_index).get_info(xrt.x.xrt_info_device.name)
+        except Exception as exc:
+            from npu.xrt import XRTError
+
+            raise XRTError(f"NPU {self.device_index} is not answering: {exc}") from None
+
     def _mm(self, x: np.ndarray, layer: _Layer | None, name: str) -> np.ndarray:
         key = (-1, name) if layer is None else (layer.index, name)
         return self.gemm.matmul(np.ascontiguousarray(x, dtype=np.float32), self._dev[key])

@@ -98,6 +98,8 @@ class Simulator:
                 return xb.get_uuid()
 
             def get_info(self, key: Any) -> str:
+                if sim._lost(self):
+                    raise SimulatorError("device lost")
                 if key == xrt_info_device.name:
                     return sim.device_names[self.index]
                 if key == xrt_info_device.bdf:
@@ -268,3 +270,31 @@ def gemm_kernel(manifest: dict, insts: np.ndarray) -> KernelFn:
         args["c"][: M * N * 4] = (a @ b).astype(np.float32).view(np.uint8).ravel()
 
     return run
+
+
+def simulator_for(kernel_dir: Path, devices: list[str]) -> Simulator:
+    """A simulator with `devices` whose xclbin (from a kernel directory) runs the reference
+    GEMM its manifest describes."""
+    kernel_dir = Path(kernel_dir)
+    manifest = json.loads((kernel_dir / "manifest.json").read_text())
+    xb = json.loads((kernel_dir / manifest["xclbin"]).read_text())
+    insts = np.fromfile(kernel_dir / manifest["insts"], dtype=np.uint32)
+    sim = Simulator(devices)
+    args = manifest.get("args", ["a", "b", "c", "sizes"])
+    for name in xb["kernels"]:
+        sim.register_kernel(xb["uuid"], name, 3 + len(args), gemm_kernel(manifest, insts))
+    return sim
+
+
+def make_kernel_dir(folder: Path, *, tile: tuple[int, int, int] = (8, 32, 32)) -> Path:
+    """Write a simulator kernel directory (manifest.json, gemm.xclbin, insts.bin)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_xclbin(folder / "gemm.xclbin", ["MLIR_AIE"])
+    np.random.default_rng(1).integers(0, 2**32, 64, dtype=np.uint32).tofile(folder / "insts.bin")
+    m, k, n = tile
+    (folder / "manifest.json").write_text(json.dumps({
+        "xclbin": "gemm.xclbin", "insts": "insts.bin", "kernel": "MLIR_AIE",
+        "tile": {"m": m, "k": k, "n": n}, "dtype": {"a": "f32", "b": "f32", "c": "f32"},
+        "args": ["a", "b", "c", "sizes"], "instr_length": "words"}))
+    return folder

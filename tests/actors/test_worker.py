@@ -87,3 +87,24 @@ def test_cancelled_request_frees_its_sequence(worker) -> None:
 
     assert asyncio.run(run())
     assert not worker.model.engine._seqs  # every KV cache released
+
+
+def test_npu_fault_fails_the_stream_and_the_worker(tmp_path) -> None:
+    from actors.events import Failed
+    from npu.xrt import XRT
+    from npu.xrt_sim import make_kernel_dir, simulator_for
+
+    kdir = make_kernel_dir(tmp_path / "kernel")
+    sim = simulator_for(kdir, ["RyzenAI-npu4"])
+    folder = ensure_tiny(tmp_path / "cache")
+    w = Worker(lambda: load_model(folder, "npu", kernel_dir=kdir, xrt=XRT(sim)))
+    ok = asyncio.run(_events(w, max_tokens=3, seed=1))
+    assert isinstance(ok[-1], Usage)
+    sim.faults.errors = 1
+    events = asyncio.run(_events(w, max_tokens=3, seed=1))
+    assert isinstance(events[0], Accepted) and isinstance(events[-1], Failed)
+    assert "ERT_CMD_STATE_ERROR" in events[-1].message
+    assert not w.healthy
+    after = asyncio.run(_events(w, max_tokens=3))
+    assert isinstance(after[0], Rejected) and after[0].status == 503
+    w.close()

@@ -32,7 +32,7 @@ def serve_url(tmp_path_factory):
     cache = str(tmp_path_factory.mktemp("flm-cache"))
     os.environ["FLM_CACHE"] = cache
     port = _free_port()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+    ray.init(num_cpus=2, resources={"NPU": 2}, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"FLM_CACHE": cache}})
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     models = [{"name": "flm-tiny", "path": "flm-tiny", "replicas": 2, "max_batch": 8,
@@ -41,6 +41,15 @@ def serve_url(tmp_path_factory):
         models.append({"name": "stories260k", "path": str(STORIES), "max_batch": 4})
     serve.run(build_app({"models": models, "max_request_bytes": 1 << 20}), name="flm",
               route_prefix="/")
+    # two simulated NPUs: one worker replica each, claiming {"NPU": 1} from Ray
+    from npu.xrt_sim import make_kernel_dir
+
+    kernels = make_kernel_dir(tmp_path_factory.mktemp("kernel"))
+    serve.run(build_app({"models": [{"name": "flm-tiny", "path": "flm-tiny", "device": "npu",
+                                     "replicas": 2, "max_batch": 4,
+                                     "kernel_dir": str(kernels),
+                                     "simulator_devices": ["RyzenAI-npu4", "RyzenAI-npu4"]}]}),
+              name="npu", route_prefix="/npu")
     # a second app with an API key and CORS, on its own prefix
     serve.run(build_app({"models": [{"name": "flm-tiny", "path": "flm-tiny", "max_batch": 2}],
                          "api_key": SECRET, "cors_origins": ["http://example.test"]}),
