@@ -15,7 +15,7 @@ _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
 @cache
-def _byte_decoder() -> dict[str, int]:
+def byte_decoder() -> dict[str, int]:
     """GPT-2's printable-character alphabet for bytes, inverted."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
         range(ord("®"), ord("ÿ") + 1))
@@ -93,7 +93,7 @@ class Tokenizer:
         out = [b""] * size
         added = {a["id"]: a["content"] for a in self._json.get("added_tokens", [])}
         blank = {t for t in (self.bos_token, self.unk_token, self.pad_token) if t}
-        dec = _byte_decoder()
+        dec = byte_decoder()
         for piece, i in self._vocab.items():
             if i in added:
                 out[i] = b"" if added[i] in blank else added[i].encode("utf-8")

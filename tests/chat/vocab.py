@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from functools import cache
 
+from npu.tokenizer import byte_decoder
 from tests.shared import FORMATS
 
 MARKERS = [
@@ -17,19 +18,6 @@ MARKERS = [
 STOPS = ["<|im_end|>", "<|endoftext|>", "<|return|>", "<|call|>", "<|tool_response>"]
 
 
-def _byte_decoder() -> dict[str, int]:
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
-        range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
-
-
 def qwen_available() -> bool:
     return (FORMATS / "tokenizers" / "qwen3" / "vocab.json").exists()
 
@@ -38,7 +26,7 @@ def qwen_available() -> bool:
 def qwen_vocab() -> tuple[list[bytes], list[int]]:
     """The Qwen3 vocabulary as decoded bytes (151,669 entries) and its stop ids."""
     folder = FORMATS / "tokenizers" / "qwen3"
-    dec = _byte_decoder()
+    dec = byte_decoder()
     table = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
     vocab = [b""] * len(table)
     for token, i in table.items():
@@ -76,7 +64,7 @@ def small_vocab() -> tuple[list[bytes], list[int]]:
     trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=MARKERS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator([CORPUS], trainer)
-    dec = _byte_decoder()
+    dec = byte_decoder()
     vocab: list[bytes] = []
     specials = set(MARKERS)
     for i in range(tok.get_vocab_size()):
