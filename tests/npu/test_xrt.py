@@ -190,3 +190,12 @@ def test_bad_kernel_directories_are_named(tmp_path, tiny_dir: Path) -> None:
                                                                         "c": "f32"}})
     with pytest.raises(ModelError, match="only f32"):
         load_model(tiny_dir, "npu", kernel_dir=kdir, xrt=XRT(s))
+
+
+def test_health_check_sees_a_lost_device(sim, tiny_dir: Path) -> None:
+    s, kdir = sim
+    model = load_model(tiny_dir, "npu", kernel_dir=kdir, xrt=XRT(s))
+    model.engine.check_device()  # answers
+    s.lose_device(0)
+    with pytest.raises(XRTError, match="not answering"):
+        model.engine.check_device()
