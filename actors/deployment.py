@@ -32,7 +32,8 @@ def device_index(device: str) -> int | None:
 @serve.deployment
 class ModelWorker:
     def __init__(self, *, name: str, path: str, device: str = "cpu", max_batch: int = 8,
-                 kernel_dir: str | None = None, simulator_devices: list[str] | None = None):
+                 kernel_dir: str | None = None, simulator_devices: list[str] | None = None,
+                 stream_interval_ms: float = 0.0):
         from npu import load_model
 
         self.name = name
@@ -54,7 +55,8 @@ class ModelWorker:
         else:
             def factory():
                 return load_model(path, "cpu", name=name)
-        self.worker = Worker(factory, max_batch=max_batch)
+        self.worker = Worker(factory, max_batch=max_batch,
+                             stream_interval_s=stream_interval_ms / 1000)
         log.info("worker for %s on %s%s ready", name, device,
                  f" #{index}" if index is not None else "")
 

@@ -40,12 +40,17 @@ class Worker:
     Args:
         model_factory: loads the model (called once, in the constructor).
         max_batch: sequences decoded together (and so admitted at once).
+        stream_interval_s: after the first output, events are sent at most this often
+            (what is ready is sent together): each message through Serve costs CPU that
+            the decode loop shares, so fewer, larger messages stream faster. default: 0.
     """
 
-    def __init__(self, model_factory: Callable[[], Model], *, max_batch: int = 8) -> None:
+    def __init__(self, model_factory: Callable[[], Model], *, max_batch: int = 8,
+                 stream_interval_s: float = 0.0) -> None:
         self.model = model_factory()
         self.spec = detect_format(self.model.chat_template_source, self.model.tokenizer.is_token)
         self.max_batch = max_batch
+        self.stream_interval_s = stream_interval_s
         self._grammar: GrammarEngine | None = None
         self._grammar_lock = threading.Lock()
         self._incoming: queue.Queue[tuple[Session, Callable[[object], None]]] = queue.Queue()
@@ -95,9 +100,13 @@ class Worker:
 
         self._ensure_thread()
         self._incoming.put((session, sink))
+        first = True
         try:
             while True:
                 batch = [await events.get()]
+                if not first and self.stream_interval_s and batch[0] is not _End:
+                    await asyncio.sleep(self.stream_interval_s)
+                first = False
                 while not events.empty():
                     batch.append(events.get_nowait())
                 end = batch[-1] is _End

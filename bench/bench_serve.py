@@ -93,6 +93,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="fewer tokens and streams (CI)")
     ap.add_argument("--blas-threads", type=int, default=0,
                     help="the workers' blas_threads setting (0: library default)")
+    ap.add_argument("--stream-interval-ms", type=float, default=None,
+                    help="the workers' stream_interval_ms (default: the app's default)")
     args = ap.parse_args()
     tokens = 48 if args.quick else 256
     streams = 8 if args.quick else 32
@@ -114,6 +116,8 @@ def main() -> int:
              runtime_env={"env_vars": {"FLM_CACHE": str(cache)}})
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     blas = {"blas_threads": args.blas_threads} if args.blas_threads else {}
+    if args.stream_interval_ms is not None:
+        blas["stream_interval_ms"] = args.stream_interval_ms
     serve.run(build_app({"models": [
         {"name": "flm-tiny", "path": str(tiny), "max_batch": 32, "max_queued": 64, **blas},
         {"name": "medium", "path": str(medium), "max_batch": 4, **blas}]}), name="bench",

@@ -20,6 +20,9 @@ class ModelEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         replicas: worker replicas (CPU: how many; NPU: usually the NPU count).
         max_batch: sequences one worker decodes together (its max_ongoing_requests).
         max_queued: requests waiting per replica before the API answers 503.
+        stream_interval_ms: after a stream's first token, its events are sent at most this
+            often, together (fewer messages through Serve stream faster; the first token is
+            never held).
         kernel_dir: NPU: the GEMM kernel directory (manifest.json, xclbin, insts.bin).
         simulator_devices: testing only: run "npu" workers on the pyxrt simulator with
             these device names instead of the driver.
@@ -37,6 +40,7 @@ class ModelEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     blas_threads: int | None = None
     kernel_dir: str | None = None
     simulator_devices: list[str] | None = None
+    stream_interval_ms: float = 50.0
 
 
 class AppConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -84,7 +88,8 @@ def build_app(args: dict[str, Any] | None = None):
             max_queued_requests=m.max_queued, ray_actor_options=actor,
             health_check_period_s=5, health_check_timeout_s=30,
         ).bind(name=m.name, path=m.path, device=device, max_batch=m.max_batch,
-               kernel_dir=m.kernel_dir, simulator_devices=m.simulator_devices)
+               kernel_dir=m.kernel_dir, simulator_devices=m.simulator_devices,
+               stream_interval_ms=m.stream_interval_ms)
     settings = {"api_key": cfg.api_key, "max_request_bytes": cfg.max_request_bytes}
     ingress = make_ingress({"cors_origins": cfg.cors_origins})
     return ingress.options(name="openai-ingress", num_replicas=cfg.ingress_replicas,

@@ -108,3 +108,19 @@ def test_npu_fault_fails_the_stream_and_the_worker(tmp_path) -> None:
     after = asyncio.run(_events(w, max_tokens=3))
     assert isinstance(after[0], Rejected) and after[0].status == 503
     w.close()
+
+
+def test_stream_interval_sends_events_together(tmp_path) -> None:
+    folder = ensure_tiny(tmp_path / "cache")
+    w = Worker(lambda: load_model(folder), stream_interval_s=0.05)
+
+    async def run():
+        req = GenerateRequest(request_id="i", kind="completion", prompt="The river",
+                              max_tokens=60, seed=1, ignore_eos=True)
+        return [batch async for batch in w.generate(req)]
+
+    batches = asyncio.run(run())
+    events = [e for b in batches for e in b]
+    assert isinstance(batches[0][0], Accepted) and isinstance(events[-1], Usage)
+    assert len(batches) < len(events) / 3  # most messages carry several events
+    w.close()
