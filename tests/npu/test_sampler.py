@@ -80,3 +80,17 @@ def test_logprobs() -> None:
     lp, top = logprobs(np.log(np.array([0.5, 0.25, 0.25], np.float32)), 1, top=2)
     assert lp == pytest.approx(np.log(0.25), abs=1e-6)
     assert top[0][0] == 0 and top[0][1] == pytest.approx(np.log(0.5), abs=1e-6)
+
+
+def test_top_p_keeps_exactly_the_nucleus() -> None:
+    from npu.sampler import _top_p
+
+    rng = np.random.default_rng(0)
+    for size, scale in ((50, 0.3), (5000, 0.05), (5000, 5.0)):
+        probs = np.exp(rng.standard_normal(size) * scale)
+        probs /= probs.sum()
+        for p in (0.1, 0.5, 0.9, 0.99):
+            kept = _top_p(probs, p)
+            order = np.argsort(-probs, kind="stable")
+            cut = int(np.searchsorted(np.cumsum(probs[order]), p)) + 1
+            assert set(np.flatnonzero(kept)) == set(order[:cut].tolist())
