@@ -180,7 +180,7 @@ def make_ingress(config: dict[str, Any]):
             if kind == "chat":
                 messages = []
                 for m in req.messages:
-                    msg = msgspec.structs.asdict(m)
+                    msg = msgspec.to_builtins(m)
                     if msg.get("role") == "developer":
                         msg["role"] = "system"
                     if msg.get("reasoning") and not msg.get("reasoning_content"):

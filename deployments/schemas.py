@@ -15,11 +15,29 @@ from msgspec import Meta
 PositiveInt = Annotated[int, Meta(ge=1)]
 
 
+class FunctionCall(msgspec.Struct, kw_only=True):
+    name: str
+    arguments: str | dict = "{}"
+
+
+class ToolCallIn(msgspec.Struct, kw_only=True):
+    """A tool call in an assistant message of the conversation."""
+
+    function: FunctionCall
+    id: str | None = None
+    type: str = "function"
+
+
+class ContentPart(msgspec.Struct, kw_only=True):
+    type: str
+    text: str | None = None
+
+
 class Message(msgspec.Struct, kw_only=True):
     role: str
-    content: str | list[dict] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
-    tool_calls: list[dict] | None = None
+    tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None
     reasoning_content: str | None = None
     reasoning: str | None = None

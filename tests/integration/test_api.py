@@ -155,6 +155,14 @@ def test_thinking_switch(client) -> None:
         assert not r.json()["choices"][0]["message"].get("reasoning_content")
 
 
+def test_content_parts_are_read(client) -> None:
+    r = client.post("/v1/chat/completions", json={"model": "flm-tiny", "max_tokens": 2,
+                                                  "messages": [{"role": "user", "content": [
+                                                      {"type": "text", "text": "Hello"},
+                                                      {"type": "image_url", "image_url": {}}]}]})
+    assert r.status_code == 200, r.text
+
+
 def test_input_messages_accept_reasoning_fields(client) -> None:
     history = MSG + [{"role": "assistant", "content": "Sunny.", "reasoning": "check"},
                      {"role": "assistant", "content": "", "reasoning_content": "x",
@@ -212,6 +220,10 @@ def test_stop_strings(client) -> None:
       "json_schema": {"name": "x", "schema": {"type": "object", "properties": {
           "a": {"type": "tensor"}}}}}}, 400, "response_format.json_schema.schema"),
     ({"model": "nope", "messages": MSG}, 404, "model"),
+    ({"model": "flm-tiny", "messages": [{"role": "assistant", "tool_calls": [
+        {"function": "get_weather"}]}]}, 400, "messages[0].tool_calls[0].function"),
+    ({"model": "flm-tiny", "messages": [{"role": "user", "content": [{"text": "x"}]}]}, 400,
+     "messages[0].content[0].type"),
 ])
 def test_errors_are_openai_shaped(client, body: dict, status: int, param: str) -> None:
     r = client.post("/v1/chat/completions", json=body)
