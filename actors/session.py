@@ -31,6 +31,9 @@ from npu import Model, ModelError, Sampler, SamplingParams, logprobs
 log = logging.getLogger(__name__)
 _ids = itertools.count()
 PROMPT_TAIL_TOKENS = 32
+# template variables a request cannot override through chat_template_kwargs
+RESERVED_TEMPLATE_KEYS = frozenset({"messages", "tools", "add_generation_prompt", "bos_token",
+                                    "eos_token", "_native"})
 
 
 class Choice:
@@ -175,8 +178,9 @@ def build_session(request: GenerateRequest, model: Model, spec: FormatSpec,
         effort = body.get("reasoning_effort")
         if effort is not None:
             kwargs["reasoning_effort"] = effort
-        extra = body.get("chat_template_kwargs") or {}
-        enable_thinking = extra.get("enable_thinking")
+        extra = {k: v for k, v in (body.get("chat_template_kwargs") or {}).items()
+                 if k not in RESERVED_TEMPLATE_KEYS}
+        enable_thinking = (body.get("chat_template_kwargs") or {}).get("enable_thinking")
         if enable_thinking is None and (body.get("think") is False or effort == "none"):
             enable_thinking = False
         if enable_thinking is None and body.get("think") is True:
@@ -184,8 +188,8 @@ def build_session(request: GenerateRequest, model: Model, spec: FormatSpec,
         try:
             text = model.render(request.messages, creq.all_tools and tools,
                                 enable_thinking=enable_thinking,
-                                **{k: v for k, v in extra.items() if k != "enable_thinking"},
-                                **kwargs)
+                                **{**{k: v for k, v in extra.items()
+                                      if k != "enable_thinking"}, **kwargs})
         except ModelError as exc:
             raise RequestError(str(exc), param="messages") from None
         thinking = model.thinking_enabled(enable_thinking)

@@ -155,6 +155,13 @@ def test_thinking_switch(client) -> None:
         assert not r.json()["choices"][0]["message"].get("reasoning_content")
 
 
+def test_template_kwargs_cannot_override_the_conversation(client) -> None:
+    r = _chat(client, max_tokens=2, reasoning_effort="low",
+              chat_template_kwargs={"messages": 1, "tools": "x", "reasoning_effort": "high",
+                                    "add_generation_prompt": False})
+    assert r.status_code == 200, r.text
+
+
 def test_content_parts_are_read(client) -> None:
     r = client.post("/v1/chat/completions", json={"model": "flm-tiny", "max_tokens": 2,
                                                   "messages": [{"role": "user", "content": [
