@@ -44,7 +44,7 @@ class Sampler:
                  prompt_ids: list[int] | None = None) -> None:
         self.params = p = params
         self.vocab_size = vocab_size
-        self.rng = np.random.default_rng(p.seed)
+        self.rng = np.random.default_rng(None if p.seed is None else p.seed % (1 << 64))
         self._seen = np.zeros(vocab_size, dtype=bool)
         self._counts = np.zeros(vocab_size, dtype=np.int32)
         self._penalized = (p.repetition_penalty != 1.0 or p.presence_penalty != 0.0

@@ -283,3 +283,37 @@ def test_stories260k_greedy_completion_reproduces_its_reference(client) -> None:
         chunks = sse_events(resp)
     text = "".join(c["choices"][0]["text"] for c in chunks if c != "[DONE]" and c["choices"])
     assert text.startswith("Once upon a time, there was a little girl named Lily.")
+
+
+ODD = [
+    {"seed": -5}, {"seed": 2**80}, {"stop": [""]}, {"max_tokens": 10**9, "n": 1},
+    {"top_k": 10**9}, {"presence_penalty": -2, "frequency_penalty": 2},
+    {"logprobs": True, "top_logprobs": 20}, {"n": 8, "stream": True},
+    {"messages": [{"role": "user", "content": None}]},
+    {"messages": [{"role": "tool", "content": "orphan result"}]},
+    {"messages": [{"role": "system", "content": "only a system prompt"}]},
+    {"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"$ref": "#/nope"}}}}}], "tool_choice": "required"},
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {
+        "type": "array", "items": {"type": "integer"}, "maxItems": 2}}}},
+    {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "none",
+     "response_format": {"type": "json_object"}},
+]
+
+
+@pytest.mark.parametrize("extra", ODD)
+def test_odd_inputs_never_give_a_500(client, extra: dict) -> None:
+    body = {"model": "flm-tiny", "messages": MSG, "max_tokens": 3, **extra}
+    if extra.get("max_tokens") == 10**9:
+        body["max_tokens"] = 10**9
+        body["stop"] = [" "]
+    if body.get("stream"):
+        _, status = stream_chat(client, body)
+    else:
+        status = client.post("/v1/chat/completions", json=body).status_code
+    assert status in (200, 400), extra
+
+
+def test_empty_completion_prompt(client) -> None:
+    r = client.post("/v1/completions", json={"model": "flm-tiny", "prompt": "", "max_tokens": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
