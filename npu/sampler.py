@@ -96,12 +96,16 @@ class Sampler:
         if p.min_p > 0.0:
             probs = np.where(probs < p.min_p * probs.max(), 0.0, probs)
         if p.top_p < 1.0:
-            probs = _top_p(probs, p.top_p)
-        total = probs.sum()
+            ids, weights = _top_p(probs, p.top_p)
+        else:
+            ids, weights = None, probs
+        cum = np.cumsum(weights)
+        total = cum[-1]
         if not np.isfinite(total) or total <= 0:
             return int(np.argmax(x))
-        probs = probs / total
-        return int(self.rng.choice(probs.size, p=probs))
+        pick = min(int(np.searchsorted(cum, self.rng.random() * total, side="right")),
+                   cum.size - 1)
+        return int(ids[pick]) if ids is not None else pick
 
     @staticmethod
     def _best_allowed(logits: np.ndarray, allowed: np.ndarray) -> int:
@@ -112,8 +116,9 @@ class Sampler:
         return int(np.argmax(x))
 
 
-def _top_p(probs: np.ndarray, top_p: float) -> np.ndarray:
-    """Keep the smallest set of most likely tokens whose mass reaches `top_p`.
+def _top_p(probs: np.ndarray, top_p: float) -> tuple[np.ndarray, np.ndarray]:
+    """The smallest set of most likely tokens whose mass reaches `top_p`, most likely
+    first: (ids, their probabilities).
 
     Exact, but sorts only as many candidates as it needs: the k best (k = 64, 256, ...)
     found with a partition, until their mass reaches the threshold (a full argsort of a
@@ -122,17 +127,12 @@ def _top_p(probs: np.ndarray, top_p: float) -> np.ndarray:
     n = probs.size
     k = min(64, n)
     while True:
-        if k < n:
-            idx = np.argpartition(-probs, k - 1)[:k]
-        else:
-            idx = np.arange(n)
+        idx = np.argpartition(-probs, k - 1)[:k] if k < n else np.arange(n)
         order = idx[np.argsort(-probs[idx], kind="stable")]
         cum = np.cumsum(probs[order])
         if cum[-1] >= target or k >= n:
             cut = int(np.searchsorted(cum, target)) + 1
-            keep = np.zeros_like(probs)
-            keep[order[:cut]] = probs[order[:cut]]
-            return keep
+            return order[:cut], probs[order[:cut]]
         k = min(n, k * 4)
 
 

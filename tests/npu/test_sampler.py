@@ -90,7 +90,17 @@ def test_top_p_keeps_exactly_the_nucleus() -> None:
         probs = np.exp(rng.standard_normal(size) * scale)
         probs /= probs.sum()
         for p in (0.1, 0.5, 0.9, 0.99):
-            kept = _top_p(probs, p)
+            ids, weights = _top_p(probs, p)
             order = np.argsort(-probs, kind="stable")
             cut = int(np.searchsorted(np.cumsum(probs[order]), p)) + 1
-            assert set(np.flatnonzero(kept)) == set(order[:cut].tolist())
+            assert set(ids.tolist()) == set(order[:cut].tolist())
+            assert np.allclose(weights, probs[ids])
+
+
+def test_sampling_follows_the_distribution() -> None:
+    probs = np.array([0.5, 0.3, 0.2, 0.0], np.float32)
+    s = Sampler(SamplingParams(seed=0), 4)
+    draws = np.bincount([s.sample(np.log(probs + 1e-30)) for _ in range(4000)], minlength=4)
+    assert np.allclose(draws / 4000, probs, atol=0.03) and draws[3] == 0
+    s = Sampler(SamplingParams(seed=0, top_p=0.75), 4)
+    assert {s.sample(np.log(probs + 1e-30)) for _ in range(300)} == {0, 1}
