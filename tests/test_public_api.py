@@ -24,3 +24,20 @@ def test_importing_chat_loads_neither_ray_nor_xgrammar() -> None:
             "{'ray', 'xgrammar', 'torch', 'transformers'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_npu_exports() -> None:
+    import npu
+
+    assert {"load_model", "Model", "NumpyEngine", "Sampler", "SamplingParams", "Tokenizer",
+            "ChatTemplate", "ModelError", "ContextLengthError"} <= set(npu.__all__)
+
+
+def test_importing_npu_loads_neither_pyxrt_nor_ray() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, npu; print(sorted({m.split('.')[0] for m in sys.modules} & "
+            "{'ray', 'pyxrt', 'xgrammar', 'torch'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
