@@ -267,6 +267,15 @@ class NumpyEngine:
         for seq, n in segments:
             K, V = self._append_kv(seq, li, k[start : start + n], v[start : start + n])
             total = seq.pos + n
+            if n == 1 and not (L.window and total > L.window):  # decode: the lean path
+                s1 = np.matmul(q[start].reshape(nkv, group, hd),
+                               K[:, :total].transpose(0, 2, 1)) * self.scale
+                s1 -= s1.max(axis=-1, keepdims=True)
+                np.exp(s1, out=s1)
+                s1 /= s1.sum(axis=-1, keepdims=True)
+                out[start] = np.matmul(s1, V[:, :total]).reshape(nq * hd)
+                start += 1
+                continue
             qs = q[start : start + n].transpose(1, 0, 2).reshape(nkv, group * n, hd)
             scores = (qs @ K[:, :total].transpose(0, 2, 1)) * self.scale  # [nkv, g*n, total]
             scores = scores.reshape(nkv, group, n, total)
