@@ -142,10 +142,16 @@ def test_tool_choice_none_and_auto(client) -> None:
     ({"type": "json_object"}, {"type": "object"}),
 ])
 def test_response_format(client, fmt: dict, schema: dict) -> None:
-    r = _chat(client, response_format=fmt, max_tokens=300, seed=2, think=False)
-    choice = r.json()["choices"][0]
-    assert choice["finish_reason"] == "stop", choice
-    jsonschema.validate(json.loads(choice["message"]["content"]), schema)
+    # A random model may wander inside a string past max_tokens: every output that ends
+    # must be a valid document, and some must end.
+    finished = 0
+    for seed in range(6):
+        r = _chat(client, response_format=fmt, max_tokens=300, seed=seed, think=False)
+        choice = r.json()["choices"][0]
+        if choice["finish_reason"] == "stop":
+            jsonschema.validate(json.loads(choice["message"]["content"]), schema)
+            finished += 1
+    assert finished >= 2
 
 
 def test_thinking_switch(client) -> None:
