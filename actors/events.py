@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import msgspec
 
-from chat import Delta
+from chat import ChatMsg, Delta
 
 
 class GenerateRequest(msgspec.Struct, kw_only=True):
@@ -62,9 +62,13 @@ class Deltas(msgspec.Struct, tag="deltas", tag_field="event"):
 
 
 class Finished(msgspec.Struct, tag="finished", tag_field="event"):
+    """A choice ended. `message` (chat) is its final parse: what a non-streamed reply
+    shows (a stream cannot take back a call it started; the final parse can)."""
+
     index: int
     finish_reason: str
     completion_tokens: int
+    message: ChatMsg | None = None
 
 
 class Usage(msgspec.Struct, tag="usage", tag_field="event"):

@@ -111,7 +111,8 @@ class Choice:
         if reason == "stop" and self.stream is not None and self.stream.message.tool_calls:
             reason = "tool_calls"
         return events + [Finished(index=self.index, finish_reason=reason,
-                                  completion_tokens=self.generated)]
+                                  completion_tokens=self.generated,
+                                  message=self.stream.message if self.stream else None)]
 
 
 class Session:

@@ -292,6 +292,7 @@ def make_ingress(config: dict[str, Any]):
                         elif isinstance(ev, Finished):
                             fold = folds.setdefault(ev.index, ChoiceFold())
                             fold.finish_reason = ev.finish_reason
+                            fold.final = ev.message
                         elif isinstance(ev, Usage):
                             usage = {"prompt_tokens": ev.prompt_tokens,
                                      "completion_tokens": ev.completion_tokens,

@@ -7,6 +7,7 @@ from typing import Any
 import msgspec
 
 from actors.events import Deltas, TokenLogprob
+from chat import ChatMsg
 
 _encoder = msgspec.json.Encoder()
 DONE = b"data: [DONE]\n\n"
@@ -62,6 +63,7 @@ class ChoiceFold:
         self.calls: dict[int, dict] = {}
         self.logprobs: list[TokenLogprob] | None = None
         self.finish_reason: str | None = None
+        self.final: ChatMsg | None = None
 
     def add(self, event: Deltas) -> None:
         for d in event.deltas:
@@ -80,6 +82,8 @@ class ChoiceFold:
             self.logprobs = (self.logprobs or []) + list(event.logprobs)
 
     def chat_message(self) -> dict:
+        if self.final is not None:
+            return message_from(self.final)
         content = "".join(self.content)
         msg: dict[str, Any] = {"role": "assistant",
                                "content": content if content or not self.calls else None}
@@ -88,3 +92,16 @@ class ChoiceFold:
         if self.calls:
             msg["tool_calls"] = [self.calls[i] for i in sorted(self.calls)]
         return msg
+
+
+def message_from(msg: ChatMsg) -> dict:
+    """An OpenAI assistant message from a final parse."""
+    calls = [{"id": c.id, "type": "function",
+              "function": {"name": c.name, "arguments": c.arguments}} for c in msg.tool_calls]
+    out: dict[str, Any] = {"role": "assistant",
+                           "content": msg.content if msg.content or not calls else None}
+    if msg.reasoning_content:
+        out["reasoning_content"] = msg.reasoning_content
+    if calls:
+        out["tool_calls"] = calls
+    return out
