@@ -149,14 +149,17 @@ class Worker:
         sys.setswitchinterval(0.001)
         try:
             while not self._stop.is_set():
-                idle = not waiting and not running
+                # admit what has arrived; when idle, wait a little for the next request
+                block = not waiting and not running
                 try:
                     while True:
-                        session, sink = self._incoming.get(timeout=0.05 if idle else 0.0) \
-                            if idle else self._incoming.get_nowait()
+                        if block:
+                            session, sink = self._incoming.get(timeout=0.05)
+                            block = False
+                        else:
+                            session, sink = self._incoming.get_nowait()
                         sinks[session.id] = sink
                         waiting.append(session)
-                        idle = False
                 except queue.Empty:
                     pass
                 self._drop_cancelled(waiting, running, sinks)
