@@ -103,25 +103,10 @@ def main() -> int:
         for seq in sequences:
             c = make_constraint(spec, request, engine)
             c.start("")
-            total = 0.0
-            for tok in seq:
-                t0 = time.perf_counter_ns()
-                c.fill_mask(buf)
-                c.accept(tok)
-                dt = time.perf_counter_ns() - t0
-                ours_steps.append(dt)
-                total += dt
-            ours_total.append(total)
+            ours_total.append(timed(seq, lambda: c.fill_mask(buf), c.accept, ours_steps))
             m = engine.matcher(compiled, engine.stop_token_ids)
-            total = 0.0
-            for tok in seq:
-                t0 = time.perf_counter_ns()
-                m.fill_next_token_bitmask(bare_buf)
-                m.accept_token(tok)
-                dt = time.perf_counter_ns() - t0
-                bare_steps.append(dt)
-                total += dt
-            bare_total.append(total)
+            bare_total.append(timed(seq, lambda: m.fill_next_token_bitmask(bare_buf),
+                                    m.accept_token, bare_steps))
         n_tok = statistics.mean(len(s) for s in sequences)
         p = lambda xs, q: float(np.percentile(xs, q)) / 1000  # noqa: E731
         ratio = sum(ours_total) / sum(bare_total)
@@ -138,6 +123,19 @@ def main() -> int:
     print(f"\nno constraint: make_constraint -> {none!r} in {dt:.1f} us; the loop does no mask work")
     print(f"worst ours/bare ratio: {max(ratios):.3f}")
     return 0
+
+
+def timed(seq: list[int], fill, accept, steps: list[float]) -> float:
+    """Replay `seq` as fill-mask + accept per token; records each step, returns the total ns."""
+    total = 0.0
+    for tok in seq:
+        t0 = time.perf_counter_ns()
+        fill()
+        accept(tok)
+        dt = time.perf_counter_ns() - t0
+        steps.append(dt)
+        total += dt
+    return total
 
 
 def engine_tokens(constraint) -> list[int]:

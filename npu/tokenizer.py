@@ -89,8 +89,15 @@ class Tokenizer:
 
         BOS, UNK and PAD decode to b"" (never text); every other added token to its content.
         """
-        size = max(size or 0, self.size)
-        out = [b""] * size
+        table = self._table()
+        return list(table) + [b""] * max(0, (size or 0) - len(table))
+
+    def _table(self) -> tuple[bytes, ...]:
+        """The unpadded table, built once (it loops over the whole vocabulary)."""
+        cached = self.__dict__.get("_token_table")
+        if cached is not None:
+            return cached
+        out = [b""] * self.size
         added = {a["id"]: a["content"] for a in self._json.get("added_tokens", [])}
         blank = {t for t in (self.bos_token, self.unk_token, self.pad_token) if t}
         dec = byte_decoder()
@@ -106,18 +113,15 @@ class Tokenizer:
                 m = _BYTE_PIECE.fullmatch(piece)
                 out[i] = bytes([int(m.group(1), 16)]) if m else piece.replace(
                     "\u2581", " ").encode("utf-8")
-        return out
+        self._token_table = tuple(out)
+        return self._token_table
 
     def detokenizer(self, *, at_start: bool = True) -> Detokenizer:
         """An incremental decoder for generated ids. `at_start`: the output starts the text
         (the prompt decodes to nothing), so a SentencePiece leading space is dropped as
         `decode` would."""
-        return Detokenizer(self._bytes(), strip_first_space=at_start and
+        return Detokenizer(self._table(), strip_first_space=at_start and
                            self.strips_leading_space)
-
-    @cache  # noqa: B019  (one per tokenizer, which lives as long as its model)
-    def _bytes(self) -> tuple[bytes, ...]:
-        return tuple(self.token_bytes())
 
 
 class Detokenizer:
