@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from actors.errors import RequestError
+from actors.stops import StopMatcher
 from actors.events import Deltas, Event, Finished, GenerateRequest, TokenLogprob
 from chat import (
     ChatStream,
@@ -48,8 +49,6 @@ class Choice:
         self.constraint = constraint
         self.stream = stream
         self.detok = session.model.tokenizer.detokenizer(at_start=session.at_start)
-        from actors.stops import StopMatcher
-
         self.stops = StopMatcher(session.stop_strings)
         self.generated = 0
         self.next_token: int | None = None
@@ -119,7 +118,7 @@ class Session:
     """A request on a worker."""
 
     def __init__(self, request: GenerateRequest, model: Model, prompt_ids: list[int], *,
-                 spec: FormatSpec, prefill: str, constraint_factory: Callable[[], Any] | None,
+                 spec: FormatSpec, prefill: str, constraints: list[Any],
                  parse_tool_calls: bool, tools: list[dict] | None, stop_strings: list[str],
                  eos_ids: set[int], at_start: bool, token_table: list[bytes]) -> None:
         self.id = next(_ids)
@@ -145,7 +144,7 @@ class Session:
         for i in range(request.n):
             seed = None if request.seed is None else request.seed + i
             sampler = Sampler(SamplingParams(seed=seed, **params), self.vocab_size, prompt_ids)
-            constraint = constraint_factory() if constraint_factory else None
+            constraint = constraints[i] if constraints else None
             if constraint is not None:
                 constraint.start(prefill)
             stream = (ChatStream(spec, prefill=prefill, parse_tool_calls=parse_tool_calls,
@@ -211,7 +210,7 @@ def build_session(request: GenerateRequest, model: Model, spec: FormatSpec,
             code="context_length_exceeded")
     tail = model.tokenizer.decode(prompt_ids[-PROMPT_TAIL_TOKENS:], skip_special_tokens=False)
     prefill = format_prefill(spec, tail) if request.kind == "chat" else ""
-    factory = None
+    constraints: list[Any] = []
     parse_calls = False
     if creq is not None:
         parse_calls = creq.parse_tool_calls and tools_enabled
@@ -224,14 +223,13 @@ def build_session(request: GenerateRequest, model: Model, spec: FormatSpec,
             raise RequestError(exc.message, param=exc.param) from None
         if needs_grammar(spec, eff):
             engine = grammar_engine()
-            # compile once here (errors are 400s); each choice gets its own matcher
+            # each choice gets its own matcher (the compiled grammar is cached); a grammar
+            # that cannot be built is a 400
             try:
-                make_constraint(spec, eff, engine, request_id=request.request_id)
+                constraints = [make_constraint(spec, eff, engine, request_id=request.request_id)
+                               for _ in range(request.n)]
             except ConstraintError as exc:
                 raise RequestError(exc.message, param=exc.param) from None
-
-            def factory():
-                return make_constraint(spec, eff, engine, request_id=request.request_id)
     stops = list(request.stop)
     if request.kind == "chat":
         stops += [s for s in spec.extra_stops if model.tokenizer.id_of(s) is None]
@@ -243,6 +241,6 @@ def build_session(request: GenerateRequest, model: Model, spec: FormatSpec,
     table = model.token_table
     at_start = all(not table[i] for i in prompt_ids)
     return Session(request, model, prompt_ids, spec=spec, prefill=prefill,
-                   constraint_factory=factory, parse_tool_calls=parse_calls, tools=tools,
+                   constraints=constraints, parse_tool_calls=parse_calls, tools=tools,
                    stop_strings=stops, eos_ids=eos, at_start=at_start,
                    token_table=table)

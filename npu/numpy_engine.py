@@ -279,13 +279,12 @@ class NumpyEngine:
             qs = q[start : start + n].transpose(1, 0, 2).reshape(nkv, group * n, hd)
             scores = (qs @ K[:, :total].transpose(0, 2, 1)) * self.scale  # [nkv, g*n, total]
             scores = scores.reshape(nkv, group, n, total)
-            if n > 1 or (L.window and total > L.window):  # one new token sees every key
-                qpos = np.arange(seq.pos, total)[:, None]
-                kpos = np.arange(total)[None, :]
-                masked = kpos > qpos
-                if L.window:
-                    masked = masked | (kpos <= qpos - L.window)
-                scores = np.where(masked, np.float32(-np.inf), scores)
+            qpos = np.arange(seq.pos, total)[:, None]
+            kpos = np.arange(total)[None, :]
+            masked = kpos > qpos
+            if L.window:
+                masked = masked | (kpos <= qpos - L.window)
+            scores = np.where(masked, np.float32(-np.inf), scores)
             scores = scores - scores.max(axis=-1, keepdims=True)
             probs = np.exp(scores)
             probs /= probs.sum(axis=-1, keepdims=True)

@@ -15,7 +15,8 @@ from chat import (
 from tests.shared import is_token_for, needs_shared, outputs, template
 from tests.chat.vocab import qwen_available, qwen_vocab
 
-pytestmark = [needs_shared, pytest.mark.skipif(not qwen_available(), reason="no Qwen vocab")]
+pytestmark = [needs_shared, pytest.mark.skipif(
+    not qwen_available(), reason="the Qwen tokenizer files in ../shared/formats are absent")]
 
 # Outputs the grammars reject on purpose: they are forms a parser recovers but a
 # constrained model is never steered into (the grammar spells one canonical form).
