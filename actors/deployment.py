@@ -33,7 +33,7 @@ def device_index(device: str) -> int | None:
 class ModelWorker:
     def __init__(self, *, name: str, path: str, device: str = "cpu", max_batch: int = 8,
                  kernel_dir: str | None = None, simulator_devices: list[str] | None = None,
-                 stream_interval_ms: float = 0.0):
+                 stream_interval_ms: float = 0.0, max_messages_per_s: float = 0.0):
         from npu import load_model
 
         self.name = name
@@ -56,7 +56,8 @@ class ModelWorker:
             def factory():
                 return load_model(path, "cpu", name=name)
         self.worker = Worker(factory, max_batch=max_batch,
-                             stream_interval_s=stream_interval_ms / 1000)
+                             stream_interval_s=stream_interval_ms / 1000,
+                             max_messages_per_s=max_messages_per_s)
         log.info("worker for %s on %s%s ready", name, device,
                  f" #{index}" if index is not None else "")
 

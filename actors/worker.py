@@ -7,11 +7,18 @@ flowing, every running sequence advances in one batched forward, and the grammar
 for the batch are computed in a second thread while that forward runs (xgrammar and BLAS
 both release the GIL). A session whose consumer goes away is cancelled at the next step,
 and its KV cache and slot are freed.
+
+The decode thread also paces delivery: a stream's events wait in its outbox and go out
+together at most once per stream interval (its first token and its end at once), and all
+that is due after a step reaches the event loop in one hand-over. Every message through
+Serve costs CPU that the decode loop shares, so the interval grows with the number of
+open streams to keep the worker's total message rate bounded.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import queue
 import sys
@@ -34,26 +41,49 @@ class _End:
     """Marks the end of a session's events."""
 
 
+class _Outbox:
+    """A session's events between the decode thread and its consumer's event loop."""
+
+    __slots__ = ("loop", "queue", "pending", "sent_at")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.queue: asyncio.Queue[list] = asyncio.Queue()
+        self.pending: list = []  # decode thread only
+        self.sent_at: float | None = None  # when the decode thread last handed events over
+
+    def put(self, event: object) -> None:
+        self.pending.append(event)
+
+
+def _hand_over(items: list[tuple[asyncio.Queue, list]]) -> None:
+    for q, events in items:
+        q.put_nowait(events)
+
+
 class Worker:
     """Holds a model and serves requests on it.
 
     Args:
         model_factory: loads the model (called once, in the constructor).
         max_batch: sequences decoded together (and so admitted at once).
-        stream_interval_s: after the first output, events are sent at most this often
-            (what is ready is sent together): each message through Serve costs CPU that
-            the decode loop shares, so fewer, larger messages stream faster. default: 0.
+        stream_interval_s: after the first output, a stream's events are sent at most this
+            often (what is ready is sent together). default: 0.
+        max_messages_per_s: the messages per second all streams together aim not to
+            exceed: with many open streams each one's interval grows to
+            streams / max_messages_per_s. 0: no bound. default: 0.
     """
 
     def __init__(self, model_factory: Callable[[], Model], *, max_batch: int = 8,
-                 stream_interval_s: float = 0.0) -> None:
+                 stream_interval_s: float = 0.0, max_messages_per_s: float = 0.0) -> None:
         self.model = model_factory()
         self.spec = detect_format(self.model.chat_template_source, self.model.tokenizer.is_token)
         self.max_batch = max_batch
         self.stream_interval_s = stream_interval_s
+        self.max_messages_per_s = max_messages_per_s
         self._grammar: GrammarEngine | None = None
         self._grammar_lock = threading.Lock()
-        self._incoming: queue.Queue[tuple[Session, Callable[[object], None]]] = queue.Queue()
+        self._incoming: queue.Queue[tuple[Session, _Outbox]] = queue.Queue()
         self._masks = ThreadPoolExecutor(1, thread_name_prefix="flm-masks")
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -76,9 +106,10 @@ class Worker:
 
     # -- requests -------------------------------------------------------------------------------
     async def generate(self, request: GenerateRequest) -> AsyncIterator[list[Event]]:
-        """Events for one request, in batches: [Accepted] or [Rejected] first, then
-        Deltas/Finished per choice, then Usage (or Failed if the worker breaks). A batch
-        holds every event that was ready, so a slow consumer gets fewer, larger messages."""
+        """Events for one request, in batches: Rejected alone, or Accepted first (together
+        with the first output), then Deltas/Finished per choice, then Usage (or Failed if the
+        worker breaks). A batch holds every event that was ready, so a slow consumer gets
+        fewer, larger messages."""
         try:
             session = await asyncio.to_thread(build_session, request, self.model, self.spec,
                                               self.grammar_engine)
@@ -95,34 +126,31 @@ class Worker:
             yield [Rejected(status=503, message="The model worker has failed.",
                             type="server_error")]
             return
-        yield [Accepted(request_id=request.request_id, model=self.model.name,
-                        prompt_tokens=len(session.prompt_ids))]
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue = asyncio.Queue()
-
-        def sink(item: object) -> None:
-            loop.call_soon_threadsafe(events.put_nowait, item)
-
+        outbox = _Outbox(asyncio.get_running_loop())
+        # Accepted goes out with the first output (one message less before the first token)
+        outbox.pending.append(Accepted(request_id=request.request_id, model=self.model.name,
+                                       prompt_tokens=len(session.prompt_ids)))
         self._ensure_thread()
-        self._incoming.put((session, sink))
-        first = True
+        self._incoming.put((session, outbox))
         try:
             while True:
-                batch = [await events.get()]
-                if not first and self.stream_interval_s and batch[0] is not _End:
-                    await asyncio.sleep(self.stream_interval_s)
-                first = False
-                while not events.empty():
-                    batch.append(events.get_nowait())
-                end = batch[-1] is _End
+                batch = await outbox.queue.get()
+                while not outbox.queue.empty():  # a slow consumer gets larger messages
+                    batch += outbox.queue.get_nowait()
+                end = bool(batch) and batch[-1] is _End
                 if end:
                     batch.pop()
                 if batch:
-                    yield batch  # type: ignore[misc]
+                    yield batch
                 if end:
                     return
         finally:
             session.cancelled = True  # the decode thread frees it at its next step
+
+    def interval(self, streams: int) -> float:
+        """Seconds a stream's events may wait to go out together, with `streams` open."""
+        spread = streams / self.max_messages_per_s if self.max_messages_per_s else 0.0
+        return max(self.stream_interval_s, spread)
 
     def _ensure_thread(self) -> None:
         if self._thread is None or not self._thread.is_alive():
@@ -141,7 +169,7 @@ class Worker:
 
     # -- the decode loop ------------------------------------------------------------------------
     def _run(self) -> None:
-        sinks: dict[int, Callable[[object], None]] = {}
+        outboxes: dict[int, _Outbox] = {}
         waiting: list[Session] = []  # admitted, prompt not fully prefilled
         running: list[Session] = []
         # A decode step holds the GIL in short bursts; a smaller switch interval lets the
@@ -154,64 +182,86 @@ class Worker:
                 try:
                     while True:
                         if block:
-                            session, sink = self._incoming.get(timeout=0.05)
+                            session, outbox = self._incoming.get(timeout=0.05)
                             block = False
                         else:
-                            session, sink = self._incoming.get_nowait()
-                        sinks[session.id] = sink
+                            session, outbox = self._incoming.get_nowait()
+                        outboxes[session.id] = outbox
                         waiting.append(session)
                 except queue.Empty:
                     pass
-                self._drop_cancelled(waiting, running, sinks)
+                self._drop_cancelled(waiting, running, outboxes)
                 self.active = len(running) + len(waiting)
                 if not waiting and not running:
                     continue
+                ended: list[_Outbox] = []
                 # one prefill chunk per step, for the oldest waiting session with room
                 if waiting and self._running_seqs(running) + len(waiting[0].choices) \
                         <= max(self.max_batch, len(waiting[0].choices)):
                     session = waiting[0]
-                    if self._prefill_chunk(session, sinks[session.id]):
+                    if self._prefill_chunk(session, outboxes[session.id]):
                         waiting.pop(0)
                         if session.done:
-                            self._close(session, sinks)
+                            ended.append(self._close(session, outboxes))
                         else:
                             running.append(session)
                 if running:
-                    self._decode_step(running, sinks)
+                    ended += self._decode_step(running, outboxes)
                 self.active = len(running) + len(waiting)
+                self._deliver(outboxes, ended)
         except BaseException as exc:  # the worker is broken: tell every stream
             log.exception("decode loop failed")
             self.error = exc
             for session in waiting + running:
-                sink = sinks.get(session.id)
-                if sink:
-                    sink(Failed(message=f"The model worker failed: {exc}"))
-                    sink(_End)
+                outbox = outboxes.pop(session.id, None)
+                if outbox is not None:
+                    outbox.put(Failed(message=f"The model worker failed: {exc}"))
+                    outbox.put(_End)
+                    self._deliver({}, [outbox])
+
+    def _deliver(self, outboxes: dict[int, _Outbox], ended: list[_Outbox]) -> None:
+        """Hand over what is due: ended streams, first outputs, and streams whose interval
+        has passed; one call per event loop."""
+        now = time.monotonic()
+        wait = self.interval(len(outboxes))
+        due: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, list]]] = {}
+        for outbox in itertools.chain(ended, outboxes.values()):
+            if outbox.pending and (outbox.sent_at is None or now - outbox.sent_at >= wait
+                                   or outbox.pending[-1] is _End):
+                due.setdefault(outbox.loop, []).append((outbox.queue, outbox.pending))
+                outbox.pending = []
+                outbox.sent_at = now
+        for loop, items in due.items():
+            try:
+                loop.call_soon_threadsafe(_hand_over, items)
+            except RuntimeError:  # that event loop is closed: nobody is listening
+                pass
 
     @staticmethod
     def _running_seqs(running: list[Session]) -> int:
         return sum(1 for s in running for c in s.choices if not c.done)
 
-    def _drop_cancelled(self, waiting, running, sinks) -> None:
+    def _drop_cancelled(self, waiting, running, outboxes) -> None:
         for group in (waiting, running):
             for session in [s for s in group if s.cancelled]:
                 group.remove(session)
                 self._release(session)
-                sinks.pop(session.id, None)
+                outboxes.pop(session.id, None)
 
     def _release(self, session: Session) -> None:
         for c in session.choices:
             self.model.engine.release(c.seq_id)
 
-    def _close(self, session: Session, sinks) -> None:
+    def _close(self, session: Session, outboxes: dict[int, _Outbox]) -> _Outbox:
+        """Free a finished session; its outbox ends with Usage (delivered at once)."""
         self._release(session)
-        sink = sinks.pop(session.id, None)
-        if sink:
-            sink(Usage(prompt_tokens=len(session.prompt_ids),
-                       completion_tokens=sum(c.generated for c in session.choices)))
-            sink(_End)
+        outbox = outboxes.pop(session.id)
+        outbox.put(Usage(prompt_tokens=len(session.prompt_ids),
+                         completion_tokens=sum(c.generated for c in session.choices)))
+        outbox.put(_End)
+        return outbox
 
-    def _prefill_chunk(self, session: Session, sink) -> bool:
+    def _prefill_chunk(self, session: Session, outbox: _Outbox) -> bool:
         """Prefill one chunk; True when the prompt is done (and first tokens sampled)."""
         engine = self.model.engine
         first = session.choices[0]
@@ -224,11 +274,12 @@ class Worker:
             engine.fork(first.seq_id, c.seq_id)
         for c in session.choices:
             c.prepare_mask()
-            for event in c.take(logits):
-                sink(event)
+            outbox.pending += c.take(logits)
         return True
 
-    def _decode_step(self, running: list[Session], sinks) -> None:
+    def _decode_step(self, running: list[Session], outboxes: dict[int, _Outbox]
+                     ) -> list[_Outbox]:
+        """One token for every running choice; returns the outboxes of ended sessions."""
         batch: list[Choice] = [c for s in running for c in s.choices if not c.done]
         if batch:
             masks = self._masks.submit(lambda: [c.prepare_mask() for c in batch])
@@ -236,10 +287,8 @@ class Worker:
                                               [c.next_token for c in batch])
             masks.result()
             for row, c in enumerate(batch):
-                sink = sinks.get(c.session.id)
-                for event in c.take(logits[row]):
-                    if sink:
-                        sink(event)
-        for session in [s for s in running if s.done]:
+                outboxes[c.session.id].pending += c.take(logits[row])
+        ended = [s for s in running if s.done]
+        for session in ended:
             running.remove(session)
-            self._close(session, sinks)
+        return [self._close(s, outboxes) for s in ended]

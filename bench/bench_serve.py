@@ -92,9 +92,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer tokens and streams (CI)")
     ap.add_argument("--blas-threads", type=int, default=0,
-                    help="the workers' blas_threads setting (0: library default)")
+                    help="the workers' blas_threads setting (0: the app default, all cores)")
     ap.add_argument("--stream-interval-ms", type=float, default=None,
                     help="the workers' stream_interval_ms (default: the app's default)")
+    ap.add_argument("--max-messages-per-s", type=float, default=None,
+                    help="the workers' max_messages_per_s (default: the app's default)")
     args = ap.parse_args()
     tokens = 48 if args.quick else 256
     streams = 8 if args.quick else 32
@@ -118,6 +120,8 @@ def main() -> int:
     blas = {"blas_threads": args.blas_threads} if args.blas_threads else {}
     if args.stream_interval_ms is not None:
         blas["stream_interval_ms"] = args.stream_interval_ms
+    if args.max_messages_per_s is not None:
+        blas["max_messages_per_s"] = args.max_messages_per_s
     serve.run(build_app({"models": [
         {"name": "flm-tiny", "path": str(tiny), "max_batch": 32, "max_queued": 64, **blas},
         {"name": "medium", "path": str(medium), "max_batch": 4, **blas}]}), name="bench",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import msgspec
@@ -23,12 +24,15 @@ class ModelEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         stream_interval_ms: after a stream's first token, its events are sent at most this
             often, together (fewer messages through Serve stream faster; the first token is
             never held).
+        max_messages_per_s: the messages per second a worker's streams together aim not
+            to exceed: with many open streams each one's interval grows to
+            streams / max_messages_per_s (0: no bound).
         kernel_dir: NPU: the GEMM kernel directory (manifest.json, xclbin, insts.bin).
         simulator_devices: testing only: run "npu" workers on the pyxrt simulator with
             these device names instead of the driver.
-        blas_threads: BLAS threads in the worker (None: the library's default, all
-            cores). On a small host the serving processes compete with BLAS for the cores;
-            1 thread can stream faster there (see BENCHMARKS.md).
+        blas_threads: BLAS threads in the worker (None: this host's core count). Ray
+            starts actors with OMP_NUM_THREADS=1, which OpenBLAS obeys, so the worker sets
+            its thread count explicitly.
     """
 
     name: str
@@ -41,6 +45,7 @@ class ModelEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     kernel_dir: str | None = None
     simulator_devices: list[str] | None = None
     stream_interval_ms: float = 50.0
+    max_messages_per_s: float = 100.0
 
 
 class AppConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -79,17 +84,17 @@ def build_app(args: dict[str, Any] | None = None):
         actor: dict[str, Any] = {"num_cpus": 0}
         if device == "npu":
             actor["resources"] = {"NPU": 1}
-        if m.blas_threads:
-            n = str(m.blas_threads)
-            actor["runtime_env"] = {"env_vars": {"OPENBLAS_NUM_THREADS": n,
-                                                 "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n}}
+        n = str(m.blas_threads or os.cpu_count() or 1)
+        actor["runtime_env"] = {"env_vars": {"OPENBLAS_NUM_THREADS": n, "OMP_NUM_THREADS": n,
+                                             "MKL_NUM_THREADS": n}}
         workers[m.name] = ModelWorker.options(
             name=f"worker-{m.name}", num_replicas=m.replicas, max_ongoing_requests=m.max_batch,
             max_queued_requests=m.max_queued, ray_actor_options=actor,
             health_check_period_s=5, health_check_timeout_s=30,
         ).bind(name=m.name, path=m.path, device=device, max_batch=m.max_batch,
                kernel_dir=m.kernel_dir, simulator_devices=m.simulator_devices,
-               stream_interval_ms=m.stream_interval_ms)
+               stream_interval_ms=m.stream_interval_ms,
+               max_messages_per_s=m.max_messages_per_s)
     settings = {"api_key": cfg.api_key, "max_request_bytes": cfg.max_request_bytes}
     ingress = make_ingress({"cors_origins": cfg.cors_origins})
     return ingress.options(name="openai-ingress", num_replicas=cfg.ingress_replicas,

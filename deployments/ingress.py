@@ -91,7 +91,8 @@ def make_ingress(config: dict[str, Any]):
     class OpenAIIngress:
         def __init__(self, workers: dict[str, Any], settings: dict[str, Any]) -> None:
             self.workers = workers
-            self.streams = {name: h.options(stream=True) for name, h in workers.items()}
+            self.streams = {name: h.options(stream=True, _by_reference=False)
+                            for name, h in workers.items()}
             self.api_key = settings.get("api_key")
             self.max_bytes = int(settings.get("max_request_bytes") or 4 << 20)
 
@@ -145,7 +146,8 @@ def make_ingress(config: dict[str, Any]):
                                         "/v1/models.", param="model", code="model_not_found")
                 greq = self._generate_request(req, raw, kind)
                 gen = self.streams[req.model].generate.remote(greq)
-                first = await self._first(gen)
+                head = await self._first(gen)
+                first = head[0] if head else None
                 if isinstance(first, Rejected):
                     raise ApiError(first.status, first.message, param=first.param,
                                    code=first.code, type=first.type)
@@ -155,10 +157,11 @@ def make_ingress(config: dict[str, Any]):
                         "created": int(time.time()), "model": req.model}
                 include_usage = bool(req.stream_options and req.stream_options.include_usage)
                 if req.stream:
-                    return StreamingResponse(self._stream(gen, kind, meta, include_usage),
+                    return StreamingResponse(self._stream(gen, head[1:], kind, meta,
+                                                          include_usage),
                                              media_type="text/event-stream",
                                              headers={"Cache-Control": "no-cache"})
-                return await self._collect(gen, kind, meta, req)
+                return await self._collect(gen, head[1:], kind, meta)
             except ApiError as err:
                 return error_response(err)
             except Exception:  # a bug, never user input: still an OpenAI-shaped body
@@ -200,9 +203,10 @@ def make_ingress(config: dict[str, Any]):
                                    top_logprobs=req.logprobs or 0, **common)
 
         @staticmethod
-        async def _first(gen):
+        async def _first(gen) -> list:
+            """The worker's first batch: [Rejected], or Accepted and what came with it."""
             try:
-                return (await gen.__anext__())[0]
+                return await gen.__anext__()
             except StopAsyncIteration:
                 raise ApiError(503, "The model worker closed the request.") from None
             except Exception as exc:
@@ -215,13 +219,20 @@ def make_ingress(config: dict[str, Any]):
                                    headers={"Retry-After": RETRY_AFTER_S}) from None
                 raise
 
-        async def _stream(self, gen, kind: str, meta: dict, include_usage: bool):
+        @staticmethod
+        async def _batches(head: list, gen):
+            if head:
+                yield head
+            async for batch in gen:
+                yield batch
+
+        async def _stream(self, gen, head: list, kind: str, meta: dict, include_usage: bool):
             obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
             started: set[int] = set()
             offsets: dict[int, int] = {}
             finished = False
             try:
-                async for batch in gen:
+                async for batch in self._batches(head, gen):
                     out = b"".join(self._chunks(batch, kind, obj, meta, started, offsets,
                                                 include_usage))
                     if out:
@@ -281,11 +292,11 @@ def make_ingress(config: dict[str, Any]):
                 elif isinstance(ev, Failed):
                     yield sse(error_body(ev.message, type="server_error"))
 
-        async def _collect(self, gen, kind: str, meta: dict, req) -> Response:
+        async def _collect(self, gen, head: list, kind: str, meta: dict) -> Response:
             folds: dict[int, ChoiceFold] = {}
             usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
             try:
-                async for batch in gen:
+                async for batch in self._batches(head, gen):
                     for ev in batch:
                         if isinstance(ev, Deltas):
                             folds.setdefault(ev.index, ChoiceFold()).add(ev)
