@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from actors.errors import RequestError
-from actors.events import Accepted, Event, Failed, GenerateRequest, Rejected, Usage
+from actors.events import Accepted, Deltas, Event, Failed, GenerateRequest, Rejected, Usage
 from actors.session import Choice, Session, build_session
 from chat import GrammarEngine, detect_format
 from npu import Model
@@ -194,21 +194,21 @@ class Worker:
                 self.active = len(running) + len(waiting)
                 if not waiting and not running:
                     continue
-                ended: list[_Outbox] = []
                 # one prefill chunk per step, for the oldest waiting session with room
                 if waiting and self._running_seqs(running) + len(waiting[0].choices) \
                         <= max(self.max_batch, len(waiting[0].choices)):
                     session = waiting[0]
+                    ended: list[_Outbox] = []
                     if self._prefill_chunk(session, outboxes[session.id]):
                         waiting.pop(0)
                         if session.done:
                             ended.append(self._close(session, outboxes))
                         else:
                             running.append(session)
+                    self._deliver(outboxes, ended)  # a first token goes out before the step
                 if running:
-                    ended += self._decode_step(running, outboxes)
+                    self._deliver(outboxes, self._decode_step(running, outboxes))
                 self.active = len(running) + len(waiting)
-                self._deliver(outboxes, ended)
         except BaseException as exc:  # the worker is broken: tell every stream
             log.exception("decode loop failed")
             self.error = exc
@@ -220,17 +220,23 @@ class Worker:
                     self._deliver({}, [outbox])
 
     def _deliver(self, outboxes: dict[int, _Outbox], ended: list[_Outbox]) -> None:
-        """Hand over what is due: ended streams, first outputs, and streams whose interval
-        has passed; one call per event loop."""
+        """Hand over what is due (one call per event loop): ended streams, a stream's first
+        output, and streams whose interval has passed since their last output went out."""
         now = time.monotonic()
         wait = self.interval(len(outboxes))
         due: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, list]]] = {}
         for outbox in itertools.chain(ended, outboxes.values()):
-            if outbox.pending and (outbox.sent_at is None or now - outbox.sent_at >= wait
-                                   or outbox.pending[-1] is _End):
-                due.setdefault(outbox.loop, []).append((outbox.queue, outbox.pending))
-                outbox.pending = []
-                outbox.sent_at = now
+            pending = outbox.pending
+            if not pending:
+                continue
+            if outbox.sent_at is None:  # nothing shown yet: go as soon as there is output
+                if not (pending[-1] is _End or any(isinstance(e, Deltas) for e in pending)):
+                    continue
+            elif now - outbox.sent_at < wait and pending[-1] is not _End:
+                continue
+            due.setdefault(outbox.loop, []).append((outbox.queue, pending))
+            outbox.pending = []
+            outbox.sent_at = now
         for loop, items in due.items():
             try:
                 loop.call_soon_threadsafe(_hand_over, items)

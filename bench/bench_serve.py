@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
 import os
 import socket
+import statistics
 import sys
 import tempfile
 import time
@@ -48,6 +50,34 @@ async def in_process(worker: Worker, tokens: int) -> tuple[float, float]:
             first = time.perf_counter()
     end = time.perf_counter()
     return first - t0, (tokens - 1) / (end - first)
+
+
+def _in_process_child(conn, folder: str, name: str, settings: dict) -> None:
+    """A clean process (no Ray, no HTTP client) that runs the worker in-process on
+    command: receives a token count, answers (ttft, tokens/s); None ends it."""
+    worker = Worker(lambda: load_model(folder, name=name), **settings)
+    while (tokens := conn.recv()) is not None:
+        conn.send(asyncio.run(in_process(worker, tokens)))
+    worker.close()
+
+
+class InProcess:
+    """The worker in its own clean process, with the served worker's settings."""
+
+    def __init__(self, folder: Path, name: str, settings: dict) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_in_process_child, args=(child, str(folder), name,
+                                                                settings), daemon=True)
+        self.proc.start()
+
+    def run(self, tokens: int) -> tuple[float, float]:
+        self.conn.send(tokens)
+        return self.conn.recv()
+
+    def close(self) -> None:
+        self.conn.send(None)
+        self.proc.join(30)
 
 
 async def over_http(client: httpx.AsyncClient, model: str, tokens: int) -> tuple[float, float]:
@@ -100,6 +130,7 @@ def main() -> int:
     args = ap.parse_args()
     tokens = 48 if args.quick else 256
     streams = 8 if args.quick else 32
+    rounds = 1 if args.quick else 3
     cache = Path(tempfile.mkdtemp(prefix="flm-bench-"))
     os.environ["FLM_CACHE"] = str(cache)
     tiny = ensure_tiny(cache)
@@ -109,7 +140,7 @@ def main() -> int:
     import ray
     from ray import serve
 
-    from deployments.app import build_app
+    from deployments.app import ModelEntry, build_app
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -117,29 +148,49 @@ def main() -> int:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"FLM_CACHE": str(cache)}})
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    blas = {"blas_threads": args.blas_threads} if args.blas_threads else {}
+    opts: dict = {"blas_threads": args.blas_threads or None}
     if args.stream_interval_ms is not None:
-        blas["stream_interval_ms"] = args.stream_interval_ms
+        opts["stream_interval_ms"] = args.stream_interval_ms
     if args.max_messages_per_s is not None:
-        blas["max_messages_per_s"] = args.max_messages_per_s
+        opts["max_messages_per_s"] = args.max_messages_per_s
     serve.run(build_app({"models": [
-        {"name": "flm-tiny", "path": str(tiny), "max_batch": 32, "max_queued": 64, **blas},
-        {"name": "medium", "path": str(medium), "max_batch": 4, **blas}]}), name="bench",
+        {"name": "flm-tiny", "path": str(tiny), "max_batch": 32, "max_queued": 64, **opts},
+        {"name": "medium", "path": str(medium), "max_batch": 4, **opts}]}), name="bench",
         route_prefix="/")
+    # the in-process worker gets the served worker's settings (and BLAS threads)
+    entry = ModelEntry(name="x", path="x", **opts)
+    settings = {"stream_interval_s": entry.stream_interval_ms / 1000,
+                "max_messages_per_s": entry.max_messages_per_s}
+    threads = str(entry.blas_threads or os.cpu_count() or 1)
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = threads  # read by the in-process child when it starts
     url = f"http://127.0.0.1:{port}"
 
     async def run():
         async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+            floor = []
+            for _ in range(20):
+                t0 = time.perf_counter()
+                await client.get("/health")
+                floor.append(time.perf_counter() - t0)
+            print(f"GET /health through Serve (the HTTP path's floor): "
+                  f"{1000 * statistics.median(floor):.1f} ms median")
             for name, folder in (("flm-tiny", tiny), ("medium", medium)):
-                worker = Worker(lambda f=folder: load_model(f, name=name))
-                await in_process(worker, 8)  # warm up both paths
+                worker = InProcess(folder, name, settings)
+                worker.run(8)  # warm up both paths
                 await over_http(client, name, 8)
-                ttft_in, rate_in = await in_process(worker, tokens)
-                ttft_http, rate_http = await over_http(client, name, tokens)
+                inp, http = [], []
+                for _ in range(rounds):  # interleaved: the machine's drift hits both
+                    inp.append(worker.run(tokens))
+                    http.append(await over_http(client, name, tokens))
                 worker.close()
+                ttft_in, rate_in = (statistics.median(x) for x in zip(*inp))
+                ttft_http, rate_http = (statistics.median(x) for x in zip(*http))
                 print(f"{name:9s} in-process {rate_in:8.1f} tok/s ({1000 / rate_in:6.2f} ms/tok)"
                       f" | HTTP stream {rate_http:8.1f} tok/s | ratio {rate_http / rate_in:.3f}"
-                      f" | TTFT added by serving {1000 * (ttft_http - ttft_in):6.1f} ms")
+                      f" | TTFT in-process {1000 * ttft_in:5.1f} ms, HTTP "
+                      f"{1000 * ttft_http:5.1f} ms, added {1000 * (ttft_http - ttft_in):5.1f} ms"
+                      f" (medians of {rounds})")
             await concurrent(client, 4, 8)
             agg = await concurrent(client, streams, tokens)
             seq = await sequential(client, streams, tokens)

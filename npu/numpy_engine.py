@@ -1,9 +1,11 @@
 """NumpyEngine: the reference CPU engine for Llama, Qwen2/3, Gemma 3 and LFM2, in float32.
 
 Tokens from several sequences go through one forward together: every linear layer is one
-matrix product over all of them (one pass over the weights per step, whatever the batch),
-while attention and LFM2's short convolution run per sequence against its own cache.
-Prefill is chunked so a long prompt is matrix-matrix work of bounded size.
+matrix product over all of them (one pass over the weights per step, whatever the batch).
+The KV cache is one pool per layer with a slot per sequence, so a decode step's attention is
+also one batched product over the batch's slots; prefill attention and LFM2's short
+convolution run per sequence. Prefill is chunked so a long prompt is matrix-matrix work of
+bounded size.
 """
 
 from __future__ import annotations
@@ -41,13 +43,66 @@ class _Layer:
 
 
 class _Seq:
-    __slots__ = ("pos", "k", "v", "conv")
+    __slots__ = ("pos", "slot", "conv")
 
-    def __init__(self, n_layers: int) -> None:
+    def __init__(self, n_layers: int, slot: int) -> None:
         self.pos = 0
+        self.slot = slot
+        self.conv: list[np.ndarray | None] = [None] * n_layers
+
+
+class _KVPool:
+    """Every sequence's keys and values: per attention layer one array
+    [slots, kv_heads, capacity, head_dim] for K and one for V.
+
+    A sequence owns a slot (the lowest free one, so the slots in use stay a compact range),
+    which lets a decode batch's attention be one product over that range. Capacity grows by
+    doubling to the longest sequence, so memory is (highest slot in use + 1) x the longest
+    sequence; it is all returned when the last sequence is released.
+    """
+
+    def __init__(self, layers: list[int], n_layers: int, kv_heads: int, head_dim: int,
+                 max_context: int) -> None:
+        self.layers = layers
+        self.kv_heads, self.head_dim = kv_heads, head_dim
+        self.max_context = max_context
         self.k: list[np.ndarray | None] = [None] * n_layers
         self.v: list[np.ndarray | None] = [None] * n_layers
-        self.conv: list[np.ndarray | None] = [None] * n_layers
+        self.slots = 0
+        self.capacity = 0
+        self.live: set[int] = set()
+
+    def alloc(self) -> int:
+        slot = 0
+        while slot in self.live:
+            slot += 1
+        self.live.add(slot)
+        return slot
+
+    def free(self, slot: int) -> None:
+        self.live.discard(slot)
+        if not self.live:
+            self.k = [None] * len(self.k)
+            self.v = [None] * len(self.v)
+            self.slots = self.capacity = 0
+
+    def reserve(self, top_slot: int, need: int) -> None:
+        """Room for slot `top_slot` and `need` positions in every slot."""
+        if top_slot < self.slots and need <= self.capacity:
+            return
+        slots = self.slots if top_slot < self.slots else max(top_slot + 1, 2 * self.slots)
+        cap = self.capacity
+        if need > cap:
+            cap = max(need, 2 * cap, 16)
+            cap = min(cap, self.max_context) if need <= self.max_context else need
+        for li in self.layers:
+            for store in (self.k, self.v):
+                new = np.empty((slots, self.kv_heads, cap, self.head_dim), dtype=np.float32)
+                old = store[li]
+                if old is not None:
+                    new[: self.slots, :, : self.capacity] = old
+                store[li] = new
+        self.slots, self.capacity = slots, cap
 
 
 class NumpyEngine:
@@ -145,6 +200,8 @@ class NumpyEngine:
             self.layers.append(L)
         self.act = silu if c.activation == "silu" else gelu_tanh
         self.scale = np.float32(c.query_scale or c.head_dim ** -0.5)
+        self._kv = _KVPool([L.index for L in self.layers if L.kind != "conv"], len(self.layers),
+                           c.num_kv_heads, c.head_dim, self.max_context)
 
     @property
     def weight_bytes(self) -> int:
@@ -163,8 +220,9 @@ class NumpyEngine:
             raise ValueError("prefill needs at least one token")
         seq = self._seqs.get(seq_id)
         if seq is None:
-            seq = self._seqs[seq_id] = _Seq(len(self.layers))
+            seq = self._seqs[seq_id] = _Seq(len(self.layers), self._kv.alloc())
         self._check_room(seq, ids.size)
+        self._kv.reserve(seq.slot, seq.pos + ids.size)
         logits = None
         for start in range(0, ids.size, PREFILL_CHUNK):
             chunk = ids[start : start + PREFILL_CHUNK]
@@ -181,21 +239,26 @@ class NumpyEngine:
                 raise KeyError(f"unknown sequence {sid!r}: prefill it first")
             self._check_room(seq, 1)
             seqs.append(seq)
+        self._kv.reserve(max(s.slot for s in seqs), max(s.pos for s in seqs) + 1)
         return self._forward(np.asarray(tokens, dtype=np.int64), [(s, 1) for s in seqs])
 
     def fork(self, src: object, dst: object) -> None:
         """Start `dst` as a copy of `src`'s state (n choices share one prefill)."""
         seq = self._seqs[src]
-        new = _Seq(len(self.layers))
+        new = _Seq(len(self.layers), self._kv.alloc())
         new.pos = seq.pos
-        new.k = [None if a is None else a.copy() for a in seq.k]
-        new.v = [None if a is None else a.copy() for a in seq.v]
+        self._kv.reserve(new.slot, seq.pos)
+        for li in self._kv.layers:
+            for store in (self._kv.k, self._kv.v):
+                store[li][new.slot, :, : seq.pos] = store[li][seq.slot, :, : seq.pos]
         new.conv = [None if a is None else a.copy() for a in seq.conv]
         self._seqs[dst] = new
 
     def release(self, seq_id: object) -> None:
         """Free a sequence's caches (unknown ids are ignored)."""
-        self._seqs.pop(seq_id, None)
+        seq = self._seqs.pop(seq_id, None)
+        if seq is not None:
+            self._kv.free(seq.slot)
 
     def length(self, seq_id: object) -> int:
         seq = self._seqs.get(seq_id)
@@ -261,23 +324,19 @@ class NumpyEngine:
             k = rms_norm(k, L.k_norm, c.rms_eps)
         q = rope_mod.apply(q, cos, sin)
         k = rope_mod.apply(k, cos, sin)
+        if len(segments) == T:  # decode: one token per sequence
+            return self._mm(self._decode_attention(li, L, q, k, v, segments), L, "wo")
+        K, V = self._kv.k[li], self._kv.v[li]
         out = np.empty((T, nq * hd), dtype=np.float32)
         group = nq // nkv
         start = 0
         for seq, n in segments:
-            K, V = self._append_kv(seq, li, k[start : start + n], v[start : start + n])
+            Ks, Vs = K[seq.slot], V[seq.slot]
             total = seq.pos + n
-            if n == 1 and not (L.window and total > L.window):  # decode: the lean path
-                s1 = np.matmul(q[start].reshape(nkv, group, hd),
-                               K[:, :total].transpose(0, 2, 1)) * self.scale
-                s1 -= s1.max(axis=-1, keepdims=True)
-                np.exp(s1, out=s1)
-                s1 /= s1.sum(axis=-1, keepdims=True)
-                out[start] = np.matmul(s1, V[:, :total]).reshape(nq * hd)
-                start += 1
-                continue
+            Ks[:, seq.pos : total] = k[start : start + n].transpose(1, 0, 2)
+            Vs[:, seq.pos : total] = v[start : start + n].transpose(1, 0, 2)
             qs = q[start : start + n].transpose(1, 0, 2).reshape(nkv, group * n, hd)
-            scores = (qs @ K[:, :total].transpose(0, 2, 1)) * self.scale  # [nkv, g*n, total]
+            scores = (qs @ Ks[:, :total].transpose(0, 2, 1)) * self.scale  # [nkv, g*n, total]
             scores = scores.reshape(nkv, group, n, total)
             qpos = np.arange(seq.pos, total)[:, None]
             kpos = np.arange(total)[None, :]
@@ -288,28 +347,47 @@ class NumpyEngine:
             scores = scores - scores.max(axis=-1, keepdims=True)
             probs = np.exp(scores)
             probs /= probs.sum(axis=-1, keepdims=True)
-            o = probs.reshape(nkv, group * n, total) @ V[:, :total]  # [nkv, g*n, hd]
+            o = probs.reshape(nkv, group * n, total) @ Vs[:, :total]  # [nkv, g*n, hd]
             out[start : start + n] = o.reshape(nq, n, hd).transpose(1, 0, 2).reshape(n, nq * hd)
             start += n
         return self._mm(out, L, "wo")
 
-    def _append_kv(self, seq: _Seq, li: int, k: np.ndarray, v: np.ndarray):
-        n = k.shape[0]
-        need = seq.pos + n
-        K, V = seq.k[li], seq.v[li]
-        if K is None or K.shape[1] < need:
-            cap = max(need, 2 * (K.shape[1] if K is not None else 0), 16)
-            cap = min(cap, self.max_context) if need <= self.max_context else need
-            c = self.config
-            newK = np.empty((c.num_kv_heads, cap, c.head_dim), dtype=np.float32)
-            newV = np.empty_like(newK)
-            if K is not None:
-                newK[:, : seq.pos] = K[:, : seq.pos]
-                newV[:, : seq.pos] = V[:, : seq.pos]
-            seq.k[li], seq.v[li] = K, V = newK, newV
-        K[:, seq.pos : need] = k.transpose(1, 0, 2)
-        V[:, seq.pos : need] = v.transpose(1, 0, 2)
-        return K, V
+    def _decode_attention(self, li: int, L: _Layer, q: np.ndarray, k: np.ndarray,
+                          v: np.ndarray, segments) -> np.ndarray:
+        """Attention for one new token per sequence, as one product over the range of the
+        batch's cache slots (rows of slots outside the batch are computed and dropped)."""
+        c = self.config
+        nq, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
+        B, group = len(segments), nq // nkv
+        K, V = self._kv.k[li], self._kv.v[li]
+        slots = np.fromiter((s.slot for s, _ in segments), dtype=np.intp, count=B)
+        pos = np.fromiter((s.pos for s, _ in segments), dtype=np.intp, count=B)
+        K[slots, :, pos] = k
+        V[slots, :, pos] = v
+        first, end = int(slots.min()), int(slots.max()) + 1
+        rows = slots - first
+        span = int(pos.max()) + 1
+        if end - first == B:
+            qr = np.empty((B, nkv, group, hd), dtype=np.float32)
+            lengths = np.empty(B, dtype=np.intp)
+        else:  # slots in the range that are not in this batch: harmless filler rows
+            qr = np.zeros((end - first, nkv, group, hd), dtype=np.float32)
+            lengths = np.ones(end - first, dtype=np.intp)
+        qr[rows] = q.reshape(B, nkv, group, hd)
+        lengths[rows] = pos + 1
+        scores = np.matmul(qr, K[first:end, :, :span].transpose(0, 1, 3, 2))  # [R,nkv,g,span]
+        scores *= self.scale
+        kpos = np.arange(span)
+        valid = kpos[None, :] < lengths[:, None]
+        if L.window:
+            valid &= kpos[None, :] > lengths[:, None] - 1 - L.window
+        if not valid.all():
+            scores = np.where(valid[:, None, None, :], scores, np.float32(-np.inf))
+        scores -= scores.max(axis=-1, keepdims=True)
+        np.exp(scores, out=scores)
+        scores /= scores.sum(axis=-1, keepdims=True)
+        out = np.matmul(scores, V[first:end, :, :span])  # [R, nkv, g, hd]
+        return out[rows].reshape(B, nq * hd)
 
     def _conv(self, li: int, L: _Layer, h: np.ndarray, segments) -> np.ndarray:
         H = self.config.hidden_size
