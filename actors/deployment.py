@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from ray import serve
 
 from actors.events import Event, GenerateRequest
-from actors.worker import Worker
+from actors.worker import Worker, blas_threads_for, set_blas_threads
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,8 @@ def device_index(device: str) -> int | None:
 class ModelWorker:
     def __init__(self, *, name: str, path: str, device: str = "cpu", max_batch: int = 8,
                  kernel_dir: str | None = None, simulator_devices: list[str] | None = None,
-                 stream_interval_ms: float = 0.0, max_messages_per_s: float = 0.0):
+                 stream_interval_ms: float = 0.0, max_messages_per_s: float = 0.0,
+                 blas_threads: int | None = None):
         from npu import load_model
 
         self.name = name
@@ -58,8 +59,10 @@ class ModelWorker:
         self.worker = Worker(factory, max_batch=max_batch,
                              stream_interval_s=stream_interval_ms / 1000,
                              max_messages_per_s=max_messages_per_s)
-        log.info("worker for %s on %s%s ready", name, device,
-                 f" #{index}" if index is not None else "")
+        threads = blas_threads_for(self.worker.model.engine.weight_bytes, blas_threads)
+        set_blas_threads(threads)
+        log.info("worker for %s on %s%s ready (%d BLAS threads)", name, device,
+                 f" #{index}" if index is not None else "", threads)
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[list[Event]]:
         async for batch in self.worker.generate(request):

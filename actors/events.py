@@ -83,4 +83,39 @@ class Failed(msgspec.Struct, tag="failed", tag_field="event"):
 Event = Accepted | Rejected | Deltas | Finished | Usage | Failed
 
 __all__ = ["Accepted", "Deltas", "Event", "Failed", "Finished", "GenerateRequest", "Rejected",
-           "TokenLogprob", "Usage"]
+           "TokenLogprob", "Usage", "coalesce"]
+
+
+def coalesce(events: list[Event]) -> list[Event]:
+    """The same events with each choice's consecutive outputs joined into one Deltas (a
+    message that carries several tokens then becomes one chunk per choice): text and field
+    suffixes are concatenated, a tool call's argument pieces joined, logprobs listed in
+    order. A client folding the result gets exactly what it folds from `events`."""
+    out: list[Event] = []
+    open_: dict[int, Deltas] = {}
+    for ev in events:
+        if isinstance(ev, Deltas):
+            acc = open_.get(ev.index)
+            if acc is None:
+                acc = open_[ev.index] = Deltas(index=ev.index, deltas=list(ev.deltas),
+                                               text=ev.text,
+                                               logprobs=None if ev.logprobs is None
+                                               else list(ev.logprobs))
+                out.append(acc)
+                continue
+            for d in ev.deltas:
+                last = acc.deltas[-1] if acc.deltas else None
+                if last is not None and last.field == d.field and last.index == d.index \
+                        and not d.name:
+                    acc.deltas[-1] = Delta(field=last.field, text=last.text + d.text,
+                                           index=last.index, id=last.id, name=last.name)
+                else:
+                    acc.deltas.append(d)
+            acc.text += ev.text
+            if ev.logprobs is not None:
+                acc.logprobs = (acc.logprobs or []) + list(ev.logprobs)
+        else:
+            if isinstance(ev, Finished):
+                open_.pop(ev.index, None)
+            out.append(ev)
+    return out

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import queue
 import sys
 import threading
@@ -28,13 +29,40 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from actors.errors import RequestError
-from actors.events import Accepted, Deltas, Event, Failed, GenerateRequest, Rejected, Usage
+from actors.events import (
+    Accepted,
+    Deltas,
+    Event,
+    Failed,
+    GenerateRequest,
+    Rejected,
+    Usage,
+    coalesce,
+)
 from actors.session import Choice, Session, build_session
 from chat import GrammarEngine, detect_format
 from npu import Model
 
 log = logging.getLogger(__name__)
 PREFILL_CHUNK = 256
+# Weights up to this size stay in the CPU's caches: one BLAS thread computes them about as
+# fast as several, and leaves the other cores to the serving processes.
+CACHE_RESIDENT_BYTES = 32 << 20
+
+
+def blas_threads_for(weight_bytes: int, configured: int | None = None) -> int:
+    """BLAS threads for a worker: `configured`, else 1 for a model whose weights fit in
+    cache, else every core."""
+    if configured:
+        return configured
+    return 1 if weight_bytes <= CACHE_RESIDENT_BYTES else os.cpu_count() or 1
+
+
+def set_blas_threads(n: int) -> None:
+    """Set the process's BLAS thread count (OpenBLAS's setting is process-wide)."""
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=n, user_api="blas")
 
 
 class _End:
@@ -141,7 +169,7 @@ class Worker:
                 if end:
                     batch.pop()
                 if batch:
-                    yield batch
+                    yield coalesce(batch)
                 if end:
                     return
         finally:

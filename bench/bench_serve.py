@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import httpx  # noqa: E402
 
 from actors.events import Deltas, GenerateRequest  # noqa: E402
-from actors.worker import Worker  # noqa: E402
+from actors.worker import Worker, blas_threads_for, set_blas_threads  # noqa: E402
 from npu import load_model  # noqa: E402
 from npu.tiny import build_tiny, ensure_tiny  # noqa: E402
 
@@ -52,10 +52,12 @@ async def in_process(worker: Worker, tokens: int) -> tuple[float, float]:
     return first - t0, (tokens - 1) / (end - first)
 
 
-def _in_process_child(conn, folder: str, name: str, settings: dict) -> None:
+def _in_process_child(conn, folder: str, name: str, settings: dict,
+                      blas_threads: int | None) -> None:
     """A clean process (no Ray, no HTTP client) that runs the worker in-process on
     command: receives a token count, answers (ttft, tokens/s); None ends it."""
     worker = Worker(lambda: load_model(folder, name=name), **settings)
+    set_blas_threads(blas_threads_for(worker.model.engine.weight_bytes, blas_threads))
     while (tokens := conn.recv()) is not None:
         conn.send(asyncio.run(in_process(worker, tokens)))
     worker.close()
@@ -64,11 +66,12 @@ def _in_process_child(conn, folder: str, name: str, settings: dict) -> None:
 class InProcess:
     """The worker in its own clean process, with the served worker's settings."""
 
-    def __init__(self, folder: Path, name: str, settings: dict) -> None:
+    def __init__(self, folder: Path, name: str, settings: dict,
+                 blas_threads: int | None) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_in_process_child, args=(child, str(folder), name,
-                                                                settings), daemon=True)
+        self.proc = ctx.Process(target=_in_process_child, daemon=True,
+                                args=(child, str(folder), name, settings, blas_threads))
         self.proc.start()
 
     def run(self, tokens: int) -> tuple[float, float]:
@@ -122,7 +125,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer tokens and streams (CI)")
     ap.add_argument("--blas-threads", type=int, default=0,
-                    help="the workers' blas_threads setting (0: the app default, all cores)")
+                    help="the workers' blas_threads setting (0: the app default)")
     ap.add_argument("--stream-interval-ms", type=float, default=None,
                     help="the workers' stream_interval_ms (default: the app's default)")
     ap.add_argument("--max-messages-per-s", type=float, default=None,
@@ -157,7 +160,7 @@ def main() -> int:
         {"name": "flm-tiny", "path": str(tiny), "max_batch": 32, "max_queued": 64, **opts},
         {"name": "medium", "path": str(medium), "max_batch": 4, **opts}]}), name="bench",
         route_prefix="/")
-    # the in-process worker gets the served worker's settings (and BLAS threads)
+    # the in-process worker gets the served worker's settings and BLAS threads
     entry = ModelEntry(name="x", path="x", **opts)
     settings = {"stream_interval_s": entry.stream_interval_ms / 1000,
                 "max_messages_per_s": entry.max_messages_per_s}
@@ -176,7 +179,7 @@ def main() -> int:
             print(f"GET /health through Serve (the HTTP path's floor): "
                   f"{1000 * statistics.median(floor):.1f} ms median")
             for name, folder in (("flm-tiny", tiny), ("medium", medium)):
-                worker = InProcess(folder, name, settings)
+                worker = InProcess(folder, name, settings, entry.blas_threads)
                 worker.run(8)  # warm up both paths
                 await over_http(client, name, 8)
                 inp, http = [], []

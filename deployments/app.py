@@ -11,6 +11,12 @@ from actors.deployment import ModelWorker
 from deployments.ingress import make_ingress
 
 
+# Our replicas' handlers never block their event loop, so Serve may run them on the
+# replica's main loop instead of a second loop in another thread: one thread hop less for
+# every message of a stream.
+SERVE_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
+
+
 class ModelEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """One served model.
 
@@ -30,9 +36,9 @@ class ModelEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         kernel_dir: NPU: the GEMM kernel directory (manifest.json, xclbin, insts.bin).
         simulator_devices: testing only: run "npu" workers on the pyxrt simulator with
             these device names instead of the driver.
-        blas_threads: BLAS threads in the worker (None: this host's core count). Ray
-            starts actors with OMP_NUM_THREADS=1, which OpenBLAS obeys, so the worker sets
-            its thread count explicitly.
+        blas_threads: BLAS threads in the worker (None: 1 for a model whose weights fit in
+            the CPU's caches, where more threads only take cores from the serving
+            processes, else this host's core count).
     """
 
     name: str
@@ -84,9 +90,11 @@ def build_app(args: dict[str, Any] | None = None):
         actor: dict[str, Any] = {"num_cpus": 0}
         if device == "npu":
             actor["resources"] = {"NPU": 1}
+        # Ray starts actors with OMP_NUM_THREADS=1, which OpenBLAS obeys: give the worker's
+        # BLAS every core at start; the worker then sets the count it wants
         n = str(m.blas_threads or os.cpu_count() or 1)
         actor["runtime_env"] = {"env_vars": {"OPENBLAS_NUM_THREADS": n, "OMP_NUM_THREADS": n,
-                                             "MKL_NUM_THREADS": n}}
+                                             "MKL_NUM_THREADS": n, **SERVE_ENV}}
         workers[m.name] = ModelWorker.options(
             name=f"worker-{m.name}", num_replicas=m.replicas, max_ongoing_requests=m.max_batch,
             max_queued_requests=m.max_queued, ray_actor_options=actor,
@@ -94,9 +102,11 @@ def build_app(args: dict[str, Any] | None = None):
         ).bind(name=m.name, path=m.path, device=device, max_batch=m.max_batch,
                kernel_dir=m.kernel_dir, simulator_devices=m.simulator_devices,
                stream_interval_ms=m.stream_interval_ms,
-               max_messages_per_s=m.max_messages_per_s)
+               max_messages_per_s=m.max_messages_per_s, blas_threads=m.blas_threads)
     settings = {"api_key": cfg.api_key, "max_request_bytes": cfg.max_request_bytes}
     ingress = make_ingress({"cors_origins": cfg.cors_origins})
     return ingress.options(name="openai-ingress", num_replicas=cfg.ingress_replicas,
                            max_ongoing_requests=1000,
-                           ray_actor_options={"num_cpus": 0}).bind(workers, settings)
+                           ray_actor_options={"num_cpus": 0,
+                                              "runtime_env": {"env_vars": SERVE_ENV}},
+                           ).bind(workers, settings)

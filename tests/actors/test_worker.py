@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -122,5 +123,30 @@ def test_stream_interval_sends_events_together(tmp_path) -> None:
     batches = asyncio.run(run())
     events = [e for b in batches for e in b]
     assert isinstance(batches[0][0], Accepted) and isinstance(events[-1], Usage)
-    assert len(batches) < len(events) / 3  # most messages carry several events
+    assert events[-1].completion_tokens == 60
+    assert len(batches) < 60 / 3  # most messages carry several tokens
+    w.close()
+
+
+def test_many_streams_share_a_message_budget(tmp_path) -> None:
+    folder = ensure_tiny(tmp_path / "cache")
+    w = Worker(lambda: load_model(folder), max_batch=8, max_messages_per_s=20)
+    assert w.interval(8) == pytest.approx(0.4) and w.interval(1) == pytest.approx(0.05)
+
+    async def one(i: int) -> list:
+        req = GenerateRequest(request_id=f"m{i}", kind="completion", prompt="The river",
+                              max_tokens=80, seed=i, ignore_eos=True)
+        return [batch async for batch in w.generate(req)]
+
+    async def run():
+        t0 = time.perf_counter()
+        out = await asyncio.gather(*[one(i) for i in range(8)])
+        return out, time.perf_counter() - t0
+
+    streams, seconds = asyncio.run(run())
+    for batches in streams:
+        events = [e for b in batches for e in b]
+        assert isinstance(events[-1], Usage) and events[-1].completion_tokens == 80
+        # the first output, then at most one message per interval, then the end
+        assert len(batches) <= 2 + seconds / w.interval(8) + 1
     w.close()
