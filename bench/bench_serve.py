@@ -133,7 +133,7 @@ def main() -> int:
     args = ap.parse_args()
     tokens = 48 if args.quick else 256
     streams = 8 if args.quick else 32
-    rounds = 1 if args.quick else 3
+    rounds = 1 if args.quick else 5
     cache = Path(tempfile.mkdtemp(prefix="flm-bench-"))
     os.environ["FLM_CACHE"] = str(cache)
     tiny = ensure_tiny(cache)
@@ -189,11 +189,15 @@ def main() -> int:
                 worker.close()
                 ttft_in, rate_in = (statistics.median(x) for x in zip(*inp))
                 ttft_http, rate_http = (statistics.median(x) for x in zip(*http))
+                # each round's pair measured back to back: the median of the paired ratios
+                # (and differences) is steadier than a ratio of medians on a noisy machine
+                ratio = statistics.median(h[1] / i[1] for i, h in zip(inp, http))
+                added = statistics.median(h[0] - i[0] for i, h in zip(inp, http))
                 print(f"{name:9s} in-process {rate_in:8.1f} tok/s ({1000 / rate_in:6.2f} ms/tok)"
-                      f" | HTTP stream {rate_http:8.1f} tok/s | ratio {rate_http / rate_in:.3f}"
+                      f" | HTTP stream {rate_http:8.1f} tok/s | ratio {ratio:.3f}"
                       f" | TTFT in-process {1000 * ttft_in:5.1f} ms, HTTP "
-                      f"{1000 * ttft_http:5.1f} ms, added {1000 * (ttft_http - ttft_in):5.1f} ms"
-                      f" (medians of {rounds})")
+                      f"{1000 * ttft_http:5.1f} ms, added {1000 * added:5.1f} ms"
+                      f" (medians of {rounds} paired rounds)")
             await concurrent(client, 4, 8)
             agg = await concurrent(client, streams, tokens)
             seq = await sequential(client, streams, tokens)
