@@ -61,9 +61,11 @@ class Choice:
         c = self.constraint
         self.masked = bool(c is not None and c.active and c.fill_mask(self.mask))
 
-    def take(self, logits: np.ndarray) -> list[Event]:
-        """Sample from `logits` and turn the token into events."""
-        token = self.sampler.sample(logits, self.mask if self.masked else None)
+    def take(self, logits: np.ndarray, token: int | None = None) -> list[Event]:
+        """Sample from `logits` (unless the batch's sampling already drew `token`) and turn
+        the token into events."""
+        if token is None:
+            token = self.sampler.sample(logits, self.mask if self.masked else None)
         s = self.session
         if self.constraint is not None:
             self.constraint.accept(token)

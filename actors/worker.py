@@ -42,6 +42,7 @@ from actors.events import (
 from actors.session import Choice, Session, build_session
 from chat import GrammarEngine, detect_format
 from npu import Model
+from npu.sampler import sample_rows
 
 log = logging.getLogger(__name__)
 PREFILL_CHUNK = 256
@@ -316,12 +317,17 @@ class Worker:
         """One token for every running choice; returns the outboxes of ended sessions."""
         batch: list[Choice] = [c for s in running for c in s.choices if not c.done]
         if batch:
-            masks = self._masks.submit(lambda: [c.prepare_mask() for c in batch])
+            constrained = [c for c in batch if c.constraint is not None]
+            masks = (self._masks.submit(lambda: [c.prepare_mask() for c in constrained])
+                     if constrained else None)
             logits = self.model.engine.decode([c.seq_id for c in batch],
                                               [c.next_token for c in batch])
-            masks.result()
+            if masks is not None:
+                masks.result()
+            tokens = sample_rows([c.sampler for c in batch], logits,
+                                 [c.mask if c.masked else None for c in batch])
             for row, c in enumerate(batch):
-                outboxes[c.session.id].pending += c.take(logits[row])
+                outboxes[c.session.id].pending += c.take(logits[row], tokens[row])
         ended = [s for s in running if s.done]
         for session in ended:
             running.remove(session)

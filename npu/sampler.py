@@ -116,6 +116,74 @@ class Sampler:
         return int(np.argmax(x))
 
 
+def sample_rows(samplers: list[Sampler], logits: np.ndarray,
+                masks: list[np.ndarray | None] | None = None) -> list[int]:
+    """One token for each row of `logits` [B, V] from that row's sampler: the tokens (and
+    random draws) are exactly those of calling each sampler's `sample` in turn, but rows
+    with the same plain options (no penalties, no mask, no top-k or min-p) go through one
+    set of array operations, so a decode step samples its batch in a few calls.
+    """
+    masks = masks if masks is not None else [None] * len(samplers)
+    tokens = [0] * len(samplers)
+    groups: dict[tuple[float, float], list[int]] = {}
+    for i, (smp, mask) in enumerate(zip(samplers, masks)):
+        p = smp.params
+        if (mask is None and not smp._penalized and not p.top_k and p.min_p <= 0.0
+                and p.temperature > 0.0 and smp.vocab_size == logits.shape[1]):
+            groups.setdefault((p.temperature, p.top_p), []).append(i)
+        else:
+            tokens[i] = smp.sample(logits[i], mask)
+    for (temperature, top_p), rows in groups.items():
+        if len(rows) == 1:
+            tokens[rows[0]] = samplers[rows[0]].sample(logits[rows[0]])
+            continue
+        x = logits[rows] / np.float32(temperature)
+        top = x.max(axis=1)
+        finite = np.isfinite(top)  # other rows are answered as one-row sampling does
+        with np.errstate(all="ignore"):
+            probs = np.exp(x - np.where(finite, top, 0)[:, None])
+            probs /= probs.sum(axis=1, keepdims=True)
+            if top_p < 1.0:
+                picked = _top_p_rows(probs, top_p)
+            else:
+                picked = [(None, cum) for cum in np.cumsum(probs, axis=1)]
+        for j, i in enumerate(rows):
+            if not finite[j]:
+                tokens[i] = _nanargmax(x[j])
+                continue
+            ids, cum = picked[j]
+            total = cum[-1]
+            if not np.isfinite(total) or total <= 0:
+                tokens[i] = int(np.argmax(x[j]))
+                continue
+            draw = samplers[i].rng.random() * total
+            pick = min(int(np.count_nonzero(cum <= draw)), cum.size - 1)
+            tokens[i] = int(ids[pick]) if ids is not None else pick
+    return tokens
+
+
+def _top_p_rows(probs: np.ndarray, top_p: float) -> list[tuple[np.ndarray, np.ndarray]]:
+    """`_top_p` for every row of `probs` at once: per row (ids, cumulative mass)."""
+    n = probs.shape[1]
+    target = top_p * probs.sum(axis=1)
+    k = min(64, n)
+    idx = np.argpartition(-probs, k - 1, axis=1)[:, :k] if k < n else \
+        np.broadcast_to(np.arange(n), probs.shape)
+    vals = np.take_along_axis(probs, idx, axis=1)
+    order = np.argsort(-vals, axis=1, kind="stable")
+    idx = np.take_along_axis(idx, order, axis=1)
+    cum = np.cumsum(np.take_along_axis(vals, order, axis=1), axis=1)
+    out = []
+    for j in range(probs.shape[0]):
+        if cum[j, -1] >= target[j] or k >= n:
+            cut = int(np.count_nonzero(cum[j] < target[j])) + 1
+            out.append((idx[j, :cut], cum[j, :cut]))
+        else:  # the mass is spread wider than k tokens: the one-row search widens k
+            ids, weights = _top_p(probs[j], top_p)
+            out.append((ids, np.cumsum(weights)))
+    return out
+
+
 def _top_p(probs: np.ndarray, top_p: float) -> tuple[np.ndarray, np.ndarray]:
     """The smallest set of most likely tokens whose mass reaches `top_p`, most likely
     first: (ids, their probabilities).

@@ -104,3 +104,35 @@ def test_sampling_follows_the_distribution() -> None:
     assert np.allclose(draws / 4000, probs, atol=0.03) and draws[3] == 0
     s = Sampler(SamplingParams(seed=0, top_p=0.75), 4)
     assert {s.sample(np.log(probs + 1e-30)) for _ in range(300)} == {0, 1}
+
+
+OPTIONS = [dict(temperature=0.7, top_p=0.9), dict(temperature=0.7, top_p=0.9),
+           dict(temperature=1.0), dict(temperature=1.3, top_p=0.5), dict(temperature=0.0),
+           dict(temperature=0.7, top_p=0.9, repetition_penalty=1.3), dict(top_k=5),
+           dict(temperature=2.0, top_p=0.999), dict(temperature=0.7, top_p=0.9, min_p=0.1)]
+
+
+@pytest.mark.parametrize("vocab", [50, 300, 2000])
+def test_batched_sampling_draws_what_one_row_at_a_time_draws(vocab: int) -> None:
+    from npu.sampler import sample_rows
+
+    rng = np.random.default_rng(vocab)
+    rows = len(OPTIONS) * 3
+    pairs = []
+    for r in range(rows):
+        params = SamplingParams(seed=r, **OPTIONS[r % len(OPTIONS)])
+        pairs.append((Sampler(params, vocab, [1, 2]), Sampler(params, vocab, [1, 2])))
+    for step in range(30):
+        logits = (rng.standard_normal((rows, vocab)) * (1 + step % 4)).astype(np.float32)
+        logits[0, :] = 1.0  # ties everywhere
+        logits[3, 7] = np.nan if step % 5 == 0 else logits[3, 7]
+        logits[4, :] = -np.inf if step % 7 == 0 else logits[4, :]
+        if step % 3 == 0:  # mass spread wider than the first candidates looked at
+            logits[1, :] = 0.001 * rng.standard_normal(vocab).astype(np.float32)
+        masks = [_mask([1, 3, 5], vocab) if r == 2 and step % 2 else None for r in range(rows)]
+        one = [a.sample(logits[r], masks[r]) for r, (a, _) in enumerate(pairs)]
+        many = sample_rows([b for _, b in pairs], logits, masks)
+        assert many == one
+        for (a, b), t in zip(pairs, one):
+            a.accept(t)
+            b.accept(t)
