@@ -97,7 +97,9 @@ class _KVPool:
             cap = min(cap, self.max_context) if need <= self.max_context else need
         for li in self.layers:
             for store in (self.k, self.v):
-                new = np.empty((slots, self.kv_heads, cap, self.head_dim), dtype=np.float32)
+                # zeros, not empty: a decode batch reads past shorter sequences' ends (their
+                # weights there are 0, but 0 * NaN from uninitialised memory would be NaN)
+                new = np.zeros((slots, self.kv_heads, cap, self.head_dim), dtype=np.float32)
                 old = store[li]
                 if old is not None:
                     new[: self.slots, :, : self.capacity] = old

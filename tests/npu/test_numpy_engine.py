@@ -143,6 +143,33 @@ def test_batched_decode_equals_one_at_a_time(oracle_models) -> None:
         assert _rel(batch[i], single[i]) < 1e-5
 
 
+@pytest.mark.parametrize("name", ["gemma3", "qwen3"])
+def test_batches_with_gaps_and_reused_slots_match_the_oracle(oracle_models, name: str) -> None:
+    """Sequences come and go: a batch whose cache slots have gaps (a released sequence, one
+    still waiting for its prompt) and a new sequence in a reused slot all decode exactly as
+    transformers does; the whole cache is returned when the last one goes."""
+    folder, ids, ref = oracle_models[name]
+    engine = _engine(folder)
+    engine.prefill("a", ids[:4])
+    engine.prefill("gone", ids[:6])
+    engine.prefill("b", ids[:8])
+    engine.prefill("waiting", ids[:2])  # in the slot range, not in the batches below
+    engine.release("gone")
+    engine.prefill("new", ids[:10])  # takes the freed slot
+    at = {"a": 4, "b": 8, "new": 10}
+    for _ in range(6):
+        names = sorted(at, reverse=True)  # not in slot order
+        out = engine.decode(names, [ids[at[n]] for n in names])
+        for row, n in enumerate(names):
+            assert _rel(out[row], ref[at[n]]) < TOL
+            at[n] += 1
+    engine.fork("b", "b2")
+    assert _rel(engine.decode(["b2"], [ids[at["b"]]])[0], ref[at["b"]]) < TOL
+    for n in ("a", "b", "new", "waiting", "b2"):
+        engine.release(n)
+    assert engine._kv.slots == 0 and all(k is None for k in engine._kv.k)
+
+
 def test_chunked_prefill_equals_one_chunk(oracle_models, monkeypatch) -> None:
     folder, ids, ref = oracle_models["lfm2"]
     engine = _engine(folder)
