@@ -3,9 +3,9 @@
 `generate(request)` is an async generator of events. Requests become sessions (built in a
 helper thread: template, tokens, grammar compile), which a single decode thread steps
 together: new prompts are prefilled in chunks between decode steps so running streams keep
-flowing, every running sequence advances in one batched forward, and the grammar masks
-for the batch are computed in a second thread while that forward runs (xgrammar and BLAS
-both release the GIL). A session whose consumer goes away is cancelled at the next step,
+flowing (several short prompts share one prefill forward), every running sequence advances
+in one batched forward, and the grammar masks for the batch are computed in a second
+thread while that forward runs (xgrammar and BLAS both release the GIL). A session whose consumer goes away is cancelled at the next step,
 and its KV cache and slot are freed.
 
 The decode thread also paces delivery: a stream's events wait in its outbox and go out
@@ -223,18 +223,8 @@ class Worker:
                 self.active = len(running) + len(waiting)
                 if not waiting and not running:
                     continue
-                # one prefill chunk per step, for the oldest waiting session with room
-                if waiting and self._running_seqs(running) + len(waiting[0].choices) \
-                        <= max(self.max_batch, len(waiting[0].choices)):
-                    session = waiting[0]
-                    ended: list[_Outbox] = []
-                    if self._prefill_chunk(session, outboxes[session.id]):
-                        waiting.pop(0)
-                        if session.done:
-                            ended.append(self._close(session, outboxes))
-                        else:
-                            running.append(session)
-                    self._deliver(outboxes, ended)  # a first token goes out before the step
+                if waiting:  # a first token goes out before the decode step
+                    self._deliver(outboxes, self._prefill_step(waiting, running, outboxes))
                 if running:
                     self._deliver(outboxes, self._decode_step(running, outboxes))
                 self.active = len(running) + len(waiting)
@@ -296,21 +286,52 @@ class Worker:
         outbox.put(_End)
         return outbox
 
-    def _prefill_chunk(self, session: Session, outbox: _Outbox) -> bool:
-        """Prefill one chunk; True when the prompt is done (and first tokens sampled)."""
+    def _prefill_step(self, waiting: list[Session], running: list[Session],
+                      outboxes: dict[int, _Outbox]) -> list[_Outbox]:
+        """Prefill the oldest waiting prompt's next chunk and, in the same forward, each
+        following prompt that fits whole in the rest of the chunk budget and of the batch.
+        A session whose prompt is done samples its first tokens and starts running.
+        Returns the outboxes of sessions that ended on their first token."""
+        seqs = self._running_seqs(running)
+        budget = PREFILL_CHUNK
+        picked: list[tuple[Session, int]] = []
+        for session in waiting:
+            n = len(session.choices)
+            left = len(session.prompt_ids) - session.prefilled
+            if not picked:
+                if seqs + n > max(self.max_batch, n):
+                    break
+            elif left > budget or seqs + n > self.max_batch:
+                break
+            picked.append((session, min(left, budget)))
+            budget -= picked[-1][1]
+            seqs += n
+            if budget <= 0:
+                break
+        if not picked:
+            return []
         engine = self.model.engine
-        first = session.choices[0]
-        ids = session.prompt_ids[session.prefilled : session.prefilled + PREFILL_CHUNK]
-        logits = engine.prefill(first.seq_id, ids)
-        session.prefilled += len(ids)
-        if session.prefilled < len(session.prompt_ids):
-            return False
-        for c in session.choices[1:]:
-            engine.fork(first.seq_id, c.seq_id)
-        for c in session.choices:
-            c.prepare_mask()
-            outbox.pending += c.take(logits)
-        return True
+        logits = engine.prefill_many(
+            [(s.choices[0].seq_id, s.prompt_ids[s.prefilled : s.prefilled + take])
+             for s, take in picked])
+        ended: list[_Outbox] = []
+        for row, (session, take) in enumerate(picked):
+            session.prefilled += take
+            if session.prefilled < len(session.prompt_ids):
+                continue
+            waiting.remove(session)
+            first = session.choices[0]
+            for c in session.choices[1:]:
+                engine.fork(first.seq_id, c.seq_id)
+            outbox = outboxes[session.id]
+            for c in session.choices:
+                c.prepare_mask()
+                outbox.pending += c.take(logits[row])
+            if session.done:
+                ended.append(self._close(session, outboxes))
+            else:
+                running.append(session)
+        return ended
 
     def _decode_step(self, running: list[Session], outboxes: dict[int, _Outbox]
                      ) -> list[_Outbox]:

@@ -232,6 +232,25 @@ class NumpyEngine:
         assert logits is not None
         return logits[0]
 
+    def prefill_many(self, items: Sequence[tuple[object, Sequence[int]]]) -> np.ndarray:
+        """Prompt pieces of several sequences in one forward (one pass over the weights for
+        all of them); returns each one's next-token logits [len(items), V]. Each piece
+        should be at most PREFILL_CHUNK tokens."""
+        if len({sid for sid, _ in items}) != len(items):
+            raise ValueError("prefill_many takes each sequence once")
+        segments, ids = [], []
+        for sid, piece in items:
+            if len(piece) == 0:
+                raise ValueError("prefill needs at least one token")
+            seq = self._seqs.get(sid)
+            if seq is None:
+                seq = self._seqs[sid] = _Seq(len(self.layers), self._kv.alloc())
+            self._check_room(seq, len(piece))
+            segments.append((seq, len(piece)))
+            ids.extend(piece)
+        self._kv.reserve(max(s.slot for s, _ in segments), max(s.pos + n for s, n in segments))
+        return self._forward(np.asarray(ids, dtype=np.int64), segments)
+
     def decode(self, seq_ids: Sequence[object], tokens: Sequence[int]) -> np.ndarray:
         """One token for each sequence, all in one forward; returns logits [B, V]."""
         seqs = []

@@ -150,3 +150,23 @@ def test_many_streams_share_a_message_budget(tmp_path) -> None:
         # the first output, then at most one message per interval, then the end
         assert len(batches) <= 2 + seconds / w.interval(8) + 1
     w.close()
+
+
+def test_concurrent_requests_get_what_they_get_alone(worker) -> None:
+    """Prompts prefilled together and decoded in one batch (sampled together) give each
+    request the same tokens as running it alone with the same seed."""
+    prompts = ["The river", "Once upon a time there was a small boat", "A", "Numbers: 1 2 3"]
+
+    async def one(i: int) -> str:
+        req = GenerateRequest(request_id=f"c{i}", kind="completion", prompt=prompts[i % 4],
+                              max_tokens=24, seed=i, ignore_eos=True, temperature=0.8)
+        return "".join(e.text for b in [b async for b in worker.generate(req)] for e in b
+                       if isinstance(e, Deltas))
+
+    async def together():
+        return await asyncio.gather(*[one(i) for i in range(6)])
+
+    async def alone():
+        return [await one(i) for i in range(6)]
+
+    assert asyncio.run(together()) == asyncio.run(alone())

@@ -170,6 +170,20 @@ def test_batches_with_gaps_and_reused_slots_match_the_oracle(oracle_models, name
     assert engine._kv.slots == 0 and all(k is None for k in engine._kv.k)
 
 
+@pytest.mark.parametrize("name", ["lfm2", "gemma3"])
+def test_prompts_prefilled_together_match_the_oracle(oracle_models, name: str) -> None:
+    folder, ids, ref = oracle_models[name]
+    engine = _engine(folder)
+    engine.prefill("started", ids[:3])
+    out = engine.prefill_many([("started", ids[3:9]), ("one", ids[:1]), ("new", ids[:12])])
+    for row, end in enumerate((9, 1, 12)):
+        assert _rel(out[row], ref[end - 1]) < TOL
+    out = engine.decode(["new", "started"], [ids[12], ids[9]])
+    assert _rel(out[0], ref[12]) < TOL and _rel(out[1], ref[9]) < TOL
+    with pytest.raises(ValueError):
+        engine.prefill_many([("x", ids[:2]), ("x", ids[2:4])])
+
+
 def test_chunked_prefill_equals_one_chunk(oracle_models, monkeypatch) -> None:
     folder, ids, ref = oracle_models["lfm2"]
     engine = _engine(folder)
