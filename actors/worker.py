@@ -5,8 +5,8 @@ helper thread: template, tokens, grammar compile), which a single decode thread 
 together: new prompts are prefilled in chunks between decode steps so running streams keep
 flowing (several short prompts share one prefill forward), every running sequence advances
 in one batched forward, and the grammar masks for the batch are computed in a second
-thread while that forward runs (xgrammar and BLAS both release the GIL). A session whose consumer goes away is cancelled at the next step,
-and its KV cache and slot are freed.
+thread while that forward runs (xgrammar and BLAS both release the GIL). A session whose
+consumer goes away is cancelled at the next step, and its KV cache and slot are freed.
 
 The decode thread also paces delivery: a stream's events wait in its outbox and go out
 together at most once per stream interval (its first token and its end at once), and all

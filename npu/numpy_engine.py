@@ -37,9 +37,9 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
 
 
 class _Layer:
-    __slots__ = ("index", "kind", "norm_in", "norm_post_attn", "norm_pre_ff", "norm_post_ff", "wqkv",
-                 "bqkv", "wo", "q_norm", "k_norm", "in_proj", "conv", "out_proj", "w_gate_up",
-                 "w_down", "inv_freq", "window")
+    __slots__ = ("index", "kind", "norm_in", "norm_post_attn", "norm_pre_ff", "norm_post_ff",
+                 "wqkv", "bqkv", "wo", "q_norm", "k_norm", "in_proj", "conv", "out_proj",
+                 "w_gate_up", "w_down", "inv_freq", "window")
 
 
 class _Seq:
