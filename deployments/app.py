@@ -11,12 +11,6 @@ from actors.deployment import ModelWorker
 from deployments.ingress import make_ingress
 
 
-# Our replicas' handlers never block their event loop, so Serve may run them on the
-# replica's main loop instead of a second loop in another thread: one thread hop less for
-# every message of a stream.
-SERVE_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
-
-
 class ModelEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """One served model.
 
@@ -94,7 +88,7 @@ def build_app(args: dict[str, Any] | None = None):
         # BLAS every core at start; the worker then sets the count it wants
         n = str(m.blas_threads or os.cpu_count() or 1)
         actor["runtime_env"] = {"env_vars": {"OPENBLAS_NUM_THREADS": n, "OMP_NUM_THREADS": n,
-                                             "MKL_NUM_THREADS": n, **SERVE_ENV}}
+                                             "MKL_NUM_THREADS": n}}
         workers[m.name] = ModelWorker.options(
             name=f"worker-{m.name}", num_replicas=m.replicas, max_ongoing_requests=m.max_batch,
             max_queued_requests=m.max_queued, ray_actor_options=actor,
@@ -107,6 +101,4 @@ def build_app(args: dict[str, Any] | None = None):
     ingress = make_ingress({"cors_origins": cfg.cors_origins})
     return ingress.options(name="openai-ingress", num_replicas=cfg.ingress_replicas,
                            max_ongoing_requests=1000,
-                           ray_actor_options={"num_cpus": 0,
-                                              "runtime_env": {"env_vars": SERVE_ENV}},
-                           ).bind(workers, settings)
+                           ray_actor_options={"num_cpus": 0}).bind(workers, settings)
