@@ -220,16 +220,11 @@ class NumpyEngine:
         ids = np.asarray(ids, dtype=np.int64)
         if ids.size == 0:
             raise ValueError("prefill needs at least one token")
-        seq = self._seqs.get(seq_id)
-        if seq is None:
-            seq = self._seqs[seq_id] = _Seq(len(self.layers), self._kv.alloc())
-        self._check_room(seq, ids.size)
+        seq = self._seq(seq_id)
+        self._check_room(seq, ids.size)  # the whole prompt, before any of it runs
         self._kv.reserve(seq.slot, seq.pos + ids.size)
-        logits = None
         for start in range(0, ids.size, PREFILL_CHUNK):
-            chunk = ids[start : start + PREFILL_CHUNK]
-            logits = self._forward(chunk, [(seq, chunk.size)])
-        assert logits is not None
+            logits = self.prefill_many([(seq_id, ids[start : start + PREFILL_CHUNK])])
         return logits[0]
 
     def prefill_many(self, items: Sequence[tuple[object, Sequence[int]]]) -> np.ndarray:
@@ -242,14 +237,19 @@ class NumpyEngine:
         for sid, piece in items:
             if len(piece) == 0:
                 raise ValueError("prefill needs at least one token")
-            seq = self._seqs.get(sid)
-            if seq is None:
-                seq = self._seqs[sid] = _Seq(len(self.layers), self._kv.alloc())
+            seq = self._seq(sid)
             self._check_room(seq, len(piece))
             segments.append((seq, len(piece)))
             ids.extend(piece)
         self._kv.reserve(max(s.slot for s, _ in segments), max(s.pos + n for s, n in segments))
         return self._forward(np.asarray(ids, dtype=np.int64), segments)
+
+    def _seq(self, seq_id: object) -> _Seq:
+        """The sequence `seq_id`, started (with a cache slot) if it is new."""
+        seq = self._seqs.get(seq_id)
+        if seq is None:
+            seq = self._seqs[seq_id] = _Seq(len(self.layers), self._kv.alloc())
+        return seq
 
     def decode(self, seq_ids: Sequence[object], tokens: Sequence[int]) -> np.ndarray:
         """One token for each sequence, all in one forward; returns logits [B, V]."""
