@@ -33,6 +33,7 @@ from actors.worker import Worker, blas_threads_for, set_blas_threads  # noqa: E4
 from npu import load_model  # noqa: E402
 from npu.tiny import build_tiny, ensure_tiny  # noqa: E402
 
+SETTLE_S = 0.5  # between measured runs (see the paired rounds in main)
 MSG = [{"role": "user", "content": "Tell me a long story about the sea."}]
 PROMPT = "The little robot watched the quiet harbour"
 MEDIUM = {"hidden_size": 768, "intermediate_size": 2304, "num_hidden_layers": 12,
@@ -184,7 +185,13 @@ def main() -> int:
                 await over_http(client, name, 8)
                 inp, http = [], []
                 for _ in range(rounds):  # interleaved: the machine's drift hits both
+                    # OpenBLAS's threads spin for about 0.1 s after their last product: on
+                    # 2 cores the other side's spinning threads would halve the next
+                    # run's first steps (session 2 measured that as 100 ms of "added"
+                    # TTFT on the medium model), so each side starts on a quiet machine
+                    await asyncio.sleep(SETTLE_S)
                     inp.append(worker.run(tokens))
+                    await asyncio.sleep(SETTLE_S)
                     http.append(await over_http(client, name, tokens))
                 worker.close()
                 ttft_in, rate_in = (statistics.median(x) for x in zip(*inp))

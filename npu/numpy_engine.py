@@ -328,6 +328,12 @@ class NumpyEngine:
         """x @ W.T for the named weight of a layer (or the lm_head): the one place a
         linear layer is computed, which other engines replace."""
         w = self.lm_head if layer is None else getattr(layer, name)
+        if 1 < len(x) <= 32:
+            # OpenBLAS computes x @ w.T for a few rows at 3-4x the cost of one row; w @ x.T
+            # is 20-40% faster for 2-32 rows of a cache-sized weight (batched decode, short
+            # prompts); one row is a matrix-vector product either way, and long prompt
+            # chunks are faster as x @ w.T
+            return (w @ x.T).T
         return x @ w.T
 
     def _attention(self, li: int, L: _Layer, h: np.ndarray, segments, cos, sin) -> np.ndarray:
