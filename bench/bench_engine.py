@@ -3,7 +3,9 @@ this machine's memory bandwidth measured in the same run.
 
 Printed: decode tokens/s for one sequence and its ratio to the bandwidth bound (weight bytes
 per token / bandwidth); aggregate tokens/s for 8 concurrent sequences and its ratio to one;
-prefill tokens/s for a 512-token prompt; peak memory against the fp32 weights plus KV cache.
+prefill tokens/s for a 512-token prompt; peak memory against the fp32 weights plus KV cache;
+then the sampler's cost per decode step (`sample_rows` for a batch vs one row at a time) at
+this vocabulary and at a small one.
 
     python bench/bench_engine.py            # Qwen3-0.6B shapes (about 3 GB of fp32 weights)
     python bench/bench_engine.py --quick    # a small model, to check the script works
@@ -22,6 +24,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from npu import NumpyEngine, config_from_json  # noqa: E402
+from npu.sampler import Sampler, SamplingParams, sample_rows  # noqa: E402
+
+SAMPLING = {"plain": {"temperature": 0.7, "top_p": 0.9},
+            "top-k + penalty": {"temperature": 0.8, "top_k": 40, "top_p": 0.9,
+                                "repetition_penalty": 1.1}}
 
 QWEN3_06B = {"architectures": ["Qwen3ForCausalLM"], "hidden_size": 1024,
              "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
@@ -90,6 +97,26 @@ def decode_rate(engine: NumpyEngine, batch: int, steps: int, prompt: list[int]) 
     return batch * steps / dt
 
 
+def sampling_ms(vocab: int, rows: int, options: dict, repeat: int) -> tuple[float, float]:
+    """Milliseconds per decode step to sample `rows` rows: (sample_rows, one at a time)."""
+    logits = np.random.default_rng(2).standard_normal((rows, vocab), dtype=np.float32) * 3
+    prompt = list(range(200))
+    both = []
+    for batched in (True, False):
+        samplers = [Sampler(SamplingParams(seed=i, **options), vocab, prompt)
+                    for i in range(rows)]
+        t0 = time.perf_counter()
+        for r in range(repeat + 1):
+            if r == 1:  # the first round warms up
+                t0 = time.perf_counter()
+            if batched:
+                sample_rows(samplers, logits)
+            else:
+                [s.sample(logits[i]) for i, s in enumerate(samplers)]
+        both.append((time.perf_counter() - t0) / repeat * 1000)
+    return both[0], both[1]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a small model (CI)")
@@ -126,6 +153,13 @@ def main() -> int:
     print(f"prefill, 512 tokens:  {rate:7.1f} tok/s")
     print(f"peak memory above the interpreter {peak / 1e9:.2f} GB = "
           f"{peak / (weight_bytes + kv_bytes):.2f}x (fp32 weights + KV cache) (target <= 1.3)")
+    for vocab in (raw["vocab_size"], 1920):
+        for name, options in SAMPLING.items():
+            for rows in (8, 32):
+                batched, single = sampling_ms(vocab, rows, options, 5 if args.quick else 20)
+                print(f"sampling {rows:2d} rows, vocab {vocab:6d}, {name:15s}: batched "
+                      f"{batched:6.2f} ms, one row at a time {single:6.2f} ms "
+                      f"({single / batched:.2f}x)")
     return 0
 
 

@@ -61,6 +61,13 @@ class Sampler:
 
     def sample(self, logits: np.ndarray, mask: np.ndarray | None = None) -> int:
         """One token from `logits` [V] (not modified), under `mask` if given."""
+        x, allowed = self._prepare(logits, mask)
+        return self._checked(self._draw(x), logits, allowed)
+
+    def _prepare(self, logits: np.ndarray, mask: np.ndarray | None
+                 ) -> tuple[np.ndarray, np.ndarray | None]:
+        """A float32 copy of the logits with the penalties and the mask applied, and the
+        allowed tokens (None without a mask)."""
         p = self.params
         x = np.array(logits[: self.vocab_size], dtype=np.float32, copy=True)
         if self._penalized:
@@ -74,9 +81,12 @@ class Sampler:
         if mask is not None:
             allowed = allowed_from_mask(mask, self.vocab_size)
             x[~allowed] = -np.inf
-        token = self._draw(x)
+        return x, allowed
+
+    def _checked(self, token: int, logits: np.ndarray, allowed: np.ndarray | None) -> int:
+        """`token`, or the best allowed token if it lies outside the mask (NaN logits)."""
         if allowed is not None and not allowed[token]:
-            token = self._best_allowed(logits, allowed)
+            return self._best_allowed(logits, allowed)
         return token
 
     def _draw(self, x: np.ndarray) -> int:
@@ -116,49 +126,80 @@ class Sampler:
         return int(np.argmax(x))
 
 
+BLOCK_ELEMENTS = 1 << 13  # logits sampled together (32 KB of float32)
+
+
 def sample_rows(samplers: list[Sampler], logits: np.ndarray,
                 masks: list[np.ndarray | None] | None = None) -> list[int]:
     """One token for each row of `logits` [B, V] from that row's sampler: the tokens (and
     random draws) are exactly those of calling each sampler's `sample` in turn, but rows
-    with the same plain options (no penalties, no mask, no top-k or min-p) go through one
-    set of array operations, so a decode step samples its batch in a few calls.
+    with the same temperature, top-k, top-p and min-p go through one set of array
+    operations (penalties and masks are applied per row first), so a decode step samples
+    its batch in a few calls.
     """
     masks = masks if masks is not None else [None] * len(samplers)
     tokens = [0] * len(samplers)
-    groups: dict[tuple[float, float], list[int]] = {}
-    for i, (smp, mask) in enumerate(zip(samplers, masks)):
+    groups: dict[tuple[float, int, float, float], list[int]] = {}
+    for i, smp in enumerate(samplers):
         p = smp.params
-        if (mask is None and not smp._penalized and not p.top_k and p.min_p <= 0.0
-                and p.temperature > 0.0 and smp.vocab_size == logits.shape[1]):
-            groups.setdefault((p.temperature, p.top_p), []).append(i)
+        if p.temperature > 0.0 and smp.vocab_size == logits.shape[1]:
+            groups.setdefault((p.temperature, p.top_k, p.top_p, p.min_p), []).append(i)
         else:
-            tokens[i] = smp.sample(logits[i], mask)
-    for (temperature, top_p), rows in groups.items():
+            tokens[i] = smp.sample(logits[i], masks[i])
+    # blocks of rows that stay in the CPU's cache through the several passes of a draw
+    # (a [32, 151k] block does not: batched it is 2x slower than row by row)
+    per_block = max(1, BLOCK_ELEMENTS // max(1, logits.shape[1]))
+    blocks = [(key, rows[k : k + per_block]) for key, rows in groups.items()
+              for k in range(0, len(rows), per_block)]
+    for (temperature, top_k, top_p, min_p), rows in blocks:
         if len(rows) == 1:
-            tokens[rows[0]] = samplers[rows[0]].sample(logits[rows[0]])
+            i = rows[0]
+            tokens[i] = samplers[i].sample(logits[i], masks[i])
             continue
-        x = logits[rows] / np.float32(temperature)
-        top = x.max(axis=1)
-        finite = np.isfinite(top)  # other rows are answered as one-row sampling does
-        with np.errstate(all="ignore"):
-            probs = np.exp(x - np.where(finite, top, 0)[:, None])
-            probs /= probs.sum(axis=1, keepdims=True)
-            if top_p < 1.0:
-                picked = _top_p_rows(probs, top_p)
-            else:
-                picked = [(None, cum) for cum in np.cumsum(probs, axis=1)]
+        x = np.array(logits[rows], dtype=np.float32)
+        allowed: list[np.ndarray | None] = [None] * len(rows)
         for j, i in enumerate(rows):
-            if not finite[j]:
-                tokens[i] = _nanargmax(x[j])
-                continue
-            ids, cum = picked[j]
-            total = cum[-1]
-            if not np.isfinite(total) or total <= 0:
-                tokens[i] = int(np.argmax(x[j]))
-                continue
-            draw = samplers[i].rng.random() * total
-            pick = min(int(np.count_nonzero(cum <= draw)), cum.size - 1)
-            tokens[i] = int(ids[pick]) if ids is not None else pick
+            smp = samplers[i]
+            if smp._penalized or masks[i] is not None:
+                x[j], allowed[j] = smp._prepare(logits[i], masks[i])
+        for j, token in enumerate(_draw_rows(x, [samplers[i].rng for i in rows],
+                                             temperature, top_k, top_p, min_p)):
+            i = rows[j]
+            tokens[i] = samplers[i]._checked(token, logits[i], allowed[j])
+    return tokens
+
+
+def _draw_rows(x: np.ndarray, rngs: list[np.random.Generator], temperature: float,
+               top_k: int, top_p: float, min_p: float) -> list[int]:
+    """`Sampler._draw` for every row of `x` [B, V] with the same options, each row
+    drawing from its own generator."""
+    x = x / np.float32(temperature)
+    if top_k and 0 < top_k < x.shape[1]:
+        kth = np.partition(x, -top_k, axis=1)[:, -top_k]
+        x = np.where(x < kth[:, None], -np.inf, x)
+    top = x.max(axis=1)
+    finite = np.isfinite(top)  # other rows are answered as one-row sampling does
+    with np.errstate(all="ignore"):
+        probs = np.exp(x - np.where(finite, top, 0)[:, None])
+        probs /= probs.sum(axis=1, keepdims=True)
+        if min_p > 0.0:
+            probs = np.where(probs < min_p * probs.max(axis=1, keepdims=True), 0.0, probs)
+        if top_p < 1.0:
+            picked = _top_p_rows(probs, top_p)
+        else:
+            picked = [(None, cum) for cum in np.cumsum(probs, axis=1)]
+    tokens = []
+    for j, rng in enumerate(rngs):
+        if not finite[j]:
+            tokens.append(_nanargmax(x[j]))
+            continue
+        ids, cum = picked[j]
+        total = cum[-1]
+        if not np.isfinite(total) or total <= 0:
+            tokens.append(int(np.argmax(x[j])))
+            continue
+        pick = min(int(np.count_nonzero(cum <= rng.random() * total)), cum.size - 1)
+        tokens.append(int(ids[pick]) if ids is not None else pick)
     return tokens
 
 

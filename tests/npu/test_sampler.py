@@ -109,7 +109,11 @@ def test_sampling_follows_the_distribution() -> None:
 OPTIONS = [dict(temperature=0.7, top_p=0.9), dict(temperature=0.7, top_p=0.9),
            dict(temperature=1.0), dict(temperature=1.3, top_p=0.5), dict(temperature=0.0),
            dict(temperature=0.7, top_p=0.9, repetition_penalty=1.3), dict(top_k=5),
-           dict(temperature=2.0, top_p=0.999), dict(temperature=0.7, top_p=0.9, min_p=0.1)]
+           dict(temperature=2.0, top_p=0.999), dict(temperature=0.7, top_p=0.9, min_p=0.1),
+           dict(top_k=5, presence_penalty=0.5, frequency_penalty=0.3)]
+# rows (of len(OPTIONS) * 3) sampled under a mask on odd steps: plain, top-k with a
+# penalised neighbour, min-p, and the row whose logits hold a NaN
+MASKED = {2, 6, 6 + len(OPTIONS), 8, 3, 3 + len(OPTIONS)}
 
 
 @pytest.mark.parametrize("vocab", [50, 300, 2000])
@@ -127,9 +131,11 @@ def test_batched_sampling_draws_what_one_row_at_a_time_draws(vocab: int) -> None
         logits[0, :] = 1.0  # ties everywhere
         logits[3, 7] = np.nan if step % 5 == 0 else logits[3, 7]
         logits[4, :] = -np.inf if step % 7 == 0 else logits[4, :]
+        logits[2, :] = -np.inf if step % 7 == 0 else logits[2, :]  # masked on odd steps
         if step % 3 == 0:  # mass spread wider than the first candidates looked at
             logits[1, :] = 0.001 * rng.standard_normal(vocab).astype(np.float32)
-        masks = [_mask([1, 3, 5], vocab) if r == 2 and step % 2 else None for r in range(rows)]
+        masks = [_mask([1, 3, 5, 7, vocab - 1], vocab) if r in MASKED and step % 2 else None
+                 for r in range(rows)]
         one = [a.sample(logits[r], masks[r]) for r, (a, _) in enumerate(pairs)]
         many = sample_rows([b for _, b in pairs], logits, masks)
         assert many == one
