@@ -128,8 +128,9 @@ def test_engine_matches_transformers_on_our_configs(oracle_models, name: str) ->
         assert _rel(engine.decode(["a"], [ids[t]])[0], ref[t]) < TOL
 
 
-def test_batched_decode_equals_one_at_a_time(oracle_models) -> None:
-    folder, ids, _ = oracle_models["gemma3"]
+@pytest.mark.parametrize("name", ["gemma3", "lfm2"])
+def test_batched_decode_equals_one_at_a_time(oracle_models, name: str) -> None:
+    folder, ids, _ = oracle_models[name]
     engine = _engine(folder)
     lengths = [3, 9, 14]
     single = []
@@ -143,7 +144,7 @@ def test_batched_decode_equals_one_at_a_time(oracle_models) -> None:
         assert _rel(batch[i], single[i]) < 1e-5
 
 
-@pytest.mark.parametrize("name", ["gemma3", "qwen3"])
+@pytest.mark.parametrize("name", ["gemma3", "qwen3", "lfm2"])
 def test_batches_with_gaps_and_reused_slots_match_the_oracle(oracle_models, name: str) -> None:
     """Sequences come and go: a batch whose cache slots have gaps (a released sequence, one
     still waiting for its prompt) and a new sequence in a reused slot all decode exactly as
