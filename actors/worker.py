@@ -288,28 +288,31 @@ class Worker:
 
     def _prefill_step(self, waiting: list[Session], running: list[Session],
                       outboxes: dict[int, _Outbox]) -> list[_Outbox]:
-        """Prefill the oldest waiting prompt's next chunk and, in the same forward, each
-        following prompt that fits whole in the rest of the chunk budget and of the batch.
+        """Prefill the oldest waiting prompt's next chunk and, in the same forward, the
+        waiting prompts behind it that fit whole in the rest of the chunk budget and of
+        the batch. The oldest prompt takes at least half the budget; the rest goes to
+        whole prompts in arrival order, skipping those too long for it (they start when
+        they are the oldest), so a long prompt does not hold up the short ones behind it.
         A session whose prompt is done samples its first tokens and starts running.
         Returns the outboxes of sessions that ended on their first token."""
         seqs = self._running_seqs(running)
-        budget = PREFILL_CHUNK
-        picked: list[tuple[Session, int]] = []
-        for session in waiting:
-            n = len(session.choices)
-            left = len(session.prompt_ids) - session.prefilled
-            if not picked:
-                if seqs + n > max(self.max_batch, n):
-                    break
-            elif left > budget or seqs + n > self.max_batch:
-                break
-            picked.append((session, min(left, budget)))
-            budget -= picked[-1][1]
-            seqs += n
-            if budget <= 0:
-                break
-        if not picked:
+        head = waiting[0]
+        n = len(head.choices)
+        if seqs + n > max(self.max_batch, n):
             return []
+        seqs += n
+        head_left = len(head.prompt_ids) - head.prefilled
+        room = PREFILL_CHUNK - min(head_left, PREFILL_CHUNK // 2)
+        riders: list[tuple[Session, int]] = []
+        for session in waiting[1:]:
+            if room <= 0 or seqs + len(session.choices) > self.max_batch:
+                break
+            left = len(session.prompt_ids) - session.prefilled
+            if left <= room:
+                riders.append((session, left))
+                room -= left
+                seqs += len(session.choices)
+        picked = [(head, min(head_left, PREFILL_CHUNK - sum(t for _, t in riders)))] + riders
         engine = self.model.engine
         logits = engine.prefill_many(
             [(s.choices[0].seq_id, s.prompt_ids[s.prefilled : s.prefilled + take])

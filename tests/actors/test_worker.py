@@ -170,3 +170,34 @@ def test_concurrent_requests_get_what_they_get_alone(worker) -> None:
         return [await one(i) for i in range(6)]
 
     assert asyncio.run(together()) == asyncio.run(alone())
+
+
+def test_a_long_prompt_does_not_hold_up_short_ones(worker) -> None:
+    """A short request arriving behind a long prompt is prefilled in the long one's steps
+    and finishes before the long one has its first token."""
+    from actors.worker import PREFILL_CHUNK
+
+    long_prompt = "The river runs down to the sea. " * 40
+    n = len(worker.model.tokenizer.encode(long_prompt))
+    while n < 5 * PREFILL_CHUNK:
+        long_prompt += long_prompt
+        n = len(worker.model.tokenizer.encode(long_prompt))
+    assert n + 8 < worker.model.context_length
+    order: list[str] = []
+
+    async def one(name: str, prompt: str, tokens: int) -> None:
+        req = GenerateRequest(request_id=name, kind="completion", prompt=prompt,
+                              max_tokens=tokens, seed=1, ignore_eos=True)
+        async for batch in worker.generate(req):
+            for ev in batch:
+                if isinstance(ev, (Deltas, Finished)):
+                    order.append(f"{name} {type(ev).__name__}")
+
+    async def both():
+        long = asyncio.create_task(one("long", long_prompt, 2))
+        await asyncio.sleep(0)  # the long request is built and queued first
+        await one("short", "Once", 3)
+        await long
+
+    asyncio.run(both())
+    assert order.index("short Finished") < order.index("long Deltas")
