@@ -18,16 +18,22 @@ ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
     "Gemma3ForCausalLM": "gemma3",
     "Lfm2ForCausalLM": "lfm2",
+    "GptOssForCausalLM": "gpt_oss",
 }
 
 
 class Rope(msgspec.Struct, frozen=True, kw_only=True):
     theta: float = 10000.0
-    kind: str = "default"  # default | linear | llama3
+    kind: str = "default"  # default | linear | llama3 | yarn
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position: int = 8192
+    # yarn
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
+    attention_factor: float | None = None  # None: from factor (0.1 ln(factor) + 1)
 
 
 class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -50,6 +56,12 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     query_scale: float = 0.0  # 0: head_dim ** -0.5
     sliding_window: int = 0
     conv_kernel: int = 0
+    # mixture of experts (gpt-oss): experts, experts per token, the clamped SwiGLU
+    num_experts: int = 0
+    experts_per_token: int = 0
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
+    attention_sinks: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
 
@@ -60,9 +72,12 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
 
 def _rope(params: dict[str, Any]) -> Rope:
     kind = params.get("rope_type") or params.get("type") or "default"
-    if kind not in ("default", "linear", "llama3"):
+    if kind not in ("default", "linear", "llama3", "yarn"):
         raise ModelError(f"config.json: rope_type {kind!r} is not supported "
-                         "(supported: default, linear, llama3)")
+                         "(supported: default, linear, llama3, yarn)")
+    if kind == "yarn" and params.get("mscale") and params.get("mscale_all_dim"):
+        raise ModelError("config.json: yarn's mscale/mscale_all_dim are not supported")
+    attention_factor = params.get("attention_factor")
     return Rope(
         theta=float(params.get("rope_theta", 10000.0)),
         kind=kind,
@@ -70,6 +85,10 @@ def _rope(params: dict[str, Any]) -> Rope:
         low_freq_factor=float(params.get("low_freq_factor", 1.0)),
         high_freq_factor=float(params.get("high_freq_factor", 4.0)),
         original_max_position=int(params.get("original_max_position_embeddings", 8192)),
+        beta_fast=float(params.get("beta_fast") or 32.0),
+        beta_slow=float(params.get("beta_slow") or 1.0),
+        truncate=bool(params.get("truncate", True)),
+        attention_factor=None if attention_factor is None else float(attention_factor),
     )
 
 
@@ -157,8 +176,14 @@ def config_from_json(raw: dict[str, Any]) -> ModelConfig:
         attention_bias=bool(raw.get("attention_bias", arch == "qwen2")),
         activation=activation,
         query_scale=query_scale,
-        sliding_window=int(raw.get("sliding_window") or 0) if arch == "gemma3" else 0,
+        sliding_window=(int(raw.get("sliding_window") or 0)
+                        if arch in ("gemma3", "gpt_oss") else 0),
         conv_kernel=int(raw.get("conv_L_cache") or 3) if arch == "lfm2" else 0,
+        num_experts=int(raw.get("num_local_experts") or 0) if arch == "gpt_oss" else 0,
+        experts_per_token=int(raw.get("num_experts_per_tok") or 0) if arch == "gpt_oss" else 0,
+        swiglu_alpha=float(raw.get("swiglu_alpha") or 1.702),
+        swiglu_limit=float(raw.get("swiglu_limit") or 7.0),
+        attention_sinks=arch == "gpt_oss",
         bos_token_id=raw.get("bos_token_id"),
         eos_token_ids=_ids(raw.get("eos_token_id")),
     )

@@ -1,4 +1,5 @@
-"""NumpyEngine: the reference CPU engine for Llama, Qwen2/3, Gemma 3 and LFM2, in float32.
+"""NumpyEngine: the reference CPU engine for Llama, Qwen2/3, Gemma 3, LFM2 and gpt-oss (experts
+stored unquantized), in float32.
 
 Tokens from several sequences go through one forward together: every linear layer is one
 matrix product over all of them (one pass over the weights per step, whatever the batch).
@@ -31,6 +32,12 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
 
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    """1 / (1 + e^-x) without overflow for large |x|."""
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1.0, e) / (1.0 + e)
+
+
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(np.float32(math.sqrt(2.0 / math.pi))
                                     * (x + np.float32(0.044715) * x * x * x)))
@@ -39,7 +46,9 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
 class _Layer:
     __slots__ = ("index", "kind", "norm_in", "norm_post_attn", "norm_pre_ff", "norm_post_ff",
                  "wqkv", "bqkv", "wo", "q_norm", "k_norm", "in_proj", "conv", "out_proj",
-                 "w_gate_up", "w_down", "inv_freq", "window")
+                 "w_gate_up", "w_down", "inv_freq", "window", "rope_scale", "bo", "sinks",
+                 "router_w", "router_b", "experts_gu", "experts_gu_b", "experts_down",
+                 "experts_down_b")
 
 
 class _Seq:
@@ -170,6 +179,9 @@ class NumpyEngine:
             L.wqkv = L.bqkv = L.wo = L.q_norm = L.k_norm = None
             L.in_proj = L.conv = L.out_proj = None
             L.inv_freq = None
+            L.rope_scale = 1.0
+            L.bo = L.sinks = L.router_w = L.router_b = None
+            L.experts_gu = L.experts_gu_b = L.experts_down = L.experts_down_b = None
             if L.kind == "conv":
                 L.in_proj = take(p + "conv.in_proj.weight")
                 L.conv = np.ascontiguousarray(take(p + "conv.conv.weight")[:, 0, :])
@@ -182,6 +194,10 @@ class NumpyEngine:
                 if c.attention_bias:
                     L.bqkv = np.concatenate([take(a + n + "_proj.bias") for n in ("q", "k", "v")])
                 L.wo = take(a + ("out_proj.weight" if lfm2 else "o_proj.weight"))
+                if c.arch == "gpt_oss":
+                    L.bo = take(a + "o_proj.bias")
+                if c.attention_sinks:
+                    L.sinks = take(a + "sinks").astype(np.float32)
                 if c.qk_norm:
                     qn, kn = ("q_layernorm", "k_layernorm") if lfm2 else ("q_norm", "k_norm")
                     L.q_norm = norm(a + qn + ".weight")
@@ -191,6 +207,20 @@ class NumpyEngine:
                 if key not in inv_cache:
                     inv_cache[key] = rope_mod.inv_freq(r, c.head_dim)
                 L.inv_freq = inv_cache[key]
+                L.rope_scale = rope_mod.attention_scale(r)
+            if c.num_experts:
+                m = p + "mlp."
+                if m + "experts.gate_up_proj_blocks" in weights:
+                    raise ModelError("gpt-oss experts stored as MXFP4 blocks are not supported; "
+                                     "dequantize the checkpoint to bf16/fp32 first")
+                L.router_w, L.router_b = take(m + "router.weight"), take(m + "router.bias")
+                L.experts_gu = take(m + "experts.gate_up_proj")  # [E, H, 2I], used as x @ W
+                L.experts_gu_b = take(m + "experts.gate_up_proj_bias")
+                L.experts_down = take(m + "experts.down_proj")  # [E, I, H]
+                L.experts_down_b = take(m + "experts.down_proj_bias")
+                L.w_gate_up = L.w_down = None
+                self.layers.append(L)
+                continue
             if lfm2:
                 gate, up = take(p + "feed_forward.w1.weight"), take(p + "feed_forward.w3.weight")
                 L.w_down = take(p + "feed_forward.w2.weight")
@@ -211,7 +241,8 @@ class NumpyEngine:
                                                   else [self.lm_head])
         for L in self.layers:
             arrays += [a for a in (L.wqkv, L.wo, L.in_proj, L.conv, L.out_proj, L.w_gate_up,
-                                   L.w_down) if a is not None]
+                                   L.w_down, L.router_w, L.experts_gu, L.experts_down)
+                       if a is not None]
         return sum(a.nbytes for a in arrays)
 
     # -- public interface -------------------------------------------------------------------
@@ -304,17 +335,20 @@ class NumpyEngine:
             if L.kind == "conv":
                 h = self._conv(li, L, h, segments)
             else:
-                key = id(L.inv_freq)
+                key = (id(L.inv_freq), L.rope_scale)
                 if key not in tables:
-                    tables[key] = rope_mod.cos_sin(L.inv_freq, positions)
+                    tables[key] = rope_mod.cos_sin(L.inv_freq, positions, L.rope_scale)
                 h = self._attention(li, L, h, segments, *tables[key])
             if L.norm_post_attn is not None:
                 h = rms_norm(h, L.norm_post_attn, c.rms_eps)
             x = x + h
             h = rms_norm(x, L.norm_pre_ff, c.rms_eps)
-            gu = self._mm(h, L, "w_gate_up")
-            inter = gu.shape[-1] // 2
-            h = self._mm(self.act(gu[:, :inter]) * gu[:, inter:], L, "w_down")
+            if L.router_w is not None:
+                h = self._experts(L, h)
+            else:
+                gu = self._mm(h, L, "w_gate_up")
+                inter = gu.shape[-1] // 2
+                h = self._mm(self.act(gu[:, :inter]) * gu[:, inter:], L, "w_down")
             if L.norm_post_ff is not None:
                 h = rms_norm(h, L.norm_post_ff, c.rms_eps)
             x = x + h
@@ -352,7 +386,7 @@ class NumpyEngine:
         q = rope_mod.apply(q, cos, sin)
         k = rope_mod.apply(k, cos, sin)
         if len(segments) == T:  # decode: one token per sequence
-            return self._mm(self._decode_attention(li, L, q, k, v, segments), L, "wo")
+            return self._out_proj(L, self._decode_attention(li, L, q, k, v, segments))
         K, V = self._kv.k[li], self._kv.v[li]
         out = np.empty((T, nq * hd), dtype=np.float32)
         group = nq // nkv
@@ -371,13 +405,53 @@ class NumpyEngine:
             if L.window:
                 masked = masked | (kpos <= qpos - L.window)
             scores = np.where(masked, np.float32(-np.inf), scores)
-            scores = scores - scores.max(axis=-1, keepdims=True)
-            probs = np.exp(scores)
-            probs /= probs.sum(axis=-1, keepdims=True)
+            probs = self._softmax(L, scores, L.sinks.reshape(nkv, group, 1, 1)
+                                  if L.sinks is not None else None)
             o = probs.reshape(nkv, group * n, total) @ Vs[:, :total]  # [nkv, g*n, hd]
             out[start : start + n] = o.reshape(nq, n, hd).transpose(1, 0, 2).reshape(n, nq * hd)
             start += n
-        return self._mm(out, L, "wo")
+        return self._out_proj(L, out)
+
+    def _out_proj(self, L: _Layer, out: np.ndarray) -> np.ndarray:
+        y = self._mm(out, L, "wo")
+        return y + L.bo if L.bo is not None else y
+
+    @staticmethod
+    def _softmax(L: _Layer, scores: np.ndarray, sinks: np.ndarray | None) -> np.ndarray:
+        """Softmax over the last axis, in place; with `sinks` (gpt-oss: a learned logit per
+        head that takes part in the normalisation and is then dropped)."""
+        if sinks is None:
+            scores -= scores.max(axis=-1, keepdims=True)
+            np.exp(scores, out=scores)
+            scores /= scores.sum(axis=-1, keepdims=True)
+            return scores
+        top = np.maximum(scores.max(axis=-1, keepdims=True), sinks)
+        scores -= top
+        np.exp(scores, out=scores)
+        scores /= scores.sum(axis=-1, keepdims=True) + np.exp(sinks - top)
+        return scores
+
+    def _experts(self, L: _Layer, h: np.ndarray) -> np.ndarray:
+        """gpt-oss's mixture of experts: each token goes to its top-k experts by the router,
+        weighted by the softmax of their router logits; each expert is a clamped SwiGLU
+        (gate and up interleaved in its columns, `up + 1`)."""
+        c = self.config
+        logits = h @ L.router_w.T + L.router_b  # [T, E]
+        k = c.experts_per_token
+        top = np.argsort(-logits, axis=-1, kind="stable")[:, :k]
+        weights = np.take_along_axis(logits, top, axis=-1)
+        weights = np.exp(weights - weights.max(axis=-1, keepdims=True))
+        weights /= weights.sum(axis=-1, keepdims=True)
+        limit, alpha = np.float32(c.swiglu_limit), np.float32(c.swiglu_alpha)
+        out = np.zeros_like(h)
+        for e in np.unique(top):
+            rows, which = np.nonzero(top == e)  # a token picks an expert at most once
+            gu = h[rows] @ L.experts_gu[e] + L.experts_gu_b[e]
+            gate = np.minimum(gu[:, ::2], limit)
+            up = np.clip(gu[:, 1::2], -limit, limit)
+            y = ((up + 1) * (gate * sigmoid(gate * alpha))) @ L.experts_down[e]
+            out[rows] += (y + L.experts_down_b[e]) * weights[rows, which][:, None]
+        return out
 
     def _decode_attention(self, li: int, L: _Layer, q: np.ndarray, k: np.ndarray,
                           v: np.ndarray, segments) -> np.ndarray:
@@ -410,9 +484,8 @@ class NumpyEngine:
             valid &= kpos[None, :] > lengths[:, None] - 1 - L.window
         if not valid.all():
             scores = np.where(valid[:, None, None, :], scores, np.float32(-np.inf))
-        scores -= scores.max(axis=-1, keepdims=True)
-        np.exp(scores, out=scores)
-        scores /= scores.sum(axis=-1, keepdims=True)
+        scores = self._softmax(L, scores, L.sinks.reshape(1, nkv, group, 1)
+                               if L.sinks is not None else None)
         out = np.matmul(scores, V[first:end, :, :span])  # [R, nkv, g, hd]
         return out[rows].reshape(B, nq * hd)
 

@@ -30,8 +30,8 @@ def test_both_rope_styles_read_the_same() -> None:
 def test_unsupported_architecture_is_named() -> None:
     with pytest.raises(ModelError, match="MambaForCausalLM"):
         config_from_json({**BASE, "architectures": ["MambaForCausalLM"]})
-    with pytest.raises(ModelError, match="yarn"):
-        config_from_json({**BASE, "rope_parameters": {"rope_type": "yarn"}})
+    with pytest.raises(ModelError, match="longrope"):
+        config_from_json({**BASE, "rope_parameters": {"rope_type": "longrope"}})
     with pytest.raises(ModelError, match="hidden_size"):
         config_from_json({k: v for k, v in BASE.items() if k != "hidden_size"})
 
@@ -95,3 +95,27 @@ def test_missing_tensor_is_named(tmp_path: Path, tiny_dir: Path) -> None:
 def test_not_a_directory() -> None:
     with pytest.raises(ModelError, match="does not exist"):
         load_model("/nonexistent/model")
+
+
+def test_gpt_oss_with_mxfp4_experts_is_refused_by_name() -> None:
+    from npu import NumpyEngine
+
+    raw = {**BASE, "architectures": ["GptOssForCausalLM"], "num_local_experts": 2,
+           "num_experts_per_tok": 1, "attention_bias": True, "tie_word_embeddings": False}
+    config = config_from_json(raw)
+    H, hd, E = 8, 4, 2
+    f = np.zeros
+    w = {"model.embed_tokens.weight": f((32, H)), "lm_head.weight": f((32, H)),
+         "model.norm.weight": f(H)}
+    p = "model.layers.0."
+    for n in ("input_layernorm", "post_attention_layernorm"):
+        w[p + n + ".weight"] = f(H)
+    for n, rows in (("q", 2 * hd), ("k", hd), ("v", hd)):
+        w[p + f"self_attn.{n}_proj.weight"] = f((rows, H))
+        w[p + f"self_attn.{n}_proj.bias"] = f(rows)
+    w[p + "self_attn.o_proj.weight"], w[p + "self_attn.o_proj.bias"] = f((H, 2 * hd)), f(H)
+    w[p + "self_attn.sinks"] = f(2)
+    w[p + "mlp.router.weight"], w[p + "mlp.router.bias"] = f((E, H)), f(E)
+    w[p + "mlp.experts.gate_up_proj_blocks"] = np.zeros((E, 32, 1, 16), np.uint8)
+    with pytest.raises(ModelError, match="MXFP4"):
+        NumpyEngine(config, w)

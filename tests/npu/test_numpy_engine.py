@@ -30,7 +30,7 @@ def _rel(a: np.ndarray, b: np.ndarray) -> float:
 
 
 @needs_models
-@pytest.mark.parametrize("arch", ["qwen3", "llama3", "gemma3", "lfm2"])
+@pytest.mark.parametrize("arch", ["qwen3", "llama3", "gemma3", "lfm2", "gpt_oss"])
 def test_shared_tiny_checkpoints_match_transformers(arch: str) -> None:
     folder = TINY / arch
     engine = _engine(folder)
@@ -89,6 +89,14 @@ ORACLE_CONFIGS = {
     "lfm2": ("Lfm2Config", "Lfm2ForCausalLM", dict(
         hidden_size=48, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
         num_key_value_heads=2, conv_L_cache=3, layer_types=["conv", "full_attention", "conv"])),
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", dict(
+        hidden_size=48, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=12, num_local_experts=4, num_experts_per_tok=2,
+        sliding_window=5, layer_types=["sliding_attention", "full_attention"],
+        tie_word_embeddings=False,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 1.5e5, "factor": 8.0,
+                         "original_max_position_embeddings": 16, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "truncate": False})),
 }
 
 
@@ -109,6 +117,10 @@ def oracle_models(tmp_path_factory):
                     for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj,
                                  layer.self_attn.v_proj):
                         proj.bias.normal_(0, 0.5)
+        if name == "gpt_oss":  # large expert activations, so the SwiGLU clamps at +-7 bind
+            with torch.no_grad():
+                for layer in model.model.layers:
+                    layer.mlp.experts.gate_up_proj.mul_(40.0)
         folder = tmp_path_factory.mktemp(name)
         model.save_pretrained(folder)
         ids = torch.tensor([[3, 17, 99, 5, 64, 8, 8, 120, 33, 2, 77, 41, 19, 6, 100, 55,
@@ -128,7 +140,7 @@ def test_engine_matches_transformers_on_our_configs(oracle_models, name: str) ->
         assert _rel(engine.decode(["a"], [ids[t]])[0], ref[t]) < TOL
 
 
-@pytest.mark.parametrize("name", ["gemma3", "lfm2"])
+@pytest.mark.parametrize("name", ["gemma3", "lfm2", "gpt_oss"])
 def test_batched_decode_equals_one_at_a_time(oracle_models, name: str) -> None:
     folder, ids, _ = oracle_models[name]
     engine = _engine(folder)
@@ -144,7 +156,7 @@ def test_batched_decode_equals_one_at_a_time(oracle_models, name: str) -> None:
         assert _rel(batch[i], single[i]) < 1e-5
 
 
-@pytest.mark.parametrize("name", ["gemma3", "qwen3", "lfm2"])
+@pytest.mark.parametrize("name", ["gemma3", "qwen3", "lfm2", "gpt_oss"])
 def test_batches_with_gaps_and_reused_slots_match_the_oracle(oracle_models, name: str) -> None:
     """Sequences come and go: a batch whose cache slots have gaps (a released sequence, one
     still waiting for its prompt) and a new sequence in a reused slot all decode exactly as
@@ -171,7 +183,7 @@ def test_batches_with_gaps_and_reused_slots_match_the_oracle(oracle_models, name
     assert engine._kv.slots == 0 and all(k is None for k in engine._kv.k)
 
 
-@pytest.mark.parametrize("name", ["lfm2", "gemma3"])
+@pytest.mark.parametrize("name", ["lfm2", "gemma3", "gpt_oss"])
 def test_prompts_prefilled_together_match_the_oracle(oracle_models, name: str) -> None:
     folder, ids, ref = oracle_models[name]
     engine = _engine(folder)
