@@ -219,16 +219,16 @@ class NumpyEngine:
                 L.experts_down = take(m + "experts.down_proj")  # [E, I, H]
                 L.experts_down_b = take(m + "experts.down_proj_bias")
                 L.w_gate_up = L.w_down = None
-                self.layers.append(L)
-                continue
-            if lfm2:
-                gate, up = take(p + "feed_forward.w1.weight"), take(p + "feed_forward.w3.weight")
-                L.w_down = take(p + "feed_forward.w2.weight")
             else:
-                gate, up = take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")
-                L.w_down = take(p + "mlp.down_proj.weight")
-            L.w_gate_up = np.ascontiguousarray(np.concatenate([gate, up], axis=0))
-            del gate, up
+                if lfm2:
+                    gate = take(p + "feed_forward.w1.weight")
+                    up = take(p + "feed_forward.w3.weight")
+                    L.w_down = take(p + "feed_forward.w2.weight")
+                else:
+                    gate, up = take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")
+                    L.w_down = take(p + "mlp.down_proj.weight")
+                L.w_gate_up = np.ascontiguousarray(np.concatenate([gate, up], axis=0))
+                del gate, up
             self.layers.append(L)
         self.act = silu if c.activation == "silu" else gelu_tanh
         self.scale = np.float32(c.query_scale or c.head_dim ** -0.5)
