@@ -102,12 +102,16 @@ class Sampler:
             token = int(np.argmax(x))
             return token if not np.isnan(x[token]) else _nanargmax(x)
         x /= np.float32(p.temperature)
+        kept = None  # with top-k: the tokens it keeps (ties included), the rest has p = 0
         if p.top_k and 0 < p.top_k < x.size:
             kth = np.partition(x, -p.top_k)[-p.top_k]
-            x[x < kth] = -np.inf
+            if not np.isnan(kth):  # NaN: answered below as the best non-NaN token
+                kept = np.flatnonzero(x >= kth if kth > -np.inf else x > -np.inf)
         top = np.max(x)
         if not np.isfinite(top):
             return _nanargmax(x)
+        if kept is not None:
+            x = x[kept]
         x -= top
         probs = np.exp(x, out=x)
         probs /= probs.sum()
@@ -120,10 +124,12 @@ class Sampler:
         cum = np.cumsum(weights)
         total = cum[-1]
         if not np.isfinite(total) or total <= 0:
-            return int(np.argmax(probs))
-        pick = min(int(np.searchsorted(cum, self.rng.random() * total, side="right")),
-                   cum.size - 1)
-        return int(ids[pick]) if ids is not None else pick
+            token = int(np.argmax(probs))
+        else:
+            pick = min(int(np.searchsorted(cum, self.rng.random() * total, side="right")),
+                       cum.size - 1)
+            token = int(ids[pick]) if ids is not None else pick
+        return int(kept[token]) if kept is not None else token
 
     @staticmethod
     def _best_allowed(logits: np.ndarray, allowed: np.ndarray) -> int:
@@ -141,17 +147,17 @@ def sample_rows(samplers: list[Sampler], logits: np.ndarray,
                 masks: list[np.ndarray | None] | None = None) -> list[int]:
     """One token for each row of `logits` [B, V] from that row's sampler: the tokens (and
     random draws) are exactly those of calling each sampler's `sample` in turn, but rows
-    with the same temperature, top-k, top-p and min-p go through one set of array
-    operations (penalties and masks are applied per row first), so a decode step samples
-    its batch in a few calls.
+    with the same temperature, top-p and min-p (and no top-k, which one row samples from
+    its k best alone) go through one set of array operations (penalties and masks are
+    applied per row first), so a decode step samples its batch in a few calls.
     """
     masks = masks if masks is not None else [None] * len(samplers)
     tokens = [0] * len(samplers)
-    groups: dict[tuple[float, int, float, float], list[int]] = {}
+    groups: dict[tuple[float, float, float], list[int]] = {}
     for i, smp in enumerate(samplers):
         p = smp.params
-        if p.temperature > 0.0 and smp.vocab_size == logits.shape[1]:
-            groups.setdefault((p.temperature, p.top_k, p.top_p, p.min_p), []).append(i)
+        if p.temperature > 0.0 and not p.top_k and smp.vocab_size == logits.shape[1]:
+            groups.setdefault((p.temperature, p.top_p, p.min_p), []).append(i)
         else:
             tokens[i] = smp.sample(logits[i], masks[i])
     # blocks of rows that stay in the CPU's cache through the several passes of a draw
@@ -159,7 +165,7 @@ def sample_rows(samplers: list[Sampler], logits: np.ndarray,
     per_block = max(1, BLOCK_ELEMENTS // max(1, logits.shape[1]))
     blocks = [(key, rows[k : k + per_block]) for key, rows in groups.items()
               for k in range(0, len(rows), per_block)]
-    for (temperature, top_k, top_p, min_p), rows in blocks:
+    for (temperature, top_p, min_p), rows in blocks:
         if len(rows) == 1:
             i = rows[0]
             tokens[i] = samplers[i].sample(logits[i], masks[i])
@@ -171,20 +177,17 @@ def sample_rows(samplers: list[Sampler], logits: np.ndarray,
             if smp._penalized or masks[i] is not None:
                 x[j], allowed[j] = smp._prepare(logits[i], masks[i])
         for j, token in enumerate(_draw_rows(x, [samplers[i].rng for i in rows],
-                                             temperature, top_k, top_p, min_p)):
+                                             temperature, top_p, min_p)):
             i = rows[j]
             tokens[i] = samplers[i]._checked(token, logits[i], allowed[j])
     return tokens
 
 
 def _draw_rows(x: np.ndarray, rngs: list[np.random.Generator], temperature: float,
-               top_k: int, top_p: float, min_p: float) -> list[int]:
-    """`Sampler._draw` for every row of `x` [B, V] with the same options, each row
-    drawing from its own generator."""
+               top_p: float, min_p: float) -> list[int]:
+    """`Sampler._draw` (without top-k) for every row of `x` [B, V] with the same options,
+    each row drawing from its own generator."""
     x /= np.float32(temperature)
-    if top_k and 0 < top_k < x.shape[1]:
-        kth = np.partition(x, -top_k, axis=1)[:, -top_k]
-        x[x < kth[:, None]] = -np.inf
     top = x.max(axis=1)
     finite = np.isfinite(top)  # other rows are answered as one-row sampling does
     tokens = [_nanargmax(x[j]) if not finite[j] else 0 for j in range(len(rngs))]

@@ -97,6 +97,20 @@ def test_top_p_keeps_exactly_the_nucleus() -> None:
             assert np.allclose(weights, probs[ids])
 
 
+def test_top_k_draws_from_the_k_best_in_proportion() -> None:
+    probs = np.array([0.4, 0.1, 0.25, 0.05, 0.2], np.float32)
+    s = Sampler(SamplingParams(seed=0, top_k=3), 5)
+    draws = np.bincount([s.sample(np.log(probs)) for _ in range(4000)], minlength=5)
+    assert draws[1] == draws[3] == 0
+    assert np.allclose(draws[[0, 2, 4]] / 4000, probs[[0, 2, 4]] / 0.85, atol=0.03)
+    s = Sampler(SamplingParams(seed=0, top_k=2), 4)  # a tie at the k-th value keeps all tied
+    draws = np.bincount([s.sample(np.array([1, 1, 1, 0], np.float32)) for _ in range(3000)],
+                        minlength=4)
+    assert draws[3] == 0 and np.allclose(draws[:3] / 3000, 1 / 3, atol=0.04)
+    s = Sampler(SamplingParams(seed=0, top_k=3), 5)  # fewer allowed tokens than k
+    assert {s.sample(np.log(probs), _mask([3], 5)) for _ in range(50)} == {3}
+
+
 def test_sampling_follows_the_distribution() -> None:
     probs = np.array([0.5, 0.3, 0.2, 0.0], np.float32)
     s = Sampler(SamplingParams(seed=0), 4)
