@@ -24,6 +24,7 @@ from chat.spec import (
     HARMONY_MESSAGE,
     HARMONY_RETURN,
     HARMONY_START,
+    QWEN_FUNCTION_START,
     FormatKind,
     FormatSpec,
 )
@@ -71,9 +72,21 @@ def _document(spec: FormatSpec, request: ConstraintRequest) -> Tag | None:
     return _json(schema, excludes=markers(spec))
 
 
+def _calls_enabled(spec: FormatSpec, request: ConstraintRequest) -> bool:
+    return bool(request.tools) and request.tool_choice != "none" and spec.has_tools
+
+
+def tool_openers(spec: FormatSpec) -> tuple[str, ...]:
+    """The strings the parser reads as the start of a tool call (qwen_xml also takes a
+    bare `<function=` without its `<tool_call>` wrapper)."""
+    if spec.kind is FormatKind.QWEN_XML:
+        return (spec.tool_start, QWEN_FUNCTION_START)
+    return (spec.tool_start,)
+
+
 def _body(spec: FormatSpec, request: ConstraintRequest) -> Tag | None:
     document = _document(spec, request)
-    if not request.tools or request.tool_choice == "none" or not spec.has_tools:
+    if not _calls_enabled(spec, request):
         return document
     once = not request.parallel_tool_calls
     tags = _tool_tags(spec, request.tools, once)
@@ -84,8 +97,16 @@ def _body(spec: FormatSpec, request: ConstraintRequest) -> Tag | None:
         if request.tool_choice == "required":
             return calls
         return {"type": "or", "elements": [calls, document]}  # auto with a response format
-    return {"type": "triggered_tags", "triggers": [spec.tool_start], "tags": tags,
+    if spec.kind is FormatKind.QWEN_XML:  # a bare call is a call to the parser too
+        tags = tags + _qwen_bare_tags(spec, request.tools)
+    return {"type": "triggered_tags", "triggers": list(tool_openers(spec)), "tags": tags,
             "at_least_one": False, "stop_after_first": once}
+
+
+def _qwen_bare_tags(spec: FormatSpec, tools: tuple[ToolSpec, ...]) -> list[Tag]:
+    return [{"type": "tag", "begin": f"{QWEN_FUNCTION_START}{t.name}>\n",
+             "content": _json(t.parameters, style="qwen_xml", excludes=markers(spec)),
+             "end": "</function>"} for t in tools]
 
 
 def _tool_tags(spec: FormatSpec, tools: tuple[ToolSpec, ...], once: bool) -> list[Tag]:
@@ -169,7 +190,7 @@ def markers(spec: FormatSpec) -> tuple[str, ...]:
     if spec.kind is FormatKind.HARMONY:
         return (HARMONY_START, HARMONY_END, HARMONY_MESSAGE, HARMONY_CHANNEL, HARMONY_CALL,
                 HARMONY_RETURN, HARMONY_CONSTRAIN)
-    found = (spec.reasoning_start, spec.reasoning_end, spec.tool_start, spec.tool_end,
+    found = (spec.reasoning_start, spec.reasoning_end, *tool_openers(spec), spec.tool_end,
              spec.stop_marker)
     return tuple(dict.fromkeys(m for m in found if m))
 

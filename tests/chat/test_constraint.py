@@ -94,6 +94,17 @@ def test_harmony_auto_allows_a_final_answer_or_a_preamble(engine) -> None:
     assert _accepts(engine, "harmony", _tools("auto"), pre + calls_text("harmony", [OSLO]))[0]
 
 
+def test_qwen_xml_auto_constrains_a_bare_function_call(engine) -> None:
+    """qwen_xml's parser reads `<function=...>` without its `<tool_call>` wrapper as a call:
+    in auto mode the grammar holds such a call to the tools' schemas too."""
+    wrapped = calls_text("qwen_xml", [OSLO])
+    bare = wrapped[wrapped.index("<function="):wrapped.index("</function>") + len("</function>")]
+    assert _accepts(engine, "qwen_xml", _tools("auto"), "Checking. " + bare) == (True, "")
+    bad = bare.replace("get_weather", "delete_all")
+    assert not _accepts(engine, "qwen_xml", _tools("auto"), "Checking. " + bad)[0]
+    assert not _accepts(engine, "qwen_xml", _tools("auto"), "I will not <function=x")[0]
+
+
 # -- rejected ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", TOOL_KINDS)
 def test_unknown_function_is_rejected(engine, kind: str) -> None:
