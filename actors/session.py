@@ -78,7 +78,7 @@ class Choice:
             return self.finish("stop")
         text = self.stops.push(self.detok.push(token))
         events = self._emit(text, lp)
-        if self.stops.stopped:
+        if self.stops.stopped or (self.constraint is not None and self.constraint.ended):
             return events + self.finish("stop")
         if s.request.max_tokens is not None and self.generated >= s.request.max_tokens:
             return events + self.finish("length")

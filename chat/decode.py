@@ -29,6 +29,9 @@ def mask_words(vocab_size: int) -> int:
 
 class DecodeConstraint(Protocol):
     active: bool
+    # the output is complete and nothing may follow (a grammar whose only stops it spells as
+    # text, such as harmony's <|call|>, written out in ordinary tokens): end the choice
+    ended: bool
 
     def start(self, prefill: str) -> None: ...
 
@@ -46,6 +49,7 @@ class TokenBanConstraint:
 
     def __init__(self, token_id: int, vocab_size: int) -> None:
         self.active = True
+        self.ended = False
         self.token_id = token_id
         self._mask = np.full(mask_words(vocab_size), 0xFFFFFFFF, dtype=np.uint32)
         self._mask[token_id // 32] &= np.uint32(~(1 << (token_id % 32)) & 0xFFFFFFFF)
@@ -87,6 +91,7 @@ class GrammarConstraint:
     ) -> None:
         self.engine = engine
         self.active = True
+        self.ended = False
         self.request_id = request_id
         self._stop = stop_token_ids
         self._with_reasoning = with_reasoning
@@ -120,8 +125,15 @@ class GrammarConstraint:
             return
         if self.matcher.accept_token(int(token)):
             self._history.append(int(token))
+            if not self._stop and self.matcher.is_completed():
+                self.ended = self._nothing_may_follow()
         else:
             self.give_up(f"token {token} is rejected")
+
+    def _nothing_may_follow(self) -> bool:
+        buf = np.zeros(mask_words(self.engine.vocab_size), dtype=np.uint32)
+        self.matcher.fill_next_token_bitmask(buf.view(np.int32).reshape(1, -1))
+        return not buf.any()
 
     def accept_forced(self, token: int) -> None:
         if not self.active:

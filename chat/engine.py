@@ -95,7 +95,10 @@ class GrammarEngine:
         return compiled
 
     def matcher(self, compiled: Any, stop_token_ids: Sequence[int]) -> Any:
-        return self._xgr.GrammarMatcher(compiled, override_stop_tokens=list(stop_token_ids))
+        """A matcher for `compiled` that ends on `stop_token_ids` (none: a model, such as a
+        gpt-oss one, whose only stop tokens the grammar spells as text)."""
+        return self._xgr.GrammarMatcher(compiled,
+                                        override_stop_tokens=list(stop_token_ids) or None)
 
     def accepts(self, spec, request, prefill: str, text: str) -> tuple[bool, str]:
         """Feed a whole output through the grammar for `request`.
