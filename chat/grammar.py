@@ -72,21 +72,9 @@ def _document(spec: FormatSpec, request: ConstraintRequest) -> Tag | None:
     return _json(schema, excludes=markers(spec))
 
 
-def _calls_enabled(spec: FormatSpec, request: ConstraintRequest) -> bool:
-    return bool(request.tools) and request.tool_choice != "none" and spec.has_tools
-
-
-def tool_openers(spec: FormatSpec) -> tuple[str, ...]:
-    """The strings the parser reads as the start of a tool call (qwen_xml also takes a
-    bare `<function=` without its `<tool_call>` wrapper)."""
-    if spec.kind is FormatKind.QWEN_XML:
-        return (spec.tool_start, QWEN_FUNCTION_START)
-    return (spec.tool_start,)
-
-
 def _body(spec: FormatSpec, request: ConstraintRequest) -> Tag | None:
     document = _document(spec, request)
-    if not _calls_enabled(spec, request):
+    if not request.tools or request.tool_choice == "none" or not spec.has_tools:
         return document
     once = not request.parallel_tool_calls
     tags = _tool_tags(spec, request.tools, once)
@@ -99,7 +87,7 @@ def _body(spec: FormatSpec, request: ConstraintRequest) -> Tag | None:
         return {"type": "or", "elements": [calls, document]}  # auto with a response format
     if spec.kind is FormatKind.QWEN_XML:  # a bare call is a call to the parser too
         tags = tags + _qwen_bare_tags(spec, request.tools)
-    return {"type": "triggered_tags", "triggers": list(tool_openers(spec)), "tags": tags,
+    return {"type": "triggered_tags", "triggers": list(spec.tool_openers), "tags": tags,
             "at_least_one": False, "stop_after_first": once}
 
 
@@ -190,7 +178,7 @@ def markers(spec: FormatSpec) -> tuple[str, ...]:
     if spec.kind is FormatKind.HARMONY:
         return (HARMONY_START, HARMONY_END, HARMONY_MESSAGE, HARMONY_CHANNEL, HARMONY_CALL,
                 HARMONY_RETURN, HARMONY_CONSTRAIN)
-    found = (spec.reasoning_start, spec.reasoning_end, *tool_openers(spec), spec.tool_end,
+    found = (spec.reasoning_start, spec.reasoning_end, *spec.tool_openers, spec.tool_end,
              spec.stop_marker)
     return tuple(dict.fromkeys(m for m in found if m))
 

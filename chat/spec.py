@@ -78,6 +78,14 @@ class FormatSpec(msgspec.Struct, frozen=True, kw_only=True):
         """Whether the format has a tool-call syntax this library parses."""
         return self.kind is not FormatKind.CONTENT_ONLY
 
+    @property
+    def tool_openers(self) -> tuple[str, ...]:
+        """The strings the parser reads as the start of a tool call (qwen_xml also takes a
+        bare `<function=` without its `<tool_call>` wrapper)."""
+        if self.kind is FormatKind.QWEN_XML:
+            return (self.tool_start, QWEN_FUNCTION_START)
+        return (self.tool_start,)
+
 
 def spec_for_kind(
     kind: FormatKind | str,

@@ -405,7 +405,7 @@ class NumpyEngine:
             if L.window:
                 masked = masked | (kpos <= qpos - L.window)
             scores = np.where(masked, np.float32(-np.inf), scores)
-            probs = self._softmax(L, scores, L.sinks.reshape(nkv, group, 1, 1)
+            probs = self._softmax(scores, L.sinks.reshape(nkv, group, 1, 1)
                                   if L.sinks is not None else None)
             o = probs.reshape(nkv, group * n, total) @ Vs[:, :total]  # [nkv, g*n, hd]
             out[start : start + n] = o.reshape(nq, n, hd).transpose(1, 0, 2).reshape(n, nq * hd)
@@ -417,7 +417,7 @@ class NumpyEngine:
         return y + L.bo if L.bo is not None else y
 
     @staticmethod
-    def _softmax(L: _Layer, scores: np.ndarray, sinks: np.ndarray | None) -> np.ndarray:
+    def _softmax(scores: np.ndarray, sinks: np.ndarray | None) -> np.ndarray:
         """Softmax over the last axis, in place; with `sinks` (gpt-oss: a learned logit per
         head that takes part in the normalisation and is then dropped)."""
         if sinks is None:
@@ -484,7 +484,7 @@ class NumpyEngine:
             valid &= kpos[None, :] > lengths[:, None] - 1 - L.window
         if not valid.all():
             scores = np.where(valid[:, None, None, :], scores, np.float32(-np.inf))
-        scores = self._softmax(L, scores, L.sinks.reshape(1, nkv, group, 1)
+        scores = self._softmax(scores, L.sinks.reshape(1, nkv, group, 1)
                                if L.sinks is not None else None)
         out = np.matmul(scores, V[first:end, :, :span])  # [R, nkv, g, hd]
         return out[rows].reshape(B, nq * hd)

@@ -198,7 +198,7 @@ def _draw_rows(x: np.ndarray, rngs: list[np.random.Generator], temperature: floa
         if min_p > 0.0:
             probs[probs < min_p * probs.max(axis=1, keepdims=True)] = 0.0
         if top_p < 1.0:
-            picked = _top_p_rows(probs, top_p)
+            picked = [(ids, np.cumsum(w)) for ids, w in (_top_p(row, top_p) for row in probs)]
         else:
             picked = [(None, cum) for cum in np.cumsum(probs, axis=1)]
     for j, rng in enumerate(rngs):
@@ -212,15 +212,6 @@ def _draw_rows(x: np.ndarray, rngs: list[np.random.Generator], temperature: floa
         pick = min(int(np.count_nonzero(cum <= rng.random() * total)), cum.size - 1)
         tokens[j] = int(ids[pick]) if ids is not None else pick
     return tokens
-
-
-def _top_p_rows(probs: np.ndarray, top_p: float) -> list[tuple[np.ndarray, np.ndarray]]:
-    """`_top_p` for every row of `probs`: per row (ids, cumulative mass)."""
-    out = []
-    for row in probs:
-        ids, weights = _top_p(row, top_p)
-        out.append((ids, np.cumsum(weights)))
-    return out
 
 
 # Candidates for the nucleus: the tokens within these factors of the most likely one

@@ -10,7 +10,7 @@ from chat.formats.gemma4 import CHANNEL_NAME, gemma4_block
 from chat.formats.harmony import HarmonyParser
 from chat.formats.hermes_json import hermes_block
 from chat.formats.lfm2_pythonic import lfm2_block
-from chat.formats.qwen_xml import FUNCTION_START, qwen_xml_block_factory
+from chat.formats.qwen_xml import qwen_xml_block_factory
 from chat.formats.tagged import TaggedParser
 from chat.spec import FormatKind, FormatSpec
 
@@ -34,12 +34,10 @@ def make_parser(
         return HarmonyParser(builder, parse_tool_calls=parse_tool_calls)
     closer = spec.tool_end
     block: Callable | None = None
-    openers: tuple[str, ...] = (spec.tool_start,)
     if kind is FormatKind.HERMES_JSON:
         block = hermes_block
     elif kind is FormatKind.QWEN_XML:
         block = qwen_xml_block_factory(tools)
-        openers = (spec.tool_start, FUNCTION_START)
     elif kind is FormatKind.GEMMA4:
         block = gemma4_block
     elif kind is FormatKind.LFM2_PYTHONIC:
@@ -51,7 +49,7 @@ def make_parser(
         spec,
         builder,
         block=lambda b, opener: make(b, opener, closer),
-        openers=openers,
+        openers=spec.tool_openers,
         channel_name=_channel(kind),
         echo_after_call=kind is FormatKind.LFM2_PYTHONIC,
     )

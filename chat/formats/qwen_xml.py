@@ -16,8 +16,8 @@ from chat.builder import MessageBuilder
 from chat.dialects import Status
 from chat.formats.block import WS, expect, tool_schemas
 from chat.jsonout import JSONWriter
+from chat.spec import QWEN_FUNCTION_START as FUNCTION_START
 
-FUNCTION_START = "<function="
 FUNCTION_END = "</function>"
 PARAMETER_START = "<parameter="
 PARAMETER_END = "</parameter>"
