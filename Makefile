@@ -26,8 +26,9 @@ test: setup
 test-unit: setup
 	$(BIN)/python -m pytest -q --ignore=tests/integration
 
+# configs/serve.env: the Ray settings serving runs with (HAProxy ingress), read when Ray starts
 serve: setup
-	$(BIN)/serve run configs/flm.yaml
+	env $$(grep -v '^#' configs/serve.env | xargs) $(BIN)/serve run configs/flm.yaml
 
 bench: setup
 	$(BIN)/python bench/bench_stream.py

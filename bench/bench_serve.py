@@ -167,6 +167,9 @@ def main() -> int:
                     help="the workers' stream_interval_ms (default: the app's default)")
     ap.add_argument("--max-messages-per-s", type=float, default=None,
                     help="the workers' max_messages_per_s (default: the app's default)")
+    ap.add_argument("--python-proxy", action="store_true",
+                    help="HTTP through Serve's Python proxy actor instead of configs/serve.env's "
+                         "HAProxy ingress (Ray's default)")
     args = ap.parse_args()
     tokens = 48 if args.quick else 256
     streams = 8 if args.quick else 32
@@ -181,6 +184,11 @@ def main() -> int:
     from ray import serve
 
     from deployments.app import ModelEntry, build_app
+    from deployments.serve_env import serve_environ
+
+    if not args.python_proxy:  # serve as `make serve` does (configs/serve.env)
+        os.environ.update(serve_environ(os.environ, private_ports=True))
+    path = "Serve's Python proxy" if args.python_proxy else "HAProxy ingress"
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -211,7 +219,7 @@ def main() -> int:
             floor = []
             for _ in range(20):
                 floor.append(await get_once(port, "/health"))
-            print(f"GET /health through Serve (the HTTP path's floor): "
+            print(f"GET /health through Serve, {path} (the HTTP path's floor): "
                   f"{1000 * statistics.median(floor):.1f} ms median")
             for name, folder in (("flm-tiny", tiny), ("medium", medium)):
                 worker = InProcess(folder, name, settings, entry.blas_threads)

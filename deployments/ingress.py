@@ -35,6 +35,9 @@ from deployments.schemas import CONSTRAINT_FIELDS, ChatRequest, CompletionReques
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_S = "1"
+# tries of a request whose worker dies before answering (each on a replica the router
+# still believes alive; the router drops a replica it saw die)
+START_ATTEMPTS = 3
 _DECODERS: dict[str, msgspec.json.Decoder] = {}
 
 
@@ -72,6 +75,11 @@ def _param_from(err: msgspec.ValidationError) -> str | None:
 
 def _is_backpressure(exc: BaseException) -> bool:
     return type(exc).__name__ in ("BackPressureError",)
+
+
+def _is_replica_death(exc: BaseException) -> bool:
+    """The replica's actor is gone (not an error raised by our code)."""
+    return type(exc).__name__ in ("RayActorError", "ActorDiedError", "ActorUnavailableError")
 
 
 def _is_worker_death(exc: BaseException) -> bool:
@@ -145,8 +153,7 @@ def make_ingress(config: dict[str, Any]):
                     raise ApiError(404, f"The model '{req.model}' does not exist; see "
                                         "/v1/models.", param="model", code="model_not_found")
                 greq = self._generate_request(req, raw, kind)
-                gen = self.streams[req.model].generate.remote(greq)
-                head = await self._first(gen)
+                gen, head = await self._start(self.streams[req.model], greq)
                 first = head[0] if head else None
                 if isinstance(first, Rejected):
                     raise ApiError(first.status, first.message, param=first.param,
@@ -203,21 +210,28 @@ def make_ingress(config: dict[str, Any]):
                                    top_logprobs=req.logprobs or 0, **common)
 
         @staticmethod
-        async def _first(gen) -> list:
-            """The worker's first batch: [Rejected], or Accepted and what came with it."""
-            try:
-                return await gen.__anext__()
-            except StopAsyncIteration:
-                raise ApiError(503, "The model worker closed the request.") from None
-            except Exception as exc:
-                if _is_backpressure(exc):
-                    raise ApiError(503, "The server is busy; retry shortly.",
-                                   code="overloaded",
-                                   headers={"Retry-After": RETRY_AFTER_S}) from None
-                if _is_worker_death(exc):
-                    raise ApiError(503, "The model worker is unavailable; retry shortly.",
-                                   headers={"Retry-After": RETRY_AFTER_S}) from None
-                raise
+        async def _start(handle, greq: GenerateRequest) -> tuple[Any, list]:
+            """The request's stream and its first batch: [Rejected], or Accepted and what
+            came with it. A worker that died before answering has produced nothing, so the
+            request goes again, to a replica the router still believes alive."""
+            attempts = START_ATTEMPTS
+            while True:
+                gen = handle.generate.remote(greq)
+                try:
+                    return gen, await gen.__anext__()
+                except StopAsyncIteration:
+                    raise ApiError(503, "The model worker closed the request.") from None
+                except Exception as exc:
+                    if _is_backpressure(exc):
+                        raise ApiError(503, "The server is busy; retry shortly.",
+                                       code="overloaded",
+                                       headers={"Retry-After": RETRY_AFTER_S}) from None
+                    if not _is_worker_death(exc):
+                        raise
+                    attempts -= 1
+                    if not attempts or not _is_replica_death(exc):
+                        raise ApiError(503, "The model worker is unavailable; retry shortly.",
+                                       headers={"Retry-After": RETRY_AFTER_S}) from None
 
         @staticmethod
         async def _batches(head: list, gen):

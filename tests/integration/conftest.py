@@ -28,7 +28,10 @@ def serve_url(tmp_path_factory):
     from ray import serve
 
     from deployments.app import build_app
+    from deployments.serve_env import serve_environ
 
+    # Ray's processes read these at start: serve as `make serve` does (HAProxy ingress)
+    os.environ.update(serve_environ(os.environ, private_ports=True))
     cache = str(tmp_path_factory.mktemp("flm-cache"))
     os.environ["FLM_CACHE"] = cache
     port = _free_port()

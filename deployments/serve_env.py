@@ -1,0 +1,55 @@
+"""The Ray settings serving runs with (configs/serve.env), for code that starts Ray itself."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+
+SERVE_ENV_FILE = Path(__file__).resolve().parents[1] / "configs" / "serve.env"
+
+
+def read_serve_env(path: Path = SERVE_ENV_FILE) -> dict[str, str]:
+    """KEY=VALUE lines of an env file; blank lines and `#` comments are skipped.
+
+    Raises:
+        ValueError: a line is not KEY=VALUE (the message names the line).
+    """
+    env: dict[str, str] = {}
+    for n, raw in enumerate(path.read_text().splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise ValueError(f"{path}:{n}: expected KEY=VALUE, got {raw!r}")
+        env[key.strip()] = value.strip()
+    return env
+
+
+# ports HAProxy mode opens besides the app's own (its stats page, its Prometheus endpoint,
+# and Serve's fallback Python proxy), fixed by default
+_SIDE_PORTS = ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT",
+               "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT")
+
+
+def serve_environ(environ: Mapping[str, str], *, private_ports: bool = False) -> dict[str, str]:
+    """The variables to add to `environ` before starting Ray: configs/serve.env's, except
+    those `environ` already sets.
+
+    Args:
+        private_ports: also move HAProxy's side ports to free ones picked now, so a test
+            run or a benchmark can run beside `make serve` on the same host.
+    """
+    env = {k: v for k, v in read_serve_env().items() if k not in environ}
+    if private_ports:
+        for key in _SIDE_PORTS:
+            if key not in environ:
+                env[key] = str(_free_port())
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
