@@ -1,14 +1,16 @@
 """The serving path's cost, measured side by side in one run (completions: every token is
 visible text, so first-token timing is exact).
 
-For flm-tiny and for a bigger random model (about 5+ ms a token): decode tokens/s of the
-worker called in-process vs the same request streamed through HTTP (Ray Serve, two
-deployment hops, SSE), and the time to first token the serving path adds. Then aggregate
-tokens/s of 32 concurrent streams (continuous batching) vs the same 32 requests one at a
-time.
+For flm-tiny and for a bigger random model (about 5+ ms a token; again with one BLAS
+thread, leaving a core to Ray): decode tokens/s of the worker called in-process vs the
+same request streamed through HTTP (configs/serve.env's HAProxy ingress, the ingress
+replica, the worker replica, SSE), and the time to first token the serving path adds.
+Then aggregate tokens/s of 32 concurrent streams (continuous batching) vs the same 32
+requests one at a time.
 
-    python bench/bench_serve.py           # full
-    python bench/bench_serve.py --quick   # fewer tokens and streams (CI)
+    python bench/bench_serve.py                  # full
+    python bench/bench_serve.py --quick          # fewer tokens and streams
+    python bench/bench_serve.py --python-proxy   # through Serve's Python proxy instead
 """
 
 from __future__ import annotations
@@ -173,7 +175,7 @@ def main() -> int:
     args = ap.parse_args()
     tokens = 48 if args.quick else 256
     streams = 8 if args.quick else 32
-    rounds = 1 if args.quick else 5
+    rounds = 1 if args.quick else 9
     cache = Path(tempfile.mkdtemp(prefix="flm-bench-"))
     os.environ["FLM_CACHE"] = str(cache)
     tiny = ensure_tiny(cache)
@@ -203,7 +205,11 @@ def main() -> int:
         opts["max_messages_per_s"] = args.max_messages_per_s
     serve.run(build_app({"models": [
         {"name": "flm-tiny", "path": str(tiny), "max_batch": 32, "max_queued": 64, **opts},
-        {"name": "medium", "path": str(medium), "max_batch": 4, **opts}]}), name="bench",
+        {"name": "medium", "path": str(medium), "max_batch": 4, **opts},
+        # the same model leaving a core to Ray and Serve: their own CPU use apart, what
+        # does the serving path cost?
+        {"name": "medium-1t", "path": str(medium), "max_batch": 4, **opts,
+         "blas_threads": 1}]}), name="bench",
         route_prefix="/")
     # the in-process worker gets the served worker's settings and BLAS threads
     entry = ModelEntry(name="x", path="x", **opts)
@@ -221,29 +227,35 @@ def main() -> int:
                 floor.append(await get_once(port, "/health"))
             print(f"GET /health through Serve, {path} (the HTTP path's floor): "
                   f"{1000 * statistics.median(floor):.1f} ms median")
-            for name, folder in (("flm-tiny", tiny), ("medium", medium)):
-                worker = InProcess(folder, name, settings, entry.blas_threads)
+            for name, folder, blas in (("flm-tiny", tiny, entry.blas_threads),
+                                       ("medium", medium, entry.blas_threads),
+                                       ("medium-1t", medium, 1)):
+                worker = InProcess(folder, name, settings, blas)
                 worker.run(8)  # warm up both paths
                 await over_http(port, name, 8)
                 inp, http = [], []
-                for _ in range(rounds):  # interleaved: the machine's drift hits both
+                for r in range(rounds):  # interleaved: the machine's drift hits both
                     # OpenBLAS's threads spin for about 0.1 s after their last product: on
                     # 2 cores the other side's spinning threads would halve the next
                     # run's first steps (session 2 measured that as 100 ms of "added"
-                    # TTFT on the medium model), so each side starts on a quiet machine
-                    await asyncio.sleep(SETTLE_S)
-                    inp.append(worker.run(tokens))
-                    await asyncio.sleep(SETTLE_S)
-                    http.append(await over_http(port, name, tokens))
+                    # TTFT on the medium model), so each side starts on a quiet machine;
+                    # the sides take turns going first
+                    for side in ((0, 1) if r % 2 == 0 else (1, 0)):
+                        await asyncio.sleep(SETTLE_S)
+                        if side == 0:
+                            inp.append(worker.run(tokens))
+                        else:
+                            http.append(await over_http(port, name, tokens))
                 worker.close()
                 ttft_in, rate_in = (statistics.median(x) for x in zip(*inp))
                 ttft_http, rate_http = (statistics.median(x) for x in zip(*http))
                 # each round's pair measured back to back: the median of the paired ratios
                 # (and differences) is steadier than a ratio of medians on a noisy machine
-                ratio = statistics.median(h[1] / i[1] for i, h in zip(inp, http))
+                ratios = sorted(h[1] / i[1] for i, h in zip(inp, http))
                 added = statistics.median(h[0] - i[0] for i, h in zip(inp, http))
                 print(f"{name:9s} in-process {rate_in:8.1f} tok/s ({1000 / rate_in:6.2f} ms/tok)"
-                      f" | HTTP stream {rate_http:8.1f} tok/s | ratio {ratio:.3f}"
+                      f" | HTTP stream {rate_http:8.1f} tok/s | ratio "
+                      f"{statistics.median(ratios):.3f} ({ratios[0]:.3f}-{ratios[-1]:.3f})"
                       f" | TTFT in-process {1000 * ttft_in:5.1f} ms, HTTP "
                       f"{1000 * ttft_http:5.1f} ms, added {1000 * added:5.1f} ms"
                       f" (medians of {rounds} paired rounds)")
