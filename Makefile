@@ -26,9 +26,11 @@ test: setup
 test-unit: setup
 	$(BIN)/python -m pytest -q --ignore=tests/integration
 
-# configs/serve.env: the Ray settings serving runs with (HAProxy ingress), read when Ray starts
+# configs/serve.env: the Ray settings serving runs with (HAProxy ingress), read when Ray
+# starts; `make serve CONFIG=configs/model_dir.yaml` serves another config
+CONFIG ?= configs/flm.yaml
 serve: setup
-	env $$(grep -v '^#' configs/serve.env | xargs) $(BIN)/serve run configs/flm.yaml
+	env $$(grep -v '^#' configs/serve.env | xargs) $(BIN)/serve run $(CONFIG)
 
 bench: setup
 	$(BIN)/python bench/bench_stream.py

@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 from fastapi import FastAPI, Request
 from ray import serve
+from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -93,6 +94,14 @@ def make_ingress(config: dict[str, Any]):
     if config.get("cors_origins"):
         app.add_middleware(CORSMiddleware, allow_origins=config["cors_origins"],
                            allow_methods=["*"], allow_headers=["*"])
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        """An unknown path (404) or method (405): the routing's errors, in OpenAI's shape."""
+        text = {404: f"Unknown path {request.url.path!r}; see /v1/models.",
+                405: f"{request.method} is not allowed on {request.url.path!r}."}
+        return error_response(ApiError(exc.status_code, text.get(exc.status_code, exc.detail),
+                                       headers=dict(exc.headers or {})))
 
     @serve.deployment
     @serve.ingress(app)

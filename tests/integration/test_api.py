@@ -279,6 +279,15 @@ def test_invalid_json_and_oversized_bodies(client) -> None:
     assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
 
 
+def test_unknown_paths_and_methods_are_openai_shaped(client) -> None:
+    r = client.post("/v1/embeddings", json={"model": "flm-tiny", "input": "x"})
+    assert r.status_code == 404
+    assert "/v1/embeddings" in r.json()["error"]["message"]
+    r = client.get("/v1/chat/completions")
+    assert r.status_code == 405 and "GET" in r.json()["error"]["message"]
+    assert "POST" in r.headers["allow"]
+
+
 def test_prompt_over_the_context_length(client) -> None:
     long = [{"role": "user", "content": "Paris " * 6000}]
     r = client.post("/v1/chat/completions", json={"model": "flm-tiny", "messages": long})
