@@ -20,7 +20,6 @@ import asyncio
 import json
 import multiprocessing
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -186,15 +185,13 @@ def main() -> int:
     from ray import serve
 
     from deployments.app import ModelEntry, build_app
-    from deployments.serve_env import serve_environ
+    from deployments.serve_env import free_port, serve_environ
 
     if not args.python_proxy:  # serve as `make serve` does (configs/serve.env)
         os.environ.update(serve_environ(os.environ, private_ports=True))
     path = "Serve's Python proxy" if args.python_proxy else "HAProxy ingress"
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"FLM_CACHE": str(cache)}})
     serve.start(http_options={"host": "127.0.0.1", "port": port})

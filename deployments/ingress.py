@@ -78,14 +78,16 @@ def _is_backpressure(exc: BaseException) -> bool:
     return type(exc).__name__ in ("BackPressureError",)
 
 
+_REPLICA_GONE = ("RayActorError", "ActorDiedError", "ActorUnavailableError")
+
+
 def _is_replica_death(exc: BaseException) -> bool:
     """The replica's actor is gone (not an error raised by our code)."""
-    return type(exc).__name__ in ("RayActorError", "ActorDiedError", "ActorUnavailableError")
+    return type(exc).__name__ in _REPLICA_GONE
 
 
 def _is_worker_death(exc: BaseException) -> bool:
-    return type(exc).__name__ in ("RayActorError", "ActorDiedError", "ActorUnavailableError",
-                                  "RayTaskError", "DeploymentUnavailableError")
+    return type(exc).__name__ in (*_REPLICA_GONE, "RayTaskError", "DeploymentUnavailableError")
 
 
 def make_ingress(config: dict[str, Any]):

@@ -45,11 +45,12 @@ def serve_environ(environ: Mapping[str, str], *, private_ports: bool = False) ->
     if private_ports:
         for key in _SIDE_PORTS:
             if key not in environ:
-                env[key] = str(_free_port())
+                env[key] = str(free_port())
     return env
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on the loopback interface now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

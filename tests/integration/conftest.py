@@ -4,7 +4,6 @@ stories260K model when ../shared is there."""
 from __future__ import annotations
 
 import os
-import socket
 import time
 
 import httpx
@@ -16,25 +15,19 @@ STORIES = SHARED / "models" / "stories260K" / "hf-f32"
 SECRET = "test-key-123"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def serve_url(tmp_path_factory):
     ray = pytest.importorskip("ray")
     from ray import serve
 
     from deployments.app import build_app
-    from deployments.serve_env import serve_environ
+    from deployments.serve_env import free_port, serve_environ
 
     # Ray's processes read these at start: serve as `make serve` does (HAProxy ingress)
     os.environ.update(serve_environ(os.environ, private_ports=True))
     cache = str(tmp_path_factory.mktemp("flm-cache"))
     os.environ["FLM_CACHE"] = cache
-    port = _free_port()
+    port = free_port()
     ray.init(num_cpus=2, resources={"NPU": 2}, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"FLM_CACHE": cache}})
     serve.start(http_options={"host": "127.0.0.1", "port": port})
