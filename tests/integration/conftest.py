@@ -46,8 +46,10 @@ def serve_url(tmp_path_factory):
                                      "kernel_dir": str(kernels),
                                      "simulator_devices": ["RyzenAI-npu4", "RyzenAI-npu4"]}]}),
               name="npu", route_prefix="/npu")
-    # a second app with an API key and CORS, on its own prefix
-    serve.run(build_app({"models": [{"name": "flm-tiny", "path": "flm-tiny", "max_batch": 2}],
+    # a second app with an API key and CORS, on its own prefix; its worker takes one
+    # sequence and queues one more, so the overload test can fill it
+    serve.run(build_app({"models": [{"name": "flm-tiny", "path": "flm-tiny", "max_batch": 1,
+                                     "max_queued": 1}],
                          "api_key": SECRET, "cors_origins": ["http://example.test"]}),
               name="secured", route_prefix="/secured")
     url = f"http://127.0.0.1:{port}"

@@ -1,5 +1,5 @@
 """Concurrency, disconnects and replicas: 32 streams at once, a client that goes away, two
-replicas sharing traffic, and one replica killed under load."""
+replicas sharing traffic, one replica killed under load, and a burst over the queue."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import time
 import httpx
 import pytest
 
+from tests.integration.conftest import SECRET
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 MSG = [{"role": "user", "content": "Tell me a story."}]
@@ -91,4 +92,46 @@ def test_killed_replica_leaves_the_others_answering(serve_url) -> None:
     codes, after = asyncio.run(main())
     assert set(codes) <= {200, 503}  # in-flight requests on the victim may fail, cleanly
     assert codes.count(200) >= len(codes) // 2
+    assert after == 200
+
+
+def test_a_burst_over_the_queue_gets_json_503s_with_retry_after(serve_url) -> None:
+    """The secured app's worker runs one sequence and queues one: the rest of a burst is
+    told to come back later (Serve's back-pressure) in OpenAI's shape, and once the burst
+    is gone the worker answers again."""
+    headers = {"Authorization": f"Bearer {SECRET}"}
+    body = {"model": "flm-tiny", "messages": MSG, "max_tokens": 4000, "seed": 1, "stream": True}
+    n = 8
+
+    async def main():
+        answers: list = []
+        burst_seen = asyncio.Event()  # every request but the queued one has its answer
+
+        async def one(client):
+            async with client.stream("POST", "/secured/v1/chat/completions", json=body,
+                                     headers=headers) as r:
+                if r.status_code == 200:
+                    answers.append((200, None, None))
+                else:
+                    await r.aread()
+                    answers.append((r.status_code, r.headers.get("retry-after"), r.json()))
+                if len(answers) >= n - 1:
+                    burst_seen.set()
+                await asyncio.wait_for(burst_seen.wait(), 60)  # then hang up
+
+        async with httpx.AsyncClient(base_url=serve_url, timeout=60) as client:
+            await asyncio.gather(*[one(client) for _ in range(n)])
+            deadline = time.monotonic() + 30
+            while True:  # the hung-up streams free the worker
+                after = await client.post("/secured/v1/chat/completions", headers=headers,
+                                          json={"model": "flm-tiny", "messages": MSG,
+                                                "max_tokens": 2})
+                if after.status_code != 503 or time.monotonic() > deadline:
+                    return answers, after.status_code
+                await asyncio.sleep(0.1)
+
+    answers, after = asyncio.run(main())
+    rejected = [a for a in answers if a[0] != 200]
+    assert rejected and all(a[0] == 503 for a in rejected)
+    assert all(a[1] == "1" and a[2]["error"]["code"] == "overloaded" for a in rejected)
     assert after == 200
