@@ -135,3 +135,30 @@ def test_a_burst_over_the_queue_gets_json_503s_with_retry_after(serve_url) -> No
     assert rejected and all(a[0] == 503 for a in rejected)
     assert all(a[1] == "1" and a[2]["error"]["code"] == "overloaded" for a in rejected)
     assert after == 200
+
+
+def test_a_worker_dying_mid_stream_ends_it_with_an_error_event(serve_url) -> None:
+    import ray
+    from ray import serve
+
+    headers = {"Authorization": f"Bearer {SECRET}"}
+    handle = serve.get_deployment_handle("worker-flm-tiny", app_name="secured")
+    victim = handle.info.remote().result()["actor"]  # its only replica
+    with httpx.Client(base_url=serve_url, timeout=60, headers=headers) as client:
+        with client.stream("POST", "/secured/v1/chat/completions", json={
+                "model": "flm-tiny", "messages": MSG, "max_tokens": 100000, "seed": 1,
+                "stream": True}) as r:
+            lines = r.iter_lines()
+            assert next(line for line in lines if line.startswith("data: "))
+            ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=False)
+            rest = [line for line in lines if line.startswith("data: ")]
+        assert rest[-1] == "data: [DONE]"
+        assert '"error"' in rest[-2] and "server_error" in rest[-2]
+        deadline = time.monotonic() + 60
+        while True:  # Serve replaces the replica
+            after = client.post("/secured/v1/chat/completions", json={
+                "model": "flm-tiny", "messages": MSG, "max_tokens": 2})
+            if after.status_code == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert after.status_code == 200
