@@ -1,14 +1,16 @@
-"""One Ray Serve instance for the whole test run: flm-tiny on two replicas, and the real
-stories260K model when ../shared is there."""
+"""One Ray Serve instance for the whole test run: flm-tiny on two replicas, a random gpt-oss
+(harmony format), and the real stories260K model when ../shared is there."""
 
 from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.gpt_oss_model import build_gpt_oss
 from tests.shared import SHARED
 
 STORIES = SHARED / "models" / "stories260K" / "hf-f32"
@@ -35,6 +37,9 @@ def serve_url(tmp_path_factory):
                "max_queued": 48}]
     if STORIES.exists():
         models.append({"name": "stories260k", "path": str(STORIES), "max_batch": 4})
+    gpt_oss = tmp_path_factory.mktemp("gpt-oss") / "model"  # random, harmony format
+    build_gpt_oss(gpt_oss, Path(cache))
+    models.append({"name": "tiny-gpt-oss", "path": str(gpt_oss), "max_batch": 2})
     serve.run(build_app({"models": models, "max_request_bytes": 1 << 20}), name="flm",
               route_prefix="/")
     # two simulated NPUs: one worker replica each, claiming {"NPU": 1} from Ray

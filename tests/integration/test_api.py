@@ -84,6 +84,26 @@ def test_stream_and_non_stream_agree_for_the_same_seed(client, extra: dict) -> N
     assert _without_ids({k: folded[k] for k in view}) == _without_ids(view)
 
 
+@pytest.mark.parametrize("seed", [1, 2])
+def test_gpt_oss_harmony_tool_call_through_http(client, seed: int) -> None:
+    """A random gpt-oss (experts, sinks, YaRN) in the harmony format: a required call comes
+    back as tool_calls with content null, the same streamed and not."""
+    body = {"model": "tiny-gpt-oss", "messages": [{"role": "user", "content": "Lights?"}],
+            "tools": [LIGHT_TOOL], "tool_choice": "required", "reasoning_effort": "none",
+            "max_tokens": 160, "seed": seed}
+    r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    whole = r.json()["choices"][0]
+    assert whole["finish_reason"] == "tool_calls" and whole["message"]["content"] is None
+    [call] = whole["message"]["tool_calls"]
+    assert call["function"]["name"] == "light"
+    assert isinstance(json.loads(call["function"]["arguments"])["on"], bool)
+    folded = fold_chat(stream_chat(client, body)[0])[0]
+    assert folded["finish_reason"] == "tool_calls"
+    view = message_view(whole["message"])
+    assert _without_ids({k: folded[k] for k in view}) == _without_ids(view)
+
+
 def test_openai_client_streams_and_parses(serve_url) -> None:
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=serve_url + "/v1", api_key="unused")
