@@ -35,6 +35,14 @@ def _without_ids(view: dict) -> dict:
                                    for i, c in view["tool_calls"].items()}}
 
 
+def _assert_stream_agrees(client, body: dict, whole: dict) -> None:
+    """The same request streamed folds into `whole` (a non-streamed choice), ids aside."""
+    folded = fold_chat(stream_chat(client, body)[0])[0]
+    assert folded["finish_reason"] == whole["finish_reason"]
+    view = message_view(whole["message"])
+    assert _without_ids({k: folded[k] for k in view}) == _without_ids(view)
+
+
 # -- shapes ---------------------------------------------------------------------------------
 def test_models_and_health(client) -> None:
     assert client.get("/health").json() == {"status": "ok"}
@@ -77,11 +85,7 @@ def test_stream_and_non_stream_agree_for_the_same_seed(client, extra: dict) -> N
     body = {"model": "flm-tiny", "messages": MSG, "max_tokens": 120, "seed": 11,
             "temperature": 0.9, **extra}
     whole = client.post("/v1/chat/completions", json=body).json()["choices"][0]
-    chunks, _ = stream_chat(client, body)
-    folded = fold_chat(chunks)[0]
-    assert folded["finish_reason"] == whole["finish_reason"]
-    view = message_view(whole["message"])
-    assert _without_ids({k: folded[k] for k in view}) == _without_ids(view)
+    _assert_stream_agrees(client, body, whole)
 
 
 @pytest.mark.parametrize("seed", [1, 2])
@@ -98,10 +102,7 @@ def test_gpt_oss_harmony_tool_call_through_http(client, seed: int) -> None:
     [call] = whole["message"]["tool_calls"]
     assert call["function"]["name"] == "light"
     assert isinstance(json.loads(call["function"]["arguments"])["on"], bool)
-    folded = fold_chat(stream_chat(client, body)[0])[0]
-    assert folded["finish_reason"] == "tool_calls"
-    view = message_view(whole["message"])
-    assert _without_ids({k: folded[k] for k in view}) == _without_ids(view)
+    _assert_stream_agrees(client, body, whole)
 
 
 def test_openai_client_streams_and_parses(serve_url) -> None:
