@@ -44,7 +44,7 @@ class ModelWorker:
             from npu.xrt import XRT
 
             if simulator_devices:  # testing: the pyxrt simulator stands in for the driver
-                from npu.xrt_sim import simulator_for
+                from npu.xrt.sim import simulator_for
 
                 xrt = XRT(simulator_for(kernel_dir, simulator_devices))
             else:

@@ -34,7 +34,7 @@ import httpx  # noqa: E402
 from actors.events import Deltas, GenerateRequest  # noqa: E402
 from actors.worker import Worker, blas_threads_for, set_blas_threads  # noqa: E402
 from npu import load_model  # noqa: E402
-from npu.tiny import build_tiny, ensure_tiny  # noqa: E402
+from npu.load.tiny import build_tiny, ensure_tiny  # noqa: E402
 
 SETTLE_S = 0.5  # between measured runs (see the paired rounds in main)
 MSG = [{"role": "user", "content": "Tell me a long story about the sea."}]

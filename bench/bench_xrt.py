@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.bench_engine import QUICK, QWEN3_06B, random_weights  # noqa: E402
 from npu import config_from_json  # noqa: E402
 from npu.xrt import XRT  # noqa: E402
-from npu.xrt_engine import XRTEngine  # noqa: E402
-from npu.xrt_sim import make_kernel_dir, simulator_for  # noqa: E402
+from npu.xrt.engine import XRTEngine  # noqa: E402
+from npu.xrt.sim import make_kernel_dir, simulator_for  # noqa: E402
 
 
 def main() -> int:

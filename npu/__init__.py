@@ -1,12 +1,12 @@
 """npu: devices and models: loading, the numpy engine, tokenizer, templates and sampler."""
 
-from npu.config import ModelConfig, config_from_json
+from npu.load.config import ModelConfig, config_from_json
 from npu.errors import ContextLengthError, ModelError
-from npu.model import Model, load_model
-from npu.numpy_engine import NumpyEngine
+from npu.load.model import Model, load_model
+from npu.engine.numpy_engine import NumpyEngine
 from npu.sampler import Sampler, SamplingParams, logprobs
-from npu.template import ChatTemplate, TemplateError
-from npu.tokenizer import Detokenizer, Tokenizer
+from npu.load.template import ChatTemplate, TemplateError
+from npu.load.tokenizer import Detokenizer, Tokenizer
 
 __all__ = [
     "ChatTemplate",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from npu.tiny import ensure_tiny
+from npu.load.tiny import ensure_tiny
 
 HARMONY = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>", "<|call|>",
            "<|constrain|>"]

@@ -11,7 +11,7 @@ import pytest
 from actors.events import Accepted, Deltas, Finished, GenerateRequest, Rejected, Usage
 from actors.worker import Worker
 from npu import load_model
-from npu.tiny import ensure_tiny
+from npu.load.tiny import ensure_tiny
 
 pytestmark = pytest.mark.timeout(120)
 MSG = [{"role": "user", "content": "hi"}]
@@ -93,7 +93,7 @@ def test_cancelled_request_frees_its_sequence(worker) -> None:
 def test_npu_fault_fails_the_stream_and_the_worker(tmp_path) -> None:
     from actors.events import Failed
     from npu.xrt import XRT
-    from npu.xrt_sim import make_kernel_dir, simulator_for
+    from npu.xrt.sim import make_kernel_dir, simulator_for
 
     kdir = make_kernel_dir(tmp_path / "kernel")
     sim = simulator_for(kdir, ["RyzenAI-npu4"])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from functools import cache
 
-from npu.tokenizer import byte_decoder
+from npu.load.tokenizer import byte_decoder
 from tests.shared import FORMATS
 
 MARKERS = [

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from npu.tiny import ensure_tiny
+from npu.load.tiny import ensure_tiny
 
 
 @pytest.fixture(scope="session")

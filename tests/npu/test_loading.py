@@ -10,7 +10,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from npu import ModelError, config_from_json, load_model
-from npu.weights import load_weights
+from npu.load.safetensors import load_weights
 
 BASE = {"architectures": ["Qwen3ForCausalLM"], "hidden_size": 8, "intermediate_size": 16,
         "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,

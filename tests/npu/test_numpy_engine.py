@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from npu import ContextLengthError, NumpyEngine, config_from_json, load_model
-from npu import numpy_engine
-from npu.weights import load_weights
+from npu.engine import numpy_engine
+from npu.load.safetensors import load_weights
 from tests.shared import SHARED
 
 TINY = SHARED / "models" / "tiny-random"

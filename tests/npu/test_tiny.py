@@ -8,7 +8,7 @@ import numpy as np
 
 from chat import FormatKind, detect_format
 from npu import load_model
-from npu.tiny import ensure_tiny
+from npu.load.tiny import ensure_tiny
 
 
 def test_generation_is_deterministic(tiny_dir: Path, tmp_path: Path) -> None:

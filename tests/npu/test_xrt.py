@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from npu import ModelError, NumpyEngine, config_from_json, load_model
-from npu.weights import load_weights
+from npu.load.safetensors import load_weights
 from npu.xrt import XRT, XRTError, XRTUnavailable, generation_of, import_pyxrt
-from npu.xrt_engine import XRTEngine
-from npu.xrt_sim import Simulator, gemm_kernel, write_xclbin
+from npu.xrt.engine import XRTEngine
+from npu.xrt.sim import Simulator, gemm_kernel, write_xclbin
 from tests.shared import SHARED
 
 TINY = SHARED / "models" / "tiny-random"

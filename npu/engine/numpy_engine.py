@@ -16,8 +16,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from npu import rope as rope_mod
-from npu.config import ModelConfig
+from npu.engine import rope as rope_mod
+from npu.load.config import ModelConfig
 from npu.errors import ContextLengthError, ModelError
 
 PREFILL_CHUNK = 512

@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Any
 
 
-from npu.config import ModelConfig, config_from_json
+from npu.load.config import ModelConfig, config_from_json
 from npu.errors import ModelError
-from npu.numpy_engine import NumpyEngine
+from npu.engine.numpy_engine import NumpyEngine
 from npu.sampler import SamplingParams
-from npu.template import ChatTemplate
-from npu.tokenizer import Tokenizer
-from npu.weights import load_weights
+from npu.load.template import ChatTemplate
+from npu.load.tokenizer import Tokenizer
+from npu.load.safetensors import load_weights
 
 
 class Model:
@@ -120,7 +120,7 @@ def load_model(path: str | Path, device: str = "cpu", *, name: str | None = None
         ModelError: a missing or unsupported file, key or architecture, named.
     """
     if str(path) == "flm-tiny":
-        from npu.tiny import ensure_tiny
+        from npu.load.tiny import ensure_tiny
 
         path, name = ensure_tiny(), name or "flm-tiny"
     folder = Path(path)
@@ -159,7 +159,7 @@ def load_model(path: str | Path, device: str = "cpu", *, name: str | None = None
         repetition_penalty=float(gen.get("repetition_penalty") or 1.0))
     if device == "npu":
         from npu.xrt import XRT
-        from npu.xrt_engine import XRTEngine
+        from npu.xrt.engine import XRTEngine
 
         engine = XRTEngine(config, load_weights(folder), xrt=xrt or XRT(),
                            device_index=device_index, kernel_dir=Path(kernel_dir))

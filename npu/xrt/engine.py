@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from npu.config import ModelConfig
-from npu.numpy_engine import NumpyEngine, _Layer
-from npu.xrt import XRT, GemmKernel
+from npu.load.config import ModelConfig
+from npu.engine.numpy_engine import NumpyEngine, _Layer
+from npu.xrt.adapter import XRT, GemmKernel
 
 LINEAR = ("wqkv", "wo", "w_gate_up", "w_down", "in_proj", "out_proj")
 
@@ -47,7 +47,7 @@ class XRTEngine(NumpyEngine):
         try:
             xrt.device(self.device_index).get_info(xrt.x.xrt_info_device.name)
         except Exception as exc:
-            from npu.xrt import XRTError
+            from npu.xrt.adapter import XRTError
 
             raise XRTError(f"NPU {self.device_index} is not answering: {exc}") from None
 

@@ -2,7 +2,7 @@
 
 `pyxrt` ships with AMD's XRT (not PyPI) and is imported only here, lazily; its absence is
 an `XRTUnavailable` with what to install, never an ImportError at import time. The same
-adapter drives the real module or `npu.xrt_sim.Simulator`.
+adapter drives the real module or `npu.xrt.sim.Simulator`.
 """
 
 from __future__ import annotations
