@@ -17,8 +17,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from npu.engine import rope as rope_mod
-from npu.load.config import ModelConfig
+from npu.engine.linear import Linear, LinearFactory
+from npu.engine.quant import QMatrix
 from npu.errors import ContextLengthError, ModelError
+from npu.load.config import ModelConfig
 
 PREFILL_CHUNK = 512
 
@@ -122,21 +124,40 @@ class NumpyEngine:
 
     Args:
         config: the model's config.
-        weights: name -> float32 array, Hugging Face names; consumed (entries are removed
-            as they are repacked, so peak memory stays near one copy of the weights).
+        weights: name -> float32 array or `QMatrix` (a matrix in a block format), Hugging
+            Face names; consumed (entries are removed as they are repacked, so peak memory
+            stays near one copy of the weights).
+        backend: the linear layers' backend ("cpu": the compiled kernels, "reference":
+            numpy; see npu.engine.linear).
+        threads: the kernels' thread count (default: every core).
     """
 
-    def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray]) -> None:
+    def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray | QMatrix], *,
+                 backend: str = "cpu", threads: int | None = None) -> None:
+        import os
+
         self.config = c = config
         self.vocab_size = c.vocab_size
         self.max_context = c.max_position
         self._seqs: dict[object, _Seq] = {}
+        self.linears = LinearFactory(backend, threads or os.cpu_count() or 1)
 
         def take(name: str, *, optional: bool = False) -> np.ndarray | None:
             arr = weights.pop(name, None)
             if arr is None and not optional:
                 raise ModelError(f"the weights lack tensor {name!r} (architecture {c.arch})")
+            if isinstance(arr, QMatrix):  # vectors and small tensors are used as float32
+                arr = arr.dequantize()
             return arr
+
+        def mat(name: str) -> QMatrix:
+            arr = weights.pop(name, None)
+            if arr is None:
+                raise ModelError(f"the weights lack tensor {name!r} (architecture {c.arch})")
+            return arr if isinstance(arr, QMatrix) else QMatrix.from_float(arr)
+
+        def linear(*names: str) -> Linear:
+            return self.linears.linear([mat(n) for n in names])
 
         gemma = c.arch == "gemma3"
         lfm2 = c.arch == "lfm2"
@@ -145,16 +166,17 @@ class NumpyEngine:
             w = take(name)
             return (w + np.float32(1.0)).astype(np.float32) if gemma else w
 
-        self.embed = np.ascontiguousarray(take("model.embed_tokens.weight"))
+        embed = mat("model.embed_tokens.weight")
+        self.embed = self.linears.embedding(embed)
         self.embed_scale = np.float32(math.sqrt(c.hidden_size)) if gemma else None
         self.final_norm = norm("model.embedding_norm.weight" if lfm2 else "model.norm.weight")
-        head = take("lm_head.weight", optional=True)
-        if head is None:
-            if not c.tie_embeddings:
-                raise ModelError("the weights lack tensor 'lm_head.weight' and the config does "
-                                 "not tie it to the embeddings")
-            head = self.embed
-        self.lm_head = head
+        if "lm_head.weight" in weights:
+            self.lm_head = linear("lm_head.weight")
+        elif c.tie_embeddings:
+            self.lm_head = self.linears.linear([embed])
+        else:
+            raise ModelError("the weights lack tensor 'lm_head.weight' and the config does "
+                             "not tie it to the embeddings")
         self.layers: list[_Layer] = []
         inv_cache: dict[tuple, np.ndarray] = {}
         for i in range(c.num_layers):
@@ -183,17 +205,16 @@ class NumpyEngine:
             L.bo = L.sinks = L.router_w = L.router_b = None
             L.experts_gu = L.experts_gu_b = L.experts_down = L.experts_down_b = None
             if L.kind == "conv":
-                L.in_proj = take(p + "conv.in_proj.weight")
-                L.conv = np.ascontiguousarray(take(p + "conv.conv.weight")[:, 0, :])
-                L.out_proj = take(p + "conv.out_proj.weight")
+                L.in_proj = linear(p + "conv.in_proj.weight")
+                conv = take(p + "conv.conv.weight")
+                L.conv = np.ascontiguousarray(conv.reshape(conv.shape[0], conv.shape[-1]))
+                L.out_proj = linear(p + "conv.out_proj.weight")
             else:
                 a = p + "self_attn."
-                parts = [take(a + n + "_proj.weight") for n in ("q", "k", "v")]
-                L.wqkv = np.ascontiguousarray(np.concatenate(parts, axis=0))
-                del parts
+                L.wqkv = linear(*(a + n + "_proj.weight" for n in ("q", "k", "v")))
                 if c.attention_bias:
                     L.bqkv = np.concatenate([take(a + n + "_proj.bias") for n in ("q", "k", "v")])
-                L.wo = take(a + ("out_proj.weight" if lfm2 else "o_proj.weight"))
+                L.wo = linear(a + ("out_proj.weight" if lfm2 else "o_proj.weight"))
                 if c.arch == "gpt_oss":
                     L.bo = take(a + "o_proj.bias")
                 if c.attention_sinks:
@@ -220,15 +241,11 @@ class NumpyEngine:
                 L.experts_down_b = take(m + "experts.down_proj_bias")
                 L.w_gate_up = L.w_down = None
             else:
-                if lfm2:
-                    gate = take(p + "feed_forward.w1.weight")
-                    up = take(p + "feed_forward.w3.weight")
-                    L.w_down = take(p + "feed_forward.w2.weight")
-                else:
-                    gate, up = take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")
-                    L.w_down = take(p + "mlp.down_proj.weight")
-                L.w_gate_up = np.ascontiguousarray(np.concatenate([gate, up], axis=0))
-                del gate, up
+                f = p + ("feed_forward." if lfm2 else "mlp.")
+                gate, up, down = (("w1", "w3", "w2") if lfm2 else
+                                  ("gate_proj", "up_proj", "down_proj"))
+                L.w_gate_up = linear(f + gate + ".weight", f + up + ".weight")
+                L.w_down = linear(f + down + ".weight")
             self.layers.append(L)
         self.act = silu if c.activation == "silu" else gelu_tanh
         self.scale = np.float32(c.query_scale or c.head_dim ** -0.5)
@@ -237,13 +254,19 @@ class NumpyEngine:
 
     @property
     def weight_bytes(self) -> int:
-        arrays = [self.embed, self.final_norm] + ([] if self.lm_head is self.embed
-                                                  else [self.lm_head])
+        """Bytes of the weights as held (a tied head and its embedding counted once)."""
+        arrays = [self.embed.matrix, self.final_norm]
+        if self.lm_head is not None and self.lm_head.matrix is not self.embed.matrix:
+            arrays.append(self.lm_head)
         for L in self.layers:
             arrays += [a for a in (L.wqkv, L.wo, L.in_proj, L.conv, L.out_proj, L.w_gate_up,
                                    L.w_down, L.router_w, L.experts_gu, L.experts_down)
                        if a is not None]
         return sum(a.nbytes for a in arrays)
+
+    def set_threads(self, n: int) -> None:
+        """The compiled kernels' thread count (BLAS has its own: threadpoolctl)."""
+        self.linears.threads.n = max(1, int(n))
 
     # -- public interface -------------------------------------------------------------------
     def prefill(self, seq_id: object, ids: Sequence[int]) -> np.ndarray:
@@ -325,7 +348,7 @@ class NumpyEngine:
     # -- the forward pass -------------------------------------------------------------------
     def _forward(self, ids: np.ndarray, segments: list[tuple[_Seq, int]]) -> np.ndarray:
         c = self.config
-        x = self.embed[ids]
+        x = self.embed(ids)
         if self.embed_scale is not None:
             x = x * self.embed_scale
         positions = np.concatenate([np.arange(s.pos, s.pos + n) for s, n in segments])
@@ -360,15 +383,10 @@ class NumpyEngine:
 
     def _mm(self, x: np.ndarray, layer: _Layer | None, name: str) -> np.ndarray:
         """x @ W.T for the named weight of a layer (or the lm_head): the one place a
-        linear layer is computed, which other engines replace."""
+        linear layer is computed (a `Linear` of the engine's backend), which other engines
+        replace."""
         w = self.lm_head if layer is None else getattr(layer, name)
-        if 1 < len(x) <= 32:
-            # OpenBLAS computes x @ w.T for a few rows at 3-4x the cost of one row; w @ x.T
-            # is 20-40% faster for 2-32 rows of a cache-sized weight (batched decode, short
-            # prompts); one row is a matrix-vector product either way, and long prompt
-            # chunks are faster as x @ w.T
-            return (w @ x.T).T
-        return x @ w.T
+        return w(x)
 
     def _attention(self, li: int, L: _Layer, h: np.ndarray, segments, cos, sin) -> np.ndarray:
         c = self.config

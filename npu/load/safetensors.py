@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -56,8 +57,9 @@ def _header(path: Path) -> tuple[dict, int]:
     return header, 8 + size
 
 
-def iter_tensors(folder: Path) -> Iterator[tuple[str, np.ndarray]]:
-    """Yield (name, float32 array) for every tensor, one at a time (converted copies)."""
+def iter_tensors(folder: Path) -> Iterator[tuple[str, np.ndarray, str]]:
+    """Yield (name, float32 array, stored dtype) for every tensor, one at a time (converted
+    copies)."""
     for path in safetensors_files(folder):
         header, offset = _header(path)
         data = np.memmap(path, dtype=np.uint8, mode="r")
@@ -71,13 +73,14 @@ def iter_tensors(folder: Path) -> Iterator[tuple[str, np.ndarray]]:
                 arr = (np.array(raw, dtype=np.uint32) << 16).view(np.float32)
             else:
                 arr = np.array(raw, dtype=np.float32)
-            yield name, arr
+            yield name, arr, info["dtype"]
         del data
 
 
-def load_weights(folder: Path, *, keep: Callable[[str, np.ndarray], np.ndarray] | None = None,
-                 progress: bool = True) -> dict[str, np.ndarray]:
-    """All tensors as float32; `keep(name, array)` may transform each as it arrives.
+def load_weights(folder: Path, *, keep: Callable[[str, np.ndarray, str], Any] | None = None,
+                 progress: bool = True) -> dict[str, Any]:
+    """All tensors as float32; `keep(name, array, stored dtype)` may transform each as it
+    arrives (into a block format: one tensor is float32 at a time).
 
     A progress line is written to stderr when loading takes longer than a second.
     """
@@ -87,8 +90,8 @@ def load_weights(folder: Path, *, keep: Callable[[str, np.ndarray], np.ndarray] 
     start = time.monotonic()
     shown = False
     out: dict[str, np.ndarray] = {}
-    for name, arr in iter_tensors(folder):
-        out[name] = keep(name, arr) if keep else arr
+    for name, arr, dtype in iter_tensors(folder):
+        out[name] = keep(name, arr, dtype) if keep else arr
         done += arr.size * 2  # about the bytes read (bf16/fp16 checkpoints dominate)
         if progress and time.monotonic() - start > 1.0:
             shown = True

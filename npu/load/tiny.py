@@ -9,12 +9,13 @@ that every part of the system runs for real with no download; its output is nois
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
 import numpy as np
+
+from npu.paths import cache_dir
 
 VERSION = "1"
 SEED = 20261202
@@ -26,14 +27,6 @@ DIMS = {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 4,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
         "max_position_embeddings": 4096}
 VOCAB = 2048
-
-
-def cache_dir() -> Path:
-    """$FLM_CACHE, else $XDG_CACHE_HOME/flm-serve, else ~/.cache/flm-serve."""
-    if os.environ.get("FLM_CACHE"):
-        return Path(os.environ["FLM_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "flm-serve"
 
 
 def ensure_tiny(root: Path | None = None) -> Path:

@@ -43,21 +43,26 @@ class Tokenizer:
     """A model's tokenizer.
 
     Args:
-        path: tokenizer.json.
+        path: tokenizer.json, or its document (a GGUF file's tokenizer, built in memory).
         bos_token / eos_token / unk_token / pad_token: from tokenizer_config.json.
         add_bos: prepend BOS when the template does not write it.
     """
 
-    def __init__(self, path: Path, *, bos_token: str | None = None, eos_token: str | None = None,
+    def __init__(self, path: Path | dict, *, bos_token: str | None = None, eos_token: str | None = None,
                  unk_token: str | None = None, pad_token: str | None = None,
                  add_bos: bool = False) -> None:
         from tokenizers import Tokenizer as HFTokenizer
 
         try:
-            self._tok = HFTokenizer.from_file(str(path))
+            if isinstance(path, dict):
+                self._json = path
+                self._tok = HFTokenizer.from_str(json.dumps(path))
+            else:
+                self._tok = HFTokenizer.from_file(str(path))
+                self._json = json.loads(path.read_text(encoding="utf-8"))
         except Exception as exc:
-            raise ModelError(f"{path}: cannot be read as a tokenizer.json ({exc})") from None
-        self._json = json.loads(path.read_text(encoding="utf-8"))
+            where = "the GGUF tokenizer" if isinstance(path, dict) else path
+            raise ModelError(f"{where}: cannot be read as a tokenizer.json ({exc})") from None
         self.bos_token, self.eos_token = bos_token, eos_token
         self.unk_token, self.pad_token = unk_token, pad_token
         self.add_bos = add_bos

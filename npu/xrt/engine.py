@@ -31,11 +31,10 @@ class XRTEngine(NumpyEngine):
             for name in LINEAR:
                 w = getattr(L, name)
                 if w is not None:
-                    self._dev[(L.index, name)] = self.gemm.upload(w)
+                    self._dev[(L.index, name)] = self.gemm.upload(w.dequantize())
                     setattr(L, name, None)  # the device holds it now
-        self._dev[(-1, "lm_head")] = self.gemm.upload(self.lm_head)
-        if self.lm_head is not self.embed:
-            self.lm_head = None
+        self._dev[(-1, "lm_head")] = self.gemm.upload(self.lm_head.dequantize())
+        self.lm_head = None
 
     @property
     def weight_bytes(self) -> int:

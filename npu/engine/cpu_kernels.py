@@ -1,0 +1,94 @@
+"""The compiled CPU kernels (cpu_kernels.c): built once per machine with the system's C
+compiler into the cache directory, loaded with ctypes.
+
+`kernels()` returns the loaded library or raises `KernelUnavailable` (no compiler, a failed
+build); callers fall back to the numpy reference then. The build is keyed by the source and
+the flags, so an edited source or another machine builds anew.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+
+from npu.errors import ModelError
+from npu.paths import cache_dir
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("cpu_kernels.c")
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+
+_F32P = np.ctypeslib.ndpointer(dtype=np.float32, flags="C_CONTIGUOUS")
+_I64P = np.ctypeslib.ndpointer(dtype=np.int64, flags="C_CONTIGUOUS")
+_U8 = ctypes.c_void_p
+_I64 = ctypes.c_int64
+
+
+class KernelUnavailable(ModelError):
+    """The CPU kernels could not be built or loaded on this machine."""
+
+
+def _compiler() -> str:
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        raise KernelUnavailable("no C compiler (cc or gcc) to build the CPU kernels")
+    return cc
+
+
+def build(out_dir: Path | None = None) -> Path:
+    """The shared library's path, compiled first if this source and these flags have no
+    build in `out_dir` (default: the cache directory's kernels/)."""
+    cc = _compiler()
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join([cc, *FLAGS]).encode()).hexdigest()[:16]
+    out_dir = out_dir or cache_dir() / "kernels"
+    target = out_dir / f"cpu_kernels-{key}.so"
+    if target.exists():
+        return target
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=".so")
+    os.close(fd)
+    try:
+        done = subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE)], capture_output=True,
+                              text=True, timeout=300)
+        if done.returncode:
+            raise KernelUnavailable(f"building {SOURCE.name} failed: {done.stderr.strip()[:2000]}")
+        os.replace(tmp, target)  # atomic: concurrent builders each install a whole file
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    log.info("built the CPU kernels: %s", target)
+    return target
+
+
+@cache
+def kernels() -> ctypes.CDLL:
+    """The loaded kernels (built on first use)."""
+    try:
+        lib = ctypes.CDLL(str(build()))
+    except OSError as exc:
+        raise KernelUnavailable(f"cannot load the CPU kernels: {exc}") from None
+    lib.fk_init.restype = None
+    lib.fk_init()
+    lib.fk_row_bytes.restype = _I64
+    lib.fk_row_bytes.argtypes = [ctypes.c_int, _I64]
+    lib.fk_matmul.restype = ctypes.c_int
+    lib.fk_matmul.argtypes = [ctypes.c_int, _U8, _I64, _I64, _F32P, _I64, _F32P, ctypes.c_int]
+    lib.fk_rows.restype = ctypes.c_int
+    lib.fk_rows.argtypes = [ctypes.c_int, _U8, _I64, _I64P, _I64, _F32P, ctypes.c_int]
+    lib.fk_dequant.restype = ctypes.c_int
+    lib.fk_dequant.argtypes = [ctypes.c_int, _U8, _I64, _I64, _I64, _F32P, ctypes.c_int]
+    return lib
+
+
+if __name__ == "__main__":  # `make setup` builds them once, so a build error shows there
+    print(build())

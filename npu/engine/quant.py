@@ -1,0 +1,105 @@
+"""QMatrix: a weight matrix held in a GGML block format, and what can be done with its blocks.
+
+A matrix [rows, cols] is stored row by row (a row is cols / block_size blocks), so rows are
+independent: concatenating matrices by rows, reordering rows (the Llama Q/K permutation) and
+reading a few rows (embedding lookups) work on the bytes, never on a float copy.
+
+Formats: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 are held as they are (the CPU kernels
+compute them directly); the k-quants Q2_K .. Q6_K are converted to Q8_0 at load
+(`to_native`, which reports the error it made). The numpy reference (`dequantize`) is
+gguf's own, the oracle for every other backend.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QT
+from gguf import quants
+
+from npu.errors import ModelError
+
+NATIVE = frozenset({QT.F32, QT.F16, QT.BF16, QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1})
+CONVERTED = frozenset({QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K})
+# what `quantize:` in a model's config may ask for
+QUANTIZE = {"q8_0": QT.Q8_0, "q4_0": QT.Q4_0, "q4_1": QT.Q4_1, "q5_0": QT.Q5_0,
+            "q5_1": QT.Q5_1, "f16": QT.F16, "bf16": QT.BF16}
+
+
+def row_bytes(qtype: QT, cols: int) -> int:
+    block, size = GGML_QUANT_SIZES[qtype]
+    if cols % block:
+        raise ModelError(f"{qtype.name} needs rows of a multiple of {block} values, not {cols}")
+    return cols // block * size
+
+
+class QMatrix:
+    """A matrix [rows, cols] in the block format `qtype`; `data` is uint8 [rows, row bytes]."""
+
+    __slots__ = ("qtype", "shape", "data")
+
+    def __init__(self, qtype: QT, shape: tuple[int, int], data: np.ndarray) -> None:
+        rows, cols = shape
+        data = np.ascontiguousarray(data).view(np.uint8).reshape(rows, -1)
+        if data.shape[1] != row_bytes(qtype, cols):
+            raise ModelError(f"{qtype.name} matrix {rows}x{cols}: {data.shape[1]} bytes a row, "
+                             f"expected {row_bytes(qtype, cols)}")
+        self.qtype, self.shape, self.data = qtype, (rows, cols), data
+
+    @classmethod
+    def from_float(cls, array: np.ndarray, qtype: QT = QT.F32) -> QMatrix:
+        """`array` [rows, cols] in `qtype` (F32 keeps the array itself: no copy)."""
+        array = np.asarray(array)
+        if qtype == QT.F32:
+            return cls(qtype, array.shape, np.ascontiguousarray(array, dtype=np.float32))
+        return cls(qtype, array.shape, quants.quantize(np.asarray(array, np.float32), qtype))
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes
+
+    @property
+    def floats(self) -> np.ndarray | None:
+        """The float32 [rows, cols] view of an F32 matrix (None for other formats)."""
+        return self.data.view(np.float32) if self.qtype == QT.F32 else None
+
+    def dequantize(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Rows start .. stop as a new float32 array (numpy reference)."""
+        if self.qtype == QT.F32:
+            return self.floats[start:stop].copy()
+        return np.asarray(quants.dequantize(self.data[start:stop], self.qtype), np.float32)
+
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        """The rows `ids` as float32 [len(ids), cols] (numpy reference)."""
+        if self.qtype == QT.F32:
+            return self.floats[ids]
+        return np.asarray(quants.dequantize(self.data[ids], self.qtype), np.float32)
+
+    def reorder(self, order: np.ndarray) -> QMatrix:
+        """The matrix with its rows in `order` (row i of the result is row order[i])."""
+        return QMatrix(self.qtype, self.shape, self.data[order])
+
+    def to_native(self) -> tuple[QMatrix, float]:
+        """This matrix in a format the CPU kernels compute, and the largest error of the
+        conversion relative to the largest value (0.0 when it is one already)."""
+        if self.qtype in NATIVE:
+            return self, 0.0
+        if self.qtype not in CONVERTED:
+            raise ModelError(f"tensor type {self.qtype.name} is not supported (supported: "
+                             f"{', '.join(sorted(t.name for t in NATIVE | CONVERTED))})")
+        values = self.dequantize()
+        out = QMatrix(QT.Q8_0, self.shape, quants.quantize(values, QT.Q8_0))
+        scale = float(np.abs(values).max()) or 1.0
+        return out, float(np.abs(out.dequantize() - values).max()) / scale
+
+    @staticmethod
+    def concat(parts: list[QMatrix]) -> QMatrix:
+        """The parts stacked by rows (all of one format and width)."""
+        first = parts[0]
+        if any(p.qtype != first.qtype or p.shape[1] != first.shape[1] for p in parts):
+            raise ValueError("concat needs matrices of one format and width")
+        rows = sum(p.shape[0] for p in parts)
+        return QMatrix(first.qtype, (rows, first.shape[1]),
+                       np.concatenate([p.data for p in parts], axis=0))
+
+    def __repr__(self) -> str:
+        return f"QMatrix({self.qtype.name}, {self.shape[0]}x{self.shape[1]})"

@@ -1,0 +1,288 @@
+"""read_gguf: a GGUF file as what a Hugging Face directory gives: a config.json dict, the
+tokenizer's metadata, the chat template and the tensors under Hugging Face names.
+
+The file is read with `gguf.GGUFReader` for its metadata and tensor table; each tensor's
+bytes are then read into memory of our own (no float32 copy of any matrix): matrices become
+`QMatrix` in their block format (k-quants converted to Q8_0, logged with the error made),
+vectors float32. What llama.cpp's converter changed is undone: the Llama family's Q/K row
+permutation (rows are independent in every block format, so this reorders bytes) and
+Gemma's `1 +` folded into its norm weights. A file that cannot be read, an unknown
+architecture, an unsupported tensor type or a tensor whose shape disagrees with the
+metadata is a `ModelError` naming the file and the tensor.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from npu.engine.quant import QMatrix, QT
+from npu.errors import ModelError
+
+log = logging.getLogger(__name__)
+
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                 "qwen3": "Qwen3ForCausalLM", "gemma3": "Gemma3ForCausalLM",
+                 "lfm2": "Lfm2ForCausalLM"}
+# the ones whose attn_q / attn_k rows llama.cpp's converter permutes for ggml's RoPE
+PERMUTED = frozenset({"llama"})
+
+_GLOBAL = {"token_embd.weight": "model.embed_tokens.weight",
+           "output.weight": "lm_head.weight", "output_norm.weight": "model.norm.weight",
+           "token_embd_norm.weight": "model.embedding_norm.weight"}
+_LAYER = {
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm", "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+_LAYER_ARCH = {
+    "gemma3": {"ffn_norm": "pre_feedforward_layernorm",
+               "post_attention_norm": "post_attention_layernorm",
+               "post_ffw_norm": "post_feedforward_layernorm"},
+    "lfm2": {"attn_norm": "operator_norm", "ffn_norm": "ffn_norm",
+             "attn_output": "self_attn.out_proj", "attn_q_norm": "self_attn.q_layernorm",
+             "attn_k_norm": "self_attn.k_layernorm", "ffn_gate": "feed_forward.w1",
+             "ffn_up": "feed_forward.w3", "ffn_down": "feed_forward.w2",
+             "shortconv.conv": "conv.conv", "shortconv.in_proj": "conv.in_proj",
+             "shortconv.out_proj": "conv.out_proj"},
+}
+
+
+def hf_name(arch: str, name: str) -> str | None:
+    """The Hugging Face name of a GGUF tensor name (None: not one the engine uses)."""
+    if name in _GLOBAL:
+        return _GLOBAL[name]
+    parts = name.split(".")
+    if parts[0] != "blk" or len(parts) < 4:
+        return None
+    kind, suffix = ".".join(parts[2:-1]), parts[-1]
+    mapped = _LAYER_ARCH.get(arch, {}).get(kind) or _LAYER.get(kind)
+    return f"model.layers.{parts[1]}.{mapped}.{suffix}" if mapped else None
+
+
+class GGUFModel:
+    """What a GGUF file holds, read."""
+
+    def __init__(self, path: Path, meta: dict[str, Any], config: dict[str, Any],
+                 tensors: dict[str, np.ndarray | QMatrix]) -> None:
+        self.path, self.meta, self.config, self.tensors = path, meta, config, tensors
+
+    @property
+    def chat_template(self) -> str | None:
+        return self.meta.get("tokenizer.chat_template")
+
+
+def _metadata(reader, path: Path) -> dict[str, Any]:
+    meta = {}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        try:
+            meta[key] = field.contents()
+        except Exception as exc:  # a field of a kind the reader cannot decode
+            raise ModelError(f"{path}: metadata {key} cannot be read ({exc})") from None
+    return meta
+
+
+def config_from_gguf(meta: dict[str, Any], tensor_names: set[str], path: Path,
+                     embed_rows: int | None) -> dict[str, Any]:
+    """A config.json dict (the keys `config_from_json` reads) from a file's metadata."""
+    arch = meta.get("general.architecture")
+    if arch not in ARCHITECTURES:
+        raise ModelError(f"{path}: architecture {arch!r} is not supported (supported: "
+                         f"{', '.join(sorted(ARCHITECTURES))})")
+
+    def key(name: str, default: Any = ...) -> Any:
+        value = meta.get(f"{arch}.{name}", default)
+        if value is ...:
+            raise ModelError(f"{path}: metadata {arch}.{name} is missing")
+        return value
+
+    heads = int(key("attention.head_count"))
+    hidden = int(key("embedding_length"))
+    kv = key("attention.head_count_kv", heads)
+    layers = int(key("block_count"))
+    vocab = key("vocab_size", None) or len(meta.get("tokenizer.ggml.tokens") or ()) or embed_rows
+    cfg: dict[str, Any] = {
+        "architectures": [ARCHITECTURES[arch]],
+        "hidden_size": hidden,
+        "intermediate_size": int(key("feed_forward_length")),
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(max(kv) if isinstance(kv, list) else kv),
+        "head_dim": int(key("attention.key_length", hidden // heads)),
+        "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon", 1e-6)),
+        "max_position_embeddings": int(key("context_length", 4096)),
+        "vocab_size": int(vocab),
+        "rope_theta": float(key("rope.freq_base", 10000.0)),
+        "tie_word_embeddings": "output.weight" not in tensor_names,
+        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
+    }
+    scaling = key("rope.scaling.type", None)
+    if scaling in ("linear", "yarn"):
+        cfg["rope_scaling"] = {"rope_type": scaling,
+                               "factor": float(key("rope.scaling.factor", 1.0)),
+                               "original_max_position_embeddings":
+                                   int(key("rope.scaling.original_context_length", 8192))}
+    elif scaling not in (None, "none"):
+        raise ModelError(f"{path}: rope scaling {scaling!r} is not supported")
+    if arch == "qwen2":
+        cfg["attention_bias"] = "blk.0.attn_q.bias" in tensor_names
+    if arch == "gemma3":
+        cfg["hidden_activation"] = "gelu_pytorch_tanh"
+        cfg["sliding_window"] = int(key("attention.sliding_window", 4096))
+        cfg["rope_local_base_freq"] = 10000.0
+        cfg["query_pre_attn_scalar"] = cfg["head_dim"]
+        cfg["sliding_window_pattern"] = 6
+    if arch == "lfm2":
+        if not isinstance(kv, list):
+            raise ModelError(f"{path}: lfm2.attention.head_count_kv should list every layer")
+        cfg["layer_types"] = ["full_attention" if n else "conv" for n in kv]
+        cfg["conv_L_cache"] = int(key("shortconv.l_cache", 3))
+        cfg["norm_eps"] = cfg["rms_norm_eps"]
+    return cfg
+
+
+def _expected_shapes(cfg: dict[str, Any], arch: str) -> dict[str, tuple[int, ...]]:
+    """The shape each kind of tensor must have, by GGUF name pattern (layer-free)."""
+    H, I = cfg["hidden_size"], cfg["intermediate_size"]
+    nq, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    V = cfg["vocab_size"]
+    shapes = {"token_embd.weight": (V, H), "output.weight": (V, H), "output_norm.weight": (H,),
+              "token_embd_norm.weight": (H,),
+              "attn_q.weight": (nq * hd, H), "attn_k.weight": (nkv * hd, H),
+              "attn_v.weight": (nkv * hd, H), "attn_output.weight": (H, nq * hd),
+              "attn_q.bias": (nq * hd,), "attn_k.bias": (nkv * hd,), "attn_v.bias": (nkv * hd,),
+              "attn_q_norm.weight": (hd,), "attn_k_norm.weight": (hd,),
+              "attn_norm.weight": (H,), "ffn_norm.weight": (H,),
+              "post_attention_norm.weight": (H,), "post_ffw_norm.weight": (H,),
+              "ffn_gate.weight": (I, H), "ffn_up.weight": (I, H), "ffn_down.weight": (H, I),
+              "shortconv.in_proj.weight": (3 * H, H), "shortconv.out_proj.weight": (H, H),
+              "shortconv.conv.weight": (H, cfg.get("conv_L_cache", 3))}
+    return shapes
+
+
+class _Progress:
+    def __init__(self, path: Path, total: int) -> None:
+        self.path, self.total, self.done = path, total, 0
+        self.start = time.monotonic()
+        self.shown = False
+
+    def add(self, n: int) -> None:
+        self.done += n
+        elapsed = time.monotonic() - self.start
+        if elapsed > 1.0:
+            self.shown = True
+            mb = self.done / 1e6
+            sys.stderr.write(f"\rloading {self.path.name}: {mb:,.0f} / {self.total / 1e6:,.0f} "
+                             f"MB ({mb / elapsed:,.0f} MB/s) ")
+            sys.stderr.flush()
+
+    def end(self) -> float:
+        elapsed = time.monotonic() - self.start
+        if self.shown:
+            sys.stderr.write("\n")
+        return elapsed
+
+
+def read_gguf(path: Path, *, progress: bool = True) -> GGUFModel:
+    """Read a GGUF file (see the module's docstring).
+
+    Raises:
+        ModelError: naming the file (and the tensor) for anything that cannot be served.
+    """
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(str(path))
+    except Exception as exc:  # bad magic, truncated, corrupt tables: all ValueError & co.
+        raise ModelError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") \
+            from None
+    meta = _metadata(reader, path)
+    infos = {t.name: t for t in reader.tensors}
+    arch = meta.get("general.architecture")
+    embed = infos.get("token_embd.weight")
+    cfg = config_from_gguf(meta, set(infos), path,
+                           int(embed.shape[-1]) if embed is not None else None)
+    shapes = _expected_shapes(cfg, arch)
+    if "rope_freqs.weight" in infos:
+        raise ModelError(f"{path}: tensor rope_freqs.weight (per-dimension RoPE factors) is "
+                         "not supported")
+    total = sum(int(t.n_bytes) for t in reader.tensors)
+    bar = _Progress(path, total) if progress else None
+    tensors: dict[str, np.ndarray | QMatrix] = {}
+    converted: list[str] = []
+    with open(path, "rb") as f:
+        for name, t in infos.items():
+            target = hf_name(arch, name)
+            if target is None:
+                continue
+            shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # [rows, cols]
+            kind = ".".join(name.split(".")[2:]) if name.startswith("blk.") else name
+            want = shapes.get(kind)
+            if want is not None and shape != want:
+                raise ModelError(f"{path}: tensor {name} has shape {list(shape)}, the metadata "
+                                 f"implies {list(want)}")
+            try:
+                qtype = QT(int(t.tensor_type))
+            except ValueError:
+                raise ModelError(f"{path}: tensor {name} has unknown type {t.tensor_type}") \
+                    from None
+            raw = np.empty(int(t.n_bytes), dtype=np.uint8)
+            f.seek(int(t.data_offset))
+            if f.readinto(raw) != raw.size:
+                raise ModelError(f"{path}: tensor {name} is cut short (truncated file)")
+            if bar:
+                bar.add(raw.size)
+            try:
+                value = _tensor(qtype, shape, raw, arch, name, cfg)
+            except ModelError as exc:
+                raise ModelError(f"{path}: tensor {name}: {exc}") from None
+            if isinstance(value, tuple):
+                value, err = value
+                converted.append(f"{name} {qtype.name}->Q8_0 (max error {err:.2e} of max |w|)")
+            tensors[target] = value
+    elapsed = bar.end() if bar else 0.0
+    del reader
+    if converted:
+        log.warning("%s: converted %d tensors for the CPU kernels: %s%s", path.name,
+                    len(converted), "; ".join(converted[:4]), " ..." if len(converted) > 4 else "")
+    log.info("read %s (%s, %d tensors, %.0f MB) in %.1f s", path.name, arch, len(tensors),
+             total / 1e6, elapsed)
+    return GGUFModel(path, meta, cfg, tensors)
+
+
+def _tensor(qtype: QT, shape: tuple[int, ...], raw: np.ndarray, arch: str, name: str,
+            cfg: dict[str, Any]):
+    """One tensor's value: a float32 vector, or a QMatrix (with the conversion error as a
+    second item when it was converted)."""
+    if len(shape) == 1:
+        value = QMatrix(qtype, (1, shape[0]), raw).dequantize()[0]
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            value = value - np.float32(1.0)  # llama.cpp stores Gemma's norms as 1 + w
+        return value
+    if len(shape) != 2:
+        raise ModelError(f"{len(shape)}-dimensional tensors are not supported")
+    m = QMatrix(qtype, shape, raw)
+    if arch in PERMUTED and (".attn_q." in name or ".attn_k." in name):
+        heads = cfg["num_attention_heads"] if ".attn_q." in name else cfg["num_key_value_heads"]
+        m = m.reorder(unpermute_order(shape[0], heads))
+    native, err = m.to_native()
+    return (native, err) if native is not m else m
+
+
+def unpermute_order(rows: int, heads: int) -> np.ndarray:
+    """Row order that undoes llama.cpp's Q/K permutation: its converter stores, per head,
+    the rotary pairs (i, i + d/2) as adjacent rows (2i, 2i + 1); Hugging Face keeps halves."""
+    half = rows // heads // 2
+    # stored row (h, i, j) with j in {0, 1} <- original row (h, j, i)
+    order = np.arange(rows).reshape(heads, half, 2).transpose(0, 2, 1).reshape(rows)
+    return order

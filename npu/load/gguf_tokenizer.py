@@ -1,0 +1,121 @@
+"""The tokenizer a GGUF file describes, as a `tokenizers` tokenizer.json document.
+
+`tokenizer.ggml.model`:
+- "gpt2": byte-level BPE from `tokens` and `merges`, split first by the regex that
+  `tokenizer.ggml.pre` names (the one the vocabulary's merges were learned with);
+- "llama": SentencePiece-style BPE with byte fallback; merges from the file, or derived from
+  the vocabulary ordered by the tokens' `scores`.
+Tokens whose `token_type` is control (3) are special added tokens, user-defined (4) plain
+added tokens, both matched whole in text.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from npu.errors import ModelError
+from npu.load.tokenizer import byte_decoder
+
+CONTROL, USER_DEFINED = 3, 4
+
+# The split regexes of the pre-tokenizers llama.cpp names (facts of the original tokenizers)
+_LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+          r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+SPLITS = {
+    "llama3": _LLAMA3, "llama-v3": _LLAMA3, "llama-bpe": _LLAMA3, "smaug-bpe": _LLAMA3,
+    "lfm2": _LLAMA3, "dbrx": _LLAMA3, "falcon3": _LLAMA3, "pixtral": _LLAMA3,
+    "qwen2": _QWEN2, "deepseek-r1-qwen": _QWEN2,
+}
+
+
+def _byte_level_pre(pre: str | None) -> dict[str, Any]:
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                  "use_regex": True}
+    if pre in SPLITS:
+        split = {"type": "Split", "pattern": {"Regex": SPLITS[pre]}, "behavior": "Isolated",
+                 "invert": False}
+        return {"type": "Sequence", "pretokenizers": [split, {**byte_level,
+                                                              "use_regex": False}]}
+    if pre == "smollm":  # digits one by one, then GPT-2's split
+        return {"type": "Sequence", "pretokenizers": [
+            {"type": "Digits", "individual_digits": True}, byte_level]}
+    return byte_level  # "gpt-2", "default" and anything else: GPT-2's own split
+
+
+def _added(tokens: list[str], types: list[int], keep=lambda t: True) -> list[dict]:
+    out = []
+    for i, (tok, kind) in enumerate(zip(tokens, types)):
+        if kind in (CONTROL, USER_DEFINED) and keep(tok):
+            out.append({"id": i, "content": tok, "single_word": False, "lstrip": False,
+                        "rstrip": False, "normalized": False, "special": kind == CONTROL})
+    return out
+
+
+def _spm_merges(tokens: list[str], scores: list[float]) -> list[list[str]]:
+    """Merges implied by a vocabulary: every split of a token into two tokens, ordered by
+    the token's score (best first), then by the pieces' ids."""
+    ids = {t: i for i, t in enumerate(tokens)}
+    merges = []
+    for tok, score in zip(tokens, scores):
+        for cut in range(1, len(tok)):
+            left, right = tok[:cut], tok[cut:]
+            if left in ids and right in ids:
+                merges.append((-score, ids[left], ids[right], left, right))
+    merges.sort()
+    return [[m[3], m[4]] for m in merges]
+
+
+def tokenizer_json(meta: dict[str, Any], path: str = "the GGUF file") -> dict[str, Any]:
+    """A tokenizer.json document for the `tokenizer.ggml.*` metadata `meta`."""
+    model = meta.get("tokenizer.ggml.model")
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if not tokens:
+        raise ModelError(f"{path}: no tokenizer.ggml.tokens")
+    types = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
+    if model == "gpt2":
+        alphabet = set(byte_decoder())
+        spell = {b: c for c, b in byte_decoder().items()}
+        vocab = {}
+        for i, t in enumerate(tokens):
+            if not set(t) <= alphabet:  # stored as text: spell its bytes in the byte alphabet
+                t = "".join(spell[b] for b in t.encode("utf-8"))
+            vocab.setdefault(t, i)
+        merges = [m.split(" ", 1) for m in meta.get("tokenizer.ggml.merges") or []]
+        # a control token outside the byte alphabet is a converter's mislabel: not added
+        added = _added(tokens, types, lambda t: set(t) <= alphabet)
+        return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+                "normalizer": None, "pre_tokenizer": _byte_level_pre(meta.get("tokenizer.ggml.pre")),
+                "post_processor": None,
+                "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
+                            "use_regex": True},
+                "model": {"type": "BPE", "dropout": None, "unk_token": None,
+                          "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                          "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                          "vocab": vocab, "merges": merges}}
+    if model == "llama":
+        scores = list(meta.get("tokenizer.ggml.scores") or [0.0] * len(tokens))
+        merges = ([m.split(" ", 1) for m in meta["tokenizer.ggml.merges"]]
+                  if meta.get("tokenizer.ggml.merges") else _spm_merges(tokens, scores))
+        unk = meta.get("tokenizer.ggml.unknown_token_id")
+        prefix = meta.get("tokenizer.ggml.add_space_prefix", True)
+        normalizer = [{"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]
+        if prefix:
+            normalizer.insert(0, {"type": "Prepend", "prepend": "\u2581"})
+        decoder = [{"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+                   {"type": "ByteFallback"}, {"type": "Fuse"}]
+        if prefix:
+            decoder.append({"type": "Strip", "content": " ", "start": 1, "stop": 0})
+        return {"version": "1.0", "truncation": None, "padding": None,
+                "added_tokens": _added(tokens, types),
+                "normalizer": {"type": "Sequence", "normalizers": normalizer},
+                "pre_tokenizer": None, "post_processor": None,
+                "decoder": {"type": "Sequence", "decoders": decoder},
+                "model": {"type": "BPE", "dropout": None,
+                          "unk_token": tokens[unk] if unk is not None else None,
+                          "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                          "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
+                          "vocab": {t: i for i, t in enumerate(tokens)}, "merges": merges}}
+    raise ModelError(f"{path}: tokenizer model {model!r} is not supported (supported: gpt2, "
+                     "llama)")
