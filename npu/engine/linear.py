@@ -87,6 +87,7 @@ class CpuLinear(Linear):
         self.threads = threads
         self._lib = lib
         self._ptr = matrix.data.ctypes.data
+        self._type = int(matrix.qtype)
         self._buf: np.ndarray | None = None
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
@@ -98,8 +99,8 @@ class CpuLinear(Linear):
         rows, cols = self.shape
         if len(x) <= KERNEL_ROWS:
             out = np.empty((len(x), rows), dtype=np.float32)
-            if self._lib.fk_matmul(int(m.qtype), self._ptr, rows, cols, x, len(x), out,
-                                   self.threads.n):
+            if self._lib.fk_matmul(self._type, self._ptr, rows, cols, x.ctypes.data, len(x),
+                                   out.ctypes.data, self.threads.n):
                 raise RuntimeError(f"fk_matmul failed for {m!r}")
             return out
         return self._sliced(x, self._expand)
@@ -109,8 +110,8 @@ class CpuLinear(Linear):
         if self._buf is None:
             self._buf = np.empty(max(1, SLICE_VALUES // cols) * cols, dtype=np.float32)
         buf = self._buf[: (stop - start) * cols]
-        self._lib.fk_dequant(int(self.matrix.qtype), self._ptr, cols, start, stop - start, buf,
-                             self.threads.n)
+        self._lib.fk_dequant(self._type, self._ptr, cols, start, stop - start,
+                             buf.ctypes.data, self.threads.n)
         return buf.reshape(stop - start, cols)
 
 
@@ -149,8 +150,8 @@ class Embedding:
             return m.rows(ids)
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         out = np.empty((len(ids), m.shape[1]), dtype=np.float32)
-        self._lib.fk_rows(int(m.qtype), m.data.ctypes.data, m.shape[1], ids, len(ids), out,
-                          self.threads.n)
+        self._lib.fk_rows(int(m.qtype), m.data.ctypes.data, m.shape[1], ids.ctypes.data,
+                          len(ids), out.ctypes.data, self.threads.n)
         return out
 
 

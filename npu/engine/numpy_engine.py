@@ -1,5 +1,7 @@
-"""NumpyEngine: the reference CPU engine for Llama, Qwen2/3, Gemma 3, LFM2 and gpt-oss (experts
-stored unquantized), in float32.
+"""NumpyEngine: the CPU engine for Llama, Qwen2/3, Gemma 3, LFM2 and gpt-oss (experts stored
+unquantized). Activations are float32; every linear layer is a `Linear` (npu.engine.linear)
+over a weight held in its block format (F32, F16, BF16, Q8_0, Q4_0, ...), on the compiled
+kernels or the numpy reference.
 
 Tokens from several sequences go through one forward together: every linear layer is one
 matrix product over all of them (one pass over the weights per step, whatever the batch).

@@ -40,6 +40,7 @@ def serve_url(tmp_path_factory):
     gpt_oss = tmp_path_factory.mktemp("gpt-oss") / "model"  # random, harmony format
     build_gpt_oss(gpt_oss, Path(cache))
     models.append({"name": "tiny-gpt-oss", "path": str(gpt_oss), "max_batch": 2})
+    models.append({"name": "smollm2-135m", "path": "smollm2-135m", "max_batch": 4})
     serve.run(build_app({"models": models, "max_request_bytes": 1 << 20}), name="flm",
               route_prefix="/")
     # two simulated NPUs: one worker replica each, claiming {"NPU": 1} from Ray

@@ -1,0 +1,78 @@
+"""The default model, SmolLM2-135M-Instruct (Q4_1 GGUF), through HTTP with the official
+client: the flows a new user runs first complete (structured output parsed into a pydantic
+model, a required tool call, the tool's result and a reply, the same streamed)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.integration.helpers import fold_chat, message_view, stream_chat
+
+MODEL = "smollm2-135m"
+WEATHER = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "enum": ["Oslo", "Paris"]}}, "required": ["city"]}}}]
+
+
+@pytest.fixture()
+def openai_client(serve_url):
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=serve_url + "/v1", api_key="unused", timeout=120)
+
+
+def test_greedy_reply_is_the_real_models(client) -> None:
+    r = client.post("/v1/chat/completions", json={
+        "model": MODEL, "temperature": 0, "max_tokens": 40,
+        "messages": [{"role": "user", "content": "Write one sentence about cats."}]})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["message"]["content"] == ("A cat is a majestic creature with a fluffy coat, "
+                                            "a playful personality, and a loyal companion.")
+    assert choice["finish_reason"] == "stop"
+
+
+def test_structured_output_parses_into_a_pydantic_model(openai_client) -> None:
+    pydantic = pytest.importorskip("pydantic")
+
+    class City(pydantic.BaseModel):
+        name: str
+        country: str
+
+    done = openai_client.chat.completions.parse(
+        model=MODEL, max_tokens=60, temperature=0, response_format=City,
+        messages=[{"role": "user", "content": "Name a city in France as JSON."}])
+    city = done.choices[0].message.parsed
+    assert isinstance(city, City) and city.name and city.country
+
+
+def test_readme_tool_call_then_result_then_reply(client, openai_client) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Weather in Oslo?"}],
+            "tools": WEATHER, "tool_choice": "required", "max_tokens": 100, "seed": 7}
+    r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] is None
+    call = choice["message"]["tool_calls"][0]
+    assert call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"])["city"] in ("Oslo", "Paris")
+    # the same request streamed folds into the same reply
+    folded = fold_chat(stream_chat(client, body)[0])[0]
+    assert folded["finish_reason"] == "tool_calls"
+    view = message_view(choice["message"])
+    strip = {i: {k: v for k, v in c.items() if k != "id"} for i, c in view["tool_calls"].items()}
+    assert {i: {k: v for k, v in c.items() if k != "id"}
+            for i, c in folded["tool_calls"].items()} == strip
+    # the tool's result goes back, and the model answers in text
+    messages = body["messages"] + [choice["message"], {
+        "role": "tool", "tool_call_id": call["id"],
+        "content": json.dumps({"city": "Oslo", "temperature_c": 4, "sky": "cloudy"})}]
+    reply = openai_client.chat.completions.create(
+        model=MODEL, messages=messages, tools=WEATHER, tool_choice="none", max_tokens=60,
+        temperature=0)
+    text = reply.choices[0].message.content
+    assert text and "<tool_call>" not in text and not reply.choices[0].message.tool_calls
+    assert reply.usage.prompt_tokens > 50

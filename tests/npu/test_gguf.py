@@ -1,0 +1,250 @@
+"""GGUF files: every architecture and block format against transformers reading the same
+file, the tokenizer against transformers', the real default model, and clear errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+
+from npu import ModelError, load_model
+from tests.npu.gguf_files import tiny_tokenizer_meta, write_random_gguf
+from tests.shared import MISSING, SHARED
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+IDS = [1, 969, 198, 283, 359, 253, 556, 564, 1117, 365, 28, 17, 453, 30, 216, 41]
+
+
+@pytest.fixture(scope="module")
+def tok_meta(tiny_dir: Path) -> dict:
+    return tiny_tokenizer_meta(tiny_dir)
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return load_model("smollm2-135m")
+
+
+def _oracle_logits(file: Path, ids: list[int]) -> np.ndarray:
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(file.parent), gguf_file=file.name, dtype=torch.float32)
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].numpy()
+
+
+def _teacher_forced(model, ids: list[int]) -> np.ndarray:
+    eng = model.engine
+    rows = [eng.prefill("s", ids[:1])]
+    for t in ids[1:]:
+        rows.append(eng.decode(["s"], [t])[0])
+    eng.release("s")
+    return np.stack(rows)
+
+
+CASES = [("llama", QT.Q8_0), ("llama", QT.Q4_0), ("llama", QT.Q4_1), ("qwen2", QT.Q5_0),
+         ("qwen3", QT.Q5_1), ("qwen3", QT.F16), ("gemma3", QT.Q8_0), ("lfm2", QT.Q4_1),
+         ("llama", QT.BF16), ("qwen3", QT.Q4_K), ("llama", QT.Q5_K), ("qwen3", QT.Q6_K)]
+KQUANTS = (QT.Q4_K, QT.Q5_K, QT.Q6_K)
+
+
+@pytest.mark.parametrize("arch,qtype", CASES, ids=[f"{a}-{q.name}" for a, q in CASES])
+def test_engine_on_gguf_matches_transformers(tmp_path: Path, tok_meta: dict, arch: str,
+                                             qtype: QT) -> None:
+    dims = (256, 512, 2, 1, 128, 2) if qtype in KQUANTS else None
+    file = write_random_gguf(tmp_path / f"{arch}.gguf", arch, qtype, tokenizer_meta=tok_meta,
+                             tied=arch != "qwen2", embed_qtype=QT.Q8_0, dims=dims)
+    expected = _oracle_logits(file, IDS)
+    for backend in ("cpu", "reference"):
+        got = _teacher_forced(load_model(file, backend=backend), IDS)
+        scale = np.abs(expected).max()
+        # k-quants are converted to Q8_0 at load: that conversion's error, not arithmetic's
+        tol = 2e-2 if qtype in KQUANTS else 2e-4
+        assert np.abs(got - expected).max() <= tol * scale, (backend, arch, qtype)
+        agree = (got.argmax(-1) == expected.argmax(-1)).mean()
+        assert agree >= (0.95 if qtype in KQUANTS else 1.0)
+
+
+def test_batched_and_prefill_paths_agree_on_a_quantized_model(tmp_path: Path,
+                                                              tok_meta: dict) -> None:
+    """Prefill (BLAS over expanded slices) and batched decode (kernels on several rows)
+    give what one-token decode gives."""
+    model = load_model(write_random_gguf(tmp_path / "m.gguf", "llama", QT.Q4_1,
+                                         tokenizer_meta=tok_meta))
+    eng = model.engine
+    ids = IDS * 2
+    whole = eng.prefill("a", ids)
+    stepped = _teacher_forced(model, ids)[-1]
+    assert np.allclose(whole, stepped, atol=1e-4 * np.abs(whole).max())
+    eng.prefill("b", ids[:5])
+    eng.prefill("c", ids[:9])
+    both = eng.decode(["b", "c"], [ids[5], ids[9]])
+    for row, n in ((0, 6), (1, 10)):
+        alone = _teacher_forced(model, ids[:n])[-1]
+        assert np.allclose(both[row], alone, atol=1e-4 * np.abs(alone).max())
+
+
+def test_weights_stay_in_their_block_format(tmp_path: Path, tok_meta: dict) -> None:
+    model = load_model(write_random_gguf(tmp_path / "m.gguf", "llama", QT.Q4_0,
+                                         tokenizer_meta=tok_meta))
+    eng = model.engine
+    layer = eng.layers[0]
+    assert layer.wqkv.matrix.qtype == QT.Q4_0 and layer.w_down.matrix.qtype == QT.Q4_0
+    # the tied head is the embedding's blocks, not a copy
+    assert eng.lm_head.matrix is eng.embed.matrix
+    H, F = 64, 128
+    q4_bytes = (4 * 16 * H * 2 + 2 * 2 * 16 * H + 3 * F * H) * 18 // 32  # per layer
+    assert eng.weight_bytes < 2 * q4_bytes + eng.embed.matrix.nbytes + 10_000
+
+
+def test_tokenizer_matches_transformers_on_smollm2(smollm2) -> None:
+    from npu.load.model import default_model_path
+
+    file = default_model_path()
+    model = smollm2
+    ref = transformers.AutoTokenizer.from_pretrained(str(file.parent), gguf_file=file.name)
+    texts = ["Hello world", "Ünïcödé àccents", "中文字符测试", "emoji 🎉🐍 mix", "  runs   of\t\ttabs",
+             "def f(x):\n    return x**2  # code", "numbers 12345 and 3.14159",
+             "<|im_start|>user\nhi<|im_end|>", "it's we'll they'd"]
+    for text in texts:
+        assert model.tokenizer.encode(text) == ref.encode(text, add_special_tokens=False), text
+        ids = model.tokenizer.encode(text)
+        assert model.tokenizer.decode(ids, skip_special_tokens=False) == text
+
+
+def test_tokenizer_matches_qwen_hugging_face_tokenizer() -> None:
+    """Qwen's vocabulary written into GGUF metadata (pre "qwen2") encodes as its own
+    tokenizer does."""
+    folder = SHARED / "formats" / "tokenizers" / "qwen3"
+    if not (folder / "vocab.json").exists():
+        pytest.skip(MISSING)
+    ref = transformers.AutoTokenizer.from_pretrained(str(folder))
+    vocab = json.loads((folder / "vocab.json").read_text())
+    added = json.loads((folder / "tokenizer_config.json").read_text())["added_tokens_decoder"]
+    size = max(max(vocab.values()), max(int(i) for i in added)) + 1
+    tokens, types = [f"[PAD{i}]" for i in range(size)], [1] * size
+    for t, i in vocab.items():
+        tokens[i] = t
+    for i, a in added.items():
+        tokens[int(i)] = a["content"]
+        types[int(i)] = 3 if a.get("special") else 4
+    merges = [line for line in (folder / "merges.txt").read_text().splitlines()
+              if line and not line.startswith("#")]
+    meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "qwen2",
+            "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types,
+            "tokenizer.ggml.merges": merges, "tokenizer.ggml.eos_token_id": 151645,
+            "tokenizer.ggml.add_bos_token": False}
+    from npu.load.gguf_tokenizer import tokenizer_json
+    from npu.load.tokenizer import Tokenizer
+
+    ours = Tokenizer(tokenizer_json(meta))
+    texts = ["Hello world", "Ünïcödé àccents", "中文字符测试，标点。", "emoji 🎉🐍 mix",
+             "  runs   of\t\ttabs\n\n\n", "def f(x):\n    return x**2  # code",
+             "numbers 12345 and 3.14159", "<|im_start|>user\nhi<|im_end|><think>x</think>"]
+    for text in texts:
+        assert ours.encode(text) == ref.encode(text, add_special_tokens=False), text
+
+
+def test_rendering_matches_apply_chat_template() -> None:
+    from npu.load.model import default_model_path
+
+    file = default_model_path()
+    ref = transformers.AutoTokenizer.from_pretrained(str(file.parent), gguf_file=file.name)
+    model = load_model(file)  # the file's own template, not ours
+    msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
+            {"role": "user", "content": "Tell me a joke."}]
+    assert model.render(msgs) == ref.apply_chat_template(msgs, tokenize=False,
+                                                         add_generation_prompt=True)
+
+
+def test_smollm2_greedy_equals_llama_cpp_and_transformers(smollm2) -> None:
+    """The default model's greedy reply; llama.cpp's and transformers' are this text
+    (recorded in bench/fixtures/smollm2_greedy.json)."""
+    fixture = json.loads((Path(__file__).parents[2] / "bench" / "fixtures" /
+                          "smollm2_greedy.json").read_text())
+    model = smollm2
+    for case in fixture["cases"]:
+        ids = model.prompt_ids(model.render([{"role": "user", "content": case["prompt"]}]))
+        logits = model.engine.prefill("g", ids)
+        out = []
+        for _ in range(case["tokens"]):
+            tok = int(np.argmax(logits))
+            out.append(tok)
+            if tok in model.eos_token_ids:
+                break
+            logits = model.engine.decode(["g"], [tok])[0]
+        model.engine.release("g")
+        assert out == case["ids"], (case["prompt"], model.tokenizer.decode(out))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "magic", "arch", "iq2", "shape"])
+def test_bad_gguf_files_are_model_errors_naming_them(tmp_path: Path, tok_meta: dict,
+                                                     damage: str) -> None:
+    file = tmp_path / "bad.gguf"
+    if damage == "arch":
+        write_random_gguf(file, "llama", QT.Q8_0, tokenizer_meta=tok_meta)
+        data = file.read_bytes().replace(b"llama", b"zorba")
+        file.write_bytes(data)
+        with pytest.raises(ModelError, match="zorba"):
+            load_model(file)
+        return
+    if damage == "iq2":
+        write_random_gguf(file, "llama", QT.Q8_0, tokenizer_meta=tok_meta)
+        from gguf import GGUFReader
+
+        reader = GGUFReader(str(file), "r+")
+        t = next(t for t in reader.tensors if t.name == "blk.0.ffn_up.weight")
+        # relabel the tensor's type in the table (its bytes no longer fit: caught either way)
+        t.field.parts[-3][0] = int(QT.IQ2_XXS)
+        reader.data.flush()
+        del reader
+        with pytest.raises(ModelError, match="bad.gguf"):
+            load_model(file)
+        return
+    if damage == "shape":
+        write_random_gguf(file, "llama", QT.Q8_0, tokenizer_meta=tok_meta)
+        from gguf import GGUFReader
+
+        reader = GGUFReader(str(file), "r+")
+        reader.fields["llama.feed_forward_length"].parts[-1][0] = 96
+        reader.data.flush()
+        del reader
+        with pytest.raises(ModelError, match="ffn_gate.weight"):
+            load_model(file)
+        return
+    write_random_gguf(file, "llama", QT.Q8_0, tokenizer_meta=tok_meta)
+    data = file.read_bytes()
+    file.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"XXXX" + data[4:])
+    with pytest.raises(ModelError, match="bad.gguf"):
+        load_model(file)
+
+
+def test_a_directory_holding_one_gguf_loads_and_chat_template_overrides(
+        tmp_path: Path, tok_meta: dict) -> None:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    write_random_gguf(folder / "m.gguf", "qwen3", QT.Q8_0, tokenizer_meta=tok_meta)
+    (tmp_path / "t.jinja").write_text("{% for m in messages %}[{{ m.content }}]{% endfor %}")
+    model = load_model(folder, chat_template=tmp_path / "t.jinja")
+    assert model.render([{"role": "user", "content": "x"}]) == "[x]"
+    shutil.copy(folder / "m.gguf", folder / "n.gguf")
+    with pytest.raises(ModelError, match="several GGUF"):
+        load_model(folder)
+
+
+def test_quantize_option_for_hugging_face_checkpoints(tiny_dir: Path) -> None:
+    """A safetensors checkpoint quantized at load: weights in Q8_0, outputs close."""
+    full = load_model(tiny_dir)
+    q8 = load_model(tiny_dir, quantize="q8_0")
+    assert q8.engine.layers[0].wqkv.matrix.qtype == QT.Q8_0
+    assert q8.engine.weight_bytes < 0.4 * full.engine.weight_bytes
+    ids = [1, 2, 3, 4, 5, 6]
+    a, b = full.engine.prefill("x", ids), q8.engine.prefill("x", ids)
+    assert np.abs(a - b).max() < 0.05 * np.abs(a).max()
+    with pytest.raises(ModelError, match="quantize"):
+        load_model(tiny_dir, quantize="q3_x")
