@@ -63,9 +63,7 @@ class ModelWorker:
                              max_messages_per_s=max_messages_per_s)
         threads = blas_threads_for(self.worker.model.engine.weight_bytes, blas_threads)
         set_blas_threads(threads)
-        engine = self.worker.model.engine
-        if hasattr(engine, "set_threads"):  # the compiled CPU kernels' threads
-            engine.set_threads(threads)
+        self.worker.model.engine.set_threads(threads)  # the compiled CPU kernels' threads
         log.info("worker for %s on %s%s ready (%d BLAS threads)", name, device,
                  f" #{index}" if index is not None else "", threads)
 

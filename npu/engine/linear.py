@@ -82,6 +82,8 @@ class ReferenceLinear(Linear):
 
 
 class CpuLinear(Linear):
+    """A weight in a block format other than F32 (those take `ReferenceLinear`'s BLAS)."""
+
     def __init__(self, matrix: QMatrix, threads: Threads, lib) -> None:
         super().__init__(matrix)
         self.threads = threads
@@ -91,17 +93,13 @@ class CpuLinear(Linear):
         self._buf: np.ndarray | None = None
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        m = self.matrix
-        w = m.floats
-        if w is not None:
-            return float_matmul(x, w)
         x = np.ascontiguousarray(x, dtype=np.float32)
         rows, cols = self.shape
         if len(x) <= KERNEL_ROWS:
             out = np.empty((len(x), rows), dtype=np.float32)
             if self._lib.fk_matmul(self._type, self._ptr, rows, cols, x.ctypes.data, len(x),
                                    out.ctypes.data, self.threads.n):
-                raise RuntimeError(f"fk_matmul failed for {m!r}")
+                raise RuntimeError(f"fk_matmul failed for {self.matrix!r}")
             return out
         return self._sliced(x, self._expand)
 
@@ -175,7 +173,6 @@ class LinearFactory:
     def __init__(self, backend: str = "cpu", threads: int = 1) -> None:
         self.threads = Threads(threads)
         self._lib = _lib_for(backend)
-        self.backend = "cpu" if self._lib is not None else "reference"
 
     def linear(self, parts: list[QMatrix]) -> Linear:
         """One linear layer over `parts` stacked by rows (the fused projections)."""

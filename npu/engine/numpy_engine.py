@@ -14,6 +14,7 @@ bounded size.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -136,26 +137,25 @@ class NumpyEngine:
 
     def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray | QMatrix], *,
                  backend: str = "cpu", threads: int | None = None) -> None:
-        import os
-
         self.config = c = config
         self.vocab_size = c.vocab_size
         self.max_context = c.max_position
         self._seqs: dict[object, _Seq] = {}
         self.linears = LinearFactory(backend, threads or os.cpu_count() or 1)
 
-        def take(name: str, *, optional: bool = False) -> np.ndarray | None:
-            arr = weights.pop(name, None)
-            if arr is None and not optional:
-                raise ModelError(f"the weights lack tensor {name!r} (architecture {c.arch})")
-            if isinstance(arr, QMatrix):  # vectors and small tensors are used as float32
-                arr = arr.dequantize()
-            return arr
-
-        def mat(name: str) -> QMatrix:
+        def pop(name: str) -> np.ndarray | QMatrix:
             arr = weights.pop(name, None)
             if arr is None:
                 raise ModelError(f"the weights lack tensor {name!r} (architecture {c.arch})")
+            return arr
+
+        def take(name: str) -> np.ndarray:
+            """A vector or small tensor, used as float32."""
+            arr = pop(name)
+            return arr.dequantize() if isinstance(arr, QMatrix) else arr
+
+        def mat(name: str) -> QMatrix:
+            arr = pop(name)
             return arr if isinstance(arr, QMatrix) else QMatrix.from_float(arr)
 
         def linear(*names: str) -> Linear:

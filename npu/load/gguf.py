@@ -151,23 +151,22 @@ def config_from_gguf(meta: dict[str, Any], tensor_names: set[str], path: Path,
     return cfg
 
 
-def _expected_shapes(cfg: dict[str, Any], arch: str) -> dict[str, tuple[int, ...]]:
+def _expected_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     """The shape each kind of tensor must have, by GGUF name pattern (layer-free)."""
     H, I = cfg["hidden_size"], cfg["intermediate_size"]
     nq, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     V = cfg["vocab_size"]
-    shapes = {"token_embd.weight": (V, H), "output.weight": (V, H), "output_norm.weight": (H,),
-              "token_embd_norm.weight": (H,),
-              "attn_q.weight": (nq * hd, H), "attn_k.weight": (nkv * hd, H),
-              "attn_v.weight": (nkv * hd, H), "attn_output.weight": (H, nq * hd),
-              "attn_q.bias": (nq * hd,), "attn_k.bias": (nkv * hd,), "attn_v.bias": (nkv * hd,),
-              "attn_q_norm.weight": (hd,), "attn_k_norm.weight": (hd,),
-              "attn_norm.weight": (H,), "ffn_norm.weight": (H,),
-              "post_attention_norm.weight": (H,), "post_ffw_norm.weight": (H,),
-              "ffn_gate.weight": (I, H), "ffn_up.weight": (I, H), "ffn_down.weight": (H, I),
-              "shortconv.in_proj.weight": (3 * H, H), "shortconv.out_proj.weight": (H, H),
-              "shortconv.conv.weight": (H, cfg.get("conv_L_cache", 3))}
-    return shapes
+    return {"token_embd.weight": (V, H), "output.weight": (V, H), "output_norm.weight": (H,),
+            "token_embd_norm.weight": (H,),
+            "attn_q.weight": (nq * hd, H), "attn_k.weight": (nkv * hd, H),
+            "attn_v.weight": (nkv * hd, H), "attn_output.weight": (H, nq * hd),
+            "attn_q.bias": (nq * hd,), "attn_k.bias": (nkv * hd,), "attn_v.bias": (nkv * hd,),
+            "attn_q_norm.weight": (hd,), "attn_k_norm.weight": (hd,),
+            "attn_norm.weight": (H,), "ffn_norm.weight": (H,),
+            "post_attention_norm.weight": (H,), "post_ffw_norm.weight": (H,),
+            "ffn_gate.weight": (I, H), "ffn_up.weight": (I, H), "ffn_down.weight": (H, I),
+            "shortconv.in_proj.weight": (3 * H, H), "shortconv.out_proj.weight": (H, H),
+            "shortconv.conv.weight": (H, cfg.get("conv_L_cache", 3))}
 
 
 class _Progress:
@@ -212,7 +211,7 @@ def read_gguf(path: Path, *, progress: bool = True) -> GGUFModel:
     embed = infos.get("token_embd.weight")
     cfg = config_from_gguf(meta, set(infos), path,
                            int(embed.shape[-1]) if embed is not None else None)
-    shapes = _expected_shapes(cfg, arch)
+    shapes = _expected_shapes(cfg)
     if "rope_freqs.weight" in infos:
         raise ModelError(f"{path}: tensor rope_freqs.weight (per-dimension RoPE factors) is "
                          "not supported")
