@@ -69,19 +69,21 @@ def _add_meta(w: GGUFWriter, key: str, value) -> None:
         raise TypeError(key)
 
 
-# k-quant blocks (256 values): where their f16 super-block scales sit
+# formats gguf cannot quantize (blocks of 256 values), written as random blocks: where
+# their f16 super-block scales sit (the k-quants; set small so the values stay small)
 K_HEADERS = {QT.Q4_K: (0, 2), QT.Q5_K: (0, 2), QT.Q6_K: (208,)}
+RANDOM_ONLY = frozenset({*K_HEADERS, QT.IQ2_XXS})
 
 
-def random_k_quant(rng, rows: int, cols: int, qtype: QT) -> np.ndarray:
-    """Random k-quant blocks with small, finite scales (gguf quantizes no k-quant)."""
+def random_blocks(rng, rows: int, cols: int, qtype: QT) -> np.ndarray:
+    """Random blocks of `qtype`, with small finite scales for the k-quants."""
     from gguf import GGML_QUANT_SIZES
 
     size = GGML_QUANT_SIZES[qtype][1]
     blocks = rng.integers(0, 256, (rows, cols // 256, size), dtype=np.uint8)
     d = 1e-5 if qtype == QT.Q6_K else 1e-4  # |values| below about 0.2
     scale = np.frombuffer(np.float16(d).tobytes(), dtype=np.uint8)
-    for at in K_HEADERS[qtype]:
+    for at in K_HEADERS.get(qtype, ()):
         blocks[:, :, at : at + 2] = scale
     return blocks.reshape(rows, -1)
 
@@ -120,10 +122,7 @@ def write_random_gguf(path: Path, arch: str, qtype: QT = QT.Q8_0, *, seed: int =
     if arch == "gemma3":
         _add_meta(w, "gemma3.attention.sliding_window", 8)
     for key, value in meta.items():
-        if key == "tokenizer.ggml.pre":
-            w.add_string(key, value)
-        elif key != "tokenizer.chat_template" or tokenizer_meta is not None:
-            _add_meta(w, key, value)
+        _add_meta(w, key, value)
     types = tensor_types or {}
 
     def mat(name: str, rows: int, cols: int, scale: float = 0.08, kind: QT | None = None):
@@ -131,10 +130,10 @@ def write_random_gguf(path: Path, arch: str, qtype: QT = QT.Q8_0, *, seed: int =
         q = kind or types.get(name.split(".")[-2] if name.startswith("blk.") else name) or qtype
         if q == QT.F32:
             w.add_tensor(name, a)
-        elif q in K_HEADERS and cols % 256:
+        elif q in RANDOM_ONLY and cols % 256:
             w.add_tensor(name, quants.quantize(a, QT.Q8_0), raw_dtype=QT.Q8_0)
-        elif q in K_HEADERS:
-            w.add_tensor(name, random_k_quant(rng, rows, cols, q), raw_dtype=q)
+        elif q in RANDOM_ONLY:
+            w.add_tensor(name, random_blocks(rng, rows, cols, q), raw_dtype=q)
         else:
             w.add_tensor(name, quants.quantize(a, q), raw_dtype=q)
 

@@ -182,45 +182,33 @@ def test_smollm2_greedy_equals_llama_cpp_and_transformers(smollm2) -> None:
         assert out == case["ids"], (case["prompt"], model.tokenizer.decode(out))
 
 
-@pytest.mark.parametrize("damage", ["truncated", "magic", "arch", "iq2", "shape"])
-def test_bad_gguf_files_are_model_errors_naming_them(tmp_path: Path, tok_meta: dict,
-                                                     damage: str) -> None:
-    file = tmp_path / "bad.gguf"
-    if damage == "arch":
-        write_random_gguf(file, "llama", QT.Q8_0, tokenizer_meta=tok_meta)
-        data = file.read_bytes().replace(b"llama", b"zorba")
-        file.write_bytes(data)
-        with pytest.raises(ModelError, match="zorba"):
-            load_model(file)
-        return
-    if damage == "iq2":
-        write_random_gguf(file, "llama", QT.Q8_0, tokenizer_meta=tok_meta)
-        from gguf import GGUFReader
-
-        reader = GGUFReader(str(file), "r+")
-        t = next(t for t in reader.tensors if t.name == "blk.0.ffn_up.weight")
-        # relabel the tensor's type in the table (its bytes no longer fit: caught either way)
-        t.field.parts[-3][0] = int(QT.IQ2_XXS)
-        reader.data.flush()
-        del reader
-        with pytest.raises(ModelError, match="bad.gguf"):
-            load_model(file)
-        return
-    if damage == "shape":
-        write_random_gguf(file, "llama", QT.Q8_0, tokenizer_meta=tok_meta)
+def _broken(file: Path, tok_meta: dict, damage: str) -> str:
+    """Write a damaged file; returns what the error must name."""
+    if damage == "iq2":  # a type the engine does not run, in real IQ2_XXS blocks
+        write_random_gguf(file, "llama", QT.Q8_0, tokenizer_meta=tok_meta,
+                          tensor_types={"ffn_up": QT.IQ2_XXS}, dims=(256, 256, 4, 2, 64, 1))
+        return "blk.0.ffn_up.weight: tensor type IQ2_XXS"
+    write_random_gguf(file, "llama", QT.Q8_0, tokenizer_meta=tok_meta)
+    data = file.read_bytes()
+    if damage == "shape":  # the metadata's FFN width no longer matches the tensors
         from gguf import GGUFReader
 
         reader = GGUFReader(str(file), "r+")
         reader.fields["llama.feed_forward_length"].parts[-1][0] = 96
         reader.data.flush()
         del reader
-        with pytest.raises(ModelError, match="ffn_gate.weight"):
-            load_model(file)
-        return
-    write_random_gguf(file, "llama", QT.Q8_0, tokenizer_meta=tok_meta)
-    data = file.read_bytes()
-    file.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"XXXX" + data[4:])
-    with pytest.raises(ModelError, match="bad.gguf"):
+        return "ffn_gate.weight"
+    file.write_bytes({"truncated": data[: len(data) // 2], "magic": b"XXXX" + data[4:],
+                      "arch": data.replace(b"llama", b"zorba")}[damage])
+    return "zorba" if damage == "arch" else "bad.gguf"
+
+
+@pytest.mark.parametrize("damage", ["truncated", "magic", "arch", "iq2", "shape"])
+def test_bad_gguf_files_are_model_errors_naming_them(tmp_path: Path, tok_meta: dict,
+                                                     damage: str) -> None:
+    file = tmp_path / "bad.gguf"
+    named = _broken(file, tok_meta, damage)
+    with pytest.raises(ModelError, match=named):
         load_model(file)
 
 
