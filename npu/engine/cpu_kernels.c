@@ -175,8 +175,8 @@ static inline float dot(const float *a, const float *b, int64_t K) {
 }
 
 #ifdef __AVX2__
-/* One block of 32 values as four vectors of 8 floats; 0 if `type` has no fast loader. */
-static inline int load_block(int type, const uint8_t *src, __m256 w[4]) {
+/* One block of 32 values as four vectors of 8 floats (types of has_loader). */
+static inline void load_block(int type, const uint8_t *src, __m256 w[4]) {
     switch (type) {
     case Q8_0: {
         const __m256 d = _mm256_set1_ps(h2f(src));
@@ -185,7 +185,7 @@ static inline int load_block(int type, const uint8_t *src, __m256 w[4]) {
             __m128i b = _mm_loadl_epi64((const __m128i *)(q + 8 * i));
             w[i] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)));
         }
-        return 1;
+        return;
     }
     case Q4_0: case Q4_1: {
         const int one = type == Q4_1;
@@ -198,22 +198,23 @@ static inline int load_block(int type, const uint8_t *src, __m256 w[4]) {
         w[1] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), m);
         w[2] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), m);
         w[3] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), m);
-        return 1;
+        return;
     }
     case BF16:
         for (int i = 0; i < 4; i++) {
             __m128i b = _mm_loadu_si128((const __m128i *)(src + 16 * i));
             w[i] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(b), 16));
         }
-        return 1;
+        return;
 #ifdef __F16C__
     case F16:
         for (int i = 0; i < 4; i++)
             w[i] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + 16 * i)));
-        return 1;
+        return;
 #endif
-    default:
-        return 0;
+    default:  /* not reached: callers check has_loader */
+        w[0] = w[1] = w[2] = w[3] = _mm256_setzero_ps();
+        return;
     }
 }
 
@@ -226,12 +227,12 @@ static inline float hsum(__m256 v) {
 }
 
 #define MAX_T 8
-/* out[t] = row . X[t] for t < T <= MAX_T, straight from the blocks; 0 if no fast loader. */
-static int row_dots(int type, const uint8_t *row, int64_t K, const float *X, int64_t T,
-                    float *out, int64_t out_stride) {
+/* out[t] = row . X[t] for t < T <= MAX_T, straight from the blocks (a type with a fast
+ * loader: has_loader). */
+static void row_dots(int type, const uint8_t *row, int64_t K, const float *X, int64_t T,
+                     float *out, int64_t out_stride) {
     __m256 w[4];
     const int64_t bs = fk_row_bytes(type, 32);
-    if (!load_block(type, row, w)) return 0;
     if (T == 1) {
         __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
         for (int64_t b = 0; b < K / 32; b++) {
@@ -243,7 +244,7 @@ static int row_dots(int type, const uint8_t *row, int64_t K, const float *X, int
             a1 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x + 24), a1);
         }
         out[0] = hsum(_mm256_add_ps(a0, a1));
-        return 1;
+        return;
     }
     __m256 acc[MAX_T];
     for (int64_t t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
@@ -258,17 +259,20 @@ static int row_dots(int type, const uint8_t *row, int64_t K, const float *X, int
         }
     }
     for (int64_t t = 0; t < T; t++) out[t * out_stride] = hsum(acc[t]);
-    return 1;
 }
 #else
 #define MAX_T 0
-static int row_dots(int type, const uint8_t *row, int64_t K, const float *X, int64_t T,
-                    float *out, int64_t out_stride) { return 0; }
+static void row_dots(int type, const uint8_t *row, int64_t K, const float *X, int64_t T,
+                     float *out, int64_t out_stride) {}
 #endif
 
 #define ROWS 4
 
+/* Types load_block expands (with AVX2; without it every type takes deq_row and dot). */
 static int has_loader(int type) {
+#ifndef __AVX2__
+    return 0;
+#endif
 #ifdef __F16C__
     if (type == F16) return 1;
 #endif

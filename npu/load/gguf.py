@@ -242,13 +242,11 @@ def read_gguf(path: Path, *, progress: bool = True) -> GGUFModel:
             if bar:
                 bar.add(raw.size)
             try:
-                value = _tensor(qtype, shape, raw, arch, name, cfg)
+                tensors[target], err = _tensor(qtype, shape, raw, arch, name, cfg)
             except ModelError as exc:
                 raise ModelError(f"{path}: tensor {name}: {exc}") from None
-            if isinstance(value, tuple):
-                value, err = value
+            if err is not None:
                 converted.append(f"{name} {qtype.name}->Q8_0 (max error {err:.2e} of max |w|)")
-            tensors[target] = value
     elapsed = bar.end() if bar else 0.0
     del reader
     if converted:
@@ -260,14 +258,14 @@ def read_gguf(path: Path, *, progress: bool = True) -> GGUFModel:
 
 
 def _tensor(qtype: QT, shape: tuple[int, ...], raw: np.ndarray, arch: str, name: str,
-            cfg: dict[str, Any]):
-    """One tensor's value: a float32 vector, or a QMatrix (with the conversion error as a
-    second item when it was converted)."""
+            cfg: dict[str, Any]) -> tuple[np.ndarray | QMatrix, float | None]:
+    """One tensor's value, a float32 vector or a QMatrix, and the error of its conversion
+    to a format the kernels compute (None: not converted)."""
     if len(shape) == 1:
         value = QMatrix(qtype, (1, shape[0]), raw).dequantize()[0]
         if arch == "gemma3" and name.endswith("norm.weight"):
             value = value - np.float32(1.0)  # llama.cpp stores Gemma's norms as 1 + w
-        return value
+        return value, None
     if len(shape) != 2:
         raise ModelError(f"{len(shape)}-dimensional tensors are not supported")
     m = QMatrix(qtype, shape, raw)
@@ -275,13 +273,12 @@ def _tensor(qtype: QT, shape: tuple[int, ...], raw: np.ndarray, arch: str, name:
         heads = cfg["num_attention_heads"] if ".attn_q." in name else cfg["num_key_value_heads"]
         m = m.reorder(unpermute_order(shape[0], heads))
     native, err = m.to_native()
-    return (native, err) if native is not m else m
+    return native, (err if native is not m else None)
 
 
 def unpermute_order(rows: int, heads: int) -> np.ndarray:
     """Row order that undoes llama.cpp's Q/K permutation: its converter stores, per head,
     the rotary pairs (i, i + d/2) as adjacent rows (2i, 2i + 1); Hugging Face keeps halves."""
     half = rows // heads // 2
-    # stored row (h, i, j) with j in {0, 1} <- original row (h, j, i)
-    order = np.arange(rows).reshape(heads, half, 2).transpose(0, 2, 1).reshape(rows)
-    return order
+    # Hugging Face row (h, j, i) is stored row (h, i, j), j in {0, 1}
+    return np.arange(rows).reshape(heads, half, 2).transpose(0, 2, 1).reshape(rows)
