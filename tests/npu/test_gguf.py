@@ -236,3 +236,88 @@ def test_quantize_option_for_hugging_face_checkpoints(tiny_dir: Path) -> None:
     assert np.abs(a - b).max() < 0.05 * np.abs(a).max()
     with pytest.raises(ModelError, match="quantize"):
         load_model(tiny_dir, quantize="q3_x")
+
+
+STORIES = SHARED / "models" / "stories260K"
+STORIES_GREEDY = [403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338,
+                  401, 396, 267, 337, 410, 408, 419, 292, 411, 322, 265, 282, 295, 433, 426, 385,
+                  328]
+
+
+def _stories_gguf(path: Path, qtype: QT) -> Path:
+    """stories260K (a real trained Llama) written as llama.cpp writes a GGUF: its
+    SentencePiece vocabulary with scores from tok512.bin (`llama` tokenizer model), and
+    attn_q / attn_k rows permuted for ggml's RoPE."""
+    import struct
+
+    from gguf import GGUFWriter, quants
+    from safetensors.numpy import load_file
+
+    hf = STORIES / "hf-f32"
+    cfg = json.loads((hf / "config.json").read_text())
+    raw = (STORIES / "tok512.bin").read_bytes()  # max length, then per id: score, length, bytes
+    at, scores = 4, []
+    while at < len(raw):
+        score, n = struct.unpack_from("<fi", raw, at)
+        scores.append(score)
+        at += 8 + n
+    vocab = json.loads((hf / "tokenizer.json").read_text())["model"]["vocab"]
+    tokens = sorted(vocab, key=vocab.get)  # the pieces as SentencePiece spells them
+    types = [2 if t == "<unk>" else 3 if t in ("<s>", "</s>") else
+             6 if t.startswith("<0x") else 1 for t in tokens]
+    w = GGUFWriter(str(path), "llama")
+    heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    for key, value in (("block_count", cfg["num_hidden_layers"]), ("context_length", 512),
+                       ("embedding_length", cfg["hidden_size"]),
+                       ("feed_forward_length", cfg["intermediate_size"]),
+                       ("attention.head_count", heads), ("attention.head_count_kv", kv)):
+        w.add_uint32(f"llama.{key}", value)
+    w.add_float32("llama.rope.freq_base", 10000.0)
+    w.add_float32("llama.attention.layer_norm_rms_epsilon", cfg["rms_norm_eps"])
+    w.add_string("tokenizer.ggml.model", "llama")
+    w.add_array("tokenizer.ggml.tokens", tokens)
+    w.add_array("tokenizer.ggml.scores", scores)
+    w.add_array("tokenizer.ggml.token_type", types)
+    for key, value in (("bos_token_id", 1), ("eos_token_id", 2), ("unknown_token_id", 0)):
+        w.add_uint32(f"tokenizer.ggml.{key}", value)
+    names = {"embed_tokens": "token_embd", "norm": "output_norm", "q_proj": "attn_q",
+             "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
+             "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down",
+             "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+    for name, a in load_file(str(hf / "model.safetensors")).items():
+        parts = name.split(".")
+        kind = names[parts[-2]]
+        gname = (f"blk.{parts[2]}.{kind}.weight" if parts[1] == "layers" else f"{kind}.weight")
+        if kind in ("attn_q", "attn_k"):  # llama.cpp's converter: halves -> adjacent pairs
+            n = heads if kind == "attn_q" else kv
+            a = a.reshape(n, 2, a.shape[0] // n // 2, a.shape[1]).swapaxes(1, 2).reshape(a.shape)
+        if a.ndim == 2 and kind != "token_embd" and qtype != QT.F32:
+            w.add_tensor(gname, quants.quantize(a, qtype), raw_dtype=qtype)
+        else:
+            w.add_tensor(gname, a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.skipif(not (STORIES / "tok512.bin").exists(), reason=MISSING)
+def test_stories260k_as_gguf_tokenizes_and_generates_like_its_checkpoint(tmp_path: Path) -> None:
+    """A SentencePiece (`llama`) GGUF tokenizer encodes as the checkpoint's tokenizer.json,
+    and the permuted Q/K rows are undone: greedy output is the reference text."""
+    from npu.load.tokenizer import Tokenizer
+
+    model = load_model(_stories_gguf(tmp_path / "stories.gguf", QT.F32))
+    ref = Tokenizer(STORIES / "hf-f32" / "tokenizer.json")
+    for text in ["Once upon a time, there was a little girl named Lily.", "  two  spaces",
+                 "Zoë's café: 42 apples!", "line one\nline two", "日本"]:
+        assert model.tokenizer.encode(text) == ref.encode(text), text
+        assert model.tokenizer.decode(model.tokenizer.encode(text)) == ref.decode(
+            ref.encode(text))
+    eng = model.engine
+    logits, out = eng.prefill("s", [1]), []
+    for _ in range(len(STORIES_GREEDY)):
+        out.append(int(np.argmax(logits)))
+        logits = eng.decode(["s"], [out[-1]])[0]
+    assert out == STORIES_GREEDY
