@@ -28,6 +28,11 @@ def inv_freq(rope: Rope, dim: int) -> np.ndarray:
         inv = np.where(medium, smoothed, scaled).astype(np.float32)
     elif rope.kind == "yarn":
         inv = _yarn(rope, dim)
+    if rope.freq_factors:
+        if len(rope.freq_factors) != dim // 2:
+            raise ValueError(f"{len(rope.freq_factors)} RoPE frequency factors for {dim // 2} "
+                             "frequencies")
+        inv = (inv / np.asarray(rope.freq_factors, dtype=np.float32)).astype(np.float32)
     return inv
 
 

@@ -34,6 +34,9 @@ class Rope(msgspec.Struct, frozen=True, kw_only=True):
     beta_slow: float = 1.0
     truncate: bool = True
     attention_factor: float | None = None  # None: from factor (0.1 ln(factor) + 1)
+    # per-dimension divisors of the frequencies (a GGUF's rope_freqs tensor: llama.cpp's form
+    # of Llama 3's scaling)
+    freq_factors: tuple[float, ...] = ()
 
 
 class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -89,6 +92,7 @@ def _rope(params: dict[str, Any]) -> Rope:
         beta_slow=float(params.get("beta_slow") or 1.0),
         truncate=bool(params.get("truncate", True)),
         attention_factor=None if attention_factor is None else float(attention_factor),
+        freq_factors=tuple(float(f) for f in params.get("freq_factors") or ()),
     )
 
 

@@ -92,8 +92,10 @@ def _metadata(reader, path: Path) -> dict[str, Any]:
 
 
 def config_from_gguf(meta: dict[str, Any], tensor_names: set[str], path: Path,
-                     embed_rows: int | None) -> dict[str, Any]:
-    """A config.json dict (the keys `config_from_json` reads) from a file's metadata."""
+                     embed_rows: int | None,
+                     freq_factors: np.ndarray | None = None) -> dict[str, Any]:
+    """A config.json dict (the keys `config_from_json` reads) from a file's metadata (and
+    its rope_freqs tensor, if it has one)."""
     arch = meta.get("general.architecture")
     if arch not in ARCHITECTURES:
         raise ModelError(f"{path}: architecture {arch!r} is not supported (supported: "
@@ -134,6 +136,12 @@ def config_from_gguf(meta: dict[str, Any], tensor_names: set[str], path: Path,
                                    int(key("rope.scaling.original_context_length", 8192))}
     elif scaling not in (None, "none"):
         raise ModelError(f"{path}: rope scaling {scaling!r} is not supported")
+    if freq_factors is not None:
+        if freq_factors.shape != (cfg["head_dim"] // 2,):
+            raise ModelError(f"{path}: tensor rope_freqs.weight has shape "
+                             f"{list(freq_factors.shape)}, expected [{cfg['head_dim'] // 2}]")
+        cfg.setdefault("rope_scaling", {"rope_type": "default"})
+        cfg["rope_scaling"]["freq_factors"] = [float(f) for f in freq_factors]
     if arch == "qwen2":
         cfg["attention_bias"] = "blk.0.attn_q.bias" in tensor_names
     if arch == "gemma3":
@@ -209,12 +217,12 @@ def read_gguf(path: Path, *, progress: bool = True) -> GGUFModel:
     infos = {t.name: t for t in reader.tensors}
     arch = meta.get("general.architecture")
     embed = infos.get("token_embd.weight")
+    freqs = infos.get("rope_freqs.weight")
     cfg = config_from_gguf(meta, set(infos), path,
-                           int(embed.shape[-1]) if embed is not None else None)
+                           int(embed.shape[-1]) if embed is not None else None,
+                           np.array(freqs.data, dtype=np.float32).reshape(-1)
+                           if freqs is not None else None)
     shapes = _expected_shapes(cfg)
-    if "rope_freqs.weight" in infos:
-        raise ModelError(f"{path}: tensor rope_freqs.weight (per-dimension RoPE factors) is "
-                         "not supported")
     total = sum(int(t.n_bytes) for t in reader.tensors)
     bar = _Progress(path, total) if progress else None
     tensors: dict[str, np.ndarray | QMatrix] = {}

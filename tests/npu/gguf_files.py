@@ -98,7 +98,8 @@ def write_random_gguf(path: Path, arch: str, qtype: QT = QT.Q8_0, *, seed: int =
                       tied: bool = True, embed_qtype: QT | None = None,
                       tokenizer_meta: dict | None = None,
                       tensor_types: dict[str, QT] | None = None,
-                      dims: tuple[int, ...] | None = None) -> Path:
+                      dims: tuple[int, ...] | None = None,
+                      extra: dict[str, np.ndarray] | None = None) -> Path:
     """A random model of `arch` with its matrices in `qtype` (norms F32; a k-quant applies to
     rows of a multiple of 256 values, the others are Q8_0)."""
     H, F, nq, nkv, hd, L = dims or DIMS[arch]
@@ -140,6 +141,8 @@ def write_random_gguf(path: Path, arch: str, qtype: QT = QT.Q8_0, *, seed: int =
     def vec(name: str, n: int, base: float = 1.0):
         w.add_tensor(name, (base + 0.1 * rng.standard_normal(n)).astype(np.float32))
 
+    for name, value in (extra or {}).items():
+        w.add_tensor(name, value)
     mat("token_embd.weight", V, H, 0.5, embed_qtype)
     if not tied:
         mat("output.weight", V, H, 0.5)

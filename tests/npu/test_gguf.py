@@ -321,3 +321,21 @@ def test_stories260k_as_gguf_tokenizes_and_generates_like_its_checkpoint(tmp_pat
         out.append(int(np.argmax(logits)))
         logits = eng.decode(["s"], [out[-1]])[0]
     assert out == STORIES_GREEDY
+
+
+def test_rope_freqs_tensor_scales_the_frequencies_as_llama3(tmp_path: Path,
+                                                            tok_meta: dict) -> None:
+    """Llama 3.1 GGUFs carry Llama 3's RoPE scaling as a rope_freqs tensor of divisors."""
+    from npu.engine.rope import inv_freq
+    from npu.load.config import Rope
+
+    llama3 = Rope(theta=10000.0, kind="llama3", factor=8.0, original_max_position=64)
+    plain = inv_freq(Rope(theta=10000.0), 16)
+    factors = (plain / inv_freq(llama3, 16)).astype(np.float32)
+    assert not np.allclose(factors, 1.0)
+    file = write_random_gguf(tmp_path / "m.gguf", "llama", QT.Q8_0, tokenizer_meta=tok_meta,
+                             extra={"rope_freqs.weight": factors})
+    model = load_model(file)
+    assert np.allclose(inv_freq(model.config.rope["default"], 16), inv_freq(llama3, 16),
+                       rtol=1e-6)
+    assert model.engine.prefill("a", IDS).shape == (model.engine.vocab_size,)
