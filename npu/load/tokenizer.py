@@ -55,11 +55,11 @@ class Tokenizer:
 
         try:
             if isinstance(path, dict):
-                self._json = path
-                self._tok = HFTokenizer.from_str(json.dumps(path))
+                doc = path
+                self._tok = HFTokenizer.from_str(json.dumps(doc))
             else:
                 self._tok = HFTokenizer.from_file(str(path))
-                self._json = json.loads(path.read_text(encoding="utf-8"))
+                doc = json.loads(path.read_text(encoding="utf-8"))
         except Exception as exc:
             where = "the GGUF tokenizer" if isinstance(path, dict) else path
             raise ModelError(f"{where}: cannot be read as a tokenizer.json ({exc})") from None
@@ -68,6 +68,8 @@ class Tokenizer:
         self.add_bos = add_bos
         self._vocab = self._tok.get_vocab(with_added_tokens=True)
         self.size = max(self._vocab.values()) + 1
+        # the parts read later (not the vocabulary and merges: tens of MB of Python objects)
+        self._json = {"decoder": doc.get("decoder"), "added_tokens": doc.get("added_tokens")}
         self.byte_level = _uses(self._json.get("decoder"), "ByteLevel")
         decoder = self._json.get("decoder")
         self.strips_leading_space = _uses(decoder, "Strip") or (
@@ -103,7 +105,7 @@ class Tokenizer:
         if cached is not None:
             return cached
         out = [b""] * self.size
-        added = {a["id"]: a["content"] for a in self._json.get("added_tokens", [])}
+        added = {a["id"]: a["content"] for a in self._json["added_tokens"] or []}
         blank = {t for t in (self.bos_token, self.unk_token, self.pad_token) if t}
         dec = byte_decoder()
         for piece, i in self._vocab.items():

@@ -1,0 +1,110 @@
+"""Random-weight GGUF files of real models' shapes, for the benchmarks: written once into
+the cache directory (bench-gguf/) and reused.
+
+Shapes: "qwen3-0.6b" (Qwen3-0.6B: 28 layers, hidden 1024, FFN 3072, 16 / 8 heads of 128) and
+"llama-8b" (Llama-3.1-8B: 32 layers, hidden 4096, FFN 14336, 32 / 8 heads of 128), both with
+SmolLM2's tokenizer (49,152 tokens: the vocabulary is the only part not to scale). Blocks are
+random bytes with small finite scales, so writing 4 GB takes seconds, not a quantizer's
+minutes; the numbers are meaningless, the bytes moved per token are real.
+
+    .venv/bin/python bench/gguf_shapes.py llama-8b Q4_0     (prints the file's path)
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from npu.paths import cache_dir  # noqa: E402
+
+# arch, layers, hidden, ffn, heads, kv heads, head dim
+SHAPES = {"qwen3-0.6b": ("qwen3", 28, 1024, 3072, 16, 8, 128),
+          "llama-8b": ("llama", 32, 4096, 14336, 32, 8, 128)}
+TOKENIZER_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens",
+                  "tokenizer.ggml.token_type", "tokenizer.ggml.merges",
+                  "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id")
+
+
+def _random_blocks(rng: np.random.Generator, rows: int, cols: int, qtype) -> np.ndarray:
+    """Random Q4_0 / Q8_0 blocks whose f16 scale (the first 2 bytes) is 0.002."""
+    from gguf import GGML_QUANT_SIZES
+
+    block, size = GGML_QUANT_SIZES[qtype]
+    out = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
+    out[:, :, 0:2] = np.frombuffer(np.float16(0.002).tobytes(), dtype=np.uint8)
+    return out.reshape(rows, -1)
+
+
+def shaped_gguf(shape: str, qtype_name: str) -> Path:
+    """The file for `shape` with its matrices in `qtype_name` (Q4_0 or Q8_0), written if
+    missing."""
+    from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
+
+    from npu.load.model import default_model_path
+
+    qtype = GGMLQuantizationType[qtype_name]
+    path = cache_dir() / "bench-gguf" / f"{shape}-{qtype_name}.gguf"
+    if path.exists():
+        return path
+    arch, layers, H, F, nq, nkv, hd = SHAPES[shape]
+    reader = GGUFReader(str(default_model_path()))
+    meta = {k: reader.fields[k].contents() for k in TOKENIZER_KEYS}
+    del reader
+    V = len(meta["tokenizer.ggml.tokens"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    w = GGUFWriter(str(tmp), arch)
+    w.add_name(f"random {shape}")
+    for key, value in (("block_count", layers), ("context_length", 4096),
+                       ("embedding_length", H), ("feed_forward_length", F),
+                       ("attention.head_count", nq), ("attention.head_count_kv", nkv),
+                       ("attention.key_length", hd), ("attention.value_length", hd)):
+        w.add_uint32(f"{arch}.{key}", value)
+    w.add_float32(f"{arch}.rope.freq_base", 500000.0)
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
+    w.add_string("tokenizer.ggml.model", meta["tokenizer.ggml.model"])
+    w.add_string("tokenizer.ggml.pre", meta["tokenizer.ggml.pre"])
+    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
+        w.add_array(key, meta[key])
+    w.add_array("tokenizer.ggml.token_type", [int(t) for t in meta["tokenizer.ggml.token_type"]])
+    for key in ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"):
+        w.add_uint32(key, int(meta[key]))
+    rng = np.random.default_rng(0)
+
+    def mat(name: str, rows: int, cols: int) -> None:
+        w.add_tensor(name, _random_blocks(rng, rows, cols, qtype), raw_dtype=qtype)
+
+    def vec(name: str, n: int) -> None:
+        w.add_tensor(name, np.ones(n, dtype=np.float32))
+
+    mat("token_embd.weight", V, H)
+    mat("output.weight", V, H)
+    vec("output_norm.weight", H)
+    for i in range(layers):
+        p = f"blk.{i}."
+        vec(p + "attn_norm.weight", H)
+        vec(p + "ffn_norm.weight", H)
+        if arch == "qwen3":
+            vec(p + "attn_q_norm.weight", hd)
+            vec(p + "attn_k_norm.weight", hd)
+        mat(p + "attn_q.weight", nq * hd, H)
+        mat(p + "attn_k.weight", nkv * hd, H)
+        mat(p + "attn_v.weight", nkv * hd, H)
+        mat(p + "attn_output.weight", H, nq * hd)
+        mat(p + "ffn_gate.weight", F, H)
+        mat(p + "ffn_up.weight", F, H)
+        mat(p + "ffn_down.weight", H, F)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    tmp.rename(path)
+    return path
+
+
+if __name__ == "__main__":
+    print(shaped_gguf(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "Q4_0"))
