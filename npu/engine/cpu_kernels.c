@@ -18,6 +18,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <math.h>
 #include <omp.h>
 #ifdef __AVX2__
 #include <immintrin.h>
@@ -58,7 +59,11 @@ void fk_init(void) {
 static inline float h2f(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, 2);
+#ifdef __F16C__
+    return _cvtsh_ss(h);
+#else
     return f16_table[h];
+#endif
 }
 
 static int blocked(int type) { return type != F32 && type != F16 && type != BF16; }
@@ -218,6 +223,13 @@ static inline void load_block(int type, const uint8_t *src, __m256 w[4]) {
     }
 }
 
+static inline float hsum_max(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
 static inline float hsum(__m256 v) {
     __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
     lo = _mm_add_ps(lo, hi);
@@ -266,6 +278,235 @@ static void row_dots(int type, const uint8_t *row, int64_t K, const float *X, in
                      float *out, int64_t out_stride) {}
 #endif
 
+/* -- 8-bit activations ----------------------------------------------------------------------
+ * For the integer formats (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0) a few rows of X are first rounded to
+ * 8 bits per block of 32 (scale dx = max|x| / 127, codes qx = round(x / dx)), as llama.cpp
+ * does, so a weight block times an activation block is one integer dot product of 32 pairs:
+ *   sum_j (dw * cw_j + mw) * (dx * qx_j) = dw * dx * sum_j cw_j * qx_j + mw * (dx * sum_j qx_j)
+ * with cw the block's codes (0..15 for Q4, 0..31 for Q5, -128..127 for Q8_0) and mw its
+ * offset (Q4_0: -8 dw, Q5_0: -16 dw, Q4_1 / Q5_1: m, Q8_0: 0). The rounding costs about
+ * 0.2% of a block's largest activation per element; the reference backend keeps float32. */
+/* bytes of activation codes a thread goes over per pass of its rows */
+#define TOKEN_CHUNK_BYTES (128 * 1024)
+
+typedef struct {
+    int64_t K, nb;
+    int8_t *q;   /* [T, K] codes */
+    float *d;    /* [T, nb] scales */
+    float *s;    /* [T, nb] dx * sum of the block's codes */
+} Act8;
+
+static int is_integer(int type) {
+    return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1 || type == Q8_0;
+}
+
+#ifdef __AVX2__
+static inline float round_f16(float x) {
+    return _cvtsh_ss(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT));
+}
+
+static void quantize_rows(const float *X, int64_t T, int64_t K, Act8 *a) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t t = 0; t < T; t++) {
+        for (int64_t b = 0; b < a->nb; b++) {
+            const float *x = X + t * K + 32 * b;
+            __m256 v[4], m = _mm256_setzero_ps();
+            for (int i = 0; i < 4; i++) {
+                v[i] = _mm256_loadu_ps(x + 8 * i);
+                m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i]));
+            }
+            const float amax = hsum_max(m);
+            /* the scale (and below the sum) rounded to f16, as llama.cpp's q8_0 / q8_1 store
+             * them: the same arithmetic as the peer, so greedy output matches it */
+            const float d = round_f16(amax / 127.0f);
+            const __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+            __m256i c[4];
+            for (int i = 0; i < 4; i++)
+                c[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], inv),
+                                                          _MM_FROUND_TO_NEAREST_INT |
+                                                          _MM_FROUND_NO_EXC));
+            /* sum of the codes, then pack 32 int32 to 32 int8 in order */
+            __m256i sum = _mm256_add_epi32(_mm256_add_epi32(c[0], c[1]),
+                                           _mm256_add_epi32(c[2], c[3]));
+            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum),
+                                       _mm256_extracti128_si256(sum, 1));
+            s4 = _mm_hadd_epi32(s4, s4);
+            s4 = _mm_hadd_epi32(s4, s4);
+            __m256i p16a = _mm256_packs_epi32(c[0], c[1]), p16b = _mm256_packs_epi32(c[2], c[3]);
+            __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+            /* packs work within 128-bit lanes: the 4-code groups come out as c0 c1 c2 c3 of
+             * the low halves, then of the high halves */
+            p8 = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256((__m256i *)(a->q + t * K + 32 * b), p8);
+            a->d[t * a->nb + b] = d;
+            a->s[t * a->nb + b] = round_f16(d * (float)_mm_cvtsi128_si32(s4));
+        }
+    }
+}
+
+/* The 32 codes of an integer block, in element order, with its scale and offset. Q4 / Q5
+ * codes are unsigned; Q8_0's are signed (see dot_codes). */
+static inline __m256i block_codes(int type, const uint8_t *src, float *dw, float *mw) {
+    const __m256i low4 = _mm256_set1_epi8(15);
+    switch (type) {
+    case Q8_0:
+        *dw = h2f(src);
+        *mw = 0.0f;
+        return _mm256_loadu_si256((const __m256i *)(src + 2));
+    case Q4_0: case Q4_1: {
+        const int one = type == Q4_1;
+        const __m128i q = _mm_loadu_si128((const __m128i *)(src + (one ? 4 : 2)));
+        *dw = h2f(src);
+        *mw = one ? h2f(src + 2) : -8.0f * *dw;
+        return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), low4);
+    }
+    default: { /* Q5_0, Q5_1: the fifth bits of elements 0..31 are the bits of a u32 */
+        const int one = type == Q5_1;
+        uint32_t qh;
+        memcpy(&qh, src + (one ? 4 : 2), 4);
+        const __m128i q = _mm_loadu_si128((const __m128i *)(src + (one ? 8 : 6)));
+        *dw = h2f(src);
+        *mw = one ? h2f(src + 2) : -16.0f * *dw;
+        __m256i lo = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), low4);
+        /* byte j takes byte j / 8 of qh, then keeps bit j % 8 of it */
+        __m256i spread = _mm256_shuffle_epi8(
+            _mm256_set1_epi32((int)qh),
+            _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                             2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+        const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+        __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+        return _mm256_or_si256(lo, _mm256_and_si256(set, _mm256_set1_epi8(16)));
+    }
+    }
+}
+
+/* 8 int32 partial sums of codes . qx (signed: Q8_0's codes are signed). */
+static inline __m256i dot_codes(__m256i w, __m256i x, int sign) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    if (sign) { /* maddubs multiplies unsigned by signed: move w's sign onto x */
+        x = _mm256_sign_epi8(x, w);
+        w = _mm256_sign_epi8(w, w);
+    }
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones);
+}
+
+/* a . b for short vectors (a row's blocks): 8 lanes, then the rest one by one. */
+static inline float vdot(const float *a, const float *b, int64_t n) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    float s = hsum(acc);
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* A tile of Y: rows n0 .. n0 + RM of W times tokens t0 .. t0 + RN of `a`, the accumulators
+ * in registers (RM and RN are constants after inlining: one copy per type and shape). The
+ * blocks' offsets mw go to `mw` [RM, nb] on the way and meet the tokens' dx * sum(qx) in one
+ * float dot product per pair at the end, not in the inner loop. */
+static inline __attribute__((always_inline)) void
+tile_int(const int type, const int RM, const int RN, const uint8_t *W, int64_t rb,
+         const Act8 *a, int64_t n0, int64_t t0, float *Y, int64_t N, float *mw) {
+    const int64_t bs = fk_row_bytes(type, 32), nb = a->nb, K = a->K;
+    const int sign = type == Q8_0;
+    __m256 acc[4][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < RM; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < RN; t++) acc[r][t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i w[4];
+        float dw[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < RM; r++)
+            w[r] = block_codes(type, W + (n0 + r) * rb + b * bs, &dw[r], &mw[r * nb + b]);
+#pragma GCC unroll 4
+        for (int t = 0; t < RN; t++) {
+            const __m256i x = _mm256_loadu_si256((const __m256i *)(a->q + (t0 + t) * K + 32 * b));
+            const float dx = a->d[(t0 + t) * nb + b];
+#pragma GCC unroll 4
+            for (int r = 0; r < RM; r++)
+                acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(dw[r] * dx),
+                                            _mm256_cvtepi32_ps(dot_codes(w[r], x, sign)),
+                                            acc[r][t]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < RM; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < RN; t++)
+            Y[(t0 + t) * N + n0 + r] = hsum(acc[r][t]) +
+                (sign ? 0.0f : vdot(mw + r * nb, a->s + (t0 + t) * nb, nb));
+}
+
+/* One row times one token (decode): two chains of accumulation over alternate blocks. */
+static inline __attribute__((always_inline)) float
+row_dot_int(const int type, const uint8_t *row, const Act8 *a, int64_t t) {
+    const int64_t bs = fk_row_bytes(type, 32), nb = a->nb;
+    const int sign = type == Q8_0;
+    const int8_t *q = a->q + t * a->K;
+    const float *d = a->d + t * nb, *s = a->s + t * nb;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    float off0 = 0.0f, off1 = 0.0f;
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        float dw0, mw0, dw1, mw1;
+        const __m256i w0 = block_codes(type, row + b * bs, &dw0, &mw0);
+        const __m256i w1 = block_codes(type, row + (b + 1) * bs, &dw1, &mw1);
+        const __m256i x0 = _mm256_loadu_si256((const __m256i *)(q + 32 * b));
+        const __m256i x1 = _mm256_loadu_si256((const __m256i *)(q + 32 * b + 32));
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(dw0 * d[b]),
+                               _mm256_cvtepi32_ps(dot_codes(w0, x0, sign)), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(dw1 * d[b + 1]),
+                               _mm256_cvtepi32_ps(dot_codes(w1, x1, sign)), acc1);
+        off0 += mw0 * s[b];
+        off1 += mw1 * s[b + 1];
+    }
+    for (; b < nb; b++) {
+        float dw, mw;
+        const __m256i w = block_codes(type, row + b * bs, &dw, &mw);
+        const __m256i x = _mm256_loadu_si256((const __m256i *)(q + 32 * b));
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(dw * d[b]),
+                               _mm256_cvtepi32_ps(dot_codes(w, x, sign)), acc0);
+        off0 += mw * s[b];
+    }
+    return hsum(_mm256_add_ps(acc0, acc1)) + off0 + off1;
+}
+
+/* Rows n0 .. n1 of Y for tokens t0 .. t1, in tiles of 4 rows x 2 tokens (edges smaller). */
+static inline __attribute__((always_inline)) void
+rows_int_as(const int type, const uint8_t *W, int64_t rb, const Act8 *a, int64_t n0,
+            int64_t n1, int64_t t0, int64_t t1, float *Y, int64_t N, float *mw) {
+    int64_t n = n0;
+    if (t1 - t0 == 1) { /* one token: row by row */
+        for (; n < n1; n++) Y[t0 * N + n] = row_dot_int(type, W + n * rb, a, t0);
+        return;
+    }
+    for (; n + 4 <= n1; n += 4) {
+        int64_t t = t0;
+        for (; t + 2 <= t1; t += 2) tile_int(type, 4, 2, W, rb, a, n, t, Y, N, mw);
+        if (t < t1) tile_int(type, 4, 1, W, rb, a, n, t, Y, N, mw);
+    }
+    for (; n < n1; n++) {
+        int64_t t = t0;
+        for (; t + 2 <= t1; t += 2) tile_int(type, 1, 2, W, rb, a, n, t, Y, N, mw);
+        if (t < t1) tile_int(type, 1, 1, W, rb, a, n, t, Y, N, mw);
+    }
+}
+
+static void rows_int(int type, const uint8_t *W, int64_t rb, const Act8 *a, int64_t n0,
+                     int64_t n1, int64_t t0, int64_t t1, float *Y, int64_t N, float *mw) {
+    switch (type) {
+    case Q4_0: rows_int_as(Q4_0, W, rb, a, n0, n1, t0, t1, Y, N, mw); return;
+    case Q4_1: rows_int_as(Q4_1, W, rb, a, n0, n1, t0, t1, Y, N, mw); return;
+    case Q5_0: rows_int_as(Q5_0, W, rb, a, n0, n1, t0, t1, Y, N, mw); return;
+    case Q5_1: rows_int_as(Q5_1, W, rb, a, n0, n1, t0, t1, Y, N, mw); return;
+    default: rows_int_as(Q8_0, W, rb, a, n0, n1, t0, t1, Y, N, mw); return;
+    }
+}
+#endif
+
 #define ROWS 4
 
 /* Types load_block expands (with AVX2; without it every type takes deq_row and dot). */
@@ -284,6 +525,45 @@ int fk_matmul(int type, const uint8_t *W, int64_t N, int64_t K, const float *X, 
               float *Y, int threads) {
     const int64_t rb = fk_row_bytes(type, K);
     if (rb < 0 || (blocked(type) && K % 32) || !table_ready) return -1;
+#ifdef __AVX2__
+    if (is_integer(type)) {
+        Act8 a = {K, K / 32, NULL, NULL, NULL};
+        a.q = (int8_t *)malloc((size_t)(T * K));
+        a.d = (float *)malloc((size_t)(2 * T * a.nb) * sizeof(float));
+        if (!a.q || !a.d) {
+            free(a.q);
+            free(a.d);
+            return -2;
+        }
+        a.s = a.d + T * a.nb;
+        quantize_rows(X, T, K, &a);
+        int failed = 0;
+#pragma omp parallel num_threads(threads)
+        {
+            /* each thread takes a range of rows (a multiple of 4), and goes over the tokens
+             * in chunks whose codes stay in its L2 cache */
+            const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+            const int64_t tiles = (N + 3) / 4, per = (tiles + nt - 1) / nt;
+            const int64_t n0 = 4 * per * id < N ? 4 * per * id : N;
+            const int64_t n1 = 4 * per * (id + 1) < N ? 4 * per * (id + 1) : N;
+            const int64_t chunk = (TOKEN_CHUNK_BYTES / K) & ~(int64_t)1;
+            float *mw = (float *)malloc((size_t)(4 * a.nb) * sizeof(float));
+            if (!mw) {
+#pragma omp atomic write
+                failed = 1;
+            } else {
+                for (int64_t t0 = 0; t0 < T; t0 += chunk > 2 ? chunk : 2) {
+                    const int64_t t1 = t0 + (chunk > 2 ? chunk : 2) < T ? t0 + (chunk > 2 ? chunk : 2) : T;
+                    rows_int(type, W, rb, &a, n0, n1, t0, t1, Y, N, mw);
+                }
+            }
+            free(mw);
+        }
+        free(a.q);
+        free(a.d);
+        return failed ? -2 : 0;
+    }
+#endif
     const int direct = T <= MAX_T && K % 32 == 0 && has_loader(type);
     int failed = 0;
 #pragma omp parallel num_threads(threads)
@@ -332,4 +612,80 @@ int fk_dequant(int type, const uint8_t *W, int64_t K, int64_t first, int64_t n, 
 #pragma omp parallel for num_threads(threads) schedule(static) if (n > 64)
     for (int64_t r = 0; r < n; r++) deq_row(type, W + (first + r) * rb, out + r * K, K);
     return 0;
+}
+
+/* -- the rest of a decode step ------------------------------------------------------------ */
+
+/* OUT[r] = X[r] / sqrt(mean(X[r]^2) + eps) * w for rows of n values (OUT may be X). */
+void fk_rms_norm(const float *X, const float *w, int64_t rows, int64_t n, float eps,
+                 float *OUT) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *x = X + r * n;
+        float *o = OUT + r * n;
+        int64_t i = 0;
+        float ss = 0.0f;
+#ifdef __AVX2__
+        __m256 acc = _mm256_setzero_ps();
+        for (; i + 8 <= n; i += 8) {
+            const __m256 v = _mm256_loadu_ps(x + i);
+            acc = _mm256_fmadd_ps(v, v, acc);
+        }
+        ss = hsum(acc);
+#endif
+        for (; i < n; i++) ss += x[i] * x[i];
+        const float inv = 1.0f / sqrtf(ss / (float)n + eps);
+        for (i = 0; i < n; i++) o[i] = x[i] * inv * w[i];
+    }
+}
+
+/* Attention of one new token per sequence over its cached keys and values.
+ * Q, OUT: [B, nq, hd]. K, V: [slots, nkv, cap, hd] (a layer's cache). Sequence b is in slot
+ * slots[b] and sees positions 0 .. lengths[b] - 1 (the new token's included), or only the
+ * last `window` of them when window > 0. sinks: NULL or [nq] logits that join each head's
+ * normalisation and are then dropped (gpt-oss). */
+int fk_attend(const float *Q, int64_t B, int64_t nq, int64_t nkv, int64_t hd, const float *K,
+              const float *V, int64_t cap, const int64_t *slots, const int64_t *lengths,
+              int64_t window, const float *sinks, float scale, float *OUT, int threads) {
+    const int64_t group = nq / nkv;
+    int64_t longest = 0;
+    for (int64_t b = 0; b < B; b++) longest = lengths[b] > longest ? lengths[b] : longest;
+    const int many = B * nq * longest * hd > (1 << 15);
+    int failed = 0;
+#pragma omp parallel num_threads(threads) if (many)
+    {
+        float *p = (float *)malloc((size_t)(longest > 0 ? longest : 1) * sizeof(float));
+        if (!p) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t task = 0; task < B * nq; task++) {
+            if (!p) continue;
+            const int64_t b = task / nq, h = task % nq;
+            const int64_t len = lengths[b];
+            const int64_t lo = window > 0 && len > window ? len - window : 0;
+            const float *q = Q + task * hd;
+            const float *k = K + ((slots[b] * nkv + h / group) * cap) * hd;
+            const float *v = V + ((slots[b] * nkv + h / group) * cap) * hd;
+            float top = sinks ? sinks[h] : -INFINITY;
+            for (int64_t j = lo; j < len; j++) {
+                p[j] = dot(q, k + j * hd, hd) * scale;
+                top = p[j] > top ? p[j] : top;
+            }
+            float total = sinks ? expf(sinks[h] - top) : 0.0f;
+            for (int64_t j = lo; j < len; j++) {
+                p[j] = expf(p[j] - top);
+                total += p[j];
+            }
+            float *o = OUT + task * hd;
+            memset(o, 0, (size_t)hd * sizeof(float));
+            for (int64_t j = lo; j < len; j++) {
+                const float wj = p[j] / total;
+                const float *vj = v + j * hd;
+                for (int64_t i = 0; i < hd; i++) o[i] += wj * vj[i];
+            }
+        }
+        free(p);
+    }
+    return failed ? -2 : 0;
 }

@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+LIBS = ["-lm"]
 
 # arrays pass as raw addresses (callers hand over C-contiguous arrays of the right dtype:
 # numpy's checked pointer types cost more per call than a small product)
@@ -47,7 +48,7 @@ def build(out_dir: Path | None = None) -> Path:
     """The shared library's path, compiled first if this source and these flags have no
     build in `out_dir` (default: the cache directory's kernels/)."""
     cc = _compiler()
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join([cc, *FLAGS]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join([cc, *FLAGS, *LIBS]).encode()).hexdigest()[:16]
     out_dir = out_dir or cache_dir() / "kernels"
     target = out_dir / f"cpu_kernels-{key}.so"
     if target.exists():
@@ -56,8 +57,8 @@ def build(out_dir: Path | None = None) -> Path:
     fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=".so")
     os.close(fd)
     try:
-        done = subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE)], capture_output=True,
-                              text=True, timeout=300)
+        done = subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE), *LIBS],
+                              capture_output=True, text=True, timeout=300)
         if done.returncode:
             raise KernelUnavailable(f"building {SOURCE.name} failed: {done.stderr.strip()[:2000]}")
         os.replace(tmp, target)  # atomic: concurrent builders each install a whole file
@@ -85,6 +86,11 @@ def kernels() -> ctypes.CDLL:
     lib.fk_rows.argtypes = [ctypes.c_int, _U8, _I64, _I64P, _I64, _F32P, ctypes.c_int]
     lib.fk_dequant.restype = ctypes.c_int
     lib.fk_dequant.argtypes = [ctypes.c_int, _U8, _I64, _I64, _I64, _F32P, ctypes.c_int]
+    lib.fk_rms_norm.restype = None
+    lib.fk_rms_norm.argtypes = [_F32P, _F32P, _I64, _I64, ctypes.c_float, _F32P]
+    lib.fk_attend.restype = ctypes.c_int
+    lib.fk_attend.argtypes = [_F32P, _I64, _I64, _I64, _I64, _F32P, _F32P, _I64, _I64P, _I64P,
+                              _I64, _F32P, ctypes.c_float, _F32P, ctypes.c_int]
     return lib
 
 

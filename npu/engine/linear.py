@@ -2,9 +2,12 @@
 
 - "reference": numpy; blocks are expanded a slice of rows at a time (gguf's own
   dequantizers) and multiplied with BLAS. Exact and slow: the oracle for the others.
-- "cpu": the compiled kernels (cpu_kernels.c). A few rows of x (decode) are multiplied
-  straight from the blocks; many rows (prefill) multiply BLAS with float32 slices of the
-  weight that the kernels expand. Falls back to "reference" when the kernels cannot be built.
+- "cpu": the compiled kernels (cpu_kernels.c). The integer formats (Q8_0, Q4_0, Q4_1, Q5_0,
+  Q5_1) multiply straight from the blocks with x rounded to 8 bits per block of 32, as
+  llama.cpp does (about 0.5% of the largest output; the reference keeps float32). F16 / BF16
+  multiply a few rows (decode) from the blocks in float32 and many rows (prefill) with BLAS
+  on float32 slices the kernels expand. Falls back to "reference" when the kernels cannot be
+  built.
 
 Float32 weights take numpy's BLAS on either backend. The XRT engine replaces the whole seam.
 """
@@ -15,7 +18,8 @@ import logging
 
 import numpy as np
 
-from npu.engine.quant import QMatrix, QT
+from npu.engine.ops import KernelOps, NumpyOps
+from npu.engine.quant import INTEGER, QMatrix, QT
 
 log = logging.getLogger(__name__)
 
@@ -74,10 +78,21 @@ class Linear:
 
 
 class ReferenceLinear(Linear):
+    """numpy's BLAS on the float32 values; `keep`: expand a block format once, on first use,
+    and keep the float32 copy (the "reference" backend: fast enough for an oracle, at 4 bytes
+    a weight), else slice by slice on every call (the fallback when the kernels are missing:
+    memory stays at the blocks)."""
+
+    def __init__(self, matrix: QMatrix, keep: bool = False) -> None:
+        super().__init__(matrix)
+        self._keep = keep
+        self._floats: np.ndarray | None = matrix.floats
+
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        w = self.matrix.floats
-        if w is not None:
-            return float_matmul(x, w)
+        if self._floats is None and self._keep:
+            self._floats = self.matrix.dequantize()
+        if self._floats is not None:
+            return float_matmul(x, self._floats)
         return self._sliced(x, self.matrix.dequantize)
 
 
@@ -90,12 +105,15 @@ class CpuLinear(Linear):
         self._lib = lib
         self._ptr = matrix.data.ctypes.data
         self._type = int(matrix.qtype)
+        # integer formats: the kernels for every row count (their tiled product beats BLAS
+        # on expanded slices); float formats: BLAS above KERNEL_ROWS
+        self._direct = matrix.qtype in INTEGER
         self._buf: np.ndarray | None = None
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         x = np.ascontiguousarray(x, dtype=np.float32)
         rows, cols = self.shape
-        if len(x) <= KERNEL_ROWS:
+        if self._direct or len(x) <= KERNEL_ROWS:
             out = np.empty((len(x), rows), dtype=np.float32)
             if self._lib.fk_matmul(self._type, self._ptr, rows, cols, x.ctypes.data, len(x),
                                    out.ctypes.data, self.threads.n):
@@ -173,6 +191,7 @@ class LinearFactory:
     def __init__(self, backend: str = "cpu", threads: int = 1) -> None:
         self.threads = Threads(threads)
         self._lib = _lib_for(backend)
+        self._keep = backend == "reference"
 
     def linear(self, parts: list[QMatrix]) -> Linear:
         """One linear layer over `parts` stacked by rows (the fused projections)."""
@@ -187,8 +206,12 @@ class LinearFactory:
 
     def _one(self, m: QMatrix) -> Linear:
         if self._lib is None or m.qtype == QT.F32:
-            return ReferenceLinear(m)
+            return ReferenceLinear(m, keep=self._keep)
         return CpuLinear(m, self.threads, self._lib)
 
     def embedding(self, m: QMatrix) -> Embedding:
         return Embedding(m, self._lib, self.threads)
+
+    def ops(self) -> NumpyOps:
+        """The norms and attention on the same backend and threads."""
+        return NumpyOps() if self._lib is None else KernelOps(self._lib, self.threads)

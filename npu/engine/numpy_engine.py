@@ -28,11 +28,6 @@ from npu.load.config import ModelConfig
 PREFILL_CHUNK = 512
 
 
-def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    var = np.mean(np.square(x), axis=-1, keepdims=True)
-    return (x / np.sqrt(var + np.float32(eps))) * w
-
-
 def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
@@ -142,6 +137,7 @@ class NumpyEngine:
         self.max_context = c.max_position
         self._seqs: dict[object, _Seq] = {}
         self.linears = LinearFactory(backend, threads or os.cpu_count() or 1)
+        self.ops = self.linears.ops()
 
         def pop(name: str) -> np.ndarray | QMatrix:
             arr = weights.pop(name, None)
@@ -166,7 +162,7 @@ class NumpyEngine:
 
         def norm(name: str) -> np.ndarray:
             w = take(name)
-            return (w + np.float32(1.0)).astype(np.float32) if gemma else w
+            return np.ascontiguousarray(w + np.float32(1.0) if gemma else w, dtype=np.float32)
 
         embed = mat("model.embed_tokens.weight")
         self.embed = self.linears.embedding(embed)
@@ -356,7 +352,7 @@ class NumpyEngine:
         positions = np.concatenate([np.arange(s.pos, s.pos + n) for s, n in segments])
         tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         for li, L in enumerate(self.layers):
-            h = rms_norm(x, L.norm_in, c.rms_eps)
+            h = self.ops.rms_norm(x, L.norm_in, c.rms_eps)
             if L.kind == "conv":
                 h = self._conv(li, L, h, segments)
             else:
@@ -365,9 +361,9 @@ class NumpyEngine:
                     tables[key] = rope_mod.cos_sin(L.inv_freq, positions, L.rope_scale)
                 h = self._attention(li, L, h, segments, *tables[key])
             if L.norm_post_attn is not None:
-                h = rms_norm(h, L.norm_post_attn, c.rms_eps)
+                h = self.ops.rms_norm(h, L.norm_post_attn, c.rms_eps)
             x = x + h
-            h = rms_norm(x, L.norm_pre_ff, c.rms_eps)
+            h = self.ops.rms_norm(x, L.norm_pre_ff, c.rms_eps)
             if L.router_w is not None:
                 h = self._experts(L, h)
             else:
@@ -375,12 +371,12 @@ class NumpyEngine:
                 inter = gu.shape[-1] // 2
                 h = self._mm(self.act(gu[:, :inter]) * gu[:, inter:], L, "w_down")
             if L.norm_post_ff is not None:
-                h = rms_norm(h, L.norm_post_ff, c.rms_eps)
+                h = self.ops.rms_norm(h, L.norm_post_ff, c.rms_eps)
             x = x + h
         for seq, n in segments:
             seq.pos += n
         ends = np.cumsum([n for _, n in segments]) - 1
-        last = rms_norm(x[ends], self.final_norm, c.rms_eps)
+        last = self.ops.rms_norm(x[ends], self.final_norm, c.rms_eps)
         return np.ascontiguousarray(self._mm(last, None, "lm_head"), dtype=np.float32)
 
     def _mm(self, x: np.ndarray, layer: _Layer | None, name: str) -> np.ndarray:
@@ -401,55 +397,27 @@ class NumpyEngine:
         k = qkv[:, nq * hd : (nq + nkv) * hd].reshape(T, nkv, hd)
         v = qkv[:, (nq + nkv) * hd :].reshape(T, nkv, hd)
         if L.q_norm is not None:
-            q = rms_norm(q, L.q_norm, c.rms_eps)
-            k = rms_norm(k, L.k_norm, c.rms_eps)
+            q = self.ops.rms_norm(q, L.q_norm, c.rms_eps)
+            k = self.ops.rms_norm(k, L.k_norm, c.rms_eps)
         q = rope_mod.apply(q, cos, sin)
         k = rope_mod.apply(k, cos, sin)
         if len(segments) == T:  # decode: one token per sequence
             return self._out_proj(L, self._decode_attention(li, L, q, k, v, segments))
         K, V = self._kv.k[li], self._kv.v[li]
         out = np.empty((T, nq * hd), dtype=np.float32)
-        group = nq // nkv
         start = 0
         for seq, n in segments:
-            Ks, Vs = K[seq.slot], V[seq.slot]
             total = seq.pos + n
-            Ks[:, seq.pos : total] = k[start : start + n].transpose(1, 0, 2)
-            Vs[:, seq.pos : total] = v[start : start + n].transpose(1, 0, 2)
-            qs = q[start : start + n].transpose(1, 0, 2).reshape(nkv, group * n, hd)
-            scores = (qs @ Ks[:, :total].transpose(0, 2, 1)) * self.scale  # [nkv, g*n, total]
-            scores = scores.reshape(nkv, group, n, total)
-            qpos = np.arange(seq.pos, total)[:, None]
-            kpos = np.arange(total)[None, :]
-            masked = kpos > qpos
-            if L.window:
-                masked = masked | (kpos <= qpos - L.window)
-            scores = np.where(masked, np.float32(-np.inf), scores)
-            probs = self._softmax(scores, L.sinks.reshape(nkv, group, 1, 1)
-                                  if L.sinks is not None else None)
-            o = probs.reshape(nkv, group * n, total) @ Vs[:, :total]  # [nkv, g*n, hd]
-            out[start : start + n] = o.reshape(nq, n, hd).transpose(1, 0, 2).reshape(n, nq * hd)
+            K[seq.slot, :, seq.pos : total] = k[start : start + n].transpose(1, 0, 2)
+            V[seq.slot, :, seq.pos : total] = v[start : start + n].transpose(1, 0, 2)
+            out[start : start + n] = self.ops.attend_prompt(
+                q[start : start + n], K, V, seq.slot, seq.pos, L.window, L.sinks, self.scale)
             start += n
         return self._out_proj(L, out)
 
     def _out_proj(self, L: _Layer, out: np.ndarray) -> np.ndarray:
         y = self._mm(out, L, "wo")
         return y + L.bo if L.bo is not None else y
-
-    @staticmethod
-    def _softmax(scores: np.ndarray, sinks: np.ndarray | None) -> np.ndarray:
-        """Softmax over the last axis, in place; with `sinks` (gpt-oss: a learned logit per
-        head that takes part in the normalisation and is then dropped)."""
-        if sinks is None:
-            scores -= scores.max(axis=-1, keepdims=True)
-            np.exp(scores, out=scores)
-            scores /= scores.sum(axis=-1, keepdims=True)
-            return scores
-        top = np.maximum(scores.max(axis=-1, keepdims=True), sinks)
-        scores -= top
-        np.exp(scores, out=scores)
-        scores /= scores.sum(axis=-1, keepdims=True) + np.exp(sinks - top)
-        return scores
 
     def _experts(self, L: _Layer, h: np.ndarray) -> np.ndarray:
         """gpt-oss's mixture of experts: each token goes to its top-k experts by the router,
@@ -475,39 +443,15 @@ class NumpyEngine:
 
     def _decode_attention(self, li: int, L: _Layer, q: np.ndarray, k: np.ndarray,
                           v: np.ndarray, segments) -> np.ndarray:
-        """Attention for one new token per sequence, as one product over the range of the
-        batch's cache slots (rows of slots outside the batch are computed and dropped)."""
-        c = self.config
-        nq, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
-        B, group = len(segments), nq // nkv
+        """Attention for one new token per sequence: its key and value join the cache, then
+        one call for the whole batch (`ops.attend`)."""
+        B = len(segments)
         K, V = self._kv.k[li], self._kv.v[li]
         slots = np.fromiter((s.slot for s, _ in segments), dtype=np.intp, count=B)
         pos = np.fromiter((s.pos for s, _ in segments), dtype=np.intp, count=B)
         K[slots, :, pos] = k
         V[slots, :, pos] = v
-        first, end = int(slots.min()), int(slots.max()) + 1
-        rows = slots - first
-        span = int(pos.max()) + 1
-        if end - first == B:
-            qr = np.empty((B, nkv, group, hd), dtype=np.float32)
-            lengths = np.empty(B, dtype=np.intp)
-        else:  # slots in the range that are not in this batch: harmless filler rows
-            qr = np.zeros((end - first, nkv, group, hd), dtype=np.float32)
-            lengths = np.ones(end - first, dtype=np.intp)
-        qr[rows] = q.reshape(B, nkv, group, hd)
-        lengths[rows] = pos + 1
-        scores = np.matmul(qr, K[first:end, :, :span].transpose(0, 1, 3, 2))  # [R,nkv,g,span]
-        scores *= self.scale
-        kpos = np.arange(span)
-        valid = kpos[None, :] < lengths[:, None]
-        if L.window:
-            valid &= kpos[None, :] > lengths[:, None] - 1 - L.window
-        if not valid.all():
-            scores = np.where(valid[:, None, None, :], scores, np.float32(-np.inf))
-        scores = self._softmax(scores, L.sinks.reshape(1, nkv, group, 1)
-                               if L.sinks is not None else None)
-        out = np.matmul(scores, V[first:end, :, :span])  # [R, nkv, g, hd]
-        return out[rows].reshape(B, nq * hd)
+        return self.ops.attend(q, K, V, slots, pos + 1, L.window, L.sinks, self.scale)
 
     def _conv(self, li: int, L: _Layer, h: np.ndarray, segments) -> np.ndarray:
         H = self.config.hidden_size

@@ -19,6 +19,8 @@ from gguf import quants
 from npu.errors import ModelError
 
 NATIVE = frozenset({QT.F32, QT.F16, QT.BF16, QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1})
+# the formats the CPU kernels multiply in integer arithmetic, with 8-bit activations
+INTEGER = frozenset({QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1})
 CONVERTED = frozenset({QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K})
 # what `quantize:` in a model's config may ask for
 QUANTIZE = {"q8_0": QT.Q8_0, "q4_0": QT.Q4_0, "q4_1": QT.Q4_1, "q5_0": QT.Q5_0,

@@ -60,14 +60,18 @@ def test_engine_on_gguf_matches_transformers(tmp_path: Path, tok_meta: dict, arc
     file = write_random_gguf(tmp_path / f"{arch}.gguf", arch, qtype, tokenizer_meta=tok_meta,
                              tied=arch != "qwen2", embed_qtype=QT.Q8_0, dims=dims)
     expected = _oracle_logits(file, IDS)
+    scale = np.abs(expected).max()
     for backend in ("cpu", "reference"):
         got = _teacher_forced(load_model(file, backend=backend), IDS)
-        scale = np.abs(expected).max()
-        # k-quants are converted to Q8_0 at load: that conversion's error, not arithmetic's
-        tol = 2e-2 if qtype in KQUANTS else 2e-4
-        assert np.abs(got - expected).max() <= tol * scale, (backend, arch, qtype)
+        # k-quants are converted to Q8_0 at load: that conversion's error, not arithmetic's;
+        # the kernels round activations to 8 bits for the integer formats (as llama.cpp),
+        # the Q8_0 embedding that is also the head included
+        rounded = qtype in KQUANTS or backend == "cpu"
+        tol = 2e-2 if rounded else 2e-4
+        err = np.abs(got - expected).max() / scale
         agree = (got.argmax(-1) == expected.argmax(-1)).mean()
-        assert agree >= (0.95 if qtype in KQUANTS else 1.0)
+        assert err <= tol, (backend, arch, qtype)
+        assert agree >= (0.9 if rounded else 1.0)
 
 
 def test_batched_and_prefill_paths_agree_on_a_quantized_model(tmp_path: Path,
@@ -162,27 +166,37 @@ def test_rendering_matches_apply_chat_template() -> None:
                                                          add_generation_prompt=True)
 
 
-def test_smollm2_greedy_equals_transformers_and_llama_cpp_where_it_agrees(smollm2) -> None:
-    """The default model's greedy replies equal transformers' (float32 arithmetic, as ours)
-    token for token, and llama.cpp's where llama.cpp's 8-bit activations pick the same
-    first tokens (recorded by bench/record_greedy.py in bench/fixtures/smollm2_greedy.json)."""
+def _greedy(model, prompt: str, tokens: int) -> list[int]:
+    ids = model.prompt_ids(model.render([{"role": "user", "content": prompt}]))
+    logits = model.engine.prefill("g", ids)
+    out = []
+    for _ in range(tokens):
+        tok = int(np.argmax(logits))
+        out.append(tok)
+        if tok in model.eos_token_ids:
+            break
+        logits = model.engine.decode(["g"], [tok])[0]
+    model.engine.release("g")
+    return out
+
+
+def test_smollm2_greedy_replies_are_transformers_and_llama_cpps(smollm2) -> None:
+    """The default model's greedy replies, token for token (bench/record_greedy.py recorded
+    both peers in bench/fixtures/smollm2_greedy.json). On the numpy reference (float32, as
+    transformers) they are transformers'. On the kernels (8-bit activations, as llama.cpp)
+    each is one of the two peers' replies: they differ on two of the three prompts, at
+    tokens whose best two candidates are within 0.1 of each other, and the kernels round
+    like llama.cpp but do not repeat its every step (its KV cache is f16, ours float32)."""
     fixture = json.loads((Path(__file__).parents[2] / "bench" / "fixtures" /
                           "smollm2_greedy.json").read_text())
-    model = smollm2
-    for case in fixture["cases"]:
-        ids = model.prompt_ids(model.render([{"role": "user", "content": case["prompt"]}]))
-        logits = model.engine.prefill("g", ids)
-        out = []
-        for _ in range(case["tokens"]):
-            tok = int(np.argmax(logits))
-            out.append(tok)
-            if tok in model.eos_token_ids:
-                break
-            logits = model.engine.decode(["g"], [tok])[0]
-        model.engine.release("g")
-        assert out == case["ids"], (case["prompt"], model.tokenizer.decode(out))
-        assert (out == case["llama_cpp_ids"]) == case["llama_cpp_agrees"]
-    assert fixture["cases"][0]["llama_cpp_agrees"]  # the issue's sentence about cats
+    reference = load_model("smollm2-135m", backend="reference")
+    cases = fixture["cases"]
+    assert [c["llama_cpp_agrees"] for c in cases] == [True, False, False]
+    kernels = [_greedy(smollm2, c["prompt"], c["tokens"]) for c in cases]
+    assert all(out in (c["ids"], c["llama_cpp_ids"]) for out, c in zip(kernels, cases))
+    assert kernels[1] == cases[1]["llama_cpp_ids"]  # "L'Étoile ...", not "The capital ..."
+    for case in cases:
+        assert _greedy(reference, case["prompt"], case["tokens"]) == case["ids"]
 
 
 def _broken(file: Path, tok_meta: dict, damage: str) -> str:

@@ -1,0 +1,132 @@
+"""The compiled CPU kernels against the numpy reference, format by format and shape by shape:
+the integer formats compute with 8-bit activations (their error is that rounding's, and
+nothing else), the float formats exactly; the norm and the attention kernels as numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+
+from npu.engine.linear import CpuLinear, LinearFactory
+from npu.engine.ops import KernelOps, NumpyOps
+from npu.engine.quant import INTEGER, QMatrix
+
+try:
+    from npu.engine.cpu_kernels import kernels
+
+    LIB = kernels()
+except Exception as exc:  # no C compiler on this machine: the fallback is tested elsewhere
+    LIB, WHY = None, str(exc)
+pytestmark = pytest.mark.skipif(LIB is None, reason="the CPU kernels cannot be built here")
+
+ROWS = (1, 2, 3, 8, 9, 33)  # decode, batched decode (tiles of 2 and their edges), prompts
+
+
+def _f16(a: np.ndarray) -> np.ndarray:
+    return a.astype(np.float16).astype(np.float32)
+
+
+def rounded_activations(x: np.ndarray) -> np.ndarray:
+    """x as the kernels see it: per block of 32, codes round(x * 127 / max|x|) times the
+    scale max|x| / 127 stored in f16 (llama.cpp's q8_0)."""
+    blocks = x.reshape(len(x), -1, 32)
+    amax = np.abs(blocks).max(axis=-1, keepdims=True)
+    inv = np.divide(np.float32(127), amax, out=np.zeros_like(amax), where=amax > 0)
+    codes = np.rint(blocks * inv)
+    return (codes * _f16(amax / np.float32(127))).reshape(x.shape)
+
+
+def _matrix(rng: np.random.Generator, qtype: QT, rows: int, cols: int) -> QMatrix:
+    w = rng.standard_normal((rows, cols)).astype(np.float32)
+    w[:, :32] += 0.5  # a block with an offset (Q4_1 / Q5_1's m away from 0)
+    return QMatrix.from_float(w, qtype)
+
+
+@pytest.mark.parametrize("qtype", sorted(INTEGER), ids=lambda q: q.name)
+@pytest.mark.parametrize("cols", [96, 576])
+def test_integer_formats_are_the_product_with_8_bit_activations(qtype: QT, cols: int) -> None:
+    rng = np.random.default_rng(int(qtype) * 1000 + cols)
+    m = _matrix(rng, qtype, 37, cols)  # 37 rows: tiles of 4 and a remainder
+    lin = LinearFactory("cpu", threads=2).linear([m])
+    assert isinstance(lin, CpuLinear)
+    w = m.dequantize().astype(np.float64)
+    for T in ROWS:
+        x = rng.standard_normal((T, cols)).astype(np.float32) * 3
+        got = lin(x)
+        exact = x.astype(np.float64) @ w.T
+        emulated = rounded_activations(x).astype(np.float64) @ w.T
+        scale = np.abs(exact).max()
+        # the rounding's own bound: each activation moves by at most half a step (plus the
+        # f16 scale's 2^-11), times the weights it meets
+        steps = np.abs(x).reshape(T, -1, 32).max(-1) / 127  # [T, blocks]
+        bound = (steps * 0.57) @ np.abs(w).reshape(len(w), -1, 32).sum(-1).T
+        assert np.abs(got - emulated).max() <= 1e-3 * scale, (qtype.name, T)
+        assert np.all(np.abs(got - exact) <= bound + 1e-3 * scale), (qtype.name, T)
+
+
+@pytest.mark.parametrize("qtype", [QT.F16, QT.BF16], ids=lambda q: q.name)
+def test_float_formats_are_exact(qtype: QT) -> None:
+    rng = np.random.default_rng(7)
+    m = _matrix(rng, qtype, 37, 96)
+    lin = LinearFactory("cpu", threads=2).linear([m])
+    w = m.dequantize().astype(np.float64)
+    for T in (*ROWS, 40):
+        x = rng.standard_normal((T, 96)).astype(np.float32)
+        got, exact = lin(x), x @ w.T
+        assert np.abs(got - exact).max() <= 1e-5 * np.abs(exact).max(), T
+
+
+def test_a_zero_activation_block_and_a_constant_one() -> None:
+    """max|x| = 0 gives codes 0 (no division by zero); a block whose scale f16 holds
+    exactly (127/128: scale 1/128, codes 127) is exact."""
+    rng = np.random.default_rng(3)
+    m = _matrix(rng, QT.Q4_0, 8, 64)
+    lin = LinearFactory("cpu", threads=1).linear([m])
+    x = np.zeros((2, 64), dtype=np.float32)
+    x[1, 32:] = 127 / 128
+    got = lin(x)
+    exact = x @ m.dequantize().T
+    assert np.all(got[0] == 0)
+    assert np.allclose(got[1], exact[1], atol=1e-5)
+
+
+def test_rms_norm_kernel_is_numpys() -> None:
+    rng = np.random.default_rng(1)
+    ops, ref = KernelOps(LIB, LinearFactory("cpu", 2).threads), NumpyOps()
+    for shape in ((5, 96), (3, 4, 64), (1, 13)):
+        x = rng.standard_normal(shape).astype(np.float32)
+        w = rng.standard_normal(shape[-1]).astype(np.float32)
+        assert np.allclose(ops.rms_norm(x, w, 1e-6), ref.rms_norm(x, w, 1e-6), rtol=1e-5,
+                           atol=1e-6)
+
+
+@pytest.fixture()
+def cache():
+    rng = np.random.default_rng(5)
+    K = rng.standard_normal((4, 2, 48, 16)).astype(np.float32)
+    V = rng.standard_normal((4, 2, 48, 16)).astype(np.float32)
+    return rng, K, V
+
+
+@pytest.mark.parametrize("window", [0, 8])
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_decode_attention_kernel_is_numpys(cache, window: int, with_sinks: bool) -> None:
+    rng, K, V = cache
+    ops, ref = KernelOps(LIB, LinearFactory("cpu", 2).threads), NumpyOps()
+    sinks = rng.standard_normal(4).astype(np.float32) if with_sinks else None
+    q = rng.standard_normal((3, 4, 16)).astype(np.float32)
+    slots, lengths = np.array([0, 2, 3]), np.array([5, 48, 17])  # slot 1 not in the batch
+    got = ops.attend(q, K, V, slots, lengths, window, sinks, np.float32(0.25))
+    want = ref.attend(q, K, V, slots, lengths, window, sinks, np.float32(0.25))
+    assert np.allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("window", [0, 4])
+def test_prompt_attention_kernel_is_numpys(cache, window: int) -> None:
+    rng, K, V = cache
+    ops, ref = KernelOps(LIB, LinearFactory("cpu", 2).threads), NumpyOps()
+    q = rng.standard_normal((9, 4, 16)).astype(np.float32)
+    got = ops.attend_prompt(q, K, V, 1, 7, window, None, np.float32(0.25))
+    want = ref.attend_prompt(q, K, V, 1, 7, window, None, np.float32(0.25))
+    assert np.allclose(got, want, rtol=1e-5, atol=1e-5)
