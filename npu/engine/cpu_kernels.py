@@ -88,9 +88,20 @@ def kernels() -> ctypes.CDLL:
     lib.fk_dequant.argtypes = [ctypes.c_int, _U8, _I64, _I64, _I64, _F32P, ctypes.c_int]
     lib.fk_rms_norm.restype = None
     lib.fk_rms_norm.argtypes = [_F32P, _F32P, _I64, _I64, ctypes.c_float, _F32P]
+    lib.fk_qk_rope.restype = None
+    lib.fk_qk_rope.argtypes = [_F32P, _I64, _I64, _I64, _I64, _I64, _F32P, _F32P,
+                               ctypes.c_float, _F32P, _F32P]
+    lib.fk_swiglu.restype = None
+    lib.fk_swiglu.argtypes = [_F32P, _I64, _I64, _F32P]
+    lib.fk_kv_write.restype = None
+    lib.fk_kv_write.argtypes = [_F32P, _I64, _I64, _I64, _I64, _I64, _F32P, _F32P, _I64,
+                                _I64P, _I64P, ctypes.c_int]
     lib.fk_attend.restype = ctypes.c_int
-    lib.fk_attend.argtypes = [_F32P, _I64, _I64, _I64, _I64, _F32P, _F32P, _I64, _I64P, _I64P,
-                              _I64, _F32P, ctypes.c_float, _F32P, ctypes.c_int]
+    lib.fk_attend.argtypes = [_F32P, _I64, _I64, _I64, _I64, _I64, _F32P, _F32P, _I64, _I64P,
+                              _I64P, _I64, _F32P, ctypes.c_float, _F32P, ctypes.c_int,
+                              ctypes.c_int]
+    lib.fk_has_f16c.restype = ctypes.c_int
+    lib.fk_has_f16c.argtypes = []
     return lib
 
 

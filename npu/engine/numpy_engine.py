@@ -21,26 +21,17 @@ import numpy as np
 
 from npu.engine import rope as rope_mod
 from npu.engine.linear import Linear, LinearFactory
-from npu.engine.quant import QMatrix
+from npu.engine.quant import INTEGER, QMatrix
 from npu.errors import ContextLengthError, ModelError
 from npu.load.config import ModelConfig
 
 PREFILL_CHUNK = 512
 
 
-def silu(x: np.ndarray) -> np.ndarray:
-    return x / (1.0 + np.exp(-x))
-
-
 def sigmoid(x: np.ndarray) -> np.ndarray:
     """1 / (1 + e^-x) without overflow for large |x|."""
     e = np.exp(-np.abs(x))
     return np.where(x >= 0, 1.0, e) / (1.0 + e)
-
-
-def gelu_tanh(x: np.ndarray) -> np.ndarray:
-    return 0.5 * x * (1.0 + np.tanh(np.float32(math.sqrt(2.0 / math.pi))
-                                    * (x + np.float32(0.044715) * x * x * x)))
 
 
 class _Layer:
@@ -71,8 +62,9 @@ class _KVPool:
     """
 
     def __init__(self, layers: list[int], n_layers: int, kv_heads: int, head_dim: int,
-                 max_context: int) -> None:
+                 max_context: int, dtype=np.float32) -> None:
         self.layers = layers
+        self.dtype = dtype
         self.kv_heads, self.head_dim = kv_heads, head_dim
         self.max_context = max_context
         self.k: list[np.ndarray | None] = [None] * n_layers
@@ -108,7 +100,7 @@ class _KVPool:
             for store in (self.k, self.v):
                 # zeros, not empty: a decode batch reads past shorter sequences' ends (their
                 # weights there are 0, but 0 * NaN from uninitialised memory would be NaN)
-                new = np.zeros((slots, self.kv_heads, cap, self.head_dim), dtype=np.float32)
+                new = np.zeros((slots, self.kv_heads, cap, self.head_dim), dtype=self.dtype)
                 old = store[li]
                 if old is not None:
                     new[: self.slots, :, : self.capacity] = old
@@ -245,10 +237,19 @@ class NumpyEngine:
                 L.w_gate_up = linear(f + gate + ".weight", f + up + ".weight")
                 L.w_down = linear(f + down + ".weight")
             self.layers.append(L)
-        self.act = silu if c.activation == "silu" else gelu_tanh
+        self.activation = "silu" if c.activation == "silu" else "gelu_tanh"
         self.scale = np.float32(c.query_scale or c.head_dim ** -0.5)
+        # the kernels' f16 cache for a model in integer formats (whose activations are
+        # rounded to 8 bits already); a float checkpoint keeps float32 all the way
+        kv_dtype = self.ops.kv_dtype if self._integer_weights() else np.float32
         self._kv = _KVPool([L.index for L in self.layers if L.kind != "conv"], len(self.layers),
-                           c.num_kv_heads, c.head_dim, self.max_context)
+                           c.num_kv_heads, c.head_dim, self.max_context, kv_dtype)
+
+    def _integer_weights(self) -> bool:
+        linears = [L.wqkv for L in self.layers] + [L.w_gate_up for L in self.layers]
+        parts = [p for lin in linears if lin is not None
+                 for p in getattr(lin, "parts", [lin])]
+        return any(p.matrix.qtype in INTEGER for p in parts)
 
     @property
     def weight_bytes(self) -> int:
@@ -368,8 +369,7 @@ class NumpyEngine:
                 h = self._experts(L, h)
             else:
                 gu = self._mm(h, L, "w_gate_up")
-                inter = gu.shape[-1] // 2
-                h = self._mm(self.act(gu[:, :inter]) * gu[:, inter:], L, "w_down")
+                h = self._mm(self.ops.gated(gu, self.activation), L, "w_down")
             if L.norm_post_ff is not None:
                 h = self.ops.rms_norm(h, L.norm_post_ff, c.rms_eps)
             x = x + h
@@ -392,18 +392,17 @@ class NumpyEngine:
         qkv = self._mm(h, L, "wqkv")
         if L.bqkv is not None:
             qkv = qkv + L.bqkv
+        qkv = self.ops.qk_rope(qkv, nq, nkv, L.q_norm, L.k_norm, c.rms_eps, cos, sin)
         T = h.shape[0]
+        K, V = self._kv.k[li], self._kv.v[li]
+        if len(segments) == T:  # decode: one token per sequence, the batch in one call
+            slots = np.fromiter((s.slot for s, _ in segments), dtype=np.int64, count=T)
+            pos = np.fromiter((s.pos for s, _ in segments), dtype=np.int64, count=T)
+            return self._out_proj(L, self.ops.attend_new(qkv, nq, K, V, slots, pos, L.window,
+                                                         L.sinks, self.scale))
         q = qkv[:, : nq * hd].reshape(T, nq, hd)
         k = qkv[:, nq * hd : (nq + nkv) * hd].reshape(T, nkv, hd)
         v = qkv[:, (nq + nkv) * hd :].reshape(T, nkv, hd)
-        if L.q_norm is not None:
-            q = self.ops.rms_norm(q, L.q_norm, c.rms_eps)
-            k = self.ops.rms_norm(k, L.k_norm, c.rms_eps)
-        q = rope_mod.apply(q, cos, sin)
-        k = rope_mod.apply(k, cos, sin)
-        if len(segments) == T:  # decode: one token per sequence
-            return self._out_proj(L, self._decode_attention(li, L, q, k, v, segments))
-        K, V = self._kv.k[li], self._kv.v[li]
         out = np.empty((T, nq * hd), dtype=np.float32)
         start = 0
         for seq, n in segments:
@@ -440,18 +439,6 @@ class NumpyEngine:
             y = ((up + 1) * (gate * sigmoid(gate * alpha))) @ L.experts_down[e]
             out[rows] += (y + L.experts_down_b[e]) * weights[rows, which][:, None]
         return out
-
-    def _decode_attention(self, li: int, L: _Layer, q: np.ndarray, k: np.ndarray,
-                          v: np.ndarray, segments) -> np.ndarray:
-        """Attention for one new token per sequence: its key and value join the cache, then
-        one call for the whole batch (`ops.attend`)."""
-        B = len(segments)
-        K, V = self._kv.k[li], self._kv.v[li]
-        slots = np.fromiter((s.slot for s, _ in segments), dtype=np.intp, count=B)
-        pos = np.fromiter((s.pos for s, _ in segments), dtype=np.intp, count=B)
-        K[slots, :, pos] = k
-        V[slots, :, pos] = v
-        return self.ops.attend(q, K, V, slots, pos + 1, L.window, L.sinks, self.scale)
 
     def _conv(self, li: int, L: _Layer, h: np.ndarray, segments) -> np.ndarray:
         H = self.config.hidden_size

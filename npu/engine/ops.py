@@ -8,7 +8,23 @@ a few.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+
+from npu.engine import rope as rope_mod
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.tanh(np.float32(math.sqrt(2.0 / math.pi))
+                                    * (x + np.float32(0.044715) * x * x * x)))
+
+
+ACTIVATIONS = {"silu": silu, "gelu_tanh": gelu_tanh}
 
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
@@ -32,10 +48,48 @@ def softmax(scores: np.ndarray, sinks: np.ndarray | None) -> np.ndarray:
 
 
 class NumpyOps:
-    """The reference: plain numpy."""
+    """The reference: plain numpy; its KV cache is float32."""
+
+    kv_dtype = np.float32
 
     def rms_norm(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
         return rms_norm(x, w, eps)
+
+    def rope(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+        """x [n, heads, dim] rotated by the position tables cos, sin [n, dim]."""
+        return rope_mod.apply(x, cos, sin)
+
+    def gated(self, gu: np.ndarray, activation: str) -> np.ndarray:
+        """act(gate) * up for gu = [gate | up] [n, 2I] (SwiGLU, GeGLU)."""
+        inter = gu.shape[-1] // 2
+        return ACTIVATIONS[activation](gu[:, :inter]) * gu[:, inter:]
+
+    def qk_rope(self, qkv: np.ndarray, nq: int, nkv: int, q_norm: np.ndarray | None,
+                k_norm: np.ndarray | None, eps: float, cos: np.ndarray,
+                sin: np.ndarray) -> np.ndarray:
+        """The query and key heads of qkv [n, (nq + 2 nkv) * dim] RMS-normed per head (when
+        q_norm / k_norm are given) and rotated by cos, sin [n, dim]; returns qkv with them
+        in place (the same array when it is float32 and contiguous)."""
+        n, dim = len(qkv), cos.shape[-1]
+        qk = qkv[:, : (nq + nkv) * dim].reshape(n, nq + nkv, dim)
+        q, k = qk[:, :nq], qk[:, nq:]
+        if q_norm is not None:
+            q, k = self.rms_norm(q, q_norm, eps), self.rms_norm(k, k_norm, eps)
+        qk[:, :nq] = self.rope(q, cos, sin)
+        qk[:, nq:] = self.rope(k, cos, sin)
+        return qkv
+
+    def attend_new(self, qkv: np.ndarray, nq: int, K: np.ndarray, V: np.ndarray,
+                   slots: np.ndarray, positions: np.ndarray, window: int,
+                   sinks: np.ndarray | None, scale: np.float32) -> np.ndarray:
+        """Decode: row b of qkv is sequence b's new token; its key and value join the cache
+        at positions[b] of slots[b], then its query attends (`attend`); -> [B, nq * dim]."""
+        B = len(qkv)
+        nkv, dim = K.shape[1], K.shape[3]
+        q = qkv[:, : nq * dim].reshape(B, nq, dim)
+        K[slots, :, positions] = qkv[:, nq * dim : (nq + nkv) * dim].reshape(B, nkv, dim)
+        V[slots, :, positions] = qkv[:, (nq + nkv) * dim :].reshape(B, nkv, dim)
+        return self.attend(q, K, V, slots, positions + 1, window, sinks, scale)
 
     def attend(self, q: np.ndarray, K: np.ndarray, V: np.ndarray, slots: np.ndarray,
                lengths: np.ndarray, window: int, sinks: np.ndarray | None,
@@ -99,36 +153,98 @@ class NumpyOps:
 
 class KernelOps(NumpyOps):
     """The compiled kernels (npu.engine.cpu_kernels), `threads` shared with the linear
-    layers."""
+    layers. The KV cache is f16 (as llama.cpp's default: half the memory and the bytes a
+    decode step reads) where the CPU converts f16 in hardware (F16C), else float32."""
 
     def __init__(self, lib, threads) -> None:
         self._lib, self.threads = lib, threads
+        self.kv_dtype = np.float16 if lib.fk_has_f16c() else np.float32
+        self._half = int(self.kv_dtype == np.float16)
+        self._weights: dict[int, tuple[np.ndarray, int]] = {}
+
+    def _weight(self, w: np.ndarray | None) -> int | None:
+        """The address of a long-lived array (a norm's weights), looked up once: numpy's
+        `.ctypes.data` costs 1.5 us a call, a few percent of a small model's decode step."""
+        if w is None:
+            return None
+        held = self._weights.get(id(w))
+        if held is None or held[0] is not w:
+            if w.dtype != np.float32 or not w.flags.c_contiguous:
+                raise ValueError("kernel weights must be contiguous float32")
+            held = self._weights[id(w)] = (w, w.ctypes.data)
+        return held[1]
 
     def rms_norm(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
         x = np.ascontiguousarray(x, dtype=np.float32)
         out = np.empty_like(x)
         n = x.shape[-1]
-        self._lib.fk_rms_norm(x.ctypes.data, w.ctypes.data, x.size // n, n, eps,
+        self._lib.fk_rms_norm(x.ctypes.data, self._weight(w), x.size // n, n, eps,
                               out.ctypes.data)
         return out
+
+    def qk_rope(self, qkv: np.ndarray, nq: int, nkv: int, q_norm: np.ndarray | None,
+                k_norm: np.ndarray | None, eps: float, cos: np.ndarray,
+                sin: np.ndarray) -> np.ndarray:
+        qkv = np.ascontiguousarray(qkv, dtype=np.float32)
+        cos = np.ascontiguousarray(cos, dtype=np.float32)
+        sin = np.ascontiguousarray(sin, dtype=np.float32)
+        self._lib.fk_qk_rope(qkv.ctypes.data, qkv.shape[1], len(qkv), nq, nkv, cos.shape[-1],
+                             self._weight(q_norm), self._weight(k_norm), eps, cos.ctypes.data,
+                             sin.ctypes.data)
+        return qkv
+
+    def gated(self, gu: np.ndarray, activation: str) -> np.ndarray:
+        if activation != "silu":
+            return super().gated(gu, activation)
+        gu = np.ascontiguousarray(gu, dtype=np.float32)
+        out = np.empty((len(gu), gu.shape[1] // 2), dtype=np.float32)
+        self._lib.fk_swiglu(gu.ctypes.data, len(gu), out.shape[1], out.ctypes.data)
+        return out
+
+    def _attend(self, q: np.ndarray, q_stride: int, B: int, nq: int, K: np.ndarray,
+                V: np.ndarray, slots: np.ndarray, lengths: np.ndarray, window: int,
+                sinks: np.ndarray | None, scale: np.float32) -> np.ndarray:
+        dim = K.shape[3]
+        self._check_cache(K, V)
+        slots = np.ascontiguousarray(slots, dtype=np.int64)
+        lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+        out = np.empty((B, nq * dim), dtype=np.float32)
+        if sinks is not None:
+            sinks = np.ascontiguousarray(sinks, dtype=np.float32)  # held until the call ends
+        if self._lib.fk_attend(q.ctypes.data, q_stride, B, nq, K.shape[1], dim, K.ctypes.data,
+                               V.ctypes.data, K.shape[2], slots.ctypes.data,
+                               lengths.ctypes.data, window,
+                               None if sinks is None else sinks.ctypes.data, float(scale),
+                               out.ctypes.data, int(K.dtype == np.float16), self.threads.n):
+            raise MemoryError("fk_attend could not allocate its scores")
+        return out
+
+    @staticmethod
+    def _check_cache(K: np.ndarray, V: np.ndarray) -> None:
+        if K.dtype not in (np.float16, np.float32) or V.dtype != K.dtype or not (
+                K.flags.c_contiguous and V.flags.c_contiguous):
+            raise ValueError("the KV cache must be contiguous float16 or float32")
 
     def attend(self, q: np.ndarray, K: np.ndarray, V: np.ndarray, slots: np.ndarray,
                lengths: np.ndarray, window: int, sinks: np.ndarray | None,
                scale: np.float32) -> np.ndarray:
-        B, nq, hd = q.shape
+        B, nq, dim = q.shape
         q = np.ascontiguousarray(q, dtype=np.float32)
+        return self._attend(q, nq * dim, B, nq, K, V, slots, lengths, window, sinks, scale)
+
+    def attend_new(self, qkv: np.ndarray, nq: int, K: np.ndarray, V: np.ndarray,
+                   slots: np.ndarray, positions: np.ndarray, window: int,
+                   sinks: np.ndarray | None, scale: np.float32) -> np.ndarray:
+        qkv = np.ascontiguousarray(qkv, dtype=np.float32)
+        self._check_cache(K, V)
         slots = np.ascontiguousarray(slots, dtype=np.int64)
-        lengths = np.ascontiguousarray(lengths, dtype=np.int64)
-        out = np.empty((B, nq * hd), dtype=np.float32)
-        if sinks is not None:
-            sinks = np.ascontiguousarray(sinks, dtype=np.float32)  # held until the call ends
-        sinks_ptr = None if sinks is None else sinks.ctypes.data
-        if self._lib.fk_attend(q.ctypes.data, B, nq, K.shape[1], hd, K.ctypes.data,
-                               V.ctypes.data, K.shape[2], slots.ctypes.data,
-                               lengths.ctypes.data, window, sinks_ptr, float(scale),
-                               out.ctypes.data, self.threads.n):
-            raise MemoryError("fk_attend could not allocate its scores")
-        return out
+        positions = np.ascontiguousarray(positions, dtype=np.int64)
+        B = len(qkv)
+        self._lib.fk_kv_write(qkv.ctypes.data, qkv.shape[1], B, nq, K.shape[1], K.shape[3],
+                              K.ctypes.data, V.ctypes.data, K.shape[2], slots.ctypes.data,
+                              positions.ctypes.data, int(K.dtype == np.float16))
+        return self._attend(qkv, qkv.shape[1], B, nq, K, V, slots, positions + 1, window,
+                            sinks, scale)
 
     def attend_prompt(self, q: np.ndarray, K: np.ndarray, V: np.ndarray, slot: int, pos: int,
                       window: int, sinks: np.ndarray | None, scale: np.float32) -> np.ndarray:

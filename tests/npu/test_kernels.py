@@ -101,6 +101,26 @@ def test_rms_norm_kernel_is_numpys() -> None:
                            atol=1e-6)
 
 
+def test_gated_and_qk_rope_kernels_are_numpys() -> None:
+    rng = np.random.default_rng(2)
+    ops, ref = KernelOps(LIB, LinearFactory("cpu", 2).threads), NumpyOps()
+    gu = rng.standard_normal((3, 2 * 40)).astype(np.float32) * 4
+    assert np.allclose(ops.gated(gu, "silu"), ref.gated(gu, "silu"), rtol=1e-5, atol=1e-6)
+    assert np.allclose(ops.gated(gu, "gelu_tanh"), ref.gated(gu, "gelu_tanh"))
+    nq, nkv, dim, n = 4, 2, 16, 5
+    angles = rng.uniform(0, 6, (n, dim // 2)).astype(np.float32)
+    cos = np.cos(np.concatenate([angles, angles], -1))
+    sin = np.sin(np.concatenate([angles, angles], -1))
+    for norms in (None, (rng.standard_normal(dim).astype(np.float32),
+                         rng.standard_normal(dim).astype(np.float32))):
+        qkv = rng.standard_normal((n, (nq + 2 * nkv) * dim)).astype(np.float32)
+        qn, kn = norms or (None, None)
+        want = ref.qk_rope(qkv.copy(), nq, nkv, qn, kn, 1e-6, cos, sin)
+        got = ops.qk_rope(qkv.copy(), nq, nkv, qn, kn, 1e-6, cos, sin)
+        assert np.allclose(got, want, rtol=1e-5, atol=1e-5)
+        assert np.array_equal(got[:, (nq + nkv) * dim:], qkv[:, (nq + nkv) * dim:])  # values
+
+
 @pytest.fixture()
 def cache():
     rng = np.random.default_rng(5)
@@ -120,6 +140,23 @@ def test_decode_attention_kernel_is_numpys(cache, window: int, with_sinks: bool)
     got = ops.attend(q, K, V, slots, lengths, window, sinks, np.float32(0.25))
     want = ref.attend(q, K, V, slots, lengths, window, sinks, np.float32(0.25))
     assert np.allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_new_tokens_join_an_f16_cache_and_attend(cache) -> None:
+    """The kernels' cache for quantized models is f16: writing a step's keys and values and
+    attending over them matches numpy over the same cache in float32 to f16's precision."""
+    rng, K, V = cache
+    ops, ref = KernelOps(LIB, LinearFactory("cpu", 2).threads), NumpyOps()
+    assert ops.kv_dtype == np.float16
+    qkv = rng.standard_normal((3, (4 + 2 * 2) * 16)).astype(np.float32)
+    slots, pos = np.array([0, 2, 3]), np.array([4, 47, 16])
+    K16, V16 = K.astype(np.float16), V.astype(np.float16)
+    got = ops.attend_new(qkv, 4, K16, V16, slots, pos, 0, None, np.float32(0.25))
+    K32, V32 = K.copy(), V.copy()
+    want = ref.attend_new(qkv, 4, K32, V32, slots, pos, 0, None, np.float32(0.25))
+    assert np.allclose(K16.astype(np.float32), K32, atol=2e-3)  # the new rows written too
+    assert np.allclose(V16.astype(np.float32), V32, atol=2e-3)
+    assert np.allclose(got, want, atol=3e-3)
 
 
 @pytest.mark.parametrize("window", [0, 4])
