@@ -249,8 +249,8 @@ def main() -> None:
             gbs = ours["step_bytes"] * ours["decode"] / 1e9
             print(f"  ours      decode {ours['decode']:7.1f} tok/s ({gbs:.1f} GB/s = "
                   f"{gbs * 1e9 / bw:.2f} of the bandwidth)  prefill {ours['prefill']:7.1f} "
-                  f"tok/s  batch {BATCH} {ours['decode_batch']:7.1f} tok/s = "
-                  f"{ours['decode_batch'] / ours['decode']:.2f}x one")
+                  f"tok/s  batch {BATCH} {ours['decode_batch']:7.1f} tok/s (ratio to one "
+                  f"{ours['decode_batch'] / ours['decode']:.2f})")
             print("  ours, a decode step's ms by kind: " + ", ".join(
                 f"{k} {v:.2f}" for k, v in ours["op_ms"].items()))
         if theirs:
