@@ -100,7 +100,6 @@ def main() -> None:
             for name, (fn, _) in variants.items():
                 # a pause, so the thread pools of the one before (OpenMP's and OpenBLAS's
                 # threads spin a while after their work) are idle again
-
                 time.sleep(0.25)
                 start = time.perf_counter()
                 fn(x)

@@ -1,17 +1,20 @@
 """Ours against llama.cpp on the same GGUF files, same thread count, in one run.
 
-For each file, two child processes (one per side, so each starts with the memory free) each
-measure: decode tokens/s for one sequence after a 128-token prompt; prefill tokens/s for a
-512-token prompt; and (ours) aggregate decode tokens/s for 8 sequences decoded together
-(each at the same 128-token position). Printed: each side's figures and the ratios
-ours / llama.cpp, and our decode's weight bytes per second against this machine's memory
-read bandwidth (a float32 matrix-vector product over 1 GiB, measured in the same run).
+For each file, one child process per side holds the model (both loaded at once), and the
+parent asks them for measurements in rounds, the sides taking turns going first, so the
+machine's drift hits both: decode tokens/s for one sequence after a 128-token prompt;
+prefill tokens/s for a 512-token prompt; and (ours) aggregate decode tokens/s for 8
+sequences decoded together (each at the same 128-token position). Printed: each side's
+medians, the median of the rounds' ratios ours / llama.cpp with their range, where a decode
+step's time goes on our side (by kind of operation), and our decode's weight bytes per
+second against this machine's memory read bandwidth (a float32 matrix-vector product over
+1 GiB, measured in the same run).
 
 Files: the default SmolLM2-135M-Instruct (Q4_1), and random-weight Qwen3-0.6B- and
 Llama-3.1-8B-shaped files in Q4_0 and Q8_0 (bench/gguf_shapes.py writes them once into the
 cache directory; the 8B ones are 4.2 and 8.5 GB).
 
-    .venv/bin/python bench/bench_peer.py                # every file (about 15 minutes)
+    .venv/bin/python bench/bench_peer.py                # every file (about 30 minutes)
     .venv/bin/python bench/bench_peer.py smollm2 qwen3-0.6b-Q4_0   # some of them
     .venv/bin/python bench/bench_peer.py --quick        # SmolLM2, few tokens, ours only
 
@@ -36,6 +39,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 FILES = ("smollm2", "qwen3-0.6b-Q4_0", "qwen3-0.6b-Q8_0", "llama-8b-Q4_0", "llama-8b-Q8_0")
 BATCH = 8
+# a pause before each measurement: the other side's threads (OpenMP's, llama.cpp's pool)
+# spin a while after their work and would slow the next run's start
+SETTLE_S = 0.3
 
 
 def model_path(name: str) -> Path:
@@ -56,54 +62,6 @@ def tokens(n: int, seed: int) -> list[int]:
 
 def _rate(n: int, seconds: float) -> float:
     return n / seconds if seconds > 0 else float("inf")
-
-
-def measure_ours(path: Path, threads: int, prompt: int, steps: int, prefill: int) -> dict:
-    from threadpoolctl import threadpool_limits
-
-    from npu import load_model
-
-    threadpool_limits(threads)
-    model = load_model(path)
-    eng = model.engine
-    eng.set_threads(threads)
-    out: dict = {"weight_bytes": eng.weight_bytes}
-    embed = eng.embed.matrix
-    # bytes a decode step reads: every weight except the embedding (one row of it), unless
-    # the head is the embedding itself
-    head_tied = eng.lm_head.matrix is embed
-    out["step_bytes"] = eng.weight_bytes - (0 if head_tied else embed.nbytes)
-    eng.prefill("warm", tokens(16, 9))
-    eng.release("warm")
-
-    eng.prefill("d", tokens(prompt, 1))
-    step_ids = tokens(steps + 2, 2)
-    for t in step_ids[:2]:
-        eng.decode(["d"], [t])
-    start = time.perf_counter()
-    for t in step_ids[2:]:
-        eng.decode(["d"], [t])
-    out["decode"] = _rate(steps, time.perf_counter() - start)
-
-    out["op_ms"] = op_times(lambda t: eng.decode(["d"], [t]), tokens(max(4, steps // 2), 6))
-
-    for i in range(1, BATCH):
-        eng.fork("d", f"d{i}")
-    seqs = ["d"] + [f"d{i}" for i in range(1, BATCH)]
-    eng.decode(seqs, tokens(BATCH, 3))
-    batch_steps = max(2, steps // 2)
-    start = time.perf_counter()
-    for s in range(batch_steps):
-        eng.decode(seqs, tokens(BATCH, 4 + s))
-    out["decode_batch"] = _rate(BATCH * batch_steps, time.perf_counter() - start)
-    for sid in seqs:
-        eng.release(sid)
-
-    ids = tokens(prefill, 5)
-    start = time.perf_counter()
-    eng.prefill("p", ids)
-    out["prefill"] = _rate(prefill, time.perf_counter() - start)
-    return out
 
 
 def op_times(step, ids: list[int]) -> dict[str, float]:
@@ -148,29 +106,135 @@ def op_times(step, ids: list[int]) -> dict[str, float]:
     return out
 
 
-def measure_llama(path: Path, threads: int, prompt: int, steps: int, prefill: int) -> dict:
-    from llama_cpp import Llama
+class Ours:
+    """Our engine on a file, measured on request."""
 
-    llm = Llama(model_path=str(path), n_ctx=max(1024, prompt + steps + 8, prefill + 8),
-                n_batch=512, n_ubatch=512, n_threads=threads, n_threads_batch=threads,
-                verbose=False)
-    out: dict = {}
-    llm.eval(tokens(16, 9))
-    llm.reset()
-    llm.eval(tokens(prompt, 1))
-    step_ids = tokens(steps + 2, 2)
-    for t in step_ids[:2]:
-        llm.eval([t])
-    start = time.perf_counter()
-    for t in step_ids[2:]:
-        llm.eval([t])
-    out["decode"] = _rate(steps, time.perf_counter() - start)
-    llm.reset()
-    ids = tokens(prefill, 5)
-    start = time.perf_counter()
-    llm.eval(ids)
-    out["prefill"] = _rate(prefill, time.perf_counter() - start)
-    return out
+    def __init__(self, path: Path, args) -> None:
+        from threadpoolctl import threadpool_limits
+
+        from npu import load_model
+
+        threadpool_limits(args.threads)
+        self.args = args
+        self.eng = eng = load_model(path).engine
+        eng.set_threads(args.threads)
+        embed = eng.embed.matrix
+        # bytes a decode step reads: every weight but the embedding (one row of it), unless
+        # the head is the embedding itself
+        tied = eng.lm_head.matrix is embed
+        self.info = {"step_bytes": eng.weight_bytes - (0 if tied else embed.nbytes)}
+        eng.prefill("warm", tokens(16, 9))
+        eng.release("warm")
+
+    def _start(self, seqs: list[str]) -> None:
+        for sid in ["d", *seqs]:
+            self.eng.release(sid)
+        self.eng.prefill("d", tokens(self.args.prompt, 1))
+        for sid in seqs[1:]:
+            self.eng.fork("d", sid)
+
+    def decode(self) -> float:
+        self._start(["d"])
+        ids = tokens(self.args.steps + 2, 2)
+        for t in ids[:2]:
+            self.eng.decode(["d"], [t])
+        start = time.perf_counter()
+        for t in ids[2:]:
+            self.eng.decode(["d"], [t])
+        return _rate(self.args.steps, time.perf_counter() - start)
+
+    def batch(self) -> float:
+        seqs = ["d"] + [f"d{i}" for i in range(1, BATCH)]
+        self._start(seqs)
+        self.eng.decode(seqs, tokens(BATCH, 3))
+        steps = max(2, self.args.steps // 2)
+        start = time.perf_counter()
+        for s in range(steps):
+            self.eng.decode(seqs, tokens(BATCH, 4 + s))
+        return _rate(BATCH * steps, time.perf_counter() - start)
+
+    def prefill(self) -> float:
+        self.eng.release("p")
+        ids = tokens(self.args.prefill, 5)
+        start = time.perf_counter()
+        self.eng.prefill("p", ids)
+        return _rate(len(ids), time.perf_counter() - start)
+
+    def profile(self) -> dict[str, float]:
+        self._start(["d"])
+        return op_times(lambda t: self.eng.decode(["d"], [t]),
+                        tokens(max(4, self.args.steps // 2), 6))
+
+
+class Peer:
+    """llama.cpp (llama-cpp-python) on a file, measured on request."""
+
+    def __init__(self, path: Path, args) -> None:
+        from llama_cpp import Llama
+
+        self.args = args
+        self.llm = Llama(model_path=str(path), n_ctx=max(1024, args.prompt + args.steps + 8,
+                                                         args.prefill + 8),
+                         n_batch=512, n_ubatch=512, n_threads=args.threads,
+                         n_threads_batch=args.threads, verbose=False)
+        self.info = {}
+        self.llm.eval(tokens(16, 9))
+
+    def decode(self) -> float:
+        self.llm.reset()
+        self.llm.eval(tokens(self.args.prompt, 1))
+        ids = tokens(self.args.steps + 2, 2)
+        for t in ids[:2]:
+            self.llm.eval([t])
+        start = time.perf_counter()
+        for t in ids[2:]:
+            self.llm.eval([t])
+        return _rate(self.args.steps, time.perf_counter() - start)
+
+    def prefill(self) -> float:
+        self.llm.reset()
+        ids = tokens(self.args.prefill, 5)
+        start = time.perf_counter()
+        self.llm.eval(ids)
+        return _rate(len(ids), time.perf_counter() - start)
+
+
+def serve_side(side: str, name: str, args) -> None:
+    """The child: load the file, say "ready" (with the side's facts), then answer each
+    request line ("decode", "prefill", ...) with one JSON line."""
+    held = (Ours if side == "ours" else Peer)(model_path(name), args)
+    print(json.dumps(held.info), flush=True)
+    for line in sys.stdin:
+        print(json.dumps(getattr(held, line.strip())()), flush=True)
+
+
+class Side:
+    """A child process holding one side's model."""
+
+    def __init__(self, side: str, name: str, args) -> None:
+        self.side = side
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--child", side, name, "--threads", str(args.threads),
+             "--prompt", str(args.prompt), "--steps", str(args.steps),
+             "--prefill", str(args.prefill)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.info = self._read()
+
+    def _read(self):
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{self.side} ended (its error is above)")
+        return json.loads(line)
+
+    def ask(self, what: str):
+        time.sleep(SETTLE_S)
+        self.proc.stdin.write(what + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(60)
 
 
 def read_bandwidth(threads: int) -> float:
@@ -191,23 +255,61 @@ def _timed(fn) -> float:
     return time.perf_counter() - start
 
 
-def child(side: str, name: str, args) -> dict | None:
-    cmd = [sys.executable, __file__, "--child", side, name, "--threads", str(args.threads),
-           "--prompt", str(args.prompt), "--steps", str(args.steps),
-           "--prefill", str(args.prefill)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode:
-        print(f"  {side} failed on {name}: {done.stderr.strip()[-800:]}", flush=True)
-        return None
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def has_llama_cpp() -> bool:
     try:
         import llama_cpp  # noqa: F401
     except ImportError:
         return False
     return True
+
+
+def _med(values: list[float]) -> float:
+    return float(np.median(values))
+
+
+def compare(name: str, args, peer: bool, bw: float) -> None:
+    """One file: both sides loaded, `args.rounds` rounds of each measurement."""
+    path = model_path(name)
+    print(f"\n{name}: {path.name}, {path.stat().st_size / 1e6:.0f} MB", flush=True)
+    sides = {"ours": Side("ours", name, args)}
+    if peer:
+        sides["llama.cpp"] = Side("llama", name, args)
+    got: dict[str, dict[str, list[float]]] = {s: {"decode": [], "prefill": []} for s in sides}
+    got["ours"]["batch"] = []
+    try:
+        for r in range(args.rounds):
+            order = list(sides) if r % 2 == 0 else list(sides)[::-1]
+            for kind in ("decode", "prefill"):
+                for side in order:
+                    got[side][kind].append(sides[side].ask(kind))
+            got["ours"]["batch"].append(sides["ours"].ask("batch"))
+        profile = sides["ours"].ask("profile")
+    finally:
+        for side in sides.values():
+            side.close()
+    ours = {k: _med(v) for k, v in got["ours"].items()}
+    gbs = sides["ours"].info["step_bytes"] * ours["decode"] / 1e9
+    each = lambda vals: " ".join(f"{v:.1f}" for v in vals)  # noqa: E731
+    print(f"  ours      decode {ours['decode']:7.1f} tok/s [{each(got['ours']['decode'])}]"
+          f" ({gbs:.1f} GB/s = {gbs * 1e9 / bw:.2f} of the bandwidth)")
+    print(f"            prefill {ours['prefill']:6.1f} tok/s [{each(got['ours']['prefill'])}]")
+    print(f"            batch {BATCH} {ours['batch']:7.1f} tok/s [{each(got['ours']['batch'])}]"
+          f" (ratio to one {ours['batch'] / ours['decode']:.2f})")
+    print("            a decode step's ms by kind: " + ", ".join(
+        f"{k} {v:.2f}" for k, v in profile.items()))
+    if not peer:
+        return
+    theirs = {k: _med(v) for k, v in got["llama.cpp"].items()}
+    print(f"  llama.cpp decode {theirs['decode']:7.1f} tok/s "
+          f"[{each(got['llama.cpp']['decode'])}]")
+    print(f"            prefill {theirs['prefill']:6.1f} tok/s "
+          f"[{each(got['llama.cpp']['prefill'])}]")
+    line = []
+    for kind in ("decode", "prefill"):
+        ratios = sorted(o / t for o, t in zip(got["ours"][kind], got["llama.cpp"][kind]))
+        line.append(f"{kind} {_med(ratios):.2f} ({ratios[0]:.2f}-{ratios[-1]:.2f})")
+    print("  ours / llama.cpp, median of the rounds' ratios (range): " + ", ".join(line),
+          flush=True)
 
 
 def main() -> None:
@@ -218,16 +320,14 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--prefill", type=int, default=512)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--child", nargs=2, metavar=("SIDE", "FILE"))
     args = ap.parse_args()
     if args.child:
-        side, name = args.child
-        fn = measure_ours if side == "ours" else measure_llama
-        print(json.dumps(fn(model_path(name), args.threads, args.prompt, args.steps,
-                            args.prefill)))
+        serve_side(*args.child, args)
         return
     if args.quick:
-        args.prompt, args.steps, args.prefill = 16, 4, 32
+        args.prompt, args.steps, args.prefill, args.rounds = 16, 4, 32, 1
     names = args.files or (["smollm2"] if args.quick else list(FILES))
     unknown = set(names) - set(FILES)
     if unknown:
@@ -236,29 +336,16 @@ def main() -> None:
     bw = read_bandwidth(args.threads)
     print(f"threads {args.threads}; memory read bandwidth (GEMV over 1 GiB): {bw / 1e9:.1f} GB/s")
     print(f"decode after a {args.prompt}-token prompt ({args.steps} steps); prefill of "
-          f"{args.prefill} tokens; batch {BATCH} = aggregate tok/s of {BATCH} sequences")
+          f"{args.prefill} tokens; batch {BATCH} = aggregate tok/s of {BATCH} sequences; "
+          f"{args.rounds} rounds, figures are medians [each round]")
     if not peer:
         print("(llama.cpp: " + ("not run in --quick)" if args.quick else
                                 "llama-cpp-python is not installed; `make bench-peer`)"))
     for name in names:
-        path = model_path(name)
-        print(f"\n{name}: {path.name}, {path.stat().st_size / 1e6:.0f} MB", flush=True)
-        ours = child("ours", name, args)
-        theirs = child("llama", name, args) if peer else None
-        if ours:
-            gbs = ours["step_bytes"] * ours["decode"] / 1e9
-            print(f"  ours      decode {ours['decode']:7.1f} tok/s ({gbs:.1f} GB/s = "
-                  f"{gbs * 1e9 / bw:.2f} of the bandwidth)  prefill {ours['prefill']:7.1f} "
-                  f"tok/s  batch {BATCH} {ours['decode_batch']:7.1f} tok/s (ratio to one "
-                  f"{ours['decode_batch'] / ours['decode']:.2f})")
-            print("  ours, a decode step's ms by kind: " + ", ".join(
-                f"{k} {v:.2f}" for k, v in ours["op_ms"].items()))
-        if theirs:
-            print(f"  llama.cpp decode {theirs['decode']:7.1f} tok/s"
-                  f"{'':36}prefill {theirs['prefill']:7.1f} tok/s")
-        if ours and theirs:
-            print(f"  ours / llama.cpp: decode {ours['decode'] / theirs['decode']:.2f}, "
-                  f"prefill {ours['prefill'] / theirs['prefill']:.2f}", flush=True)
+        try:
+            compare(name, args, peer, bw)
+        except RuntimeError as exc:  # a side that failed to load: the others still run
+            print(f"  {exc}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """The serving path's cost, measured side by side in one run (completions: every token is
 visible text, so first-token timing is exact).
 
-For flm-tiny and for a bigger random model (about 5+ ms a token; again with one BLAS
-thread, leaving a core to Ray): decode tokens/s of the worker called in-process vs the
+For flm-tiny, for a bigger random model (about 5+ ms a token; again with one BLAS
+thread, leaving a core to Ray) and for the default model (SmolLM2-135M, Q4_1 GGUF): decode tokens/s of the worker called in-process vs the
 same request streamed through HTTP (configs/serve.env's HAProxy ingress, the ingress
 replica, the worker replica, SSE), and the time to first token the serving path adds.
 Then aggregate tokens/s of 32 concurrent streams (continuous batching) vs the same 32
@@ -61,7 +61,9 @@ def _in_process_child(conn, folder: str, name: str, settings: dict,
     """A clean process (no Ray, no HTTP client) that runs the worker in-process on
     command: receives a token count, answers (ttft, tokens/s); None ends it."""
     worker = Worker(lambda: load_model(folder, name=name), **settings)
-    set_blas_threads(blas_threads_for(worker.model.engine.weight_bytes, blas_threads))
+    threads = blas_threads_for(worker.model.engine.weight_bytes, blas_threads)
+    set_blas_threads(threads)
+    worker.model.engine.set_threads(threads)  # as the deployment does
     while (tokens := conn.recv()) is not None:
         conn.send(asyncio.run(in_process(worker, tokens)))
     worker.close()
@@ -206,7 +208,9 @@ def main() -> int:
         # the same model leaving a core to Ray and Serve: their own CPU use apart, what
         # does the serving path cost?
         {"name": "medium-1t", "path": str(medium), "max_batch": 4, **opts,
-         "blas_threads": 1}]}), name="bench",
+         "blas_threads": 1},
+        # the default model (SmolLM2-135M, Q4_1 GGUF) on the compiled kernels
+        {"name": "smollm2", "path": "smollm2-135m", "max_batch": 4, **opts}]}), name="bench",
         route_prefix="/")
     # the in-process worker gets the served worker's settings and BLAS threads
     entry = ModelEntry(name="x", path="x", **opts)
@@ -226,7 +230,8 @@ def main() -> int:
                   f"{1000 * statistics.median(floor):.1f} ms median")
             for name, folder, blas in (("flm-tiny", tiny, entry.blas_threads),
                                        ("medium", medium, entry.blas_threads),
-                                       ("medium-1t", medium, 1)):
+                                       ("medium-1t", medium, 1),
+                                       ("smollm2", "smollm2-135m", entry.blas_threads)):
                 worker = InProcess(folder, name, settings, blas)
                 worker.run(8)  # warm up both paths
                 await over_http(port, name, 8)
