@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from npu.engine import rope as rope_mod
-from npu.engine.linear import Linear, LinearFactory
+from npu.engine.linear import Linear, LinearFactory, Threads
 from npu.engine.quant import INTEGER, QMatrix
 from npu.errors import ContextLengthError, ModelError
 from npu.load.config import ModelConfig
@@ -241,7 +241,13 @@ class NumpyEngine:
         self.scale = np.float32(c.query_scale or c.head_dim ** -0.5)
         # the kernels' f16 cache for a model in integer formats (whose activations are
         # rounded to 8 bits already); a float checkpoint keeps float32 all the way
-        kv_dtype = self.ops.kv_dtype if self._integer_weights() else np.float32
+        integer = self._integer_weights()
+        kv_dtype = self.ops.kv_dtype if integer else np.float32
+        if not integer:
+            # a float model's products run on OpenBLAS's threads, which spin a while after
+            # each product: OpenMP threads of the other kernels beside them oversubscribe 2
+            # cores (measured: fp32 decode 3x slower), so those kernels take one thread
+            self.ops.threads = Threads(1)
         self._kv = _KVPool([L.index for L in self.layers if L.kind != "conv"], len(self.layers),
                            c.num_kv_heads, c.head_dim, self.max_context, kv_dtype)
 
