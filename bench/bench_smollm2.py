@@ -17,7 +17,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from npu import load_model  # noqa: E402
-from npu.engine import linear as linear_mod  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_peer import op_times  # noqa: E402  (a step's time by kind of operation)
 
 
 def main() -> None:
@@ -39,27 +40,10 @@ def main() -> None:
         tok = int(np.argmax(eng.decode(["p"], [tok])[0]))
     dt = time.perf_counter() - t
     print(f"decode batch 1: {steps / dt:.1f} tok/s ({dt / steps * 1e3:.1f} ms a token)")
-    spent = [0.0]
-    calls = [linear_mod.CpuLinear.__call__, linear_mod.ReferenceLinear.__call__]
-
-    def timed(orig):
-        def wrapper(self, x):
-            t0 = time.perf_counter()
-            try:
-                return orig(self, x)
-            finally:
-                spent[0] += time.perf_counter() - t0
-        return wrapper
-
-    linear_mod.CpuLinear.__call__ = timed(calls[0])
-    linear_mod.ReferenceLinear.__call__ = timed(calls[1])
-    t = time.perf_counter()
-    for _ in range(steps):
-        tok = int(np.argmax(eng.decode(["p"], [tok])[0]))
-    dt = time.perf_counter() - t
-    linear_mod.CpuLinear.__call__, linear_mod.ReferenceLinear.__call__ = calls
-    print(f"  of a step: linear layers {spent[0] / steps * 1e3:.1f} ms, the rest "
-          f"{(dt - spent[0]) / steps * 1e3:.1f} ms (linear ratio {spent[0] / dt:.2f})")
+    ms = op_times(lambda t: eng.decode(["p"], [t]), list(range(2000, 2000 + steps)))
+    total = sum(ms.values())
+    print(f"  of a step: linear layers {ms['linear']:.1f} ms, the rest "
+          f"{total - ms['linear']:.1f} ms (linear ratio {ms['linear'] / total:.2f})")
 
 
 if __name__ == "__main__":

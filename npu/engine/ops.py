@@ -205,7 +205,6 @@ class KernelOps(NumpyOps):
                 V: np.ndarray, slots: np.ndarray, lengths: np.ndarray, window: int,
                 sinks: np.ndarray | None, scale: np.float32) -> np.ndarray:
         dim = K.shape[3]
-        self._check_cache(K, V)
         slots = np.ascontiguousarray(slots, dtype=np.int64)
         lengths = np.ascontiguousarray(lengths, dtype=np.int64)
         out = np.empty((B, nq * dim), dtype=np.float32)
@@ -230,6 +229,7 @@ class KernelOps(NumpyOps):
                scale: np.float32) -> np.ndarray:
         B, nq, dim = q.shape
         q = np.ascontiguousarray(q, dtype=np.float32)
+        self._check_cache(K, V)
         return self._attend(q, nq * dim, B, nq, K, V, slots, lengths, window, sinks, scale)
 
     def attend_new(self, qkv: np.ndarray, nq: int, K: np.ndarray, V: np.ndarray,
