@@ -108,7 +108,9 @@ class Choice:
     def finish(self, reason: str) -> list[Event]:
         self.done = True
         tail = self.stops.push(self.detok.flush()) + self.stops.flush()
-        events = self._emit(tail, None, final=True)
+        # An output cut by max_tokens or the context is a partial output: a call it was
+        # writing stays a call (arguments as far as they got), never markup in content.
+        events = self._emit(tail, None, final=reason != "length")
         if reason == "stop" and self.stream is not None and self.stream.message.tool_calls:
             reason = "tool_calls"
         return events + [Finished(index=self.index, finish_reason=reason,

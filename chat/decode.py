@@ -13,13 +13,27 @@ from typing import Any, Protocol
 import msgspec
 import numpy as np
 
-from chat.engine import GrammarEngine
 from chat.errors import ConstraintError
 from chat.grammar import structural_tag, text_markers
 from chat.request import ConstraintRequest
 from chat.spec import FormatKind, FormatSpec
 
 log = logging.getLogger(__name__)
+
+
+class Grammars(Protocol):
+    """What a constraint needs from a model's grammar engine (`chat.engine.GrammarEngine`
+    is the one implementation; it imports this module, never the other way round)."""
+
+    vocab: list[bytes]
+    vocab_size: int
+    stop_token_ids: list[int]
+
+    def token_id(self, text: str) -> int | None: ...
+
+    def compile(self, tag: dict, *, param: str | None = None) -> Any: ...
+
+    def matcher(self, compiled: Any, stop_token_ids: list[int]) -> Any: ...
 
 
 def mask_words(vocab_size: int) -> int:
@@ -81,7 +95,7 @@ class GrammarConstraint:
 
     def __init__(
         self,
-        engine: GrammarEngine,
+        engine: Grammars,
         compiled: Any,
         *,
         with_reasoning: Any = None,
@@ -197,7 +211,7 @@ class GrammarConstraint:
 def make_constraint(
     spec: FormatSpec,
     request: ConstraintRequest,
-    engine: GrammarEngine | None,
+    engine: Grammars | None,
     *,
     request_id: str = "",
     tools_enabled: bool = True,
@@ -229,7 +243,7 @@ def make_constraint(
     if tag is None:
         return None
     if engine is None:
-        raise ValueError("this request needs a GrammarEngine")
+        raise ValueError("this request needs a grammar engine")
     param = "response_format.json_schema.schema" if request.json_schema else "tools"
     compiled = engine.compile(tag, param=param)
     with_reasoning = None
@@ -263,6 +277,6 @@ def effective_request(
 
 
 def needs_grammar(spec: FormatSpec, request: ConstraintRequest) -> bool:
-    """Whether `make_constraint` will need the model's `GrammarEngine`."""
+    """Whether `make_constraint` will need the model's grammar engine."""
     return structural_tag(spec, request) is not None or (
         request.tool_choice == "none" and bool(request.all_tools) and bool(spec.tool_start))

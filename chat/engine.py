@@ -14,6 +14,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
+from chat.decode import GrammarConstraint, TokenBanConstraint, make_constraint
 from chat.errors import ConstraintError
 from chat.spec import HARMONY_CALL, HARMONY_END, HARMONY_RETURN
 
@@ -107,8 +108,6 @@ class GrammarEngine:
             (True, "") when the grammar accepts `prefill + text` as a complete output, else
             (False, why) naming the byte of `text` where it failed.
         """
-        from chat.decode import GrammarConstraint, TokenBanConstraint, make_constraint
-
         constraint = make_constraint(spec, request, self)
         if constraint is None:
             return True, ""

@@ -138,10 +138,16 @@ def _harmony(spec: FormatSpec, request: ConstraintRequest) -> Tag | None:
     head, next_message = HARMONY_CHANNEL, f"{HARMONY_END}{HARMONY_START}assistant"
     # free text must not spell the stop tokens the grammar matches as text
     text = {"type": "any_text", "excludes": [HARMONY_CALL, HARMONY_RETURN]}
-    constrain = {"type": "regex", "pattern": " ?<\\|constrain\\|>json"}
+    # gpt-oss names the recipient after the channel or in the role header:
+    # `<|channel|>commentary to=functions.f <|constrain|>json<|message|>` or
+    # ` to=functions.f<|channel|>commentary json<|message|>`
+    constrain = {"type": "optional", "content": {
+        "type": "regex", "pattern": "( ?<\\|constrain\\|>| )json"}}
     calls = [{"type": "sequence", "elements": [
-        {"type": "const_string", "value": f"{head}commentary to=functions.{t.name}"},
-        {"type": "optional", "content": constrain},
+        {"type": "or", "elements": [
+            {"type": "const_string", "value": f"{head}commentary to=functions.{t.name}"},
+            {"type": "const_string", "value": f" to=functions.{t.name}{head}commentary"}]},
+        constrain,
         {"type": "const_string", "value": HARMONY_MESSAGE},
         _json(t.parameters, excludes=markers(spec)),
         {"type": "const_string", "value": HARMONY_CALL}]} for t in tools]
@@ -295,8 +301,9 @@ class _EBNF:
         names = list(props)
         kv = []
         for name in names:
-            key = (_py_quote(name) + sep) if quoted else (name + sep)
-            kv.append(f"{json.dumps(key)} {self.value(props[name], depth + 1)}")
+            key = (f"({_py_str(name)}) {json.dumps(sep)}" if quoted
+                   else json.dumps(name + sep))
+            kv.append(f"{key} {self.value(props[name], depth + 1)}")
         n = len(names)
         rest = ['""'] * (n + 1)
         first = ['""'] * (n + 1)
@@ -312,19 +319,25 @@ class _EBNF:
         return first_names[0]
 
 
-def _py_quote(text: str) -> str:
-    inner = text.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n")
-    return "'" + inner + "'"
+def _py_quote(text: str, quote: str = "'") -> str:
+    inner = text.replace("\\", "\\\\").replace(quote, "\\" + quote).replace("\n", "\\n")
+    return quote + inner + quote
+
+
+def _py_str(text: str) -> str:
+    """EBNF alternatives matching `text` as a Python string in either quote style (LFM2
+    writes both)."""
+    return f"{json.dumps(_py_quote(text))} | {json.dumps(_py_quote(text, chr(34)))}"
 
 
 def _py_literal(value: Any) -> str:
-    """An EBNF string matching the Python literal of `value`."""
+    """EBNF matching the Python literal of `value`."""
     if isinstance(value, bool):
         return json.dumps("True" if value else "False")
     if value is None:
         return json.dumps("None")
     if isinstance(value, str):
-        return json.dumps(_py_quote(value))
+        return f"({_py_str(value)})"
     return json.dumps(json.dumps(value))
 
 

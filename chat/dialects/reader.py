@@ -341,6 +341,10 @@ class ValueReader:
             self._emit("str_end")
             self._after_item()
 
+    def _kwarg_value(self) -> bool:
+        """The open string is the value of a top-level keyword argument."""
+        return self._kwargs and len(self.stack) == 1 and not self._str_key
+
     def _string(self, buf: str, pos: int, final: bool) -> tuple[int, Status | None]:
         q = self._quote
         n = len(buf)
@@ -370,7 +374,14 @@ class ValueReader:
                 after = _WS.match(buf, pos + 1).end()
                 if after >= n and not final:
                     return pos, Status.MORE  # cannot tell yet whether it closes
-                if after >= n or buf[after] in _PY_CLOSERS:
+                closes = after >= n or buf[after] in _PY_CLOSERS
+                if closes and after < n and buf[after] == "," and self._kwarg_value():
+                    # `f(text='a', 'b')`: after a keyword argument's value a comma must
+                    # lead to the next `name=`; otherwise the quote is inside the string
+                    closes = _next_kwarg(buf, after + 1, final)
+                    if closes is None:
+                        return pos, Status.MORE
+                if closes:
                     self._end_string()
                     return pos + 1, None
                 self._chunk(c)  # an unescaped quote inside the string
@@ -404,6 +415,19 @@ class ValueReader:
                 self._chunk(_JSON_ESCAPES.get(e, e))
             pos += 2
         return pos, Status.MORE
+
+
+_KWARG = re.compile(r"[ \t\r\n]*[A-Za-z_][A-Za-z0-9_]*[ \t\r\n]*=")
+_KWARG_PREFIX = re.compile(r"[ \t\r\n]*(?:[A-Za-z_][A-Za-z0-9_]*[ \t\r\n]*)?")
+
+
+def _next_kwarg(buf: str, pos: int, final: bool) -> bool | None:
+    """Whether a keyword argument `name=` starts at `pos` (None: cannot tell yet)."""
+    if _KWARG.match(buf, pos):
+        return True
+    if _KWARG_PREFIX.match(buf, pos).end() == len(buf):  # the text may still go on to `=`
+        return True if final else None
+    return False
 
 
 def _unicode_escape(buf: str, pos: int, final: bool) -> tuple[str, int]:

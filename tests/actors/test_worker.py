@@ -201,3 +201,27 @@ def test_a_long_prompt_does_not_hold_up_short_ones(worker) -> None:
 
     asyncio.run(both())
     assert order.index("short Finished") < order.index("long Deltas")
+
+
+SAY_TOOL = {"type": "function", "function": {"name": "say", "parameters": {
+    "type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}}}
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_call_cut_by_max_tokens_stays_a_call(worker, seed: int) -> None:
+    """max_tokens ends the output inside a required call: the reply holds the call with
+    its arguments as far as they got and finish_reason "length"; no markup in content, and
+    the streamed deltas add up to the same reply."""
+    events = asyncio.run(_events(worker, max_tokens=40, seed=seed, body={
+        "tools": [SAY_TOOL], "tool_choice": "required"}))
+    fin = [e for e in events if isinstance(e, Finished)][0]
+    assert fin.finish_reason == "length"
+    msg = fin.message
+    assert msg.content == "" and len(msg.tool_calls) == 1
+    call = msg.tool_calls[0]
+    assert call.name == "say" and '{"text": "'.startswith(call.arguments[:10])
+    deltas = [d for e in events if isinstance(e, Deltas) for d in e.deltas]
+    assert "".join(d.text for d in deltas if d.field == "content") == ""
+    streamed = [d for d in deltas if d.field == "tool_call"]
+    assert [d.name for d in streamed if d.name] == ["say"]
+    assert "".join(d.text for d in streamed) == call.arguments

@@ -106,6 +106,13 @@ CASES = [
      '{"a": 1}}<|tool_call_end|>', "", "", [("f", {"a": 1})], None, False),
     ("lfm2-empty-set-dict", "lfm2_pythonic", "", "<|tool_call_start|>[f(d={}, s={1, 2}, "
      "n=-07)]<|tool_call_end|>", "", "", [("f", {"d": {}, "s": [1, 2], "n": -7})], None, False),
+    ("lfm2-comma-quote-in-string", "lfm2_pythonic", "", "<|tool_call_start|>[say(text='Hi', "
+     "'there', n=1), say(text=\"a', 'b\", items=['x', 'y'])]<|tool_call_end|>", "", "",
+     [("say", {"text": "Hi', 'there", "n": 1}),
+      ("say", {"text": "a', 'b", "items": ["x", "y"]})], None, False),
+    ("lfm2-double-quoted-values", "lfm2_pythonic", "", '<|tool_call_start|>[get_weather(city='
+     '"Paris", unit="celsius")]<|tool_call_end|>', "", "",
+     [("get_weather", {"city": "Paris", "unit": "celsius"})], None, False),
     ("lfm2-not-a-call", "lfm2_pythonic", "", "See [the docs](x).", "", "See [the docs](x).", [],
      None, False),
     # harmony
@@ -114,6 +121,9 @@ CASES = [
      "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
      '{"city": "Oslo"}<|call|>', "think", "Let me look.", [("get_weather", {"city": "Oslo"})],
      None, False),
+    ("harmony-recipient-in-role", "harmony", "assistant", " to=functions.get_weather"
+     '<|channel|>commentary json<|message|>{"city": "Oslo"}<|call|>', "", "",
+     [("get_weather", {"city": "Oslo"})], None, False),
     ("harmony-final", "harmony", "assistant", "<|channel|>final<|message|>Done.<|return|>", "",
      "Done.", [], None, False),
     ("harmony-builtin", "harmony", "assistant", " to=browser.search<|channel|>commentary"

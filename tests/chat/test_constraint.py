@@ -292,3 +292,46 @@ def test_padded_vocabulary_entries_are_never_allowed() -> None:
     c.fill_mask(buf)
     bits = np.unpackbits(buf.view(np.uint8), bitorder="little")
     assert not bits[len(vocab):padded.vocab_size].any()
+
+
+UNITS = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {
+        "city": {"type": "string"},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+        "where": {"type": "object", "properties": {"country": {"type": "string"}}}},
+    "required": ["city", "unit"]}}}
+
+
+@pytest.mark.parametrize("text", [
+    "<|tool_call_start|>[get_weather(city='Paris', unit='celsius')]<|tool_call_end|>",
+    '<|tool_call_start|>[get_weather(city="Paris", unit="celsius")]<|tool_call_end|>',
+    "<|tool_call_start|>[get_weather(city=\"Paris\", unit='fahrenheit', "
+    "where={\"country\": 'FR'})]<|tool_call_end|>",
+])
+def test_lfm2_values_and_keys_in_either_quote_style(engine, text: str) -> None:
+    body = {"tools": [UNITS], "tool_choice": "required"}
+    assert _accepts(engine, "lfm2_pythonic", body, text) == (True, "")
+
+
+def test_lfm2_enum_rejects_other_values_in_both_quote_styles(engine) -> None:
+    body = {"tools": [UNITS], "tool_choice": "required"}
+    for q in ("'", '"'):
+        text = f"<|tool_call_start|>[get_weather(city='Paris', unit={q}kelvin{q})]<|tool_call_end|>"
+        assert not _accepts(engine, "lfm2_pythonic", body, text)[0]
+
+
+@pytest.mark.parametrize("choice", ["auto", "required"])
+@pytest.mark.parametrize("header", [
+    "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>",
+    "<|channel|>commentary to=functions.get_weather<|message|>",
+    " to=functions.get_weather<|channel|>commentary json<|message|>",
+    " to=functions.get_weather<|channel|>commentary <|constrain|>json<|message|>",
+])
+def test_harmony_recipient_after_the_channel_or_in_the_role_header(engine, choice,
+                                                                    header) -> None:
+    text = header + '{"city": "Paris"}<|call|>'
+    assert _accepts(engine, "harmony", _tools(choice), text) == (True, "")
+    after_analysis = "<|channel|>analysis<|message|>Look it up.<|end|><|start|>assistant" + text
+    assert _accepts(engine, "harmony", _tools(choice), after_analysis) == (True, "")
+    wrong = header.replace("get_weather", "get_time") + '{"city": "Paris"}<|call|>'
+    assert not _accepts(engine, "harmony", _tools(choice), wrong)[0]

@@ -1,0 +1,90 @@
+"""The import graph of the packages: arrows point one way (ARCHITECTURE.md's layering) and
+no module imports another that imports it back, even lazily inside a function."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("chat", "npu", "actors", "deployments")
+# what each package may import of the others
+ALLOWED = {"chat": set(), "npu": set(), "actors": {"chat", "npu"},
+           "deployments": {"actors", "chat", "npu"}}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = {_module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets: set[str] = set()
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*up, base] if base else up)
+                targets.add(base)
+                targets.update(f"{base}.{a.name}" for a in node.names)
+        # an import of a package or of a name inside a module is an edge to that module
+        graph[name] = {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_module_imports_one_that_imports_it_back() -> None:
+    graph = _graph()
+    # a package's __init__ re-exports its modules; the edges that matter are module to module
+    graph = {m: {t for t in ts if t not in PACKAGES} for m, ts in graph.items()}
+    assert _cycles(graph) == []
+
+
+def test_packages_import_only_what_lies_below_them() -> None:
+    bad = sorted(f"{m} -> {t}" for m, ts in _graph().items() for t in ts
+                 if t.split(".")[0] != m.split(".")[0]
+                 and t.split(".")[0] not in ALLOWED[m.split(".")[0]])
+    assert bad == []
