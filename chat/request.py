@@ -9,6 +9,7 @@ Invalid values raise `ConstraintError` naming the parameter (HTTP 400).
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 import msgspec
@@ -17,6 +18,8 @@ from chat.errors import ConstraintError
 
 ToolChoice = Literal["auto", "none", "required"]
 ResponseFormat = Literal["text", "json_object", "json_schema"]
+# OpenAI's rule, plus '.', which LFM2's dotted function names use
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
 
@@ -89,7 +92,12 @@ def _tools(body: dict) -> tuple[ToolSpec, ...]:
         where = f"tools[{i}]"
         if not isinstance(tool, dict):
             raise ConstraintError(f"'{where}' must be an object.", param=where)
-        kind = _get(tool, "type") or "function"
+        kind = _get(tool, "type")
+        if kind is None:
+            kind = "function"
+        if not isinstance(kind, str):
+            raise ConstraintError(f"'{where}.type' must be a string, got {_type_name(kind)}.",
+                                  param=f"{where}.type")
         if kind != "function":
             raise ConstraintError(
                 f"'{where}.type' is {kind!r}; only 'function' tools are supported.",
@@ -100,25 +108,56 @@ def _tools(body: dict) -> tuple[ToolSpec, ...]:
         if not isinstance(fn, dict):
             raise ConstraintError(f"'{where}.function' must be an object with a 'name'.",
                                   param=f"{where}.function")
+        at = f"{where}.function" if fn is not tool else where
         name = _get(fn, "name")
         if not isinstance(name, str) or not name:
-            raise ConstraintError(f"'{where}.function.name' must be a non-empty string.",
-                                  param=f"{where}.function.name")
+            raise ConstraintError(f"'{at}.name' must be a non-empty string.",
+                                  param=f"{at}.name")
+        if not _TOOL_NAME.fullmatch(name):
+            raise ConstraintError(
+                f"'{at}.name' is {name!r}; a tool name is 1 to 64 letters, digits, '_', '-' "
+                "or '.'.", param=f"{at}.name")
         if name in seen:
             raise ConstraintError(f"Two tools are named {name!r}; tool names must be unique.",
-                                  param=f"{where}.function.name")
+                                  param=f"{at}.name")
         seen.add(name)
         params = _get(fn, "parameters")
         if params is None:
             params = {"type": "object", "properties": {}}
         if not isinstance(params, dict) or params.get("type", "object") != "object":
             raise ConstraintError(
-                f"'{where}.function.parameters' must be a JSON schema of type 'object'.",
-                param=f"{where}.function.parameters")
+                f"'{at}.parameters' must be a JSON schema of type 'object'.",
+                param=f"{at}.parameters")
+        _check_object_schema(params, f"{at}.parameters")
         desc = _get(fn, "description")
-        out.append(ToolSpec(name=name, parameters=params,
-                            description=desc if isinstance(desc, str) else ""))
+        if desc is not None and not isinstance(desc, str):
+            raise ConstraintError(f"'{at}.description' must be a string, got "
+                                  f"{_type_name(desc)}.", param=f"{at}.description")
+        strict = _get(fn, "strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise ConstraintError(f"'{at}.strict' must be a boolean, got {_type_name(strict)}.",
+                                  param=f"{at}.strict")
+        out.append(ToolSpec(name=name, parameters=params, description=desc or ""))
     return tuple(out)
+
+
+def _check_object_schema(schema: dict, where: str) -> None:
+    """The parts of an object schema the grammar and the templates read: `properties` an
+    object of schemas, `required` an array of names."""
+    props = _get(schema, "properties")
+    if props is not None:
+        if not isinstance(props, dict):
+            raise ConstraintError(f"'{where}.properties' must be an object, got "
+                                  f"{_type_name(props)}.", param=f"{where}.properties")
+        for key, sub in props.items():
+            if not isinstance(sub, (dict, bool)):
+                raise ConstraintError(f"'{where}.properties.{key}' must be a JSON schema, got "
+                                      f"{_type_name(sub)}.", param=f"{where}.properties.{key}")
+    required = _get(schema, "required")
+    if required is not None and (not isinstance(required, list)
+                                 or not all(isinstance(r, str) for r in required)):
+        raise ConstraintError(f"'{where}.required' must be an array of property names.",
+                              param=f"{where}.required")
 
 
 def _function_name(obj: Any, where: str) -> str:
@@ -209,6 +248,10 @@ def _response_format(body: dict) -> tuple[str, dict | None]:
     if not isinstance(spec, dict):
         raise ConstraintError("'response_format.json_schema' must be an object with 'name' and "
                               "'schema'.", param="response_format.json_schema")
+    name = _get(spec, "name")
+    if name is not None and not isinstance(name, str):
+        raise ConstraintError("'response_format.json_schema.name' must be a string.",
+                              param="response_format.json_schema.name")
     strict = _get(spec, "strict")
     if strict is not None and not isinstance(strict, bool):
         raise ConstraintError("'response_format.json_schema.strict' must be a boolean.",

@@ -32,48 +32,14 @@ from deployments.responses import (
     completion_logprobs,
     sse,
 )
-from deployments.schemas import CONSTRAINT_FIELDS, ChatRequest, CompletionRequest
+from deployments.schemas import CONSTRAINT_FIELDS
+from deployments.validate import decode_request
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_S = "1"
 # tries of a request whose worker dies before answering (each on a replica the router
 # still believes alive; the router drops a replica it saw die)
 START_ATTEMPTS = 3
-_DECODERS: dict[str, msgspec.json.Decoder] = {}
-
-
-def decode_request(body: bytes, kind: str):
-    """The typed request (one reused decoder per kind) and the raw JSON object."""
-    decoder = _DECODERS.get(kind)
-    if decoder is None:
-        decoder = _DECODERS[kind] = msgspec.json.Decoder(
-            ChatRequest if kind == "chat" else CompletionRequest)
-    try:
-        req = decoder.decode(body)
-    except msgspec.ValidationError as exc:
-        raise ApiError(400, f"Invalid request: {exc}", param=_param_from(exc)) from None
-    except msgspec.DecodeError as exc:
-        raise ApiError(400, f"The body is not valid JSON: {exc}") from None
-    raw = msgspec.json.decode(body)
-    if req.stream_options is not None and not req.stream:
-        raise ApiError(400, "'stream_options' is only allowed with 'stream': true.",
-                       param="stream_options")
-    return req, raw
-
-
-def _param_from(err: msgspec.ValidationError) -> str | None:
-    """The OpenAI `param` of a msgspec error: its path, plus a missing field's name."""
-    text = str(err)
-    path = ""
-    if " - at `$" in text:
-        text, path = text.split(" - at `$", 1)
-        path = path.rstrip("`").lstrip(".")
-    if text.startswith("Object missing required field `"):
-        field = text.split("`")[1]
-        path = f"{path}.{field}" if path else field
-    return path or None
-
-
 def _is_backpressure(exc: BaseException) -> bool:
     return type(exc).__name__ in ("BackPressureError",)
 
@@ -208,9 +174,6 @@ def make_ingress(config: dict[str, Any]):
                         msg["reasoning_content"] = msg["reasoning"]
                     messages.append({k: v for k, v in msg.items() if v is not None})
                 top = req.top_logprobs or 0
-                if top and not req.logprobs:
-                    raise ApiError(400, "'top_logprobs' needs 'logprobs': true.",
-                                   param="top_logprobs")
                 return GenerateRequest(
                     messages=messages, body={k: raw.get(k) for k in CONSTRAINT_FIELDS},
                     max_tokens=req.max_completion_tokens or req.max_tokens,

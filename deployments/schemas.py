@@ -2,12 +2,12 @@
 
 Unknown fields are ignored (clients send many); a JSON null reads as missing. Constraint
 options (tools, tool_choice, response_format, ...) are checked by the chat library on the
-worker, which knows the model; here they are only required to be JSON.
+worker, which knows the model, and first by `deployments.validate` with the same code.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
@@ -25,7 +25,7 @@ class ToolCallIn(msgspec.Struct, kw_only=True):
 
     function: FunctionCall
     id: str | None = None
-    type: str = "function"
+    type: Literal["function"] = "function"
 
 
 class ContentPart(msgspec.Struct, kw_only=True):

@@ -1,0 +1,192 @@
+"""Every field of a chat and a completion request, given a value of the wrong type or
+shape, is a 400 whose `param` is that field's exact path (table-driven, no Ray)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+
+from deployments.errors import ApiError
+from deployments.validate import decode_request
+
+TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather of a city.", "strict": True,
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+CHAT = {
+    "model": "m", "stream": True, "stream_options": {"include_usage": True}, "max_tokens": 5,
+    "n": 1, "temperature": 0.5, "top_p": 0.9, "top_k": 5, "min_p": 0.1,
+    "repetition_penalty": 1.1, "presence_penalty": 0.1, "frequency_penalty": 0.1, "seed": 1,
+    "stop": ["x"], "user": "u", "ignore_eos": False, "max_completion_tokens": 5,
+    "logprobs": True, "top_logprobs": 2,
+    "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}],
+         "name": "ann"},
+        {"role": "assistant", "content": None, "reasoning_content": "r", "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    ],
+    "tools": [TOOL], "tool_choice": "auto", "parallel_tool_calls": True,
+    "response_format": {"type": "json_schema", "json_schema": {
+        "name": "w", "strict": True, "schema": {"type": "object"}}},
+    "think": True, "reasoning_effort": "low", "chat_template_kwargs": {"enable_thinking": True},
+}
+COMPLETION = {"model": "m", "prompt": "Once", "max_tokens": 5, "logprobs": 2, "echo": False,
+              "suffix": "", "stream": False, "temperature": 1.0, "stop": "x"}
+
+# (path to set, bad value, the param the 400 names); a path ends in a key or an index
+CHAT_CASES: list[tuple[str, Any, str]] = [
+    ("model", 3, "model"),
+    ("stream", "yes", "stream"),
+    ("stream_options", [], "stream_options"),
+    ("stream_options.include_usage", "y", "stream_options.include_usage"),
+    ("max_tokens", 0, "max_tokens"),
+    ("max_tokens", 1.5, "max_tokens"),
+    ("n", 9, "n"),
+    ("temperature", 3, "temperature"),
+    ("top_p", 0, "top_p"),
+    ("top_k", -2, "top_k"),
+    ("min_p", "a", "min_p"),
+    ("repetition_penalty", 0, "repetition_penalty"),
+    ("presence_penalty", 5, "presence_penalty"),
+    ("frequency_penalty", -5, "frequency_penalty"),
+    ("seed", "1", "seed"),
+    ("stop", 5, "stop"),
+    ("stop", ["a"] * 9, "stop"),
+    ("user", 1, "user"),
+    ("ignore_eos", 1, "ignore_eos"),
+    ("max_completion_tokens", -1, "max_completion_tokens"),
+    ("logprobs", "true", "logprobs"),
+    ("top_logprobs", 21, "top_logprobs"),
+    ("messages", [], "messages"),
+    ("messages", "hi", "messages"),
+    ("messages.0", "hi", "messages[0]"),
+    ("messages.0.role", "robot", "messages[0]"),
+    ("messages.0.role", 1, "messages[0].role"),
+    ("messages.0.content", 5, "messages[0].content"),
+    ("messages.1.content.0", "text", "messages[1].content[0]"),
+    ("messages.1.content.0.type", "image_url", "messages[1].content[0].type"),
+    ("messages.1.content.0.type", 1, "messages[1].content[0].type"),
+    ("messages.1.content.0.text", None, "messages[1].content[0].text"),
+    ("messages.1.content.0.text", [], "messages[1].content[0].text"),
+    ("messages.1.name", {}, "messages[1].name"),
+    ("messages.1.tool_calls", [{"function": {"name": "f"}}], "messages[1].tool_calls"),
+    ("messages.2.reasoning_content", 1, "messages[2].reasoning_content"),
+    ("messages.2.tool_calls", {}, "messages[2].tool_calls"),
+    ("messages.2.tool_calls.0.type", "code", "messages[2].tool_calls[0].type"),
+    ("messages.2.tool_calls.0.id", 7, "messages[2].tool_calls[0].id"),
+    ("messages.2.tool_calls.0.function", "f", "messages[2].tool_calls[0].function"),
+    ("messages.2.tool_calls.0.function.name", None, "messages[2].tool_calls[0].function.name"),
+    ("messages.2.tool_calls.0.function.arguments", 3,
+     "messages[2].tool_calls[0].function.arguments"),
+    ("messages.3.tool_call_id", 1, "messages[3].tool_call_id"),
+    ("tools", {}, "tools"),
+    ("tools.0", "get_weather", "tools[0]"),
+    ("tools.0.type", "retrieval", "tools[0].type"),
+    ("tools.0.type", [], "tools[0].type"),
+    ("tools.0.function", [], "tools[0].function"),
+    ("tools.0.function.name", "", "tools[0].function.name"),
+    ("tools.0.function.name", "get weather!", "tools[0].function.name"),
+    ("tools.0.function.description", [], "tools[0].function.description"),
+    ("tools.0.function.strict", "yes", "tools[0].function.strict"),
+    ("tools.0.function.parameters", [], "tools[0].function.parameters"),
+    ("tools.0.function.parameters.type", "array", "tools[0].function.parameters"),
+    ("tools.0.function.parameters.properties", [], "tools[0].function.parameters.properties"),
+    ("tools.0.function.parameters.properties.city", "string",
+     "tools[0].function.parameters.properties.city"),
+    ("tools.0.function.parameters.required", "city", "tools[0].function.parameters.required"),
+    ("tool_choice", "always", "tool_choice"),
+    ("tool_choice", 1, "tool_choice"),
+    ("tool_choice", {"type": "function", "function": {"name": "nope"}},
+     "tool_choice.function.name"),
+    ("tool_choice", {"type": "function", "function": {"name": 1}},
+     "tool_choice.function.name"),
+    ("tool_choice", {"type": "web"}, "tool_choice.type"),
+    ("parallel_tool_calls", "no", "parallel_tool_calls"),
+    ("response_format", "json", "response_format"),
+    ("response_format.type", "xml", "response_format.type"),
+    ("response_format.json_schema", "s", "response_format.json_schema"),
+    ("response_format.json_schema.name", 1, "response_format.json_schema.name"),
+    ("response_format.json_schema.strict", "y", "response_format.json_schema.strict"),
+    ("response_format.json_schema.schema", [], "response_format.json_schema.schema"),
+    ("think", "no", "think"),
+    ("reasoning_effort", "max", "reasoning_effort"),
+    ("chat_template_kwargs", [], "chat_template_kwargs"),
+    ("chat_template_kwargs.enable_thinking", "no", "chat_template_kwargs.enable_thinking"),
+]
+COMPLETION_CASES: list[tuple[str, Any, str]] = [
+    ("prompt", 5, "prompt"),
+    ("prompt", [], "prompt"),
+    ("prompt", ["a", "b"], "prompt"),
+    ("logprobs", 21, "logprobs"),
+    ("echo", "no", "echo"),
+    ("suffix", 1, "suffix"),
+    ("max_tokens", "5", "max_tokens"),
+]
+
+
+def _set(body: dict, path: str, value: Any) -> dict:
+    body = copy.deepcopy(body)
+    *head, last = path.split(".")
+    node: Any = body
+    for key in head:
+        node = node[int(key)] if isinstance(node, list) else node[key]
+    if isinstance(node, list):
+        node[int(last)] = value
+    else:
+        node[last] = value
+    return body
+
+
+def _error(body: dict, kind: str) -> ApiError:
+    with pytest.raises(ApiError) as info:
+        decode_request(json.dumps(body).encode(), kind)
+    return info.value
+
+
+@pytest.mark.parametrize("kind,body", [("chat", CHAT), ("completion", COMPLETION)])
+def test_the_full_request_is_accepted(kind: str, body: dict) -> None:
+    req, raw = decode_request(json.dumps(body).encode(), kind)
+    assert raw == body and req.model == "m"
+
+
+@pytest.mark.parametrize("path,value,param", CHAT_CASES, ids=[f"{c[0]}={c[1]!r}"[:60]
+                                                               for c in CHAT_CASES])
+def test_a_bad_chat_field_is_a_400_naming_it(path: str, value: Any, param: str) -> None:
+    err = _error(_set(CHAT, path, value), "chat")
+    assert (err.status, err.param) == (400, param), err.message
+    assert err.type == "invalid_request_error"
+
+
+@pytest.mark.parametrize("path,value,param", COMPLETION_CASES,
+                         ids=[f"{c[0]}={c[1]!r}" for c in COMPLETION_CASES])
+def test_a_bad_completion_field_is_a_400_naming_it(path: str, value: Any, param: str) -> None:
+    err = _error(_set(COMPLETION, path, value), "completion")
+    assert (err.status, err.param) == (400, param), err.message
+
+
+def test_a_missing_required_field_is_named() -> None:
+    body = copy.deepcopy(CHAT)
+    del body["messages"][3]["role"]
+    assert _error(body, "chat").param == "messages[3].role"
+    body = copy.deepcopy(CHAT)
+    del body["model"]
+    assert _error(body, "chat").param == "model"
+
+
+def test_options_that_need_each_other() -> None:
+    assert _error({**CHAT, "stream": False}, "chat").param == "stream_options"
+    assert _error({**CHAT, "logprobs": False}, "chat").param == "top_logprobs"
+    assert _error({**CHAT, "tool_choice": "required", "tools": []}, "chat").param == "tool_choice"
+
+
+def test_not_json_and_not_an_object() -> None:
+    with pytest.raises(ApiError) as info:
+        decode_request(b"{", "chat")
+    assert info.value.status == 400
+    assert _error([CHAT], "chat").status == 400  # type: ignore[arg-type]
