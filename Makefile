@@ -32,11 +32,12 @@ test: setup
 test-unit: setup
 	$(BIN)/python -m pytest -q --ignore=tests/integration
 
-# configs/serve.env: the Ray settings serving runs with (HAProxy ingress), read when Ray
-# starts; `make serve CONFIG=configs/model_dir.yaml` serves another config
+# `serve run $(CONFIG)` with configs/serve.env's Ray settings, a one-line error for a busy
+# port, nothing listening beyond the API's host, and a stop that leaves no process behind
+# (deployments/launch.py); `make serve CONFIG=configs/model_dir.yaml` serves another config
 CONFIG ?= configs/flm.yaml
 serve: setup
-	env $$(grep -v '^#' configs/serve.env | xargs) $(BIN)/serve run $(CONFIG)
+	$(BIN)/python -m deployments.launch $(CONFIG)
 
 bench: setup
 	$(BIN)/python bench/bench_stream.py

