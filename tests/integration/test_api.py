@@ -76,11 +76,11 @@ def test_stream_shape_and_usage_only_when_asked(client) -> None:
 
 @pytest.mark.parametrize("extra", [
     {},
-    # one call, so max_tokens never cuts a call the stream has started (a cut call is
-    # content in the final parse, which a stream cannot take back)
     {"tools": [MODE_TOOL, LIGHT_TOOL], "tool_choice": "required", "parallel_tool_calls": False},
+    # many calls and few tokens: max_tokens cuts a call, which stays a call, streamed or not
+    {"tools": [MODE_TOOL, LIGHT_TOOL], "tool_choice": "required", "max_tokens": 40},
     {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}}},
-], ids=["plain", "tools", "json_schema"])
+], ids=["plain", "tools", "cut-calls", "json_schema"])
 def test_stream_and_non_stream_agree_for_the_same_seed(client, extra: dict) -> None:
     body = {"model": "flm-tiny", "messages": MSG, "max_tokens": 120, "seed": 11,
             "temperature": 0.9, **extra}
@@ -134,13 +134,19 @@ def _check_calls(choice: dict) -> list[dict]:
     return calls
 
 
-def test_non_stream_reply_is_the_final_parse(client) -> None:
-    # many parallel calls and few tokens: the last call is cut, so it is not a call
+def test_a_call_cut_by_max_tokens_stays_a_call(client) -> None:
+    # many parallel calls and few tokens: the last call is cut where max_tokens fell; it
+    # stays in tool_calls (arguments as far as they got), never markup in content
     for seed in range(4):
         choice = _chat(client, tools=[MODE_TOOL, LIGHT_TOOL], tool_choice="required",
                        max_tokens=40, seed=seed).json()["choices"][0]
-        for call in choice["message"].get("tool_calls") or []:
-            json.loads(call["function"]["arguments"])  # every listed call is whole
+        calls = choice["message"].get("tool_calls") or []
+        assert choice["message"]["content"] is None and calls
+        whole = calls if choice["finish_reason"] == "tool_calls" else calls[:-1]
+        assert choice["finish_reason"] in ("tool_calls", "length")
+        for call in whole:
+            json.loads(call["function"]["arguments"])
+        assert calls[-1]["function"]["name"] in ("set_mode", "light")
 
 
 def test_tool_choice_required(client) -> None:
@@ -200,12 +206,16 @@ def test_template_kwargs_cannot_override_the_conversation(client) -> None:
     assert r.status_code == 200, r.text
 
 
-def test_content_parts_are_read(client) -> None:
+def test_content_parts_are_read_and_images_refused(client) -> None:
+    parts = [{"type": "text", "text": "Hello"}, {"type": "text", "text": "there"}]
     r = client.post("/v1/chat/completions", json={"model": "flm-tiny", "max_tokens": 2,
-                                                  "messages": [{"role": "user", "content": [
-                                                      {"type": "text", "text": "Hello"},
-                                                      {"type": "image_url", "image_url": {}}]}]})
+                                                  "messages": [{"role": "user", "content": parts}]})
     assert r.status_code == 200, r.text
+    # a text-only model does not silently drop an image it was asked about
+    parts.append({"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}})
+    r = client.post("/v1/chat/completions", json={"model": "flm-tiny", "max_tokens": 2,
+                                                  "messages": [{"role": "user", "content": parts}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].content[2].type"
 
 
 def test_input_messages_accept_reasoning_fields(client) -> None:
