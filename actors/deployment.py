@@ -9,6 +9,7 @@ check fails once the worker's decode loop has died (Serve then restarts the repl
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import AsyncIterator
 
 from ray import serve
@@ -27,6 +28,14 @@ def device_index(device: str) -> int | None:
 
     ids = ray.get_runtime_context().get_accelerator_ids().get("NPU") or []
     return int(ids[0]) if ids else None
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 @serve.deployment
@@ -77,11 +86,15 @@ class ModelWorker:
         m = self.worker.model
         ctx = serve.get_replica_context()
         replica = getattr(ctx, "replica_id", None)
+        usage = m.engine.kv_usage() if hasattr(m.engine, "kv_usage") else {}
         return {"id": self.name, "created": int(self.worker.started),
                 "context_length": m.context_length, "format": self.worker.spec.kind.value,
-                "active": self.worker.active, "device_index": self.index,
+                "active": self.worker.active, "requests": self.worker.requests,
+                "device_index": self.index,
                 "replica": str(getattr(replica, "unique_id", replica)),
-                "actor": ray.get_runtime_context().get_actor_name()}
+                "actor": ray.get_runtime_context().get_actor_name(),
+                "node": ray.get_runtime_context().get_node_id(),
+                "pid": os.getpid(), "rss_bytes": _rss_bytes(), **usage}
 
     def check_health(self) -> None:
         if not self.worker.healthy:

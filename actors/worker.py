@@ -118,6 +118,7 @@ class Worker:
         self._stop = threading.Event()
         self.error: BaseException | None = None
         self.active = 0
+        self.requests = 0  # requests received, answered or not
         self.started = time.time()
         self.model.token_table  # noqa: B018  (built now, not on a request)
         log.info("Chat format: %s%s", self.spec.kind.value,
@@ -139,6 +140,7 @@ class Worker:
         with the first output), then Deltas/Finished per choice, then Usage (or Failed if the
         worker breaks). A batch holds every event that was ready, so a slow consumer gets
         fewer, larger messages."""
+        self.requests += 1
         try:
             session = await asyncio.to_thread(build_session, request, self.model, self.spec,
                                               self.grammar_engine)

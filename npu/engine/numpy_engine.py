@@ -344,6 +344,12 @@ class NumpyEngine:
         seq = self._seqs.get(seq_id)
         return seq.pos if seq else 0
 
+    def kv_usage(self) -> dict[str, int]:
+        """What the KV cache holds now: live sequences, KV slots in use, bytes allocated."""
+        held = sum(a.nbytes for a in (*self._kv.k, *self._kv.v) if a is not None)
+        return {"sequences": len(self._seqs), "kv_slots": len(self._kv.live),
+                "kv_bytes": held}
+
     def _check_room(self, seq: _Seq, n: int) -> None:
         if seq.pos + n > self.max_context:
             raise ContextLengthError(

@@ -220,8 +220,11 @@ def test_release_frees_and_unknown_sequence_is_an_error(oracle_models) -> None:
     engine = _engine(folder)
     engine.prefill("z", ids[:5])
     assert engine.length("z") == 5
+    used = engine.kv_usage()
+    assert used["sequences"] == used["kv_slots"] == 1 and used["kv_bytes"] > 0
     engine.release("z")
     assert engine.length("z") == 0
+    assert engine.kv_usage() == {"sequences": 0, "kv_slots": 0, "kv_bytes": 0}
     with pytest.raises(KeyError):
         engine.decode(["z"], [1])
     engine.release("never-seen")
