@@ -195,6 +195,9 @@ class Cluster:
         subprocess.run([ray_cli, "start", f"--address={self.address}", *common], env=env,
                        check=True, capture_output=True)
         self.second_raylet = (set(self.raylets()) - before).pop()
+        args = _cmdline(self.second_raylet).split(b"\0")
+        self.second_node = next(a.split(b"=", 1)[1].decode() for a in args
+                                if a.startswith(b"--node_id="))
 
     def raylets(self) -> list[int]:
         return [p for p in self.processes() if _comm(p) == "raylet"]
@@ -297,6 +300,7 @@ def one_node(seconds: float, clients: int, cache: Path) -> list[tuple[str, bool]
               name="flm", route_prefix="/")
     url = f"http://127.0.0.1:{port}"
     handle = serve.get_deployment_handle("worker-flm-tiny", app_name="flm")
+    _all_workers(handle, 2)
     asyncio.run(_run(url, clients, time.monotonic() + min(10.0, seconds / 4), Tally()))
     before = workers(handle, 2)  # after the warm-up: the RSS baseline
     replicas_before = serve_replicas()
@@ -383,7 +387,7 @@ def two_nodes(seconds: float, clients: int, cache: Path) -> list[tuple[str, bool
         _wait_healthy(url, launcher)
         ray.init(address=cluster.address, namespace="serve", log_to_driver=False)
         handle = serve.get_deployment_handle("worker-flm-tiny", app_name="flm")
-        before = workers(handle, 2)
+        before = _all_workers(handle, 2)
         nodes = {w["node"] for w in before.values()}
         tally, stop = Tally(), {}
         second = None
@@ -392,6 +396,8 @@ def two_nodes(seconds: float, clients: int, cache: Path) -> list[tuple[str, bool
             await asyncio.sleep(seconds / 2)
             busy = await asyncio.to_thread(workers, handle, 2, 20)
             stop["requests"] = {r: w["requests"] for r, w in busy.items()}
+            stop["active"] = sum(w["active"] for w in busy.values()
+                                 if w["node"] == cluster.second_node)
             stop["at"] = time.monotonic()
             os.kill(cluster.second_raylet, signal.SIGTERM)
 
@@ -412,7 +418,8 @@ def two_nodes(seconds: float, clients: int, cache: Path) -> list[tuple[str, bool
                       str(n) for n in stop["requests"].values()),
                    len(stop["requests"]) == 2 and min(stop["requests"].values()) > 0),
                   ("no 5xx, no hung request, no failed stream", not tally.errors),
-                  cut_check(tally, stop["at"], "the node's stop"),
+                  _with_note(cut_check(tally, stop["at"], "the node's stop"),
+                             f"(its worker had {stop['active']} request(s) just before)"),
                   (f"the first node's worker served {served_after} request(s) after it",
                    served_after > 0 and len(second) == 1),
                   ("the remaining worker idle afterwards: " + _usage(after), idle)]
@@ -440,6 +447,21 @@ def _wait_healthy(url: str, proc: subprocess.Popen, within_s: float = 180) -> No
             pass
         time.sleep(0.5)
     raise RuntimeError(f"{url} not healthy in {within_s:.0f} s")
+
+
+def _all_workers(handle, replicas: int, within_s: float = 180) -> dict[str, dict]:
+    """The workers' info once all `replicas` answer (the ingress answers /health as soon
+    as the first is up)."""
+    end = time.monotonic() + within_s
+    while True:
+        seen = workers(handle, replicas)
+        if len(seen) >= replicas or time.monotonic() > end:
+            return seen
+        time.sleep(0.5)
+
+
+def _with_note(check: tuple[str, bool], note: str) -> tuple[str, bool]:
+    return f"{check[0]} {note}", check[1]
 
 
 def _usage(ws: dict) -> str:

@@ -71,6 +71,10 @@ INGRESS_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
                "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0"}
 
 
+# Ray's built-in resource of the head node (documented in Ray's resource scheduling guide)
+HEAD_NODE = "node:__internal_head__"
+
+
 def _device(entry: ModelEntry) -> str:
     """"auto": the NPUs pyxrt sees (with a kernel directory), else the CPU."""
     if entry.device != "auto":
@@ -114,7 +118,11 @@ def build_app(args: dict[str, Any] | None = None):
                max_messages_per_s=m.max_messages_per_s, blas_threads=m.blas_threads)
     settings = {"api_key": cfg.api_key, "max_request_bytes": cfg.max_request_bytes}
     ingress = make_ingress({"cors_origins": cfg.cors_origins})
+    # The ingress runs on the head node, where the configs put the HTTP entry (proxy_location
+    # HeadOnly): losing another node then loses only its workers, whose streams end with an
+    # error event, never the ingress and every stream through it.
     return ingress.options(name="openai-ingress", num_replicas=cfg.ingress_replicas,
                            max_ongoing_requests=1000,
-                           ray_actor_options={"num_cpus": 0, "runtime_env": {
-                               "env_vars": INGRESS_ENV}}).bind(workers, settings)
+                           ray_actor_options={"num_cpus": 0, "resources": {HEAD_NODE: 0.001},
+                                              "runtime_env": {"env_vars": INGRESS_ENV}},
+                           ).bind(workers, settings)
