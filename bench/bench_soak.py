@@ -272,13 +272,17 @@ def cut_check(tally: Tally, at: float, what: str) -> tuple[str, bool]:
             f"[DONE] within {KILL_END_S:.0f} s of it", ok)
 
 
-def idle_workers(handle, replicas: int, within_s: float = 30.0) -> tuple[dict, bool]:
+def idle_workers(handle, replicas: int, within_s: float = 60.0) -> tuple[dict, bool]:
+    """Every worker's info once all `replicas` answer with nothing active or held (or the
+    last answers at the deadline), and whether they were idle."""
     end = time.monotonic() + within_s
+    seen: dict[str, dict] = {}
     while True:
-        now = workers(handle, replicas)
-        idle = all(w["active"] == 0 and w.get("sequences", 0) == 0 for w in now.values())
+        seen.update(workers(handle, replicas))
+        idle = len(seen) >= replicas and all(
+            w["active"] == 0 and w.get("sequences", 0) == 0 for w in seen.values())
         if idle or time.monotonic() > end:
-            return now, idle
+            return seen, idle
         time.sleep(0.2)
 
 
@@ -304,13 +308,15 @@ def one_node(seconds: float, clients: int, cache: Path) -> list[tuple[str, bool]
     asyncio.run(_run(url, clients, time.monotonic() + min(10.0, seconds / 4), Tally()))
     before = workers(handle, 2)  # after the warm-up: the RSS baseline
     replicas_before = serve_replicas()
-    victim = next(iter(before.values()))
+    victim: dict = {}
     tally, kill = Tally(), {}
 
     async def killer() -> None:
         await asyncio.sleep(seconds / 2)
         busy = await asyncio.to_thread(workers, handle, 2, 20)
-        kill["victim_active"] = busy.get(victim["replica"], {}).get("active", -1)
+        # the busier worker, so that the kill cuts streams
+        victim.update(max(busy.values(), key=lambda w: w["active"]))
+        kill["victim_active"] = victim["active"]
         kill["at"] = time.monotonic()
         os.kill(victim["pid"], signal.SIGKILL)
         # the replacement: a worker replica Serve started after the kill answers
