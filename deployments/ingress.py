@@ -91,16 +91,27 @@ def make_ingress(config: dict[str, Any]):
                 self._authenticate(request)
             except ApiError as err:
                 return error_response(err)
-            data = []
-            for name, handle in self.workers.items():
-                try:
-                    info = await handle.info.remote()
-                except Exception:  # a model whose workers are all down is still listed
-                    info = {"id": name, "created": 0}
-                data.append({"id": name, "object": "model", "created": info.get("created", 0),
-                             "owned_by": "flm-serve",
-                             "context_length": info.get("context_length")})
+            data = [await self._model_card(name) for name in self.workers]
             return JSONResponse({"object": "list", "data": data})
+
+        @app.get("/v1/models/{model_id:path}")
+        async def model(self, model_id: str, request: Request) -> Response:
+            try:
+                self._authenticate(request)
+                if model_id not in self.workers:
+                    raise ApiError(404, f"The model '{model_id}' does not exist; see "
+                                        "/v1/models.", param="model", code="model_not_found")
+            except ApiError as err:
+                return error_response(err)
+            return JSONResponse(await self._model_card(model_id))
+
+        async def _model_card(self, name: str) -> dict:
+            try:
+                info = await self.workers[name].info.remote()
+            except Exception:  # a model whose workers are all down is still listed
+                info = {"id": name, "created": 0}
+            return {"id": name, "object": "model", "created": info.get("created", 0),
+                    "owned_by": "flm-serve", "context_length": info.get("context_length")}
 
         @app.post("/v1/chat/completions")
         async def chat_completions(self, request: Request) -> Response:

@@ -50,6 +50,21 @@ def test_models_and_health(client) -> None:
     assert "flm-tiny" in ids
 
 
+def test_a_model_is_looked_up_by_id(client, serve_url) -> None:
+    from openai import NotFoundError, OpenAI
+
+    card = client.get("/v1/models/flm-tiny").json()
+    assert card["id"] == "flm-tiny" and card["object"] == "model"
+    assert card["context_length"] > 0
+    missing = client.get("/v1/models/no-such-model")
+    assert missing.status_code == 404
+    assert missing.json()["error"]["code"] == "model_not_found"
+    oc = OpenAI(base_url=f"{serve_url}/v1", api_key="unused")
+    assert oc.models.retrieve("flm-tiny").id == "flm-tiny"
+    with pytest.raises(NotFoundError):
+        oc.models.retrieve("no-such-model")
+
+
 def test_chat_completion_shape(client) -> None:
     r = _chat(client, max_tokens=8, seed=3)
     assert r.status_code == 200
