@@ -372,7 +372,8 @@ def two_nodes(seconds: float, clients: int, cache: Path) -> list[tuple[str, bool
     from npu.xrt.sim import make_kernel_dir
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env.update(serve_environ(env, private_ports=True), FLM_CACHE=str(cache))
+    env.update(serve_environ(env, private_ports=True), FLM_CACHE=str(cache),
+               RAY_AUTH_MODE="token")
     cluster = Cluster(env)
     launcher = None
     try:
@@ -488,8 +489,10 @@ def main() -> int:
     os.environ["FLM_CACHE"] = str(cache)
     from deployments.serve_env import serve_environ
 
-    # before Ray is imported: it reads some of these (RAY_AUTH_MODE) when it loads
     os.environ.update(serve_environ(os.environ, private_ports=True))
+    # before Ray is imported, which reads it then: the two-node phase joins a cluster, and
+    # a process joining one sends Ray's token only in this mode
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
     checks: list[tuple[str, bool]] = []
     if args.nodes in ("1", "both"):
         checks += one_node(seconds, clients, cache)

@@ -97,6 +97,10 @@ def _environment(host: str, run_id: str, private: str) -> dict[str, str]:
         # 127.0.0.1 as the node's address, so its agents and metrics servers listen there
         env.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         env[LOOPBACK_ENV] = "1"  # and Serve's replica gRPC servers (deployments.loopback)
+    if _joins_cluster():
+        # Ray turns token authentication on for the clusters it starts, and a process that
+        # joins one sends its token (~/.ray/auth_token) only when told to
+        env.setdefault("RAY_AUTH_MODE", "token")
     real = _haproxy_binary()
     if real and "RAY_SERVE_HAPROXY_BINARY_PATH" not in os.environ:
         env.update(RAY_SERVE_HAPROXY_BINARY_PATH=str(WRAPPER), FLM_HAPROXY_BINARY=real,
