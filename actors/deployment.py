@@ -86,7 +86,6 @@ class ModelWorker:
         m = self.worker.model
         ctx = serve.get_replica_context()
         replica = getattr(ctx, "replica_id", None)
-        usage = m.engine.kv_usage() if hasattr(m.engine, "kv_usage") else {}
         return {"id": self.name, "created": int(self.worker.started),
                 "context_length": m.context_length, "format": self.worker.spec.kind.value,
                 "active": self.worker.active, "requests": self.worker.requests,
@@ -94,7 +93,7 @@ class ModelWorker:
                 "replica": str(getattr(replica, "unique_id", replica)),
                 "actor": ray.get_runtime_context().get_actor_name(),
                 "node": ray.get_runtime_context().get_node_id(),
-                "pid": os.getpid(), "rss_bytes": _rss_bytes(), **usage}
+                "pid": os.getpid(), "rss_bytes": _rss_bytes(), **m.engine.kv_usage()}
 
     def check_health(self) -> None:
         if not self.worker.healthy:

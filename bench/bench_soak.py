@@ -203,10 +203,10 @@ class Cluster:
         return [p for p in self.processes() if _comm(p) == "raylet"]
 
     def processes(self) -> list[int]:
-        from deployments.processes import ancestors
+        from deployments.processes import ancestors, descendants, pids
 
-        roots = [p for p in _pids() if self.temp.encode() in _cmdline(p)]
-        return sorted(_with_descendants(roots) - ancestors())
+        roots = [p for p in pids() if self.temp.encode() in _cmdline(p)]
+        return sorted(set(descendants(roots)) - ancestors())
 
     def stop(self) -> None:
         for pid in self.processes():
@@ -214,10 +214,6 @@ class Cluster:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-
-
-def _pids() -> list[int]:
-    return [int(e) for e in os.listdir("/proc") if e.isdigit()]
 
 
 def _cmdline(pid: int) -> bytes:
@@ -232,23 +228,6 @@ def _comm(pid: int) -> str:
         return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return ""
-
-
-def _with_descendants(roots: list[int]) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for pid in _pids():
-        try:
-            ppid = int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(pid)
-    out, todo = set(), list(roots)
-    while todo:
-        pid = todo.pop()
-        if pid not in out:
-            out.add(pid)
-            todo.extend(children.get(pid, ()))
-    return out
 
 
 def report(title: str, clients: int, seconds: float, tally: Tally) -> None:

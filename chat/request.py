@@ -74,6 +74,16 @@ def _get(body: dict, key: str) -> Any:
     return None if value is None else value
 
 
+def _optional(obj: dict, key: str, kind: type, where: str) -> Any:
+    """obj[key] (None when missing or null); a ConstraintError naming `where` when it is
+    not a `kind` (str or bool)."""
+    value = obj.get(key)
+    if value is not None and not isinstance(value, kind):
+        raise ConstraintError(f"'{where}' must be {_type_name(kind())}, got "
+                              f"{_type_name(value)}.", param=where)
+    return value
+
+
 def _type_name(value: Any) -> str:
     return {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
             int: "an integer", float: "a number"}.get(type(value), type(value).__name__)
@@ -129,14 +139,8 @@ def _tools(body: dict) -> tuple[ToolSpec, ...]:
                 f"'{at}.parameters' must be a JSON schema of type 'object'.",
                 param=f"{at}.parameters")
         _check_object_schema(params, f"{at}.parameters")
-        desc = _get(fn, "description")
-        if desc is not None and not isinstance(desc, str):
-            raise ConstraintError(f"'{at}.description' must be a string, got "
-                                  f"{_type_name(desc)}.", param=f"{at}.description")
-        strict = _get(fn, "strict")
-        if strict is not None and not isinstance(strict, bool):
-            raise ConstraintError(f"'{at}.strict' must be a boolean, got {_type_name(strict)}.",
-                                  param=f"{at}.strict")
+        desc = _optional(fn, "description", str, f"{at}.description")
+        _optional(fn, "strict", bool, f"{at}.strict")
         out.append(ToolSpec(name=name, parameters=params, description=desc or ""))
     return tuple(out)
 
@@ -248,14 +252,8 @@ def _response_format(body: dict) -> tuple[str, dict | None]:
     if not isinstance(spec, dict):
         raise ConstraintError("'response_format.json_schema' must be an object with 'name' and "
                               "'schema'.", param="response_format.json_schema")
-    name = _get(spec, "name")
-    if name is not None and not isinstance(name, str):
-        raise ConstraintError("'response_format.json_schema.name' must be a string.",
-                              param="response_format.json_schema.name")
-    strict = _get(spec, "strict")
-    if strict is not None and not isinstance(strict, bool):
-        raise ConstraintError("'response_format.json_schema.strict' must be a boolean.",
-                              param="response_format.json_schema.strict")
+    _optional(spec, "name", str, "response_format.json_schema.name")
+    _optional(spec, "strict", bool, "response_format.json_schema.strict")
     schema = _get(spec, "schema")
     if schema is None:
         schema = {}
@@ -272,10 +270,8 @@ def _response_format(body: dict) -> tuple[str, dict | None]:
 
 def _allow_reasoning(body: dict) -> bool:
     allow = True
-    think = _get(body, "think")
+    think = _optional(body, "think", bool, "think")
     if think is not None:
-        if not isinstance(think, bool):
-            raise ConstraintError("'think' must be a boolean.", param="think")
         allow = allow and think
     effort = _get(body, "reasoning_effort")
     if effort is not None:
@@ -288,11 +284,9 @@ def _allow_reasoning(body: dict) -> bool:
         if not isinstance(kwargs, dict):
             raise ConstraintError("'chat_template_kwargs' must be an object.",
                                   param="chat_template_kwargs")
-        enable = _get(kwargs, "enable_thinking")
+        enable = _optional(kwargs, "enable_thinking", bool,
+                           "chat_template_kwargs.enable_thinking")
         if enable is not None:
-            if not isinstance(enable, bool):
-                raise ConstraintError("'chat_template_kwargs.enable_thinking' must be a boolean.",
-                                      param="chat_template_kwargs.enable_thinking")
             allow = allow and enable
     return allow
 
@@ -313,19 +307,14 @@ def constraint_request_from_openai(body: dict) -> ConstraintRequest:
         raise ConstraintError("The request body must be a JSON object.")
     all_tools = _tools(body)
     choice, named, tools = _tool_choice(body, all_tools)
-    parallel = _get(body, "parallel_tool_calls")
-    if parallel is None:
-        parallel = True
-    elif not isinstance(parallel, bool):
-        raise ConstraintError(f"'parallel_tool_calls' must be a boolean, got "
-                              f"{_type_name(parallel)}.", param="parallel_tool_calls")
+    parallel = _optional(body, "parallel_tool_calls", bool, "parallel_tool_calls")
     fmt, schema = _response_format(body)
     return ConstraintRequest(
         tools=tools if choice != "none" else (),
         all_tools=all_tools,
         tool_choice=choice,  # type: ignore[arg-type]
         named=named,
-        parallel_tool_calls=parallel,
+        parallel_tool_calls=True if parallel is None else parallel,
         response_format=fmt,  # type: ignore[arg-type]
         json_schema=schema,
         allow_reasoning=_allow_reasoning(body),

@@ -40,6 +40,8 @@ RETRY_AFTER_S = "1"
 # tries of a request whose worker dies before answering (each on a replica the router
 # still believes alive; the router drops a replica it saw die)
 START_ATTEMPTS = 3
+
+
 def _is_backpressure(exc: BaseException) -> bool:
     return type(exc).__name__ in ("BackPressureError",)
 

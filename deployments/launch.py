@@ -152,6 +152,7 @@ class _Stop:
     def begin(self) -> None:
         if self.deadline is None:
             self.deadline = time.monotonic() + STOP_S
+            self.processes.record()  # what runs now, before parts of it start to go
             threading.Thread(target=self._watch, name="flm-stop", daemon=True).start()
 
     def _watch(self) -> None:

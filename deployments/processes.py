@@ -32,8 +32,29 @@ def _stat(pid: int) -> tuple[int, int] | None:
         return None
 
 
-def _pids() -> list[int]:
+def pids() -> list[int]:
+    """Every process's pid."""
     return [int(e) for e in os.listdir("/proc") if e.isdigit()]
+
+
+def descendants(roots: list[int]) -> dict[int, int]:
+    """The processes alive now under `roots` (roots included when alive): pid -> start
+    time."""
+    children: dict[int, list[int]] = {}
+    starts: dict[int, int] = {}
+    for pid in pids():
+        st = _stat(pid)
+        if st is not None:
+            children.setdefault(st[0], []).append(pid)
+            starts[pid] = st[1]
+    found = {r: starts[r] for r in roots if r in starts}
+    todo = list(roots)
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in found:
+                found[child] = starts[child]
+                todo.append(child)
+    return found
 
 
 def ancestors() -> set[int]:
@@ -54,8 +75,9 @@ class RunProcesses:
         self.seen: dict[int, int] = {}  # pid -> start time
         self._lock = threading.Lock()
 
-    def watch(self, interval_s: float = 0.5) -> None:
-        """Record the launcher's descendants every `interval_s` (a daemon thread)."""
+    def watch(self, interval_s: float = 2.0) -> None:
+        """Record the launcher's descendants every `interval_s` (a daemon thread; what
+        needs it lives long: Ray's agents start with Ray)."""
         def loop() -> None:
             while True:
                 self.record()
@@ -65,19 +87,8 @@ class RunProcesses:
 
     def record(self) -> None:
         """Add the launcher's descendants alive now to those seen."""
-        children: dict[int, list[int]] = {}
-        starts: dict[int, int] = {}
-        for pid in _pids():
-            st = _stat(pid)
-            if st is not None:
-                children.setdefault(st[0], []).append(pid)
-                starts[pid] = st[1]
-        todo, found = [os.getpid()], {}
-        while todo:
-            for child in children.get(todo.pop(), ()):
-                if child not in found:
-                    found[child] = starts[child]
-                    todo.append(child)
+        found = descendants([os.getpid()])
+        found.pop(os.getpid(), None)
         with self._lock:
             self.seen.update(found)
 
@@ -87,7 +98,7 @@ class RunProcesses:
         with self._lock:
             seen = dict(self.seen)
         out = []
-        for pid in _pids():
+        for pid in pids():
             if pid in mine:
                 continue
             if pid in seen:
