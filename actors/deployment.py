@@ -16,6 +16,7 @@ from ray import serve
 
 from actors.events import Event, GenerateRequest
 from actors.worker import Worker, blas_threads_for, set_blas_threads
+from chat import FormatKind
 
 log = logging.getLogger(__name__)
 
@@ -80,14 +81,26 @@ class ModelWorker:
         async for batch in self.worker.generate(request):
             yield batch
 
-    async def info(self) -> dict:
+    async def info(self, template: bool = False) -> dict:
+        """The model and this replica: what /v1/models, Ollama's /api/show and /api/ps
+        show (`template`: with the chat template's source) and the load figures."""
         import ray
 
         m = self.worker.model
         ctx = serve.get_replica_context()
         replica = getattr(ctx, "replica_id", None)
+        spec = self.worker.spec
+        capabilities = ["completion"]
+        if spec.kind is not FormatKind.CONTENT_ONLY and m.tools_enabled():
+            capabilities.append("tools")
+        if spec.reasoning:
+            capabilities.append("thinking")
+        extra = {"template": m.chat_template_source} if template else {}
         return {"id": self.name, "created": int(self.worker.started),
-                "context_length": m.context_length, "format": self.worker.spec.kind.value,
+                "context_length": m.context_length, "format": spec.kind.value,
+                "architecture": m.config.arch, "capabilities": capabilities,
+                "file_format": "gguf" if m.path.suffix == ".gguf" else "safetensors",
+                "weight_bytes": m.engine.weight_bytes, **m.engine.weight_summary(), **extra,
                 "active": self.worker.active, "requests": self.worker.requests,
                 "device_index": self.index,
                 "replica": str(getattr(replica, "unique_id", replica)),

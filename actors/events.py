@@ -31,6 +31,8 @@ class GenerateRequest(msgspec.Struct, kw_only=True):
     logprobs: bool = False
     top_logprobs: int = 0
     ignore_eos: bool = False
+    # a context smaller than the model's (Ollama's `num_ctx`): prompt and output within it
+    context_limit: int | None = None
 
 
 class TokenLogprob(msgspec.Struct, array_like=True):

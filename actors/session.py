@@ -82,7 +82,7 @@ class Choice:
             return events + self.finish("stop")
         if s.request.max_tokens is not None and self.generated >= s.request.max_tokens:
             return events + self.finish("length")
-        if s.model.engine.length(self.seq_id) + 1 >= s.model.context_length:
+        if s.model.engine.length(self.seq_id) + 1 >= s.context_limit:
             return events + self.finish("length")
         self.next_token = token
         return events
@@ -136,6 +136,8 @@ class Session:
         self.token_table = token_table
         self.cancelled = False
         self.prefilled = 0  # prompt tokens already through the engine
+        self.context_limit = min(model.context_length,
+                                 request.context_limit or model.context_length)
         base = model.defaults
         params = dict(
             temperature=_pick(request.temperature, base.temperature),
@@ -207,11 +209,14 @@ def build_session(request: GenerateRequest, model: Model, spec: FormatSpec,
     if not prompt_ids:
         raise RequestError("The prompt is empty.", param="prompt")
     limit = model.context_length
+    param = "messages" if request.kind == "chat" else "prompt"
+    if request.context_limit is not None and request.context_limit < limit:
+        limit, param = request.context_limit, "options.num_ctx"
     if len(prompt_ids) >= limit:
-        raise RequestError(
-            f"This model's maximum context length is {limit} tokens; the prompt has "
-            f"{len(prompt_ids)}.", param="messages" if request.kind == "chat" else "prompt",
-            code="context_length_exceeded")
+        what = ("This model's maximum context length" if param != "options.num_ctx"
+                else "The requested context length (num_ctx)")
+        raise RequestError(f"{what} is {limit} tokens; the prompt has {len(prompt_ids)}.",
+                           param=param, code="context_length_exceeded")
     tail = model.tokenizer.decode(prompt_ids[-PROMPT_TAIL_TOKENS:], skip_special_tokens=False)
     prefill = format_prefill(spec, tail) if request.kind == "chat" else ""
     constraints: list[Any] = []

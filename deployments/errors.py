@@ -1,4 +1,5 @@
-"""ApiError and error_body: every error the API returns, in OpenAI's shape."""
+"""ApiError and error_body: every error the API returns, in OpenAI's shape (or Ollama's
+on its routes)."""
 
 from __future__ import annotations
 
@@ -29,3 +30,8 @@ def error_body(message: str, *, type: str = "invalid_request_error", param: str 
 def error_response(err: ApiError) -> JSONResponse:
     return JSONResponse(error_body(err.message, type=err.type, param=err.param, code=err.code),
                         status_code=err.status, headers=err.headers)
+
+
+def ollama_error_response(err: ApiError) -> JSONResponse:
+    """An error in Ollama's shape: `{"error": "..."}` (the status as OpenAI's)."""
+    return JSONResponse({"error": err.message}, status_code=err.status, headers=err.headers)

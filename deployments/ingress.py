@@ -1,9 +1,11 @@
-"""The OpenAI ingress: HTTP, validation, model routing, SSE and errors.
+"""The ingress: HTTP, validation, model routing, streaming and errors, for OpenAI's API
+and Ollama's (deployments.ollama translates its requests and renders its answers).
 
-Every handler goes through `_serve`: authenticate, size-check, decode the body with msgspec
-(400 on anything malformed), pick the model's worker (404), then peek at the worker's first
-event so a 400 is still a plain JSON error before any byte of a 200 stream is sent.
-Serve's back-pressure becomes an OpenAI-shaped 503 with Retry-After.
+Every generating handler reads the body (`_body`: authenticate, size-check), decodes it
+with msgspec (400 on anything malformed), and opens the request on the model's worker
+(`_open`: a peek at the worker's first event, so a 400 is still a plain JSON error before
+any byte of a 200 stream is sent). Serve's back-pressure becomes a 503 with Retry-After.
+Streams are SSE (OpenAI) or NDJSON (Ollama).
 """
 
 # No `from __future__ import annotations`: FastAPI reads these handlers' annotations on the
@@ -12,7 +14,6 @@ Serve's back-pressure becomes an OpenAI-shaped 503 with Retry-After.
 import asyncio
 import logging
 import time
-import uuid
 from typing import Any
 
 import msgspec
@@ -20,10 +21,11 @@ from fastapi import FastAPI, Request
 from ray import serve
 from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from actors.events import Accepted, Deltas, Failed, Finished, GenerateRequest, Rejected, Usage
-from deployments.errors import ApiError, error_body, error_response
+from deployments import ollama
+from deployments.errors import ApiError, error_body, error_response, ollama_error_response
 from deployments.responses import (
     DONE,
     ChoiceFold,
@@ -32,8 +34,7 @@ from deployments.responses import (
     completion_logprobs,
     sse,
 )
-from deployments.schemas import CONSTRAINT_FIELDS
-from deployments.validate import decode_request
+from deployments.validate import decode_request, generate_request
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_S = "1"
@@ -93,8 +94,9 @@ def make_ingress(config: dict[str, Any]):
                 self._authenticate(request)
             except ApiError as err:
                 return error_response(err)
-            data = [await self._model_card(name) for name in self.workers]
-            return JSONResponse({"object": "list", "data": data})
+            infos = await self._infos()
+            return JSONResponse({"object": "list",
+                                 "data": [self._model_card(n, i) for n, i in infos.items()]})
 
         @app.get("/v1/models/{model_id:path}")
         async def model(self, model_id: str, request: Request) -> Response:
@@ -105,15 +107,27 @@ def make_ingress(config: dict[str, Any]):
                                         "/v1/models.", param="model", code="model_not_found")
             except ApiError as err:
                 return error_response(err)
-            return JSONResponse(await self._model_card(model_id))
-
-        async def _model_card(self, name: str) -> dict:
             try:
-                info = await self.workers[name].info.remote()
-            except Exception:  # a model whose workers are all down is still listed
-                info = {"id": name, "created": 0}
+                info = await self.workers[model_id].info.remote()
+            except Exception:  # its workers are all down
+                info = {"id": model_id, "created": 0}
+            return JSONResponse(self._model_card(model_id, info))
+
+        @staticmethod
+        def _model_card(name: str, info: dict) -> dict:
             return {"id": name, "object": "model", "created": info.get("created", 0),
                     "owned_by": "flm-serve", "context_length": info.get("context_length")}
+
+        async def _infos(self, template: bool = False) -> dict[str, dict]:
+            """Each model's description from one of its workers (a model whose workers
+            are all down is still listed)."""
+            async def one(name: str) -> dict:
+                try:
+                    return await self.workers[name].info.remote(template)
+                except Exception:
+                    return {"id": name, "created": 0}
+            names = list(self.workers)
+            return dict(zip(names, await asyncio.gather(*(one(n) for n in names))))
 
         @app.post("/v1/chat/completions")
         async def chat_completions(self, request: Request) -> Response:
@@ -123,6 +137,55 @@ def make_ingress(config: dict[str, Any]):
         async def completions(self, request: Request) -> Response:
             return await self._serve(request, "completion")
 
+        # -- Ollama's API ------------------------------------------------------------------
+        @app.api_route("/", methods=["GET", "HEAD"])
+        async def root(self) -> Response:
+            return PlainTextResponse("Ollama is running")
+
+        @app.get("/api/version")
+        async def ollama_version(self) -> dict:
+            return {"version": ollama.OLLAMA_VERSION}
+
+        @app.get("/api/tags")
+        async def ollama_tags(self, request: Request) -> Response:
+            try:
+                self._authenticate(request)
+            except ApiError as err:
+                return ollama_error_response(err)
+            infos = await self._infos()
+            return JSONResponse({"models": [ollama.tag(n, i) for n, i in infos.items()]})
+
+        @app.get("/api/ps")
+        async def ollama_ps(self, request: Request) -> Response:
+            try:
+                self._authenticate(request)
+            except ApiError as err:
+                return ollama_error_response(err)
+            infos = await self._infos()
+            return JSONResponse({"models": [ollama.ps_entry(n, i) for n, i in infos.items()]})
+
+        @app.post("/api/show")
+        async def ollama_show(self, request: Request) -> Response:
+            try:
+                req = ollama.decode(await self._body(request), ollama.ShowIn)
+                name = self._ollama_model(req.model or req.name or "")
+                try:
+                    info = await self.workers[name].info.remote(True)
+                except Exception:
+                    raise ApiError(503, "The model's workers are unavailable; retry shortly.",
+                                   headers={"Retry-After": RETRY_AFTER_S}) from None
+            except ApiError as err:
+                return ollama_error_response(err)
+            return JSONResponse(ollama.show(info))
+
+        @app.post("/api/chat")
+        async def ollama_chat(self, request: Request) -> Response:
+            return await self._serve_ollama(request, "chat")
+
+        @app.post("/api/generate")
+        async def ollama_generate(self, request: Request) -> Response:
+            return await self._serve_ollama(request, "generate")
+
         # -- the shared path ---------------------------------------------------------------
         def _authenticate(self, request: Request) -> None:
             if not self.api_key:
@@ -131,34 +194,56 @@ def make_ingress(config: dict[str, Any]):
             if auth != f"Bearer {self.api_key}":
                 raise ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
 
+        async def _body(self, request: Request) -> bytes:
+            self._authenticate(request)
+            body = await request.body()
+            if len(body) > self.max_bytes:
+                raise ApiError(413, f"The request body is larger than {self.max_bytes} "
+                                    "bytes.", code="request_too_large")
+            return body
+
+        async def _open(self, model: str, greq: GenerateRequest) -> tuple[Any, list]:
+            """The request's stream on `model`'s worker and what came after its Accepted.
+
+            Raises:
+                ApiError: the worker rejected the request (its status), or answered out of
+                    order (503).
+            """
+            gen, head = await self._start(self.streams[model], greq)
+            first = head[0] if head else None
+            if isinstance(first, Rejected):
+                raise ApiError(first.status, first.message, param=first.param,
+                               code=first.code, type=first.type)
+            if not isinstance(first, Accepted):
+                raise ApiError(503, "The model worker answered out of order.")
+            return gen, head[1:]
+
         async def _serve(self, request: Request, kind: str) -> Response:
             try:
-                self._authenticate(request)
-                body = await request.body()
-                if len(body) > self.max_bytes:
-                    raise ApiError(413, f"The request body is larger than {self.max_bytes} "
-                                        "bytes.", code="request_too_large")
-                req, raw = decode_request(body, kind)
+                req, raw = decode_request(await self._body(request), kind)
                 if req.model not in self.streams:
                     raise ApiError(404, f"The model '{req.model}' does not exist; see "
                                         "/v1/models.", param="model", code="model_not_found")
-                greq = self._generate_request(req, raw, kind)
-                gen, head = await self._start(self.streams[req.model], greq)
-                first = head[0] if head else None
-                if isinstance(first, Rejected):
-                    raise ApiError(first.status, first.message, param=first.param,
-                                   code=first.code, type=first.type)
-                if not isinstance(first, Accepted):
-                    raise ApiError(503, "The model worker answered out of order.")
+                greq = generate_request(req, raw, kind)
+                gen, head = await self._open(req.model, greq)
                 meta = {"id": ("chatcmpl-" if kind == "chat" else "cmpl-") + greq.request_id,
                         "created": int(time.time()), "model": req.model}
+                if not req.stream:
+                    return await self._collect(gen, head, kind, meta)
                 include_usage = bool(req.stream_options and req.stream_options.include_usage)
-                if req.stream:
-                    return StreamingResponse(self._stream(gen, head[1:], kind, meta,
-                                                          include_usage),
-                                             media_type="text/event-stream",
-                                             headers={"Cache-Control": "no-cache"})
-                return await self._collect(gen, head[1:], kind, meta)
+                obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+                started: set[int] = set()
+                offsets: dict[int, int] = {}
+
+                def render(batch: list) -> bytes:
+                    return b"".join(self._chunks(batch, kind, obj, meta, started, offsets,
+                                                 include_usage))
+
+                broken = sse(error_body("The model worker failed during the stream.",
+                                        type="server_error"))
+                return StreamingResponse(self._stream(gen, head, render, broken, DONE),
+                                         media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache"})
             except ApiError as err:
                 return error_response(err)
             except Exception:  # a bug, never user input: still an OpenAI-shaped body
@@ -166,35 +251,49 @@ def make_ingress(config: dict[str, Any]):
                 return JSONResponse(error_body("Internal error.", type="server_error"),
                                     status_code=500)
 
-        @staticmethod
-        def _generate_request(req, raw: dict, kind: str) -> GenerateRequest:
-            stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-            common = dict(
-                request_id=uuid.uuid4().hex, kind=kind, n=req.n or 1, stop=stop,
-                temperature=req.temperature, top_p=req.top_p,
-                top_k=None if req.top_k in (None, -1) else req.top_k, min_p=req.min_p,
-                repetition_penalty=req.repetition_penalty,
-                presence_penalty=req.presence_penalty or 0.0,
-                frequency_penalty=req.frequency_penalty or 0.0, seed=req.seed,
-                ignore_eos=bool(req.ignore_eos))
-            if kind == "chat":
-                messages = []
-                for m in req.messages:
-                    msg = msgspec.to_builtins(m)
-                    if msg.get("role") == "developer":
-                        msg["role"] = "system"
-                    if msg.get("reasoning") and not msg.get("reasoning_content"):
-                        msg["reasoning_content"] = msg["reasoning"]
-                    messages.append({k: v for k, v in msg.items() if v is not None})
-                top = req.top_logprobs or 0
-                return GenerateRequest(
-                    messages=messages, body={k: raw.get(k) for k in CONSTRAINT_FIELDS},
-                    max_tokens=req.max_completion_tokens or req.max_tokens,
-                    logprobs=bool(req.logprobs), top_logprobs=top, **common)
-            prompt = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
-            return GenerateRequest(prompt=prompt, max_tokens=req.max_tokens or 16,
-                                   logprobs=req.logprobs is not None,
-                                   top_logprobs=req.logprobs or 0, **common)
+        def _ollama_model(self, name: str) -> str:
+            model = ollama.model_name(name)
+            if model not in self.streams:
+                raise ApiError(404, f"model '{name}' not found; see /api/tags.")
+            return model
+
+        async def _serve_ollama(self, request: Request, endpoint: str) -> Response:
+            started = time.perf_counter()
+            try:
+                body = await self._body(request)
+                if endpoint == "chat":
+                    req = ollama.decode(body, ollama.ChatIn)
+                    empty = not req.messages
+                else:
+                    req = ollama.decode(body, ollama.GenerateIn)
+                    empty = not req.prompt and not req.system
+                model = self._ollama_model(req.model)
+                if empty:  # Ollama's way to load a model: nothing to generate
+                    return JSONResponse(ollama.load_reply(req.model, endpoint,
+                                                          req.keep_alive))
+                greq = (ollama.chat_request(req) if endpoint == "chat"
+                        else ollama.generate_request(req))
+                gen, head = await self._open(model, greq)
+                reply = ollama.OllamaReply(req.model, endpoint, started)
+                if req.stream is False:
+                    await self._drain(gen, head, reply.add)
+                    if reply.error is not None:
+                        raise ApiError(503, reply.error, type="server_error")
+                    return Response(ollama.ndjson([reply.final()]).rstrip(),
+                                    media_type="application/json")
+
+                def render(batch: list) -> bytes:
+                    return ollama.ndjson(reply.add(batch))
+
+                broken = ollama.ndjson([{"error": "The model worker failed during the "
+                                                  "stream."}])
+                return StreamingResponse(self._stream(gen, head, render, broken, b""),
+                                         media_type="application/x-ndjson")
+            except ApiError as err:
+                return ollama_error_response(err)
+            except Exception:  # a bug, never user input
+                log.exception("request failed")
+                return JSONResponse({"error": "Internal error."}, status_code=500)
 
         @staticmethod
         async def _start(handle, greq: GenerateRequest) -> tuple[Any, list]:
@@ -227,29 +326,28 @@ def make_ingress(config: dict[str, Any]):
             async for batch in gen:
                 yield batch
 
-        async def _stream(self, gen, head: list, kind: str, meta: dict, include_usage: bool):
-            obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
-            started: set[int] = set()
-            offsets: dict[int, int] = {}
+        async def _stream(self, gen, head: list, render, broken: bytes, tail: bytes):
+            """The response body of a stream: each batch of events rendered; `broken` if
+            the worker fails mid-stream; `tail` at the end. A client that goes away
+            cancels the request on the worker."""
             finished = False
             try:
                 async for batch in self._batches(head, gen):
-                    out = b"".join(self._chunks(batch, kind, obj, meta, started, offsets,
-                                                include_usage))
+                    out = render(batch)
                     if out:
                         yield out
                 finished = True
             except asyncio.CancelledError:  # the client went away
                 raise
             except Exception as exc:
-                log.warning("stream for %s broke: %r", meta["id"], exc)
-                yield sse(error_body("The model worker failed during the stream.",
-                                     type="server_error"))
+                log.warning("stream broke: %r", exc)
+                yield broken
                 finished = True
             finally:
                 if not finished:
                     gen.cancel()
-            yield DONE
+            if tail:
+                yield tail
 
         @staticmethod
         def _chunks(batch, kind, obj, meta, started, offsets, include_usage):
@@ -293,24 +391,12 @@ def make_ingress(config: dict[str, Any]):
                 elif isinstance(ev, Failed):
                     yield sse(error_body(ev.message, type="server_error"))
 
-        async def _collect(self, gen, head: list, kind: str, meta: dict) -> Response:
-            folds: dict[int, ChoiceFold] = {}
-            usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        async def _drain(self, gen, head: list, on_batch) -> None:
+            """Every batch of a request's events to `on_batch`; a worker that dies on the
+            way is a 503."""
             try:
                 async for batch in self._batches(head, gen):
-                    for ev in batch:
-                        if isinstance(ev, Deltas):
-                            folds.setdefault(ev.index, ChoiceFold()).add(ev)
-                        elif isinstance(ev, Finished):
-                            fold = folds.setdefault(ev.index, ChoiceFold())
-                            fold.finish_reason = ev.finish_reason
-                            fold.final = ev.message
-                        elif isinstance(ev, Usage):
-                            usage = {"prompt_tokens": ev.prompt_tokens,
-                                     "completion_tokens": ev.completion_tokens,
-                                     "total_tokens": ev.prompt_tokens + ev.completion_tokens}
-                        elif isinstance(ev, Failed):
-                            raise ApiError(503, ev.message, type="server_error")
+                    on_batch(batch)
             except ApiError:
                 raise
             except Exception as exc:
@@ -318,6 +404,28 @@ def make_ingress(config: dict[str, Any]):
                     raise ApiError(503, "The model worker failed during the request.",
                                    headers={"Retry-After": RETRY_AFTER_S}) from None
                 raise
+
+        async def _collect(self, gen, head: list, kind: str, meta: dict) -> Response:
+            folds: dict[int, ChoiceFold] = {}
+            usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+
+            def fold(batch: list) -> None:
+                nonlocal usage
+                for ev in batch:
+                    if isinstance(ev, Deltas):
+                        folds.setdefault(ev.index, ChoiceFold()).add(ev)
+                    elif isinstance(ev, Finished):
+                        f = folds.setdefault(ev.index, ChoiceFold())
+                        f.finish_reason = ev.finish_reason
+                        f.final = ev.message
+                    elif isinstance(ev, Usage):
+                        usage = {"prompt_tokens": ev.prompt_tokens,
+                                 "completion_tokens": ev.completion_tokens,
+                                 "total_tokens": ev.prompt_tokens + ev.completion_tokens}
+                    elif isinstance(ev, Failed):
+                        raise ApiError(503, ev.message, type="server_error")
+
+            await self._drain(gen, head, fold)
             choices = []
             for i in sorted(folds):
                 f = folds[i]

@@ -1,4 +1,5 @@
-"""decode_request: a request body to its typed request, or a 400 naming the parameter.
+"""decode_request: a request body to its typed request, or a 400 naming the parameter;
+generate_request: a typed request to what the worker runs.
 
 msgspec checks every field's type against `deployments.schemas` (its error path becomes
 the OpenAI `param`); then the rules types cannot say: the constraint options through the
@@ -8,15 +9,18 @@ asked), message content parts and tool calls, and the options that go together.
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import msgspec
 
+from actors.events import GenerateRequest
 from chat import ConstraintError, constraint_request_from_openai
 from deployments.errors import ApiError
-from deployments.schemas import ChatRequest, CompletionRequest
+from deployments.schemas import CONSTRAINT_FIELDS, ChatRequest, CompletionRequest
 
 _DECODERS: dict[str, msgspec.json.Decoder] = {}
+_TYPES = {"chat": ChatRequest, "completion": CompletionRequest}
 
 
 def decode_request(body: bytes, kind: str) -> tuple[Any, dict]:
@@ -27,8 +31,7 @@ def decode_request(body: bytes, kind: str) -> tuple[Any, dict]:
     """
     decoder = _DECODERS.get(kind)
     if decoder is None:
-        decoder = _DECODERS[kind] = msgspec.json.Decoder(
-            ChatRequest if kind == "chat" else CompletionRequest)
+        decoder = _DECODERS[kind] = msgspec.json.Decoder(_TYPES[kind])
     try:
         req = decoder.decode(body)
     except msgspec.ValidationError as exc:
@@ -36,12 +39,27 @@ def decode_request(body: bytes, kind: str) -> tuple[Any, dict]:
     except msgspec.DecodeError as exc:
         raise ApiError(400, f"The body is not valid JSON: {exc}") from None
     raw = msgspec.json.decode(body)
+    _check(req, raw, kind)
+    return req, raw
+
+
+def convert_request(raw: dict, kind: str) -> Any:
+    """`decode_request` for a JSON object already decoded (another API's request, translated
+    to OpenAI's): the same types and rules."""
+    try:
+        req = msgspec.convert(raw, _TYPES[kind])
+    except msgspec.ValidationError as exc:
+        raise ApiError(400, f"Invalid request: {exc}", param=_param_from(exc)) from None
+    _check(req, raw, kind)
+    return req
+
+
+def _check(req: Any, raw: dict, kind: str) -> None:
     if req.stream_options is not None and not req.stream:
         raise ApiError(400, "'stream_options' is only allowed with 'stream': true.",
                        param="stream_options")
     if kind == "chat":
         _check_chat(req, raw)
-    return req, raw
 
 
 def _check_chat(req: ChatRequest, raw: dict) -> None:
@@ -79,3 +97,34 @@ def _param_from(err: msgspec.ValidationError) -> str | None:
         field = text.split("`")[1]
         path = f"{path}.{field}" if path else field
     return path or None
+
+
+def generate_request(req: Any, raw: dict, kind: str, **extra: Any) -> GenerateRequest:
+    """The worker's request for a typed chat or completion request (`extra`: fields no
+    OpenAI request sets, as Ollama's `context_limit`)."""
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    common = dict(
+        request_id=uuid.uuid4().hex, kind=kind, n=req.n or 1, stop=stop,
+        temperature=req.temperature, top_p=req.top_p,
+        top_k=None if req.top_k in (None, -1) else req.top_k, min_p=req.min_p,
+        repetition_penalty=req.repetition_penalty,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0, seed=req.seed,
+        ignore_eos=bool(req.ignore_eos), **extra)
+    if kind == "chat":
+        messages = []
+        for m in req.messages:
+            msg = msgspec.to_builtins(m)
+            if msg.get("role") == "developer":
+                msg["role"] = "system"
+            if msg.get("reasoning") and not msg.get("reasoning_content"):
+                msg["reasoning_content"] = msg["reasoning"]
+            messages.append({k: v for k, v in msg.items() if v is not None})
+        return GenerateRequest(
+            messages=messages, body={k: raw.get(k) for k in CONSTRAINT_FIELDS},
+            max_tokens=req.max_completion_tokens or req.max_tokens,
+            logprobs=bool(req.logprobs), top_logprobs=req.top_logprobs or 0, **common)
+    prompt = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
+    return GenerateRequest(prompt=prompt, max_tokens=req.max_tokens or 16,
+                           logprobs=req.logprobs is not None,
+                           top_logprobs=req.logprobs or 0, **common)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -257,9 +258,8 @@ class NumpyEngine:
                  for p in getattr(lin, "parts", [lin])]
         return any(p.matrix.qtype in INTEGER for p in parts)
 
-    @property
-    def weight_bytes(self) -> int:
-        """Bytes of the weights as held (a tied head and its embedding counted once)."""
+    def _weights(self) -> list:
+        """The weights as held (a tied head and its embedding listed once)."""
         arrays = [self.embed.matrix, self.final_norm]
         if self.lm_head is not None and self.lm_head.matrix is not self.embed.matrix:
             arrays.append(self.lm_head)
@@ -267,7 +267,29 @@ class NumpyEngine:
             arrays += [a for a in (L.wqkv, L.wo, L.in_proj, L.conv, L.out_proj, L.w_gate_up,
                                    L.w_down, L.router_w, L.experts_gu, L.experts_down)
                        if a is not None]
-        return sum(a.nbytes for a in arrays)
+        return arrays
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the weights as held (a tied head and its embedding counted once)."""
+        return sum(a.nbytes for a in self._weights())
+
+    def weight_summary(self) -> dict[str, Any]:
+        """`parameters`: the weights' values (norms and embedding included; a tied head
+        once); `quantization`: the block format holding most of the layers' matrices
+        ("Q4_1", "F32", ...), as Ollama and llama.cpp name a model's quantization."""
+        count, by_format = 0, {}
+        for a in self._weights():
+            parts = getattr(a, "parts", None) or [a]
+            for p in parts:
+                size = int(np.prod(p.shape))
+                count += size
+                m = getattr(p, "matrix", p)
+                name = getattr(getattr(m, "qtype", None), "name", None)
+                if name is not None and a is not self.embed.matrix:
+                    by_format[name] = by_format.get(name, 0) + size
+        quant = max(by_format, key=by_format.get) if by_format else "F32"
+        return {"parameters": count, "quantization": quant}
 
     def set_threads(self, n: int) -> None:
         """The compiled kernels' thread count (BLAS has its own: threadpoolctl)."""

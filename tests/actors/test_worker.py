@@ -225,3 +225,15 @@ def test_a_call_cut_by_max_tokens_stays_a_call(worker, seed: int) -> None:
     streamed = [d for d in deltas if d.field == "tool_call"]
     assert [d.name for d in streamed if d.name] == ["say"]
     assert "".join(d.text for d in streamed) == call.arguments
+
+
+def test_a_request_context_limit_bounds_prompt_and_output(worker) -> None:
+    """Ollama's num_ctx: a prompt that does not fit is a 400 naming it; one that fits
+    generates until the limit."""
+    events = asyncio.run(_events(worker, context_limit=4, max_tokens=50))
+    assert isinstance(events[0], Rejected) and events[0].param == "options.num_ctx"
+    events = asyncio.run(_events(worker, context_limit=40, max_tokens=100, ignore_eos=True,
+                                 seed=1))
+    usage = events[-1]
+    assert events[-2].finish_reason == "length"
+    assert usage.prompt_tokens + usage.completion_tokens == 40

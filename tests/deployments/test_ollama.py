@@ -1,0 +1,255 @@
+"""Ollama's API without Ray: its requests become the worker's, the worker's events become
+its NDJSON lines and final objects, and its model listings."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from actors.events import Deltas, Failed, Finished, Usage
+from chat import ChatMsg, Delta, ToolCall
+from deployments import ollama
+from deployments.errors import ApiError
+
+
+def _chat(**body):
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **body}
+    return ollama.chat_request(ollama.decode(json.dumps(body).encode(), ollama.ChatIn))
+
+
+def _generate(**body):
+    body = {"model": "m", "prompt": "hi", **body}
+    return ollama.generate_request(ollama.decode(json.dumps(body).encode(), ollama.GenerateIn))
+
+
+def test_options_become_the_sampling_fields() -> None:
+    g = _chat(options={"num_predict": 7, "temperature": 0.2, "top_p": 0.9, "top_k": 5,
+                       "min_p": 0.1, "seed": 3, "stop": "END", "repeat_penalty": 1.2,
+                       "presence_penalty": 0.5, "frequency_penalty": 0.25, "num_ctx": 512,
+                       "num_gpu": 99, "mirostat": 1})
+    assert (g.max_tokens, g.temperature, g.top_p, g.top_k, g.min_p, g.seed) == \
+        (7, 0.2, 0.9, 5, 0.1, 3)
+    assert g.stop == ["END"] and g.repetition_penalty == 1.2
+    assert (g.presence_penalty, g.frequency_penalty, g.context_limit) == (0.5, 0.25, 512)
+    assert g.kind == "chat" and g.messages == [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("n", [-1, -2])
+def test_num_predict_below_zero_is_no_limit(n: int) -> None:
+    assert _chat(options={"num_predict": n}).max_tokens is None
+    assert _generate(raw=True, options={"num_predict": n}).max_tokens is None
+
+
+def test_format_and_think_become_the_constraint_fields() -> None:
+    assert _chat(format="json").body["response_format"] == {"type": "json_object"}
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    fmt = _chat(format=schema).body["response_format"]
+    assert fmt["type"] == "json_schema" and fmt["json_schema"]["schema"] == schema
+    assert _chat(format="").body["response_format"] is None
+    assert _chat(think=False).body["think"] is False
+    assert _chat(think="high").body["reasoning_effort"] == "high"
+
+
+def test_messages_in_ollamas_shape() -> None:
+    g = _chat(messages=[
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": "", "thinking": "I should call it",
+         "tool_calls": [{"function": {"name": "get", "arguments": {"city": "Oslo"}}}]},
+        {"role": "tool", "content": "12C", "tool_name": "get"}],
+        tools=[{"type": "function", "function": {"name": "get", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string"}}}}}])
+    assistant, tool = g.messages[1], g.messages[2]
+    assert assistant["reasoning_content"] == "I should call it"
+    call = assistant["tool_calls"][0]
+    assert call["function"] == {"name": "get", "arguments": {"city": "Oslo"}}
+    assert call["id"]
+    assert tool == {"role": "tool", "content": "12C", "name": "get"}
+    assert g.body["tools"][0]["function"]["name"] == "get"
+
+
+def test_an_empty_tool_list_is_no_tools() -> None:
+    # the ollama client always sends "tools": []
+    assert _chat(tools=[]).body["tools"] is None
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"options": {"temperature": 5}}, "options.temperature"),
+    ({"options": {"temperature": "hot"}}, "options.temperature"),
+    ({"options": {"num_predict": 0}}, "options.num_predict"),
+    ({"options": {"num_ctx": 0}}, "options.num_ctx"),
+    ({"options": {"repeat_penalty": 0}}, "options.repeat_penalty"),
+    ({"format": "xml"}, "format"),
+    ({"think": "a lot"}, "think"),
+    ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "user", "content": "x", "images": ["aGk="]}]},
+     "messages[0].images"),
+    ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]},
+     "tools[0].function.name"),
+    ({"stream": "yes"}, "stream"),
+])
+def test_bad_requests_name_ollamas_field(body: dict, param: str) -> None:
+    with pytest.raises(ApiError) as err:
+        _chat(**body)
+    assert err.value.status == 400
+    assert err.value.param == param, err.value.message
+
+
+def test_generate_uses_the_chat_template_unless_raw() -> None:
+    g = _generate(system="Be brief.")
+    assert g.kind == "chat" and g.messages == [{"role": "system", "content": "Be brief."},
+                                               {"role": "user", "content": "hi"}]
+    raw = _generate(prompt="<|im_start|>user\nhi", raw=True)
+    assert raw.kind == "completion" and raw.prompt == "<|im_start|>user\nhi"
+    assert raw.max_tokens is None  # Ollama's default: no limit (OpenAI's 16 is not used)
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"raw": True, "format": "json"}, "format"),
+    ({"raw": True, "think": True}, "think"),
+    ({"suffix": "return x"}, "suffix"),
+    ({"template": "{{ .Prompt }}"}, "template"),
+    ({"context": [1, 2, 3]}, "context"),
+    ({"images": ["aGk="]}, "images"),
+])
+def test_generate_refuses_what_it_cannot_do(body: dict, param: str) -> None:
+    with pytest.raises(ApiError) as err:
+        _generate(**body)
+    assert err.value.status == 400 and err.value.param == param
+
+
+def test_model_names_take_the_latest_tag() -> None:
+    assert ollama.model_name("smollm2-135m:latest") == "smollm2-135m"
+    assert ollama.model_name("smollm2-135m") == "smollm2-135m"
+    assert ollama.model_name("a:q4") == "a:q4"
+
+
+def test_load_requests_answer_done() -> None:
+    body = ollama.load_reply("m", "chat", None)
+    assert body["done"] and body["done_reason"] == "load" and body["message"]["content"] == ""
+    assert ollama.load_reply("m", "generate", 0)["done_reason"] == "unload"
+
+
+# -- answers --------------------------------------------------------------------------------
+def _events(content: list[str], thinking: list[str] = (), calls: list[ToolCall] = (),
+            reason: str = "stop") -> list:
+    evs: list = [Deltas(index=0, deltas=[Delta(field="reasoning_content", text=t)])
+                 for t in thinking]
+    evs += [Deltas(index=0, deltas=[Delta(field="content", text=t)]) for t in content]
+    for i, c in enumerate(calls):
+        evs.append(Deltas(index=0, deltas=[Delta(field="tool_call", text=c.arguments, index=i,
+                                                 id=c.id, name=c.name)]))
+    msg = ChatMsg(reasoning_content="".join(thinking), content="".join(content),
+                  tool_calls=list(calls))
+    n = len(evs)
+    return evs + [Finished(index=0, finish_reason=reason, completion_tokens=n, message=msg),
+                  Usage(prompt_tokens=11, completion_tokens=n)]
+
+
+def _fold_lines(lines: list[dict]) -> dict:
+    """What a client folding Ollama's stream ends with."""
+    msg = {"content": "", "thinking": "", "tool_calls": []}
+    for line in lines:
+        m = line["message"]
+        msg["content"] += m["content"]
+        msg["thinking"] += m.get("thinking", "")
+        msg["tool_calls"] += m.get("tool_calls", [])
+    return msg
+
+
+def test_a_stream_is_lines_then_one_done_object() -> None:
+    reply = ollama.OllamaReply("m:latest", "chat", started=0.0)
+    lines = reply.add(_events(["Hel", "lo"], thinking=["hmm"]))
+    assert [line["done"] for line in lines] == [False, False, False, True]
+    assert lines[0]["message"] == {"role": "assistant", "content": "", "thinking": "hmm"}
+    assert lines[1]["message"] == {"role": "assistant", "content": "Hel"}
+    done = lines[-1]
+    assert done["model"] == "m:latest" and done["created_at"].endswith("Z")
+    assert done["done_reason"] == "stop"
+    assert (done["prompt_eval_count"], done["eval_count"]) == (11, 3)
+    for key in ("total_duration", "load_duration", "prompt_eval_duration", "eval_duration"):
+        assert isinstance(done[key], int) and done[key] >= 0
+
+
+def test_tool_calls_come_whole_with_arguments_as_an_object() -> None:
+    calls = [ToolCall(name="get", arguments='{"city": "Oslo"}', id="call_1"),
+             ToolCall(name="get", arguments='{"city": "Rome"}', id="call_2")]
+    reply = ollama.OllamaReply("m", "chat", started=0.0)
+    lines = reply.add(_events([], calls=calls, reason="tool_calls"))
+    with_calls = [line for line in lines if line["message"].get("tool_calls")]
+    assert len(with_calls) == 1
+    got = with_calls[0]["message"]["tool_calls"]
+    assert [c["function"]["arguments"] for c in got] == [{"city": "Oslo"}, {"city": "Rome"}]
+    assert [c["function"]["index"] for c in got] == [0, 1]
+    assert lines[-1]["done_reason"] == "stop"
+    whole = ollama.OllamaReply("m", "chat", started=0.0)
+    whole.add(_events([], calls=calls, reason="tool_calls"))
+    assert whole.final()["message"]["tool_calls"] == got
+
+
+def test_a_call_cut_by_the_token_limit_is_text() -> None:
+    cut = [ToolCall(name="get", arguments='{"city": "Os', id="call_1")]
+    reply = ollama.OllamaReply("m", "chat", started=0.0)
+    reply.add(_events([], calls=cut, reason="length"))
+    final = reply.final()
+    assert final["done_reason"] == "length"
+    assert "tool_calls" not in final["message"]
+    assert final["message"]["content"] == '{"city": "Os'
+
+
+@given(st.lists(st.text(max_size=5), max_size=6), st.lists(st.text(max_size=5), max_size=3))
+def test_stream_and_whole_answers_agree(content: list[str], thinking: list[str]) -> None:
+    events = _events(content, thinking)
+    streamed = ollama.OllamaReply("m", "chat", started=0.0).add(events)
+    whole = ollama.OllamaReply("m", "chat", started=0.0)
+    whole.add(events)
+    final = whole.final()
+    folded = _fold_lines(streamed)
+    assert folded["content"] == final["message"]["content"]
+    assert folded["thinking"] == final["message"].get("thinking", "")
+    assert streamed[-1]["done"] and final["done"]
+    assert streamed[-1]["eval_count"] == final["eval_count"]
+
+
+def test_generate_answers_carry_response_and_thinking() -> None:
+    reply = ollama.OllamaReply("m", "generate", started=0.0)
+    lines = reply.add(_events(["4"], thinking=["2+2"]))
+    assert lines[0]["thinking"] == "2+2" and lines[1]["response"] == "4"
+    assert "message" not in lines[0]
+    final = reply.final()
+    assert final["response"] == "4" and final["thinking"] == "2+2"
+    raw = ollama.OllamaReply("m", "generate", started=0.0)
+    raw.add([Deltas(index=0, text="once"), Deltas(index=0, text=" upon"),
+             Finished(index=0, finish_reason="length", completion_tokens=2),
+             Usage(prompt_tokens=1, completion_tokens=2)])
+    assert raw.final()["response"] == "once upon" and raw.final()["done_reason"] == "length"
+
+
+def test_a_worker_failure_is_an_error_line() -> None:
+    reply = ollama.OllamaReply("m", "chat", started=0.0)
+    assert reply.add([Failed(message="boom")]) == [{"error": "boom"}]
+    assert reply.error == "boom"
+
+
+def test_model_listings() -> None:
+    info = {"id": "m", "created": 1_700_000_000, "context_length": 8192,
+            "architecture": "llama", "capabilities": ["completion", "tools"],
+            "file_format": "gguf", "weight_bytes": 96_438_528, "parameters": 134_480_448,
+            "quantization": "Q4_1", "template": "{{ messages }}"}
+    tag = ollama.tag("m", info)
+    assert tag["name"] == tag["model"] == "m:latest" and tag["size"] == 96_438_528
+    assert tag["details"]["parameter_size"] == "134M"
+    assert tag["details"]["quantization_level"] == "Q4_1"
+    assert tag["details"]["format"] == "gguf" and tag["modified_at"].startswith("2023-11-14")
+    show = ollama.show(info)
+    assert show["model_info"]["llama.context_length"] == 8192
+    assert show["model_info"]["general.architecture"] == "llama"
+    assert show["capabilities"] == ["completion", "tools"]
+    assert show["template"] == "{{ messages }}"
+    ps = ollama.ps_entry("m", info)
+    assert ps["context_length"] == 8192 and ps["size_vram"] == 0
+    # every object is JSON (the ingress encodes them with msgspec)
+    msgspec.json.encode([tag, show, ps])
