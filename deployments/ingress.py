@@ -24,7 +24,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from actors.events import Accepted, Deltas, Failed, Finished, GenerateRequest, Rejected, Usage
-from deployments import ollama
+from deployments import ollama, responses_api
 from deployments.errors import ApiError, error_body, error_response, ollama_error_response
 from deployments.responses import (
     DONE,
@@ -81,6 +81,7 @@ def make_ingress(config: dict[str, Any]):
             self.workers = workers
             self.streams = {name: h.options(stream=True, _by_reference=False)
                             for name, h in workers.items()}
+            self.store = responses_api.ResponseStore()  # this replica's stored responses
             self.api_key = settings.get("api_key")
             self.max_bytes = int(settings.get("max_request_bytes") or 4 << 20)
 
@@ -136,6 +137,28 @@ def make_ingress(config: dict[str, Any]):
         @app.post("/v1/completions")
         async def completions(self, request: Request) -> Response:
             return await self._serve(request, "completion")
+
+        # -- OpenAI's Responses API --------------------------------------------------------
+        @app.post("/v1/responses")
+        async def responses(self, request: Request) -> Response:
+            return await self._serve_responses(request)
+
+        @app.get("/v1/responses/{response_id}")
+        async def get_response(self, response_id: str, request: Request) -> Response:
+            try:
+                self._authenticate(request)
+                return JSONResponse(self.store.get(response_id)[0])
+            except ApiError as err:
+                return error_response(err)
+
+        @app.delete("/v1/responses/{response_id}")
+        async def delete_response(self, response_id: str, request: Request) -> Response:
+            try:
+                self._authenticate(request)
+                self.store.delete(response_id)
+            except ApiError as err:
+                return error_response(err)
+            return JSONResponse({"id": response_id, "object": "response", "deleted": True})
 
         # -- Ollama's API ------------------------------------------------------------------
         @app.api_route("/", methods=["GET", "HEAD"])
@@ -251,6 +274,59 @@ def make_ingress(config: dict[str, Any]):
                 return JSONResponse(error_body("Internal error.", type="server_error"),
                                     status_code=500)
 
+        async def _serve_responses(self, request: Request) -> Response:
+            try:
+                req = responses_api.decode(await self._body(request))
+                if req.model not in self.streams:
+                    raise ApiError(404, f"The model '{req.model}' does not exist; see "
+                                        "/v1/models.", param="model", code="model_not_found")
+                history: list[dict] = []
+                if req.previous_response_id:
+                    try:
+                        _, history = self.store.get(req.previous_response_id)
+                    except ApiError as err:
+                        err.param = "previous_response_id"
+                        raise
+                greq, conversation = responses_api.chat_request(req, history)
+                gen, head = await self._open(req.model, greq)
+                builder = responses_api.ResponseBuilder(
+                    responses_api.response_base(req, "resp_" + greq.request_id))
+                store = req.store is not False
+
+                def keep() -> None:
+                    if store and builder.usage is not None and builder.error is None:
+                        self.store.put(builder.response(),
+                                       conversation + builder.assistant_messages())
+
+                if not req.stream:
+                    await self._drain(gen, head, builder.add)
+                    if builder.error is not None:
+                        raise ApiError(503, builder.error, type="server_error")
+                    keep()
+                    return JSONResponse(builder.response())
+
+                def render(batch: list) -> bytes:
+                    events = builder.add(batch)
+                    if any(isinstance(ev, Usage) for ev in batch):
+                        keep()
+                    return responses_api.sse(events)
+
+                broken = responses_api.sse([{"type": "error", "code": "server_error",
+                                             "message": "The model worker failed during "
+                                                        "the stream.", "param": None,
+                                             "sequence_number": -1}])
+                # response.created and .in_progress go out before the first token
+                return StreamingResponse(self._stream(gen, head, render, broken, b"",
+                                                      responses_api.sse(builder.start())),
+                                         media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache"})
+            except ApiError as err:
+                return error_response(err)
+            except Exception:  # a bug, never user input: still an OpenAI-shaped body
+                log.exception("request failed")
+                return JSONResponse(error_body("Internal error.", type="server_error"),
+                                    status_code=500)
+
         def _ollama_model(self, name: str) -> str:
             model = ollama.model_name(name)
             if model not in self.streams:
@@ -326,12 +402,15 @@ def make_ingress(config: dict[str, Any]):
             async for batch in gen:
                 yield batch
 
-        async def _stream(self, gen, head: list, render, broken: bytes, tail: bytes):
-            """The response body of a stream: each batch of events rendered; `broken` if
-            the worker fails mid-stream; `tail` at the end. A client that goes away
-            cancels the request on the worker."""
+        async def _stream(self, gen, head: list, render, broken: bytes, tail: bytes,
+                          lead: bytes = b""):
+            """The response body of a stream: `lead`, then each batch of events rendered;
+            `broken` if the worker fails mid-stream; `tail` at the end. A client that goes
+            away cancels the request on the worker."""
             finished = False
             try:
+                if lead:
+                    yield lead
                 async for batch in self._batches(head, gen):
                     out = render(batch)
                     if out:

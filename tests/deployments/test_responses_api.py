@@ -1,0 +1,218 @@
+"""OpenAI's Responses API without Ray: input items to chat messages, the worker's events to
+output items and semantic stream events, and the store."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from actors.events import Deltas, Failed, Finished, Usage
+from chat import ChatMsg, Delta
+from deployments import responses_api as ra
+from deployments.errors import ApiError
+
+LIGHT = {"type": "function", "name": "light", "parameters": {
+    "type": "object", "properties": {"on": {"type": "boolean"}}}}
+
+
+def _request(**body):
+    body = {"model": "m", "input": "hi", **body}
+    return ra.chat_request(ra.decode(json.dumps(body).encode()), [])
+
+
+def test_a_string_input_with_instructions() -> None:
+    greq, conversation = _request(instructions="Be brief.", max_output_tokens=9,
+                                  temperature=0.5, top_p=0.9,
+                                  reasoning={"effort": "none"},
+                                  text={"format": {"type": "json_object"}})
+    assert greq.messages == [{"role": "system", "content": "Be brief."},
+                             {"role": "user", "content": "hi"}]
+    assert conversation == [{"role": "user", "content": "hi"}]  # instructions not kept
+    assert (greq.max_tokens, greq.temperature, greq.top_p) == (9, 0.5, 0.9)
+    assert greq.body["reasoning_effort"] == "none"
+    assert greq.body["response_format"] == {"type": "json_object"}
+
+
+def test_items_become_the_conversation() -> None:
+    items = [{"role": "developer", "content": "rules"},
+             {"type": "message", "role": "user",
+              "content": [{"type": "input_text", "text": "Lights"}, {"type": "input_text",
+                                                                     "text": "?"}]},
+             {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "call"}]},
+             {"type": "message", "role": "assistant",
+              "content": [{"type": "output_text", "text": "Sure."}]},
+             {"type": "function_call", "call_id": "c1", "name": "light",
+              "arguments": '{"on": true}'},
+             {"type": "function_call", "call_id": "c2", "name": "light",
+              "arguments": '{"on": false}'},
+             {"type": "function_call_output", "call_id": "c1", "output": "on"},
+             {"type": "function_call_output", "call_id": "c2",
+              "output": [{"type": "input_text", "text": "off"}]}]
+    greq, _ = _request(input=items, tools=[LIGHT],
+                       tool_choice={"type": "function", "name": "light"})
+    m = greq.messages
+    assert m[0] == {"role": "system", "content": "rules"}
+    assert m[1] == {"role": "user", "content": "Lights?"}
+    assert m[2]["role"] == "assistant" and m[2]["content"] == "Sure."
+    assert m[2]["reasoning_content"] == "call"
+    assert [c["id"] for c in m[2]["tool_calls"]] == ["c1", "c2"]  # one turn, two calls
+    assert m[3] == {"role": "tool", "tool_call_id": "c1", "name": "light", "content": "on"}
+    assert m[4]["content"] == "off"
+    assert greq.body["tools"][0]["function"]["name"] == "light"
+    assert greq.body["tool_choice"] == {"type": "function", "function": {"name": "light"}}
+
+
+def test_a_stored_conversation_comes_first() -> None:
+    history = [{"role": "user", "content": "Lights?"},
+               {"role": "assistant", "content": "", "tool_calls": [
+                   {"id": "c1", "type": "function",
+                    "function": {"name": "light", "arguments": "{}"}}]}]
+    req = ra.decode(json.dumps({"model": "m", "input": [
+        {"type": "function_call_output", "call_id": "c1", "output": "on"}]}).encode())
+    greq, conversation = ra.chat_request(req, history)
+    assert conversation[:2] == history and conversation[2]["name"] == "light"
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]},
+     "input[0].content[0].type"),
+    ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role"),
+    ({"input": [{"type": "function_call", "call_id": "c", "name": "f"}]},
+     "input[0].arguments"),
+    ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
+    ({"tools": [{"type": "file_search"}]}, "tools[0].type"),
+    ({"tools": [{"type": "function", "name": "f", "description": 3}]},
+     "tools[0].description"),
+    ({"max_output_tokens": 0}, "max_output_tokens"),
+    ({"temperature": 3}, "temperature"),
+    ({"text": {"format": {"type": "yaml"}}}, "text.format"),
+    ({"reasoning": {"effort": "max"}}, "reasoning.effort"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"background": True}, "background"),
+    ({"model": None}, "model"),
+])
+def test_bad_requests_name_the_field(body: dict, param: str) -> None:
+    with pytest.raises(ApiError) as err:
+        _request(**body)
+    assert err.value.status == 400 and err.value.param == param, err.value.message
+
+
+# -- answers --------------------------------------------------------------------------------
+def _events(parts: list[tuple[str, str]], reason: str = "stop") -> list:
+    """Worker events for a reply made of (field, text) pieces; ("call", name) opens a call."""
+    evs, n = [], 0
+    for field, text in parts:
+        if field == "call":
+            evs.append(Deltas(index=0, deltas=[Delta(field="tool_call", text="", index=n,
+                                                     id=f"call_{n}", name=text)]))
+            n += 1
+        elif field == "args":
+            evs.append(Deltas(index=0, deltas=[Delta(field="tool_call", text=text,
+                                                     index=n - 1)]))
+        else:
+            evs.append(Deltas(index=0, deltas=[Delta(field=field, text=text)]))
+    return evs + [Finished(index=0, finish_reason=reason, completion_tokens=len(evs),
+                           message=ChatMsg()),
+                  Usage(prompt_tokens=5, completion_tokens=len(evs))]
+
+
+def _builder() -> ra.ResponseBuilder:
+    req = ra.decode(b'{"model": "m", "input": "hi"}')
+    return ra.ResponseBuilder(ra.response_base(req, "resp_1"))
+
+
+def test_items_open_and_close_in_order() -> None:
+    b = _builder()
+    events = b.start() + b.add(_events([("reasoning_content", "hm"), ("content", "Sure"),
+                                        ("call", "light"), ("args", '{"on":'),
+                                        ("args", " true}")]))
+    types = [e["type"] for e in events]
+    assert types == [
+        "response.created", "response.in_progress",
+        "response.output_item.added", "response.content_part.added",
+        "response.reasoning_text.delta", "response.reasoning_text.done",
+        "response.content_part.done", "response.output_item.done",
+        "response.output_item.added", "response.content_part.added",
+        "response.output_text.delta", "response.output_text.done",
+        "response.content_part.done", "response.output_item.done",
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.delta", "response.function_call_arguments.done",
+        "response.output_item.done", "response.completed"]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    final = events[-1]["response"]
+    assert [i["type"] for i in final["output"]] == ["reasoning", "message", "function_call"]
+    call = final["output"][2]
+    assert (call["name"], call["arguments"], call["call_id"]) == ("light", '{"on": true}',
+                                                                  "call_0")
+    assert final["usage"]["input_tokens"] == 5 and final["status"] == "completed"
+    assert b.assistant_messages() == [{"role": "assistant", "content": "Sure",
+                                       "reasoning_content": "hm", "tool_calls": [
+                                           {"id": "call_0", "type": "function", "function": {
+                                               "name": "light",
+                                               "arguments": '{"on": true}'}}]}]
+
+
+def test_a_cut_reply_is_incomplete() -> None:
+    b = _builder()
+    events = b.add(_events([("content", "Once")], reason="length"))
+    assert events[-1]["type"] == "response.incomplete"
+    assert events[-1]["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
+
+
+def test_a_worker_failure_is_an_error_event() -> None:
+    b = _builder()
+    events = b.add([Failed(message="boom")])
+    assert events[0]["type"] == "error" and events[0]["message"] == "boom"
+    assert b.error == "boom"
+
+
+_piece = st.tuples(st.sampled_from(["reasoning_content", "content", "call", "args"]),
+                   st.text(min_size=1, max_size=4))
+
+
+@given(st.lists(_piece, max_size=12))
+def test_folding_the_stream_gives_the_final_output(parts) -> None:
+    """What a client rebuilds from the events (items added, deltas appended, items done)
+    is the final response's output, which is also the non-streamed answer."""
+    b = _builder()
+    events = b.start() + b.add(_events(parts))
+    items: dict[int, dict] = {}
+    for e in events:
+        if e["type"] == "response.output_item.added":
+            items[e["output_index"]] = json.loads(json.dumps(e["item"]))
+        elif e["type"] in ("response.output_text.delta", "response.reasoning_text.delta"):
+            items[e["output_index"]]["content"] = items[e["output_index"]].get("content") or \
+                [{"text": ""}]
+            items[e["output_index"]]["content"][0]["text"] += e["delta"]
+        elif e["type"] == "response.function_call_arguments.delta":
+            items[e["output_index"]]["arguments"] += e["delta"]
+        elif e["type"] == "response.output_item.done":
+            done = e["item"]
+            got = items[e["output_index"]]
+            if done["type"] == "function_call":
+                assert got["arguments"] == done["arguments"]
+            else:
+                assert got["content"][0]["text"] == done["content"][0]["text"]
+    final = events[-1]["response"]["output"]
+    assert len(final) == len(items)
+    assert final == b.response()["output"]
+
+
+def test_the_store_keeps_a_bounded_recent_set() -> None:
+    store = ra.ResponseStore(max_items=2, ttl_s=3600)
+    for i in range(3):
+        store.put({"id": f"resp_{i}"}, [{"role": "user", "content": str(i)}])
+    with pytest.raises(ApiError) as err:
+        store.get("resp_0")  # the oldest went first
+    assert err.value.status == 404 and err.value.code == "response_not_found"
+    assert store.get("resp_2")[1] == [{"role": "user", "content": "2"}]
+    store.delete("resp_2")
+    with pytest.raises(ApiError):
+        store.get("resp_2")
+    expired = ra.ResponseStore(ttl_s=0.0)
+    expired.put({"id": "resp_x"}, [])
+    with pytest.raises(ApiError):
+        expired.get("resp_x")
