@@ -45,7 +45,7 @@ class ModelWorker:
                  kernel_dir: str | None = None, simulator_devices: list[str] | None = None,
                  stream_interval_ms: float = 0.0, max_messages_per_s: float = 0.0,
                  blas_threads: int | None = None, chat_template: str | None = None,
-                 quantize: str | None = None):
+                 quantize: str | None = None, metrics_hub=None):
         from npu import load_model
 
         self.name = name
@@ -74,6 +74,9 @@ class ModelWorker:
         threads = blas_threads_for(self.worker.model.engine.weight_bytes, blas_threads)
         set_blas_threads(threads)
         self.worker.model.engine.set_threads(threads)  # the compiled CPU kernels' threads
+        self.metrics_hub = metrics_hub
+        replica = getattr(serve.get_replica_context(), "replica_id", None)
+        self.replica = str(getattr(replica, "unique_id", replica))
         log.info("worker for %s on %s%s ready (%d BLAS threads)", name, device,
                  f" #{index}" if index is not None else "", threads)
 
@@ -87,8 +90,6 @@ class ModelWorker:
         import ray
 
         m = self.worker.model
-        ctx = serve.get_replica_context()
-        replica = getattr(ctx, "replica_id", None)
         spec = self.worker.spec
         capabilities = ["completion"]
         if spec.kind is not FormatKind.CONTENT_ONLY and m.tools_enabled():
@@ -103,7 +104,7 @@ class ModelWorker:
                 "weight_bytes": m.engine.weight_bytes, **m.engine.weight_summary(), **extra,
                 "active": self.worker.active, "requests": self.worker.requests,
                 "device_index": self.index,
-                "replica": str(getattr(replica, "unique_id", replica)),
+                "replica": self.replica,
                 "actor": ray.get_runtime_context().get_actor_name(),
                 "node": ray.get_runtime_context().get_node_id(),
                 "pid": os.getpid(), "rss_bytes": _rss_bytes(), **m.engine.kv_usage()}
@@ -114,3 +115,6 @@ class ModelWorker:
         check = getattr(self.worker.model.engine, "check_device", None)
         if check is not None:
             check()
+        if self.metrics_hub is not None:  # not awaited: a slow hub never fails a check
+            self.metrics_hub.push.remote(self.replica,
+                                         self.worker.metrics_snapshot(self.replica))

@@ -39,6 +39,7 @@ from actors.events import (
     Usage,
     coalesce,
 )
+from actors.metrics import Metrics
 from actors.session import Choice, Session, build_session
 from chat import GrammarEngine, detect_format
 from npu import Model
@@ -118,7 +119,10 @@ class Worker:
         self._stop = threading.Event()
         self.error: BaseException | None = None
         self.active = 0
+        self.running_seqs = 0  # sequences being decoded
+        self.waiting = 0  # admitted sessions whose prompt is not prefilled yet
         self.requests = 0  # requests received, answered or not
+        self.metrics = Metrics()
         self.started = time.time()
         self.model.token_table  # noqa: B018  (built now, not on a request)
         log.info("Chat format: %s%s", self.spec.kind.value,
@@ -130,9 +134,26 @@ class Worker:
             if self._grammar is None:
                 t0 = time.perf_counter()
                 m = self.model
-                self._grammar = GrammarEngine(m.token_table, list(m.eos_token_ids))
+                self._grammar = GrammarEngine(m.token_table, list(m.eos_token_ids),
+                                              on_compile=self._on_compile)
                 log.info("Grammar engine ready in %.0f ms", (time.perf_counter() - t0) * 1000)
             return self._grammar
+
+    def _on_compile(self, cached: bool, seconds: float) -> None:
+        name = self.model.name
+        self.metrics.inc("flm_grammar_compiles_total", name, "cached" if cached else "cold")
+        if not cached:
+            self.metrics.observe("flm_grammar_compile_seconds", name, value=seconds)
+
+    def metrics_snapshot(self, replica: str) -> dict:
+        """This worker's metrics, its gauges read now and labelled with `replica`."""
+        name, m = self.model.name, self.metrics
+        kv = self.model.engine.kv_usage()
+        m.set("flm_running_sequences", name, replica, value=self.running_seqs)
+        m.set("flm_waiting_requests", name, replica, value=self.waiting)
+        m.set("flm_kv_cache_bytes", name, replica, value=kv["kv_bytes"])
+        m.set("flm_kv_cache_slots", name, replica, value=kv["kv_slots"])
+        return m.snapshot()
 
     # -- requests -------------------------------------------------------------------------------
     async def generate(self, request: GenerateRequest) -> AsyncIterator[list[Event]]:
@@ -222,14 +243,14 @@ class Worker:
                 except queue.Empty:
                     pass
                 self._drop_cancelled(waiting, running, outboxes)
-                self.active = len(running) + len(waiting)
+                self._count(waiting, running)
                 if not waiting and not running:
                     continue
                 if waiting:  # a first token goes out before the decode step
                     self._deliver(outboxes, self._prefill_step(waiting, running, outboxes))
                 if running:
                     self._deliver(outboxes, self._decode_step(running, outboxes))
-                self.active = len(running) + len(waiting)
+                self._count(waiting, running)
         except BaseException as exc:  # the worker is broken: tell every stream
             log.exception("decode loop failed")
             self.error = exc
@@ -264,6 +285,11 @@ class Worker:
             except RuntimeError:  # that event loop is closed: nobody is listening
                 pass
 
+    def _count(self, waiting: list[Session], running: list[Session]) -> None:
+        self.active = len(running) + len(waiting)
+        self.waiting = len(waiting)
+        self.running_seqs = self._running_seqs(running)
+
     @staticmethod
     def _running_seqs(running: list[Session]) -> int:
         return sum(1 for s in running for c in s.choices if not c.done)
@@ -278,6 +304,8 @@ class Worker:
     def _release(self, session: Session) -> None:
         for c in session.choices:
             self.model.engine.release(c.seq_id)
+            if c.constraint is not None and c.constraint.gave_up:
+                self.metrics.inc("flm_constraint_giveups_total", self.model.name)
 
     def _close(self, session: Session, outboxes: dict[int, _Outbox]) -> _Outbox:
         """Free a finished session; its outbox ends with Usage (delivered at once)."""

@@ -46,6 +46,8 @@ class DecodeConstraint(Protocol):
     # the output is complete and nothing may follow (a grammar whose only stops it spells as
     # text, such as harmony's <|call|>, written out in ordinary tokens): end the choice
     ended: bool
+    # the output left the grammar and masking stopped (the rest is unconstrained)
+    gave_up: bool
 
     def start(self, prefill: str) -> None: ...
 
@@ -64,6 +66,7 @@ class TokenBanConstraint:
     def __init__(self, token_id: int, vocab_size: int) -> None:
         self.active = True
         self.ended = False
+        self.gave_up = False  # a ban never gives up
         self.token_id = token_id
         self._mask = np.full(mask_words(vocab_size), 0xFFFFFFFF, dtype=np.uint32)
         self._mask[token_id // 32] &= np.uint32(~(1 << (token_id % 32)) & 0xFFFFFFFF)
@@ -106,6 +109,7 @@ class GrammarConstraint:
         self.engine = engine
         self.active = True
         self.ended = False
+        self.gave_up = False  # the matcher rejected the output: masking stopped
         self.request_id = request_id
         self._stop = stop_token_ids
         self._with_reasoning = with_reasoning
@@ -167,6 +171,7 @@ class GrammarConstraint:
 
     def give_up(self, why: str) -> None:
         if self.active:
+            self.gave_up = True
             log.warning("Constrained decoding disabled for request %s: %s",
                         self.request_id or "-", why)
         self.active = False

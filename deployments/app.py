@@ -9,6 +9,7 @@ import msgspec
 
 from actors.deployment import ModelWorker
 from deployments.ingress import make_ingress
+from deployments.metrics import MetricsHub
 
 
 class ModelEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -96,6 +97,9 @@ def build_app(args: dict[str, Any] | None = None):
         msgspec.ValidationError: the config is malformed; the message names the key.
     """
     cfg = msgspec.convert(args or {}, AppConfig)
+    # every replica's metrics, added up for /metrics; on the head node with the ingress
+    hub = MetricsHub.options(name="metrics-hub", ray_actor_options={
+        "num_cpus": 0, "resources": {HEAD_NODE: 0.001}}).bind()
     workers = {}
     for m in cfg.models:
         device = _device(m)
@@ -115,7 +119,8 @@ def build_app(args: dict[str, Any] | None = None):
                chat_template=m.chat_template, quantize=m.quantize,
                kernel_dir=m.kernel_dir, simulator_devices=m.simulator_devices,
                stream_interval_ms=m.stream_interval_ms,
-               max_messages_per_s=m.max_messages_per_s, blas_threads=m.blas_threads)
+               max_messages_per_s=m.max_messages_per_s, blas_threads=m.blas_threads,
+               metrics_hub=hub)
     settings = {"api_key": cfg.api_key, "max_request_bytes": cfg.max_request_bytes}
     ingress = make_ingress({"cors_origins": cfg.cors_origins})
     # The ingress runs on the head node, where the configs put the HTTP entry (proxy_location
@@ -125,4 +130,4 @@ def build_app(args: dict[str, Any] | None = None):
                            max_ongoing_requests=1000,
                            ray_actor_options={"num_cpus": 0, "resources": {HEAD_NODE: 0.001},
                                               "runtime_env": {"env_vars": INGRESS_ENV}},
-                           ).bind(workers, settings)
+                           ).bind(workers, settings, hub)

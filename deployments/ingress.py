@@ -24,8 +24,10 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from actors.events import Accepted, Deltas, Failed, Finished, GenerateRequest, Rejected, Usage
+from actors.metrics import Metrics
 from deployments import ollama, responses_api
 from deployments.errors import ApiError, error_body, error_response, ollama_error_response
+from deployments.metrics import RequestTrace, render
 from deployments.responses import (
     DONE,
     ChoiceFold,
@@ -59,6 +61,24 @@ def _is_worker_death(exc: BaseException) -> bool:
     return type(exc).__name__ in (*_REPLICA_GONE, "RayTaskError", "DeploymentUnavailableError")
 
 
+class _Traced:
+    """A request's event stream from its worker, showing each batch to the request's trace."""
+
+    def __init__(self, gen: Any, trace: RequestTrace) -> None:
+        self.gen, self.trace = gen, trace
+
+    def __aiter__(self) -> "_Traced":
+        return self
+
+    async def __anext__(self) -> list:
+        batch = await self.gen.__anext__()
+        self.trace.saw(batch)
+        return batch
+
+    def cancel(self) -> None:
+        self.gen.cancel()
+
+
 def make_ingress(config: dict[str, Any]):
     """The ingress deployment class for an app config (see deployments.app.AppConfig)."""
     app = FastAPI(title="flm-serve", docs_url=None, redoc_url=None)
@@ -77,7 +97,12 @@ def make_ingress(config: dict[str, Any]):
     @serve.deployment
     @serve.ingress(app)
     class OpenAIIngress:
-        def __init__(self, workers: dict[str, Any], settings: dict[str, Any]) -> None:
+        def __init__(self, workers: dict[str, Any], settings: dict[str, Any],
+                     hub: Any = None) -> None:
+            self.hub = hub  # the MetricsHub deployment's handle
+            self.metrics = Metrics()
+            replica = getattr(serve.get_replica_context(), "replica_id", None)
+            self.replica = str(getattr(replica, "unique_id", replica))
             self.workers = workers
             self.streams = {name: h.options(stream=True, _by_reference=False)
                             for name, h in workers.items()}
@@ -132,16 +157,19 @@ def make_ingress(config: dict[str, Any]):
 
         @app.post("/v1/chat/completions")
         async def chat_completions(self, request: Request) -> Response:
-            return await self._serve(request, "chat")
+            return await self._traced("/v1/chat/completions",
+                                      lambda trace: self._serve(request, "chat", trace))
 
         @app.post("/v1/completions")
         async def completions(self, request: Request) -> Response:
-            return await self._serve(request, "completion")
+            return await self._traced("/v1/completions",
+                                      lambda trace: self._serve(request, "completion", trace))
 
         # -- OpenAI's Responses API --------------------------------------------------------
         @app.post("/v1/responses")
         async def responses(self, request: Request) -> Response:
-            return await self._serve_responses(request)
+            return await self._traced("/v1/responses",
+                                      lambda trace: self._serve_responses(request, trace))
 
         @app.get("/v1/responses/{response_id}")
         async def get_response(self, response_id: str, request: Request) -> Response:
@@ -203,11 +231,36 @@ def make_ingress(config: dict[str, Any]):
 
         @app.post("/api/chat")
         async def ollama_chat(self, request: Request) -> Response:
-            return await self._serve_ollama(request, "chat")
+            return await self._traced("/api/chat",
+                                      lambda trace: self._serve_ollama(request, "chat", trace))
 
         @app.post("/api/generate")
         async def ollama_generate(self, request: Request) -> Response:
-            return await self._serve_ollama(request, "generate")
+            return await self._traced(
+                "/api/generate", lambda trace: self._serve_ollama(request, "generate", trace))
+
+        # -- metrics ---------------------------------------------------------------------
+        @app.get("/metrics")
+        async def prometheus_metrics(self, request: Request) -> Response:
+            """Prometheus text of every replica's metrics (this one's as of now)."""
+            try:
+                self._authenticate(request)
+            except ApiError as err:
+                return error_response(err)
+            if self.hub is None:
+                return PlainTextResponse(render([self.metrics.snapshot()]).decode())
+            text = await self.hub.text.remote(self.replica, self.metrics.snapshot())
+            return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+        async def check_health(self) -> None:
+            if self.hub is not None:  # not awaited: a slow hub never fails a check
+                self.hub.push.remote(self.replica, self.metrics.snapshot())
+
+        async def _traced(self, route: str, run) -> Response:
+            trace = RequestTrace(self.metrics, route)
+            response = await run(trace)
+            trace.answered(response.status_code, isinstance(response, StreamingResponse))
+            return response
 
         # -- the shared path ---------------------------------------------------------------
         def _authenticate(self, request: Request) -> None:
@@ -225,14 +278,19 @@ def make_ingress(config: dict[str, Any]):
                                     "bytes.", code="request_too_large")
             return body
 
-        async def _open(self, model: str, greq: GenerateRequest) -> tuple[Any, list]:
-            """The request's stream on `model`'s worker and what came after its Accepted.
+        async def _open(self, model: str, greq: GenerateRequest,
+                        trace: RequestTrace) -> tuple[Any, list]:
+            """The request's stream on `model`'s worker (each batch shown to `trace`) and
+            what came after its Accepted.
 
             Raises:
                 ApiError: the worker rejected the request (its status), or answered out of
                     order (503).
             """
+            trace.model = model
             gen, head = await self._start(self.streams[model], greq)
+            gen = _Traced(gen, trace)
+            trace.saw(head)
             first = head[0] if head else None
             if isinstance(first, Rejected):
                 raise ApiError(first.status, first.message, param=first.param,
@@ -241,14 +299,14 @@ def make_ingress(config: dict[str, Any]):
                 raise ApiError(503, "The model worker answered out of order.")
             return gen, head[1:]
 
-        async def _serve(self, request: Request, kind: str) -> Response:
+        async def _serve(self, request: Request, kind: str, trace: RequestTrace) -> Response:
             try:
                 req, raw = decode_request(await self._body(request), kind)
                 if req.model not in self.streams:
                     raise ApiError(404, f"The model '{req.model}' does not exist; see "
                                         "/v1/models.", param="model", code="model_not_found")
                 greq = generate_request(req, raw, kind)
-                gen, head = await self._open(req.model, greq)
+                gen, head = await self._open(req.model, greq, trace)
                 meta = {"id": ("chatcmpl-" if kind == "chat" else "cmpl-") + greq.request_id,
                         "created": int(time.time()), "model": req.model}
                 if not req.stream:
@@ -274,7 +332,7 @@ def make_ingress(config: dict[str, Any]):
                 return JSONResponse(error_body("Internal error.", type="server_error"),
                                     status_code=500)
 
-        async def _serve_responses(self, request: Request) -> Response:
+        async def _serve_responses(self, request: Request, trace: RequestTrace) -> Response:
             try:
                 req = responses_api.decode(await self._body(request))
                 if req.model not in self.streams:
@@ -288,7 +346,7 @@ def make_ingress(config: dict[str, Any]):
                         err.param = "previous_response_id"
                         raise
                 greq, conversation = responses_api.chat_request(req, history)
-                gen, head = await self._open(req.model, greq)
+                gen, head = await self._open(req.model, greq, trace)
                 builder = responses_api.ResponseBuilder(
                     responses_api.response_base(req, "resp_" + greq.request_id))
                 store = req.store is not False
@@ -333,7 +391,8 @@ def make_ingress(config: dict[str, Any]):
                 raise ApiError(404, f"model '{name}' not found; see /api/tags.")
             return model
 
-        async def _serve_ollama(self, request: Request, endpoint: str) -> Response:
+        async def _serve_ollama(self, request: Request, endpoint: str,
+                                trace: RequestTrace) -> Response:
             started = time.perf_counter()
             try:
                 body = await self._body(request)
@@ -349,7 +408,7 @@ def make_ingress(config: dict[str, Any]):
                                                           req.keep_alive))
                 greq = (ollama.chat_request(req) if endpoint == "chat"
                         else ollama.generate_request(req))
-                gen, head = await self._open(model, greq)
+                gen, head = await self._open(model, greq, trace)
                 reply = ollama.OllamaReply(req.model, endpoint, started)
                 if req.stream is False:
                     await self._drain(gen, head, reply.add)
@@ -425,6 +484,7 @@ def make_ingress(config: dict[str, Any]):
             finally:
                 if not finished:
                     gen.cancel()
+                gen.trace.ended(disconnected=not finished)
             if tail:
                 yield tail
 

@@ -237,3 +237,17 @@ def test_a_request_context_limit_bounds_prompt_and_output(worker) -> None:
     usage = events[-1]
     assert events[-2].finish_reason == "length"
     assert usage.prompt_tokens + usage.completion_tokens == 40
+
+
+def test_the_worker_counts_grammar_compiles_and_its_gauges(worker) -> None:
+    body = {"response_format": {"type": "json_object"}}
+    for _ in range(2):
+        asyncio.run(_events(worker, max_tokens=3, seed=2, body=body))
+    snap = {name: {tuple(k): v for k, v in series}
+            for name, series in worker.metrics_snapshot("r0").items()}
+    compiles = snap["flm_grammar_compiles_total"]
+    assert compiles[("flm-tiny", "cold")] >= 1 and compiles[("flm-tiny", "cached")] >= 1
+    assert snap["flm_grammar_compile_seconds"][("flm-tiny",)][2] == compiles[("flm-tiny",
+                                                                              "cold")]
+    assert snap["flm_running_sequences"][("flm-tiny", "r0")] == 0
+    assert ("flm-tiny", "r0") in snap["flm_kv_cache_bytes"]

@@ -1,0 +1,125 @@
+"""The server's own metrics: `MetricsHub` (a one-replica deployment that holds every
+replica's latest snapshot and writes them, added up, as Prometheus text) and
+`RequestTrace` (what the ingress records about one request).
+
+Workers send their snapshot with each health check (every 5 s), ingress replicas with
+theirs and when they answer `/metrics`; a replica not heard from for `STALE_S` is dropped
+(its counters then leave the sums, which Prometheus reads as a reset).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ray import serve
+
+from actors.events import Deltas, Finished, Usage
+from actors.metrics import SPECS, Metrics, merge
+
+STALE_S = 60.0
+
+
+def render(snapshots: list[dict]) -> bytes:
+    """Prometheus text of snapshots added up (every metric listed, even with no series)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+    )
+
+    merged = merge(snapshots)
+
+    class _Collector:
+        def collect(self):
+            for name, spec in SPECS.items():
+                series = merged.get(name, {})
+                labels = list(spec.labels)
+                if spec.kind == "counter":
+                    fam: Any = CounterMetricFamily(name.removesuffix("_total"), spec.help,
+                                                   labels=labels)
+                    for key, value in series.items():
+                        fam.add_metric(list(key), value)
+                elif spec.kind == "gauge":
+                    fam = GaugeMetricFamily(name, spec.help, labels=labels)
+                    for key, value in series.items():
+                        fam.add_metric(list(key), value)
+                else:
+                    fam = HistogramMetricFamily(name, spec.help, labels=labels)
+                    for key, (counts, total, n) in series.items():
+                        running, buckets = 0, []
+                        for bound, c in zip(spec.buckets, counts):
+                            running += c
+                            buckets.append((repr(float(bound)), running))
+                        buckets.append(("+Inf", n))
+                        fam.add_metric(list(key), buckets, sum_value=total)
+                yield fam
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collector())
+    return generate_latest(registry)
+
+
+@serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0})
+class MetricsHub:
+    def __init__(self) -> None:
+        self.sources: dict[str, tuple[float, dict]] = {}
+
+    async def push(self, source: str, snapshot: dict) -> None:
+        self.sources[source] = (time.monotonic(), snapshot)
+
+    async def text(self, source: str | None = None, snapshot: dict | None = None) -> bytes:
+        """Every live replica's metrics (with `snapshot`, the caller's, as of now)."""
+        now = time.monotonic()
+        if source is not None and snapshot is not None:
+            self.sources[source] = (now, snapshot)
+        for key in [k for k, (at, _) in self.sources.items() if now - at > STALE_S]:
+            del self.sources[key]
+        return render([snap for _, snap in self.sources.values()])
+
+
+class RequestTrace:
+    """One request as the ingress sees it: its status and duration by route, and, from the
+    worker's events, time to first token, time per output token and token counts."""
+
+    def __init__(self, metrics: Metrics, route: str) -> None:
+        self.metrics, self.route = metrics, route
+        self.model = ""
+        self.started = time.perf_counter()
+        self.first_at: float | None = None
+        self.usage: Usage | None = None
+        self.done = False
+
+    def saw(self, batch: list) -> None:
+        for ev in batch:
+            if self.first_at is None and isinstance(ev, (Deltas, Finished)):
+                self.first_at = time.perf_counter()
+            elif isinstance(ev, Usage):
+                self.usage = ev
+
+    def answered(self, status: int, streaming: bool) -> None:
+        """The response's status is decided; a streamed one ends later (`ended`)."""
+        self.metrics.inc("flm_requests_total", self.route, str(status))
+        if not streaming:
+            self.ended()
+
+    def ended(self, disconnected: bool = False) -> None:
+        if self.done:
+            return
+        self.done = True
+        now = time.perf_counter()
+        m = self.metrics
+        m.observe("flm_request_duration_seconds", self.route, value=now - self.started)
+        if disconnected:
+            m.inc("flm_client_disconnects_total", self.route)
+        if self.first_at is not None and self.model:
+            m.observe("flm_time_to_first_token_seconds", self.model,
+                      value=self.first_at - self.started)
+        u = self.usage
+        if u is not None and self.model:
+            m.inc("flm_prompt_tokens_total", self.model, value=u.prompt_tokens)
+            m.inc("flm_generation_tokens_total", self.model, value=u.completion_tokens)
+            if u.completion_tokens > 1 and self.first_at is not None:
+                m.observe("flm_time_per_output_token_seconds", self.model,
+                          value=(now - self.first_at) / (u.completion_tokens - 1))
