@@ -179,3 +179,32 @@ def test_a_stop_leaves_nothing_and_a_restart_answers(config, tmp_path, how: str)
     assert _session(proc.pid) == [] and RunProcesses(run_id).alive() == []
     assert not port_in_use("127.0.0.1", port)
     assert "Traceback" not in log.read_text()
+
+
+def test_the_command_line_serves_one_model(config, tmp_path) -> None:
+    """`flm-serve serve flm-tiny --port P`: the same app as the configs, without one;
+    Ctrl-C to its group stops it like `make serve`."""
+    _, port, env = config
+    log = tmp_path / "cli.log"
+    run_id = uuid.uuid4().hex
+    proc = subprocess.Popen([str(ROOT / ".venv" / "bin" / "flm-serve"), "serve", "flm-tiny",
+                             "--port", str(port), "--name", "tiny"], cwd=tmp_path,
+                            env={**env, "FLM_SERVE_RUN_ID": run_id}, start_new_session=True,
+                            stdout=log.open("w"), stderr=subprocess.STDOUT)
+    try:
+        _wait_ready(proc, port, log)
+        models = httpx.get(f"http://127.0.0.1:{port}/api/tags", timeout=30).json()
+        assert [m["model"] for m in models["models"]] == ["tiny:latest"]
+        reply = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=60, json={
+            "model": "tiny", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]})
+        assert reply.status_code == 200
+        t0 = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            _kill_run(proc, run_id)
+    assert took <= STOP_S
+    assert _session(proc.pid) == [] and RunProcesses(run_id).alive() == []
+    assert "Traceback" not in log.read_text()

@@ -1,0 +1,156 @@
+"""flm-serve: serve one model without writing a config, as `llama-server -m FILE` does.
+
+    flm-serve serve PATH_OR_NAME [--name ID] [--host H] [--port P] [--replicas N]
+                    [--api-key KEY] [--device cpu|npu|auto] [--kernel-dir DIR] [...]
+
+It writes the same Serve config as configs/*.yaml (one app, `deployments.app:build_app`,
+one model) into a private file and runs it through `deployments.launch`, with its clean
+start and stop. A model path that cannot be served is one line before Ray starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from deployments import launch
+
+NAMES = ("smollm2-135m", "flm-tiny")  # built-in models (no file to give)
+QUANTIZE = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "f16", "bf16")
+
+
+class UsageError(Exception):
+    """A bad argument, said in one line."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="flm-serve", description="An OpenAI- and Ollama-compatible LLM server on Ray "
+                                      "Serve, for AMD Ryzen AI NPUs and CPUs.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    s = sub.add_parser("serve", help="serve one model (Ctrl-C stops it)",
+                       description="Serve one model on the OpenAI and Ollama APIs. The same "
+                                   "app as `serve run configs/flm.yaml`, built from these "
+                                   "options.")
+    s.add_argument("model", metavar="PATH_OR_NAME",
+                   help="a .gguf file, a directory holding one, a Hugging Face model "
+                        "directory (config.json and safetensors), or a built-in name: "
+                        + ", ".join(NAMES))
+    s.add_argument("--name", help="the model id clients send as `model` (default: the "
+                                  "built-in name, or the file or directory name)")
+    s.add_argument("--host", default="127.0.0.1",
+                   help="the address the API listens on (default: %(default)s; 0.0.0.0 "
+                        "for every interface)")
+    s.add_argument("--port", type=int, default=8000, help="the API's port (default: "
+                                                          "%(default)s)")
+    s.add_argument("--replicas", type=int, default=1,
+                   help="worker replicas of the model (default: %(default)s; with --device "
+                        "npu, one per NPU)")
+    s.add_argument("--api-key", help="require `Authorization: Bearer KEY` on every API "
+                                     "route (default: $FLM_API_KEY, else none)")
+    s.add_argument("--device", choices=("cpu", "npu", "auto"), default="cpu",
+                   help="where the model runs (default: %(default)s; auto: the NPUs when "
+                        "pyxrt finds one and --kernel-dir is given)")
+    s.add_argument("--kernel-dir", help="the NPU's GEMM kernel directory (manifest.json, "
+                                        "xclbin)")
+    s.add_argument("--max-batch", type=int, default=8,
+                   help="sequences one worker decodes together (default: %(default)s)")
+    s.add_argument("--quantize", choices=QUANTIZE,
+                   help="hold a Hugging Face checkpoint's matrices in this block format")
+    s.add_argument("--chat-template", help="a Jinja file used instead of the model's own "
+                                           "chat template")
+    s.add_argument("--print-config", action="store_true",
+                   help="print the Serve config and exit (it runs with `serve run`)")
+    return p
+
+
+def _model_name(path: str) -> str:
+    if path in NAMES:
+        return path
+    stem = Path(path.rstrip("/")).name
+    stem = stem[: -len(".gguf")] if stem.lower().endswith(".gguf") else stem
+    return re.sub(r"[^A-Za-z0-9._:-]+", "-", stem).strip("-").lower() or "model"
+
+
+def _check_path(path: str) -> str:
+    """`path` made absolute, once it names something servable (not read beyond that)."""
+    if path in NAMES:
+        return path
+    p = Path(path).expanduser()
+    if p.is_file():
+        if p.suffix.lower() != ".gguf":
+            raise UsageError(f"{path} is not a .gguf file; give a GGUF file or a model "
+                             "directory")
+        return str(p.resolve())
+    if p.is_dir():
+        if not (p / "config.json").exists() and not list(p.glob("*.gguf")):
+            raise UsageError(f"{path} holds neither config.json (a Hugging Face model) nor "
+                             "a .gguf file")
+        return str(p.resolve())
+    raise UsageError(f"no model at {path}: give a .gguf file, a model directory, or one of "
+                     + ", ".join(NAMES))
+
+
+def config_for(args: argparse.Namespace) -> dict[str, Any]:
+    """The Serve config (the structure of configs/*.yaml) of the `serve` options.
+
+    Raises:
+        UsageError: an option that cannot work, named.
+    """
+    for opt in ("port", "replicas", "max_batch"):
+        value = getattr(args, opt)
+        if value < 1 or (opt == "port" and value > 65535):
+            raise UsageError(f"--{opt.replace('_', '-')} {value} is out of range")
+    if args.device == "npu" and not args.kernel_dir:
+        raise UsageError("--device npu needs --kernel-dir (the GEMM kernel directory)")
+    if args.chat_template and not Path(args.chat_template).is_file():
+        raise UsageError(f"--chat-template {args.chat_template}: no such file")
+    path = _check_path(args.model)
+    model: dict[str, Any] = {"name": args.name or _model_name(args.model), "path": path,
+                             "device": args.device, "replicas": args.replicas,
+                             "max_batch": args.max_batch}
+    for key in ("quantize", "kernel_dir"):
+        if getattr(args, key):
+            model[key] = getattr(args, key)
+    if args.chat_template:
+        model["chat_template"] = str(Path(args.chat_template).resolve())
+    app_args: dict[str, Any] = {"models": [model]}
+    api_key = args.api_key or os.environ.get("FLM_API_KEY")
+    if api_key:
+        app_args["api_key"] = api_key
+    return {"proxy_location": "HeadOnly",
+            "http_options": {"host": args.host, "port": args.port},
+            "applications": [{"name": "flm", "route_prefix": "/",
+                              "import_path": "deployments.app:build_app", "args": app_args}]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        config = config_for(args)
+    except UsageError as exc:
+        print(f"flm-serve: {exc}", file=sys.stderr)
+        return 2
+    text = yaml.safe_dump(config, sort_keys=False)
+    if args.print_config:
+        print(text, end="")
+        return 0
+    folder = tempfile.mkdtemp(prefix="flm-serve-cli-")  # 0700: the API key stays private
+    try:
+        path = Path(folder) / "serve.yaml"
+        path.write_text(text)
+        return launch.main([str(path)])
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

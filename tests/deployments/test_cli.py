@@ -1,0 +1,70 @@
+"""flm-serve serve: the options become the same Serve config as configs/*.yaml, and a model
+that cannot be served is one line before Ray starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from deployments import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _config(*argv: str) -> dict:
+    return cli.config_for(cli._parser().parse_args(["serve", *argv]))
+
+
+def test_the_default_model_is_configs_flm_yaml() -> None:
+    assert _config("smollm2-135m") == yaml.safe_load((ROOT / "configs/flm.yaml").read_text())
+
+
+def test_options_reach_the_config(tmp_path, monkeypatch) -> None:
+    gguf = tmp_path / "My Model.Q4_0.gguf"
+    gguf.write_bytes(b"GGUF")
+    template = tmp_path / "t.jinja"
+    template.write_text("{{ messages }}")
+    cfg = _config(str(gguf), "--host", "0.0.0.0", "--port", "9000", "--replicas", "2",
+                  "--api-key", "k", "--max-batch", "4", "--chat-template", str(template))
+    assert cfg["http_options"] == {"host": "0.0.0.0", "port": 9000}
+    args = cfg["applications"][0]["args"]
+    assert args["api_key"] == "k"
+    model = args["models"][0]
+    assert model == {"name": "my-model.q4_0", "path": str(gguf.resolve()), "device": "cpu",
+                     "replicas": 2, "max_batch": 4, "chat_template": str(template.resolve())}
+    assert _config("flm-tiny", "--name", "tiny")["applications"][0]["args"]["models"][0][
+        "name"] == "tiny"
+    monkeypatch.setenv("FLM_API_KEY", "from-env")
+    assert _config("flm-tiny")["applications"][0]["args"]["api_key"] == "from-env"
+
+
+@pytest.mark.parametrize("argv,text", [
+    (["/no/such/model"], "no model at /no/such/model"),
+    (["README.md"], "is not a .gguf file"),
+    (["tests"], "holds neither config.json"),
+    (["flm-tiny", "--port", "0"], "--port 0 is out of range"),
+    (["flm-tiny", "--replicas", "0"], "--replicas 0 is out of range"),
+    (["flm-tiny", "--device", "npu"], "--device npu needs --kernel-dir"),
+    (["flm-tiny", "--chat-template", "/nope.jinja"], "no such file"),
+])
+def test_a_bad_option_is_one_line(argv: list[str], text: str, capsys) -> None:
+    assert cli.main(["serve", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("flm-serve: ") and text in err and err.count("\n") == 1
+
+
+def test_help_documents_every_option(capsys) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["serve", "--help"])
+    out = capsys.readouterr().out
+    for opt in ("--name", "--host", "--port", "--replicas", "--api-key", "--device",
+                "--kernel-dir", "--max-batch", "--quantize", "--chat-template"):
+        assert opt in out
+
+
+def test_print_config_is_a_serve_config(capsys) -> None:
+    assert cli.main(["serve", "flm-tiny", "--print-config"]) == 0
+    cfg = yaml.safe_load(capsys.readouterr().out)
+    assert cfg["applications"][0]["import_path"] == "deployments.app:build_app"
