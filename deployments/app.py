@@ -127,7 +127,7 @@ def build_app(args: dict[str, Any] | None = None):
     # HeadOnly): losing another node then loses only its workers, whose streams end with an
     # error event, never the ingress and every stream through it.
     return ingress.options(name="openai-ingress", num_replicas=cfg.ingress_replicas,
-                           max_ongoing_requests=1000,
+                           max_ongoing_requests=1000, health_check_period_s=5,
                            ray_actor_options={"num_cpus": 0, "resources": {HEAD_NODE: 0.001},
                                               "runtime_env": {"env_vars": INGRESS_ENV}},
                            ).bind(workers, settings, hub)

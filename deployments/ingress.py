@@ -1,5 +1,7 @@
 """The ingress: HTTP, validation, model routing, streaming and errors, for OpenAI's API
-and Ollama's (deployments.ollama translates its requests and renders its answers).
+(chat, completions, Responses) and Ollama's (deployments.ollama and
+deployments.responses_api translate their requests and render their answers), and the
+server's own /metrics (deployments.metrics).
 
 Every generating handler reads the body (`_body`: authenticate, size-check), decodes it
 with msgspec (400 on anything malformed), and opens the request on the model's worker
@@ -128,9 +130,7 @@ def make_ingress(config: dict[str, Any]):
         async def model(self, model_id: str, request: Request) -> Response:
             try:
                 self._authenticate(request)
-                if model_id not in self.workers:
-                    raise ApiError(404, f"The model '{model_id}' does not exist; see "
-                                        "/v1/models.", param="model", code="model_not_found")
+                self._check_model(model_id)
             except ApiError as err:
                 return error_response(err)
             try:
@@ -302,9 +302,7 @@ def make_ingress(config: dict[str, Any]):
         async def _serve(self, request: Request, kind: str, trace: RequestTrace) -> Response:
             try:
                 req, raw = decode_request(await self._body(request), kind)
-                if req.model not in self.streams:
-                    raise ApiError(404, f"The model '{req.model}' does not exist; see "
-                                        "/v1/models.", param="model", code="model_not_found")
+                self._check_model(req.model)
                 greq = generate_request(req, raw, kind)
                 gen, head = await self._open(req.model, greq, trace)
                 meta = {"id": ("chatcmpl-" if kind == "chat" else "cmpl-") + greq.request_id,
@@ -335,9 +333,7 @@ def make_ingress(config: dict[str, Any]):
         async def _serve_responses(self, request: Request, trace: RequestTrace) -> Response:
             try:
                 req = responses_api.decode(await self._body(request))
-                if req.model not in self.streams:
-                    raise ApiError(404, f"The model '{req.model}' does not exist; see "
-                                        "/v1/models.", param="model", code="model_not_found")
+                self._check_model(req.model)
                 history: list[dict] = []
                 if req.previous_response_id:
                     try:
@@ -384,6 +380,11 @@ def make_ingress(config: dict[str, Any]):
                 log.exception("request failed")
                 return JSONResponse(error_body("Internal error.", type="server_error"),
                                     status_code=500)
+
+        def _check_model(self, name: str) -> None:
+            if name not in self.streams:
+                raise ApiError(404, f"The model '{name}' does not exist; see /v1/models.",
+                               param="model", code="model_not_found")
 
         def _ollama_model(self, name: str) -> str:
             model = ollama.model_name(name)

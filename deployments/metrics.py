@@ -2,9 +2,10 @@
 replica's latest snapshot and writes them, added up, as Prometheus text) and
 `RequestTrace` (what the ingress records about one request).
 
-Workers send their snapshot with each health check (every 5 s), ingress replicas with
-theirs and when they answer `/metrics`; a replica not heard from for `STALE_S` is dropped
-(its counters then leave the sums, which Prometheus reads as a reset).
+Workers and ingress replicas send their snapshot with each health check (every 5 s), an
+ingress replica also when it answers `/metrics`; a replica not heard from for `STALE_S`
+(three checks) is dropped: a replaced replica's gauges leave the sums (and its counters,
+which Prometheus reads as a reset).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from ray import serve
 from actors.events import Deltas, Finished, Usage
 from actors.metrics import SPECS, Metrics, merge
 
-STALE_S = 60.0
+STALE_S = 15.0
 
 
 def render(snapshots: list[dict]) -> bytes:
