@@ -3,9 +3,9 @@ replica's latest snapshot and writes them, added up, as Prometheus text) and
 `RequestTrace` (what the ingress records about one request).
 
 Workers and ingress replicas send their snapshot with each health check (every 5 s), an
-ingress replica also when it answers `/metrics`; a replica not heard from for `STALE_S`
-(three checks) is dropped: a replaced replica's gauges leave the sums (and its counters,
-which Prometheus reads as a reset).
+ingress replica also when it answers `/metrics`. A replica not heard from for `STALE_S`
+(three checks) is taken as gone: its gauges leave the sums, its counters stay in them (a
+counter never goes down when a replica is replaced).
 """
 
 from __future__ import annotations
@@ -64,20 +64,28 @@ def render(snapshots: list[dict]) -> bytes:
 
 @serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0})
 class MetricsHub:
+    """The latest snapshot of every live replica, and the counters of the replicas gone
+    (so a sum never goes down when a replica is replaced; their gauges are dropped)."""
+
     def __init__(self) -> None:
         self.sources: dict[str, tuple[float, dict]] = {}
+        self.retired: dict[str, dict] = {}  # replica -> its last counters and histograms
 
     async def push(self, source: str, snapshot: dict) -> None:
+        self.retired.pop(source, None)  # only slow, not gone
         self.sources[source] = (time.monotonic(), snapshot)
 
     async def text(self, source: str | None = None, snapshot: dict | None = None) -> bytes:
-        """Every live replica's metrics (with `snapshot`, the caller's, as of now)."""
-        now = time.monotonic()
+        """Every replica's metrics (with `snapshot`, the caller's, as of now)."""
         if source is not None and snapshot is not None:
-            self.sources[source] = (now, snapshot)
+            await self.push(source, snapshot)
+        now = time.monotonic()
         for key in [k for k, (at, _) in self.sources.items() if now - at > STALE_S]:
-            del self.sources[key]
-        return render([snap for _, snap in self.sources.values()])
+            _, snap = self.sources.pop(key)
+            self.retired[key] = {n: v for n, v in snap.items()
+                                 if n in SPECS and SPECS[n].kind != "gauge"}
+        return render([snap for _, snap in self.sources.values()]
+                      + list(self.retired.values()))
 
 
 class RequestTrace:

@@ -67,3 +67,27 @@ def test_a_request_trace() -> None:
     assert s[("flm_generation_tokens_total", (("model", "m"),))] == 4
     assert s[("flm_time_per_output_token_seconds_count", (("model", "m"),))] == 1
     assert s[("flm_request_duration_seconds_count", (("route", "/v1/completions"),))] == 1
+
+
+def test_the_hub_keeps_the_counters_of_a_replica_gone(monkeypatch) -> None:
+    import asyncio
+
+    from deployments import metrics as hub_module
+
+    hub = hub_module.MetricsHub.func_or_class()
+    a, b = Metrics(), Metrics()
+    a.inc("flm_grammar_compiles_total", "m", "cold", value=5)
+    a.set("flm_running_sequences", "m", "a", value=2)
+    b.inc("flm_grammar_compiles_total", "m", "cold", value=1)
+    asyncio.run(hub.push("a", a.snapshot()))
+    clock = [1000.0]
+    monkeypatch.setattr(hub_module.time, "monotonic", lambda: clock[0])
+    asyncio.run(hub.push("a", a.snapshot()))
+    clock[0] += hub_module.STALE_S + 1  # "a" missed three checks
+    s = _samples(asyncio.run(hub.text("b", b.snapshot())))
+    key = ("flm_grammar_compiles_total", (("cache", "cold"), ("model", "m")))
+    assert s[key] == 6  # a's 5 stay in the sum
+    assert ("flm_running_sequences", (("model", "m"), ("replica", "a"))) not in s
+    a.inc("flm_grammar_compiles_total", "m", "cold")  # "a" was only slow: counted once
+    s = _samples(asyncio.run(hub.text("a", a.snapshot())))
+    assert s[key] == 7
