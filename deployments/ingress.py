@@ -90,11 +90,16 @@ def make_ingress(config: dict[str, Any]):
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> Response:
-        """An unknown path (404) or method (405): the routing's errors, in OpenAI's shape."""
-        text = {404: f"Unknown path {request.url.path!r}; see /v1/models.",
-                405: f"{request.method} is not allowed on {request.url.path!r}."}
-        return error_response(ApiError(exc.status_code, text.get(exc.status_code, exc.detail),
-                                       headers=dict(exc.headers or {})))
+        """An unknown path (404) or method (405): the routing's errors, in OpenAI's shape
+        (Ollama's under /api/: its clients read `error` as a string)."""
+        path = request.url.path
+        ollama_route = path.startswith("/api/")
+        text = {404: f"Unknown path {path!r}; see " + ("/api/tags." if ollama_route
+                                                      else "/v1/models."),
+                405: f"{request.method} is not allowed on {path!r}."}
+        err = ApiError(exc.status_code, text.get(exc.status_code, exc.detail),
+                       headers=dict(exc.headers or {}))
+        return ollama_error_response(err) if ollama_route else error_response(err)
 
     @serve.deployment
     @serve.ingress(app)

@@ -178,6 +178,14 @@ def test_errors_in_a_stream_request_come_before_the_stream(client) -> None:
     assert r.status_code == 400 and set(r.json()) == {"error"}
 
 
+def test_what_is_not_served_is_an_ollama_error(oc, client) -> None:
+    with pytest.raises(ollama.ResponseError) as err:
+        oc.pull("llama3")  # no registry here: models come from the config
+    assert err.value.status_code == 404 and "/api/pull" in err.value.error
+    r = client.get("/api/chat")
+    assert r.status_code == 405 and isinstance(r.json()["error"], str)
+
+
 def test_api_key_applies_to_ollamas_routes(serve_url) -> None:
     anonymous = ollama.Client(host=serve_url + "/secured", timeout=60)
     with pytest.raises(ollama.ResponseError) as err:
