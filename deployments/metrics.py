@@ -62,7 +62,9 @@ def render(snapshots: list[dict]) -> bytes:
     return generate_latest(registry)
 
 
-@serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0})
+# no access log: every replica's push, every 5 s, would be a log line on the console
+@serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0},
+                  logging_config={"enable_access_log": False})
 class MetricsHub:
     """The latest snapshot of every live replica, and the counters of the replicas gone
     (so a sum never goes down when a replica is replaced; their gauges are dropped)."""
