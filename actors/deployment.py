@@ -71,9 +71,12 @@ class ModelWorker:
         self.worker = Worker(factory, max_batch=max_batch,
                              stream_interval_s=stream_interval_ms / 1000,
                              max_messages_per_s=max_messages_per_s)
-        threads = blas_threads_for(self.worker.model.engine.weight_bytes, blas_threads)
+        engine = self.worker.model.engine
+        # what /v1/models and Ollama's listings show of the weights (fixed: read once)
+        self.weights = {"weight_bytes": engine.weight_bytes, **engine.weight_summary()}
+        threads = blas_threads_for(self.weights["weight_bytes"], blas_threads)
         set_blas_threads(threads)
-        self.worker.model.engine.set_threads(threads)  # the compiled CPU kernels' threads
+        engine.set_threads(threads)  # the compiled CPU kernels' threads
         self.metrics_hub = metrics_hub
         replica = getattr(serve.get_replica_context(), "replica_id", None)
         self.replica = str(getattr(replica, "unique_id", replica))
@@ -101,7 +104,7 @@ class ModelWorker:
                 "context_length": m.context_length, "format": spec.kind.value,
                 "architecture": m.config.arch, "capabilities": capabilities,
                 "file_format": "gguf" if m.path.suffix == ".gguf" else "safetensors",
-                "weight_bytes": m.engine.weight_bytes, **m.engine.weight_summary(), **extra,
+                **self.weights, **extra,
                 "active": self.worker.active, "requests": self.worker.requests,
                 "device_index": self.index,
                 "replica": self.replica,

@@ -136,8 +136,7 @@ class Session:
         self.token_table = token_table
         self.cancelled = False
         self.prefilled = 0  # prompt tokens already through the engine
-        self.context_limit = min(model.context_length,
-                                 request.context_limit or model.context_length)
+        self.context_limit = context_limit(request, model)
         base = model.defaults
         params = dict(
             temperature=_pick(request.temperature, base.temperature),
@@ -164,6 +163,11 @@ class Session:
 
 def _pick(value, default):
     return default if value is None else value
+
+
+def context_limit(request: GenerateRequest, model: Model) -> int:
+    """The tokens prompt and output may take: the model's context, or less if asked."""
+    return min(model.context_length, request.context_limit or model.context_length)
 
 
 def build_session(request: GenerateRequest, model: Model, spec: FormatSpec,
@@ -208,13 +212,13 @@ def build_session(request: GenerateRequest, model: Model, spec: FormatSpec,
         prompt_ids = [model.tokenizer.bos_id] if model.tokenizer.bos_id is not None else []
     if not prompt_ids:
         raise RequestError("The prompt is empty.", param="prompt")
-    limit = model.context_length
-    param = "messages" if request.kind == "chat" else "prompt"
-    if request.context_limit is not None and request.context_limit < limit:
-        limit, param = request.context_limit, "options.num_ctx"
+    limit = context_limit(request, model)
     if len(prompt_ids) >= limit:
-        what = ("This model's maximum context length" if param != "options.num_ctx"
-                else "The requested context length (num_ctx)")
+        if limit < model.context_length:
+            what, param = "The requested context length (num_ctx)", "options.num_ctx"
+        else:
+            what = "This model's maximum context length"
+            param = "messages" if request.kind == "chat" else "prompt"
         raise RequestError(f"{what} is {limit} tokens; the prompt has {len(prompt_ids)}.",
                            param=param, code="context_length_exceeded")
     tail = model.tokenizer.decode(prompt_ids[-PROMPT_TAIL_TOKENS:], skip_special_tokens=False)

@@ -138,27 +138,24 @@ def make_ingress(config: dict[str, Any]):
                 self._check_model(model_id)
             except ApiError as err:
                 return error_response(err)
-            try:
-                info = await self.workers[model_id].info.remote()
-            except Exception:  # its workers are all down
-                info = {"id": model_id, "created": 0}
-            return JSONResponse(self._model_card(model_id, info))
+            return JSONResponse(self._model_card(model_id, await self._info(model_id)))
 
         @staticmethod
         def _model_card(name: str, info: dict) -> dict:
             return {"id": name, "object": "model", "created": info.get("created", 0),
                     "owned_by": "flm-serve", "context_length": info.get("context_length")}
 
-        async def _infos(self, template: bool = False) -> dict[str, dict]:
-            """Each model's description from one of its workers (a model whose workers
-            are all down is still listed)."""
-            async def one(name: str) -> dict:
-                try:
-                    return await self.workers[name].info.remote(template)
-                except Exception:
-                    return {"id": name, "created": 0}
+        async def _info(self, name: str) -> dict:
+            """A model's description from one of its workers (a bare one when its workers
+            are all down: the model is still listed)."""
+            try:
+                return await self.workers[name].info.remote()
+            except Exception:
+                return {"id": name, "created": 0}
+
+        async def _infos(self) -> dict[str, dict]:
             names = list(self.workers)
-            return dict(zip(names, await asyncio.gather(*(one(n) for n in names))))
+            return dict(zip(names, await asyncio.gather(*(self._info(n) for n in names))))
 
         @app.post("/v1/chat/completions")
         async def chat_completions(self, request: Request) -> Response:
@@ -204,21 +201,20 @@ def make_ingress(config: dict[str, Any]):
 
         @app.get("/api/tags")
         async def ollama_tags(self, request: Request) -> Response:
-            try:
-                self._authenticate(request)
-            except ApiError as err:
-                return ollama_error_response(err)
-            infos = await self._infos()
-            return JSONResponse({"models": [ollama.tag(n, i) for n, i in infos.items()]})
+            return await self._ollama_list(request, ollama.tag)
 
         @app.get("/api/ps")
         async def ollama_ps(self, request: Request) -> Response:
+            return await self._ollama_list(request, ollama.ps_entry)
+
+        async def _ollama_list(self, request: Request, entry) -> Response:
+            """Every model as `entry(name, info)` renders it, under "models"."""
             try:
                 self._authenticate(request)
             except ApiError as err:
                 return ollama_error_response(err)
             infos = await self._infos()
-            return JSONResponse({"models": [ollama.ps_entry(n, i) for n, i in infos.items()]})
+            return JSONResponse({"models": [entry(n, i) for n, i in infos.items()]})
 
         @app.post("/api/show")
         async def ollama_show(self, request: Request) -> Response:
@@ -237,12 +233,14 @@ def make_ingress(config: dict[str, Any]):
         @app.post("/api/chat")
         async def ollama_chat(self, request: Request) -> Response:
             return await self._traced("/api/chat",
-                                      lambda trace: self._serve_ollama(request, "chat", trace))
+                                      lambda trace: self._serve_ollama(request, "chat", trace),
+                                      ollama_error_response)
 
         @app.post("/api/generate")
         async def ollama_generate(self, request: Request) -> Response:
             return await self._traced(
-                "/api/generate", lambda trace: self._serve_ollama(request, "generate", trace))
+                "/api/generate", lambda trace: self._serve_ollama(request, "generate", trace),
+                ollama_error_response)
 
         # -- metrics ---------------------------------------------------------------------
         @app.get("/metrics")
@@ -252,18 +250,26 @@ def make_ingress(config: dict[str, Any]):
                 self._authenticate(request)
             except ApiError as err:
                 return error_response(err)
-            if self.hub is None:
-                return PlainTextResponse(render([self.metrics.snapshot()]).decode())
-            text = await self.hub.text.remote(self.replica, self.metrics.snapshot())
+            snapshot = self.metrics.snapshot()
+            text = (render([snapshot]) if self.hub is None
+                    else await self.hub.text.remote(self.replica, snapshot))
             return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
         async def check_health(self) -> None:
             if self.hub is not None:  # not awaited: a slow hub never fails a check
                 self.hub.push.remote(self.replica, self.metrics.snapshot())
 
-        async def _traced(self, route: str, run) -> Response:
+        async def _traced(self, route: str, run, errors=error_response) -> Response:
+            """`run(trace)`'s response, its errors as `errors` renders them (OpenAI's shape
+            or Ollama's), and its status, duration and tokens recorded."""
             trace = RequestTrace(self.metrics, route)
-            response = await run(trace)
+            try:
+                response = await run(trace)
+            except ApiError as err:
+                response = errors(err)
+            except Exception:  # a bug, never user input: still an error body of the API's
+                log.exception("request failed")
+                response = errors(ApiError(500, "Internal error.", type="server_error"))
             trace.answered(response.status_code, isinstance(response, StreamingResponse))
             return response
 
@@ -305,86 +311,72 @@ def make_ingress(config: dict[str, Any]):
             return gen, head[1:]
 
         async def _serve(self, request: Request, kind: str, trace: RequestTrace) -> Response:
-            try:
-                req, raw = decode_request(await self._body(request), kind)
-                self._check_model(req.model)
-                greq = generate_request(req, raw, kind)
-                gen, head = await self._open(req.model, greq, trace)
-                meta = {"id": ("chatcmpl-" if kind == "chat" else "cmpl-") + greq.request_id,
-                        "created": int(time.time()), "model": req.model}
-                if not req.stream:
-                    return await self._collect(gen, head, kind, meta)
-                include_usage = bool(req.stream_options and req.stream_options.include_usage)
-                obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
-                started: set[int] = set()
-                offsets: dict[int, int] = {}
+            req, raw = decode_request(await self._body(request), kind)
+            self._check_model(req.model)
+            greq = generate_request(req, raw, kind)
+            gen, head = await self._open(req.model, greq, trace)
+            meta = {"id": ("chatcmpl-" if kind == "chat" else "cmpl-") + greq.request_id,
+                    "created": int(time.time()), "model": req.model}
+            if not req.stream:
+                return await self._collect(gen, head, kind, meta)
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+            started: set[int] = set()
+            offsets: dict[int, int] = {}
 
-                def render(batch: list) -> bytes:
-                    return b"".join(self._chunks(batch, kind, obj, meta, started, offsets,
-                                                 include_usage))
+            def render(batch: list) -> bytes:
+                return b"".join(self._chunks(batch, kind, obj, meta, started, offsets,
+                                             include_usage))
 
-                broken = sse(error_body("The model worker failed during the stream.",
-                                        type="server_error"))
-                return StreamingResponse(self._stream(gen, head, render, broken, DONE),
-                                         media_type="text/event-stream",
-                                         headers={"Cache-Control": "no-cache"})
-            except ApiError as err:
-                return error_response(err)
-            except Exception:  # a bug, never user input: still an OpenAI-shaped body
-                log.exception("request failed")
-                return JSONResponse(error_body("Internal error.", type="server_error"),
-                                    status_code=500)
+            broken = sse(error_body("The model worker failed during the stream.",
+                                    type="server_error"))
+            return StreamingResponse(self._stream(gen, head, render, broken, DONE),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
 
         async def _serve_responses(self, request: Request, trace: RequestTrace) -> Response:
-            try:
-                req = responses_api.decode(await self._body(request))
-                self._check_model(req.model)
-                history: list[dict] = []
-                if req.previous_response_id:
-                    try:
-                        _, history = self.store.get(req.previous_response_id)
-                    except ApiError as err:
-                        err.param = "previous_response_id"
-                        raise
-                greq, conversation = responses_api.chat_request(req, history)
-                gen, head = await self._open(req.model, greq, trace)
-                builder = responses_api.ResponseBuilder(
-                    responses_api.response_base(req, "resp_" + greq.request_id))
-                store = req.store is not False
+            req = responses_api.decode(await self._body(request))
+            self._check_model(req.model)
+            history: list[dict] = []
+            if req.previous_response_id:
+                try:
+                    _, history = self.store.get(req.previous_response_id)
+                except ApiError as err:
+                    err.param = "previous_response_id"
+                    raise
+            greq, conversation = responses_api.chat_request(req, history)
+            gen, head = await self._open(req.model, greq, trace)
+            builder = responses_api.ResponseBuilder(
+                responses_api.response_base(req, "resp_" + greq.request_id))
+            store = req.store is not False
 
-                def keep() -> None:
-                    if store and builder.usage is not None and builder.error is None:
-                        self.store.put(builder.response(),
-                                       conversation + builder.assistant_messages())
+            def keep() -> None:  # once the response is finished (idempotent)
+                if store and builder.usage is not None and builder.error is None:
+                    self.store.put(builder.response(),
+                                   conversation + builder.assistant_messages())
 
-                if not req.stream:
-                    await self._drain(gen, head, builder.add)
-                    if builder.error is not None:
-                        raise ApiError(503, builder.error, type="server_error")
+            if not req.stream:
+                await self._drain(gen, head, builder.add)
+                if builder.error is not None:
+                    raise ApiError(503, builder.error, type="server_error")
+                keep()
+                return JSONResponse(builder.response())
+
+            def render(batch: list) -> bytes:
+                events = builder.add(batch)
+                if builder.usage is not None:
                     keep()
-                    return JSONResponse(builder.response())
+                return responses_api.sse(events)
 
-                def render(batch: list) -> bytes:
-                    events = builder.add(batch)
-                    if any(isinstance(ev, Usage) for ev in batch):
-                        keep()
-                    return responses_api.sse(events)
-
-                broken = responses_api.sse([{"type": "error", "code": "server_error",
-                                             "message": "The model worker failed during "
-                                                        "the stream.", "param": None,
-                                             "sequence_number": -1}])
-                # response.created and .in_progress go out before the first token
-                return StreamingResponse(self._stream(gen, head, render, broken, b"",
-                                                      responses_api.sse(builder.start())),
-                                         media_type="text/event-stream",
-                                         headers={"Cache-Control": "no-cache"})
-            except ApiError as err:
-                return error_response(err)
-            except Exception:  # a bug, never user input: still an OpenAI-shaped body
-                log.exception("request failed")
-                return JSONResponse(error_body("Internal error.", type="server_error"),
-                                    status_code=500)
+            broken = responses_api.sse([{"type": "error", "code": "server_error",
+                                         "message": "The model worker failed during "
+                                                    "the stream.", "param": None,
+                                         "sequence_number": -1}])
+            # response.created and .in_progress go out before the first token
+            return StreamingResponse(self._stream(gen, head, render, broken, b"",
+                                                  responses_api.sse(builder.start())),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
 
         def _check_model(self, name: str) -> None:
             if name not in self.streams:
@@ -399,42 +391,35 @@ def make_ingress(config: dict[str, Any]):
 
         async def _serve_ollama(self, request: Request, endpoint: str,
                                 trace: RequestTrace) -> Response:
-            started = time.perf_counter()
-            try:
-                body = await self._body(request)
-                if endpoint == "chat":
-                    req = ollama.decode(body, ollama.ChatIn)
-                    empty = not req.messages
-                else:
-                    req = ollama.decode(body, ollama.GenerateIn)
-                    empty = not req.prompt and not req.system
-                model = self._ollama_model(req.model)
-                if empty:  # Ollama's way to load a model: nothing to generate
-                    return JSONResponse(ollama.load_reply(req.model, endpoint,
-                                                          req.keep_alive))
-                greq = (ollama.chat_request(req) if endpoint == "chat"
-                        else ollama.generate_request(req))
-                gen, head = await self._open(model, greq, trace)
-                reply = ollama.OllamaReply(req.model, endpoint, started)
-                if req.stream is False:
-                    await self._drain(gen, head, reply.add)
-                    if reply.error is not None:
-                        raise ApiError(503, reply.error, type="server_error")
-                    return Response(ollama.ndjson([reply.final()]).rstrip(),
-                                    media_type="application/json")
+            body = await self._body(request)
+            if endpoint == "chat":
+                req = ollama.decode(body, ollama.ChatIn)
+                empty = not req.messages
+            else:
+                req = ollama.decode(body, ollama.GenerateIn)
+                empty = not req.prompt and not req.system
+            model = self._ollama_model(req.model)
+            if empty:  # Ollama's way to load a model: nothing to generate
+                return JSONResponse(ollama.load_reply(req.model, endpoint,
+                                                      req.keep_alive))
+            greq = (ollama.chat_request(req) if endpoint == "chat"
+                    else ollama.generate_request(req))
+            gen, head = await self._open(model, greq, trace)
+            reply = ollama.OllamaReply(req.model, endpoint, trace.started)
+            if req.stream is False:
+                await self._drain(gen, head, reply.add)
+                if reply.error is not None:
+                    raise ApiError(503, reply.error, type="server_error")
+                return Response(ollama.ndjson([reply.final()]).rstrip(),
+                                media_type="application/json")
 
-                def render(batch: list) -> bytes:
-                    return ollama.ndjson(reply.add(batch))
+            def render(batch: list) -> bytes:
+                return ollama.ndjson(reply.add(batch))
 
-                broken = ollama.ndjson([{"error": "The model worker failed during the "
-                                                  "stream."}])
-                return StreamingResponse(self._stream(gen, head, render, broken, b""),
-                                         media_type="application/x-ndjson")
-            except ApiError as err:
-                return ollama_error_response(err)
-            except Exception:  # a bug, never user input
-                log.exception("request failed")
-                return JSONResponse({"error": "Internal error."}, status_code=500)
+            broken = ollama.ndjson([{"error": "The model worker failed during the "
+                                              "stream."}])
+            return StreamingResponse(self._stream(gen, head, render, broken, b""),
+                                     media_type="application/x-ndjson")
 
         @staticmethod
         async def _start(handle, greq: GenerateRequest) -> tuple[Any, list]:

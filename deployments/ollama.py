@@ -20,7 +20,7 @@ import msgspec
 from actors.events import Deltas, Failed, Finished, GenerateRequest, TokenLogprob, Usage
 from deployments.errors import ApiError
 from deployments.responses import ChoiceFold
-from deployments.validate import convert_request
+from deployments.validate import convert_request, decode_json
 from deployments.validate import generate_request as openai_generate_request
 
 # The Ollama API version this server speaks (clients probe /api/version for features).
@@ -119,15 +119,7 @@ def _ollama_param(param: str | None) -> str | None:
 
 def decode(body: bytes, kind: type) -> Any:
     """A typed Ollama request; a 400 naming the field otherwise."""
-    try:
-        return msgspec.json.decode(body, type=kind)
-    except msgspec.ValidationError as exc:
-        text = str(exc)
-        path = text.split(" - at `$", 1)[1].rstrip("`").lstrip(".") if " - at `$" in text \
-            else None
-        raise ApiError(400, f"Invalid request: {exc}", param=path) from None
-    except msgspec.DecodeError as exc:
-        raise ApiError(400, f"The body is not valid JSON: {exc}") from None
+    return decode_json(body, kind)
 
 
 def model_name(name: str) -> str:

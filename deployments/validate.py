@@ -19,25 +19,34 @@ from chat import ConstraintError, constraint_request_from_openai
 from deployments.errors import ApiError
 from deployments.schemas import CONSTRAINT_FIELDS, ChatRequest, CompletionRequest
 
-_DECODERS: dict[str, msgspec.json.Decoder] = {}
+_DECODERS: dict[type, msgspec.json.Decoder] = {}
 _TYPES = {"chat": ChatRequest, "completion": CompletionRequest}
 
 
-def decode_request(body: bytes, kind: str) -> tuple[Any, dict]:
-    """The typed request (one reused decoder per kind) and the raw JSON object.
+def decode_json(body: bytes, kind: type) -> Any:
+    """`body` as a `kind` (one reused decoder per type): any API's request body.
 
     Raises:
         ApiError: 400 with `param` set to the offending field's path.
     """
     decoder = _DECODERS.get(kind)
     if decoder is None:
-        decoder = _DECODERS[kind] = msgspec.json.Decoder(_TYPES[kind])
+        decoder = _DECODERS[kind] = msgspec.json.Decoder(kind)
     try:
-        req = decoder.decode(body)
+        return decoder.decode(body)
     except msgspec.ValidationError as exc:
         raise ApiError(400, f"Invalid request: {exc}", param=_param_from(exc)) from None
     except msgspec.DecodeError as exc:
         raise ApiError(400, f"The body is not valid JSON: {exc}") from None
+
+
+def decode_request(body: bytes, kind: str) -> tuple[Any, dict]:
+    """The typed chat or completion request and the raw JSON object.
+
+    Raises:
+        ApiError: 400 with `param` set to the offending field's path.
+    """
+    req = decode_json(body, _TYPES[kind])
     raw = msgspec.json.decode(body)
     _check(req, raw, kind)
     return req, raw
