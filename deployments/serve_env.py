@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import socket
 from collections.abc import Mapping
 from pathlib import Path
@@ -50,7 +51,23 @@ def serve_environ(environ: Mapping[str, str], *, private_ports: bool = False) ->
 
 
 def free_port() -> int:
-    """A TCP port free on the loopback interface now."""
-    with socket.socket() as s:
+    """A TCP port free on every interface now, below the kernel's ephemeral range: a port
+    from that range (what binding port 0 gives) can be taken by one of Ray's outgoing
+    connections before the server it was chosen for binds it (seen: HAProxy's Prometheus
+    port, "Address already in use")."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32768
+    for _ in range(100):
+        port = random.randrange(20000, max(ephemeral, 20001))
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # that range is full: any free port
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
