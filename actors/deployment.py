@@ -45,7 +45,8 @@ class ModelWorker:
                  kernel_dir: str | None = None, simulator_devices: list[str] | None = None,
                  stream_interval_ms: float = 0.0, max_messages_per_s: float = 0.0,
                  blas_threads: int | None = None, chat_template: str | None = None,
-                 quantize: str | None = None, metrics_hub=None):
+                 quantize: str | None = None, kv_cache_bytes: int | None = None,
+                 prefix_cache: bool = True, metrics_hub=None):
         from npu import load_model
 
         self.name = name
@@ -63,11 +64,13 @@ class ModelWorker:
 
             def factory():
                 return load_model(path, "npu", name=name, kernel_dir=kernel_dir,
-                                  device_index=index or 0, xrt=xrt)
+                                  device_index=index or 0, xrt=xrt,
+                                  kv_cache_bytes=kv_cache_bytes, prefix_cache=prefix_cache)
         else:
             def factory():
                 return load_model(path, "cpu", name=name, chat_template=chat_template,
-                                  quantize=quantize)
+                                  quantize=quantize, kv_cache_bytes=kv_cache_bytes,
+                                  prefix_cache=prefix_cache)
         self.worker = Worker(factory, max_batch=max_batch,
                              stream_interval_s=stream_interval_ms / 1000,
                              max_messages_per_s=max_messages_per_s)

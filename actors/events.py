@@ -74,8 +74,9 @@ class Finished(msgspec.Struct, tag="finished", tag_field="event"):
 
 
 class Usage(msgspec.Struct, tag="usage", tag_field="event"):
-    prompt_tokens: int
+    prompt_tokens: int  # the whole prompt, cached tokens included
     completion_tokens: int
+    cached_tokens: int = 0  # of the prompt, taken from the KV cache (not computed)
 
 
 class Failed(msgspec.Struct, tag="failed", tag_field="event"):

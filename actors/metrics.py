@@ -52,8 +52,12 @@ SPECS: dict[str, MetricSpec] = {
         ("model", "replica")),
     "flm_kv_cache_bytes": MetricSpec(
         "gauge", "Bytes a worker's KV cache holds.", ("model", "replica")),
-    "flm_kv_cache_slots": MetricSpec(
-        "gauge", "KV cache slots (sequences) in use.", ("model", "replica")),
+    "flm_kv_cache_blocks": MetricSpec(
+        "gauge", "KV cache blocks (16 tokens each) held by running sequences.",
+        ("model", "replica")),
+    "flm_kv_cache_cached_blocks": MetricSpec(
+        "gauge", "KV cache blocks no sequence holds, kept for prompts that start alike.",
+        ("model", "replica")),
     "flm_grammar_compiles_total": MetricSpec(
         "counter", "Grammars a request needed, compiled anew (cold) or from the cache.",
         ("model", "cache")),

@@ -136,6 +136,7 @@ class Session:
         self.token_table = token_table
         self.cancelled = False
         self.prefilled = 0  # prompt tokens already through the engine
+        self.cached: int | None = None  # prompt tokens the KV cache held (None: not started)
         self.context_limit = context_limit(request, model)
         base = model.defaults
         params = dict(

@@ -42,7 +42,7 @@ from actors.events import (
 from actors.metrics import Metrics
 from actors.session import Choice, Session, build_session
 from chat import GrammarEngine, detect_format
-from npu import Model
+from npu import KVCacheFull, Model
 from npu.sampler import sample_rows
 
 log = logging.getLogger(__name__)
@@ -152,7 +152,8 @@ class Worker:
         m.set("flm_running_sequences", name, replica, value=self.running_seqs)
         m.set("flm_waiting_requests", name, replica, value=self.waiting)
         m.set("flm_kv_cache_bytes", name, replica, value=kv["kv_bytes"])
-        m.set("flm_kv_cache_slots", name, replica, value=kv["kv_slots"])
+        m.set("flm_kv_cache_blocks", name, replica, value=kv["kv_blocks"])
+        m.set("flm_kv_cache_cached_blocks", name, replica, value=kv["cached_blocks"])
         return m.snapshot()
 
     # -- requests -------------------------------------------------------------------------------
@@ -312,7 +313,8 @@ class Worker:
         self._release(session)
         outbox = outboxes.pop(session.id)
         outbox.put(Usage(prompt_tokens=len(session.prompt_ids),
-                         completion_tokens=sum(c.generated for c in session.choices)))
+                         completion_tokens=sum(c.generated for c in session.choices),
+                         cached_tokens=session.cached or 0))
         outbox.put(_End)
         return outbox
 
@@ -331,12 +333,14 @@ class Worker:
         if seqs + n > max(self.max_batch, n):
             return []
         seqs += n
+        self._start(head)
         head_left = len(head.prompt_ids) - head.prefilled
         room = PREFILL_CHUNK - min(head_left, PREFILL_CHUNK // 2)
         riders: list[tuple[Session, int]] = []
         for session in waiting[1:]:
             if room <= 0 or seqs + len(session.choices) > self.max_batch:
                 break
+            self._start(session)
             left = len(session.prompt_ids) - session.prefilled
             if left <= room:
                 riders.append((session, left))
@@ -344,9 +348,21 @@ class Worker:
                 seqs += len(session.choices)
         picked = [(head, min(head_left, PREFILL_CHUNK - sum(t for _, t in riders)))] + riders
         engine = self.model.engine
-        logits = engine.prefill_many(
-            [(s.choices[0].seq_id, s.prompt_ids[s.prefilled : s.prefilled + take])
-             for s, take in picked])
+        try:
+            logits = engine.prefill_many(
+                [(s.choices[0].seq_id, s.prompt_ids[s.prefilled : s.prefilled + take])
+                 for s, take in picked])
+        except KVCacheFull as exc:
+            if running:  # their blocks come back as they finish: wait for that
+                return []
+            # nothing else can free enough for the oldest prompt: it does not fit at all
+            waiting.remove(head)
+            self._release(head)
+            outbox = outboxes.pop(head.id)
+            outbox.pending = [Rejected(status=503, message=f"{exc} (the prompt has "
+                                       f"{len(head.prompt_ids)} tokens); retry later or raise "
+                                       "kv_cache_bytes.", type="server_error"), _End]
+            return [outbox]
         ended: list[_Outbox] = []
         for row, (session, take) in enumerate(picked):
             session.prefilled += take
@@ -370,6 +386,9 @@ class Worker:
                      ) -> list[_Outbox]:
         """One token for every running choice; returns the outboxes of ended sessions."""
         batch: list[Choice] = [c for s in running for c in s.choices if not c.done]
+        ended = self._make_room(running, batch, outboxes)
+        if ended:
+            batch = [c for s in running for c in s.choices if not c.done]
         if batch:
             constrained = [c for c in batch if c.constraint is not None]
             masks = (self._masks.submit(lambda: [c.prepare_mask() for c in constrained])
@@ -382,7 +401,34 @@ class Worker:
                                  [c.mask if c.masked else None for c in batch])
             for row, c in enumerate(batch):
                 outboxes[c.session.id].pending += c.take(logits[row], tokens[row])
-        ended = [s for s in running if s.done]
-        for session in ended:
+        done = [s for s in running if s.done]
+        for session in done:
             running.remove(session)
-        return [self._close(s, outboxes) for s in ended]
+        return ended + [self._close(s, outboxes) for s in done]
+
+    def _start(self, session: Session) -> None:
+        """Before a prompt's first chunk: take what the KV cache holds of it."""
+        if session.cached is None:
+            session.cached = self.model.engine.reuse_prefix(session.choices[0].seq_id,
+                                                            session.prompt_ids)
+            session.prefilled = session.cached
+
+    def _make_room(self, running: list[Session], batch: list[Choice],
+                   outboxes: dict[int, _Outbox]) -> list[_Outbox]:
+        """KV blocks for the step: while the batch needs more than the cache can give,
+        the newest session stops with an error (its blocks are freed); returns their
+        outboxes."""
+        engine = self.model.engine
+        ended: list[_Outbox] = []
+        while running and engine.blocks_needed([c.seq_id for c in batch]) \
+                > engine.blocks_available():
+            session = running.pop()
+            self._release(session)
+            log.warning("KV cache full: request %s stopped", session.request.request_id)
+            outbox = outboxes.pop(session.id)
+            outbox.put(Failed(message="The KV cache is full (kv_cache_bytes): this request "
+                              "was stopped to let the others finish; retry it."))
+            outbox.put(_End)
+            ended.append(outbox)
+            batch = [c for s in running for c in s.choices if not c.done]
+        return ended

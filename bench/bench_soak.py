@@ -451,8 +451,8 @@ def _with_note(check: tuple[str, bool], note: str) -> tuple[str, bool]:
 
 
 def _usage(ws: dict) -> str:
-    return ", ".join(f"active {w['active']} sequences {w.get('sequences')} KV slots "
-                     f"{w.get('kv_slots')}" for w in ws.values())
+    return ", ".join(f"active {w['active']} sequences {w.get('sequences')} KV blocks "
+                     f"{w.get('kv_blocks')}" for w in ws.values())
 
 
 def main() -> int:

@@ -35,6 +35,12 @@ class ModelEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         kernel_dir: NPU: the GEMM kernel directory (manifest.json, xclbin, insts.bin).
         simulator_devices: testing only: run "npu" workers on the pyxrt simulator with
             these device names instead of the driver.
+        kv_cache_bytes: each worker's KV cache budget in bytes (default: eight full
+            contexts, at most a quarter of the host's memory); past it, the least recently
+            used cached prefixes are dropped, and a request that still does not fit waits.
+        prefix_cache: keep finished requests' KV so a later prompt that starts alike (the
+            next turn of a conversation, the same system prompt and tools) computes only
+            its new tokens; requests sharing a prefix are routed to the replica holding it.
         blas_threads: BLAS threads in the worker (None: 1 for a model whose weights fit in
             the CPU's caches, where more threads only take cores from the serving
             processes, else this host's core count).
@@ -49,6 +55,8 @@ class ModelEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_batch: int = 8
     max_queued: int = 64
     blas_threads: int | None = None
+    kv_cache_bytes: int | None = None
+    prefix_cache: bool = True
     kernel_dir: str | None = None
     simulator_devices: list[str] | None = None
     stream_interval_ms: float = 100.0
@@ -120,7 +128,7 @@ def build_app(args: dict[str, Any] | None = None):
                kernel_dir=m.kernel_dir, simulator_devices=m.simulator_devices,
                stream_interval_ms=m.stream_interval_ms,
                max_messages_per_s=m.max_messages_per_s, blas_threads=m.blas_threads,
-               metrics_hub=hub)
+               kv_cache_bytes=m.kv_cache_bytes, prefix_cache=m.prefix_cache, metrics_hub=hub)
     settings = {"api_key": cfg.api_key, "max_request_bytes": cfg.max_request_bytes}
     ingress = make_ingress({"cors_origins": cfg.cors_origins})
     # The ingress runs on the head node, where the configs put the HTTP entry (proxy_location

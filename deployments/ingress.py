@@ -37,6 +37,7 @@ from deployments.responses import (
     chat_logprobs,
     completion_logprobs,
     sse,
+    usage_body,
 )
 from deployments.validate import decode_request, generate_request
 
@@ -514,10 +515,7 @@ def make_ingress(config: dict[str, Any]):
                     yield chunk([choice])
                 elif isinstance(ev, Usage):
                     if include_usage:
-                        yield chunk([], {"prompt_tokens": ev.prompt_tokens,
-                                         "completion_tokens": ev.completion_tokens,
-                                         "total_tokens": ev.prompt_tokens
-                                         + ev.completion_tokens})
+                        yield chunk([], usage_body(ev))
                 elif isinstance(ev, Failed):
                     yield sse(error_body(ev.message, type="server_error"))
 
@@ -537,7 +535,7 @@ def make_ingress(config: dict[str, Any]):
 
         async def _collect(self, gen, head: list, kind: str, meta: dict) -> Response:
             folds: dict[int, ChoiceFold] = {}
-            usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+            usage = usage_body(Usage(prompt_tokens=0, completion_tokens=0))
 
             def fold(batch: list) -> None:
                 nonlocal usage
@@ -549,9 +547,7 @@ def make_ingress(config: dict[str, Any]):
                         f.finish_reason = ev.finish_reason
                         f.final = ev.message
                     elif isinstance(ev, Usage):
-                        usage = {"prompt_tokens": ev.prompt_tokens,
-                                 "completion_tokens": ev.completion_tokens,
-                                 "total_tokens": ev.prompt_tokens + ev.completion_tokens}
+                        usage = usage_body(ev)
                     elif isinstance(ev, Failed):
                         raise ApiError(503, ev.message, type="server_error")
 

@@ -130,6 +130,7 @@ class RequestTrace:
         u = self.usage
         if u is not None and self.model:
             m.inc("flm_prompt_tokens_total", self.model, value=u.prompt_tokens)
+            m.inc("flm_cached_prompt_tokens_total", self.model, value=u.cached_tokens)
             m.inc("flm_generation_tokens_total", self.model, value=u.completion_tokens)
             if u.completion_tokens > 1 and self.first_at is not None:
                 m.observe("flm_time_per_output_token_seconds", self.model,

@@ -6,7 +6,7 @@ from typing import Any
 
 import msgspec
 
-from actors.events import Deltas, TokenLogprob
+from actors.events import Deltas, TokenLogprob, Usage
 from chat import ChatMsg
 
 _encoder = msgspec.json.Encoder()
@@ -15,6 +15,14 @@ DONE = b"data: [DONE]\n\n"
 
 def sse(obj: Any) -> bytes:
     return b"data: " + _encoder.encode(obj) + b"\n\n"
+
+
+def usage_body(u: Usage) -> dict:
+    """OpenAI's `usage`: `prompt_tokens` is the whole prompt, of which
+    `prompt_tokens_details.cached_tokens` came from the KV cache."""
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "total_tokens": u.prompt_tokens + u.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
 
 
 def chat_delta(event: Deltas, *, first: bool) -> dict:

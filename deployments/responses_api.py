@@ -348,7 +348,7 @@ class ResponseBuilder:
             status = "incomplete" if self.finish_reason == "length" else "completed"
         u = self.usage
         usage = None if u is None else {
-            "input_tokens": u.prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens": u.prompt_tokens, "input_tokens_details": {"cached_tokens": u.cached_tokens},
             "output_tokens": u.completion_tokens,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": u.prompt_tokens + u.completion_tokens}

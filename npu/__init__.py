@@ -1,7 +1,7 @@
 """npu: devices and models: loading, the numpy engine, tokenizer, templates and sampler."""
 
 from npu.load.config import ModelConfig, config_from_json
-from npu.errors import ContextLengthError, ModelError
+from npu.errors import ContextLengthError, KVCacheFull, ModelError
 from npu.load.model import Model, load_model
 from npu.engine.numpy_engine import NumpyEngine
 from npu.sampler import Sampler, SamplingParams, logprobs
@@ -12,6 +12,7 @@ __all__ = [
     "ChatTemplate",
     "ContextLengthError",
     "Detokenizer",
+    "KVCacheFull",
     "Model",
     "ModelConfig",
     "ModelError",

@@ -1,4 +1,4 @@
-"""ModelError and ContextLengthError: what the model runtime raises."""
+"""ModelError, ContextLengthError and KVCacheFull: what the model runtime raises."""
 
 from __future__ import annotations
 
@@ -15,3 +15,7 @@ class ContextLengthError(ModelError):
         super().__init__(message)
         self.limit = limit
         self.requested = requested
+
+
+class KVCacheFull(ModelError):
+    """Every block of the KV cache's budget is held by a running sequence."""

@@ -410,10 +410,22 @@ static inline float vdot(const float *a, const float *b, int64_t n) {
     return s;
 }
 
+/* The products of one weight block and one token's block: (dw * dx) * (codes . codes). */
+#define BLOCK_PRODUCT(dwx, w, x, sign) _mm256_mul_ps(_mm256_set1_ps(dwx), \
+                                                     _mm256_cvtepi32_ps(dot_codes(w, x, sign)))
+#define BLOCK_FMA(dwx, w, x, sign, acc) _mm256_fmadd_ps(_mm256_set1_ps(dwx), \
+                                                        _mm256_cvtepi32_ps(dot_codes(w, x, sign)), acc)
+
 /* A tile of Y: rows n0 .. n0 + RM of W times tokens t0 .. t0 + RN of `a`, the accumulators
  * in registers (RM and RN are constants after inlining: one copy per type and shape). The
  * blocks' offsets mw go to `mw` [RM, nb] on the way and meet the tokens' dx * sum(qx) in one
- * float dot product per pair at the end, not in the inner loop. */
+ * float dot product per pair at the end, not in the inner loop.
+ *
+ * Blocks go in pairs: the pair's two products are summed first and then added to the
+ * accumulator, so the accumulator's chain of dependent additions is one per two blocks (a
+ * single token's product, row_dot_int, is bound by that chain). The order of every float
+ * operation is the same for any RN, and row_dot_int repeats it for RN = 1: a token's
+ * output does not depend on how many tokens share the product. */
 static inline __attribute__((always_inline)) void
 tile_int(const int type, const int RM, const int RN, const uint8_t *W, int64_t rb,
          const Act8 *a, int64_t n0, int64_t t0, float *Y, int64_t N, float *mw) {
@@ -424,7 +436,29 @@ tile_int(const int type, const int RM, const int RN, const uint8_t *W, int64_t r
     for (int r = 0; r < RM; r++)
 #pragma GCC unroll 8
         for (int t = 0; t < RN; t++) acc[r][t] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        __m256i w0[4], w1[4];
+        float dw0[4], dw1[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < RM; r++) {
+            w0[r] = block_codes(type, W + (n0 + r) * rb + b * bs, &dw0[r], &mw[r * nb + b]);
+            w1[r] = block_codes(type, W + (n0 + r) * rb + (b + 1) * bs, &dw1[r],
+                                &mw[r * nb + b + 1]);
+        }
+#pragma GCC unroll 8
+        for (int t = 0; t < RN; t++) {
+            const int8_t *q = a->q + (t0 + t) * K + 32 * b;
+            const __m256i x0 = _mm256_loadu_si256((const __m256i *)q);
+            const __m256i x1 = _mm256_loadu_si256((const __m256i *)(q + 32));
+            const float dx0 = a->d[(t0 + t) * nb + b], dx1 = a->d[(t0 + t) * nb + b + 1];
+#pragma GCC unroll 4
+            for (int r = 0; r < RM; r++)
+                acc[r][t] = _mm256_add_ps(acc[r][t], BLOCK_FMA(dw1[r] * dx1, w1[r], x1, sign,
+                                                    BLOCK_PRODUCT(dw0[r] * dx0, w0[r], x0, sign)));
+        }
+    }
+    if (b < nb) {
         __m256i w[4];
         float dw[4];
 #pragma GCC unroll 4
@@ -436,9 +470,7 @@ tile_int(const int type, const int RM, const int RN, const uint8_t *W, int64_t r
             const float dx = a->d[(t0 + t) * nb + b];
 #pragma GCC unroll 4
             for (int r = 0; r < RM; r++)
-                acc[r][t] = _mm256_fmadd_ps(_mm256_set1_ps(dw[r] * dx),
-                                            _mm256_cvtepi32_ps(dot_codes(w[r], x, sign)),
-                                            acc[r][t]);
+                acc[r][t] = _mm256_add_ps(acc[r][t], BLOCK_PRODUCT(dw[r] * dx, w[r], x, sign));
         }
     }
 #pragma GCC unroll 4
@@ -449,38 +481,32 @@ tile_int(const int type, const int RM, const int RN, const uint8_t *W, int64_t r
                 (sign ? 0.0f : vdot(mw + r * nb, a->s + (t0 + t) * nb, nb));
 }
 
-/* One row times one token (decode): two chains of accumulation over alternate blocks. */
+/* One row times one token (decode): tile_int's arithmetic for RM = RN = 1, in its order.
+ * `mw`: room for the row's nb offsets. */
 static inline __attribute__((always_inline)) float
-row_dot_int(const int type, const uint8_t *row, const Act8 *a, int64_t t) {
+row_dot_int(const int type, const uint8_t *row, const Act8 *a, int64_t t, float *mw) {
     const int64_t bs = fk_row_bytes(type, 32), nb = a->nb;
     const int sign = type == Q8_0;
     const int8_t *q = a->q + t * a->K;
-    const float *d = a->d + t * nb, *s = a->s + t * nb;
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    float off0 = 0.0f, off1 = 0.0f;
+    const float *d = a->d + t * nb;
+    __m256 acc = _mm256_setzero_ps();
     int64_t b = 0;
     for (; b + 2 <= nb; b += 2) {
-        float dw0, mw0, dw1, mw1;
-        const __m256i w0 = block_codes(type, row + b * bs, &dw0, &mw0);
-        const __m256i w1 = block_codes(type, row + (b + 1) * bs, &dw1, &mw1);
+        float dw0, dw1;
+        const __m256i w0 = block_codes(type, row + b * bs, &dw0, &mw[b]);
+        const __m256i w1 = block_codes(type, row + (b + 1) * bs, &dw1, &mw[b + 1]);
         const __m256i x0 = _mm256_loadu_si256((const __m256i *)(q + 32 * b));
         const __m256i x1 = _mm256_loadu_si256((const __m256i *)(q + 32 * b + 32));
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(dw0 * d[b]),
-                               _mm256_cvtepi32_ps(dot_codes(w0, x0, sign)), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(dw1 * d[b + 1]),
-                               _mm256_cvtepi32_ps(dot_codes(w1, x1, sign)), acc1);
-        off0 += mw0 * s[b];
-        off1 += mw1 * s[b + 1];
+        acc = _mm256_add_ps(acc, BLOCK_FMA(dw1 * d[b + 1], w1, x1, sign,
+                                           BLOCK_PRODUCT(dw0 * d[b], w0, x0, sign)));
     }
-    for (; b < nb; b++) {
-        float dw, mw;
-        const __m256i w = block_codes(type, row + b * bs, &dw, &mw);
+    if (b < nb) {
+        float dw;
+        const __m256i w = block_codes(type, row + b * bs, &dw, &mw[b]);
         const __m256i x = _mm256_loadu_si256((const __m256i *)(q + 32 * b));
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(dw * d[b]),
-                               _mm256_cvtepi32_ps(dot_codes(w, x, sign)), acc0);
-        off0 += mw * s[b];
+        acc = _mm256_add_ps(acc, BLOCK_PRODUCT(dw * d[b], w, x, sign));
     }
-    return hsum(_mm256_add_ps(acc0, acc1)) + off0 + off1;
+    return hsum(acc) + (sign ? 0.0f : vdot(mw, a->s + t * nb, nb));
 }
 
 /* Rows n0 .. n1 of Y for tokens t0 .. t1, in tiles of TILE_ROWS x TILE_TOKENS (edges
@@ -494,7 +520,7 @@ rows_int_as(const int type, const uint8_t *W, int64_t rb, const Act8 *a, int64_t
             int64_t n1, int64_t t0, int64_t t1, float *Y, int64_t N, float *mw) {
     int64_t n = n0;
     if (t1 - t0 == 1) { /* one token: row by row */
-        for (; n < n1; n++) Y[t0 * N + n] = row_dot_int(type, W + n * rb, a, t0);
+        for (; n < n1; n++) Y[t0 * N + n] = row_dot_int(type, W + n * rb, a, t0, mw);
         return;
     }
     for (; n + TILE_ROWS <= n1; n += TILE_ROWS) {
@@ -726,17 +752,19 @@ static inline void store_kv(void *dst, const float *src, int64_t n, int half) {
 #endif
 }
 
-/* The new tokens' keys and values into the cache: row b of QKV (q heads, then nkv key heads,
- * then nkv value heads; rows `stride` floats apart) goes to position positions[b] of slot
- * slots[b]. K, V: [slots, nkv, cap, hd], float32 or f16 (`half`). */
+/* The new tokens' keys and values into the paged cache: row b of QKV (q heads, then nkv key
+ * heads, then nkv value heads; rows `stride` floats apart) goes to position positions[b] of
+ * the sequence whose block table is the row of TABLES starting at b * tstride (tstride 0: one
+ * table for every row). K, V: [blocks, nkv, bs, hd], float32 or f16 (`half`). */
 void fk_kv_write(const float *QKV, int64_t stride, int64_t B, int64_t nq, int64_t nkv,
-                 int64_t hd, void *K, void *V, int64_t cap, const int64_t *slots,
-                 const int64_t *positions, int half) {
+                 int64_t hd, void *K, void *V, int64_t bs, const int64_t *tables,
+                 int64_t tstride, const int64_t *positions, int half) {
     const int64_t es = half ? 2 : 4;
     for (int64_t b = 0; b < B; b++) {
         const float *k = QKV + b * stride + nq * hd, *v = k + nkv * hd;
+        const int64_t block = tables[b * tstride + positions[b] / bs];
         for (int64_t h = 0; h < nkv; h++) {
-            const int64_t at = ((slots[b] * nkv + h) * cap + positions[b]) * hd * es;
+            const int64_t at = ((block * nkv + h) * bs + positions[b] % bs) * hd * es;
             store_kv((uint8_t *)K + at, k + h * hd, hd, half);
             store_kv((uint8_t *)V + at, v + h * hd, hd, half);
         }
@@ -744,16 +772,18 @@ void fk_kv_write(const float *QKV, int64_t stride, int64_t B, int64_t nq, int64_
 }
 
 /* Attention of one query token per row over cached keys and values.
- * Q: rows q_stride floats apart, each nq heads of hd; OUT: [B, nq, hd]. K, V: [slots, nkv,
- * cap, hd] (a layer's cache, float32 or f16: `half`). Row b reads slot slots[b] and sees
- * positions 0 .. lengths[b] - 1, or only the last `window` of them when window > 0 (rows may
- * share a slot: a prompt's tokens, each with its own length). sinks: NULL or [nq] logits
- * that join each head's normalisation and are then dropped (gpt-oss). */
+ * Q: rows q_stride floats apart, each nq heads of hd; OUT: [B, nq, hd]. K, V: [blocks, nkv,
+ * bs, hd] (a layer's paged cache, float32 or f16: `half`). Row b's positions are in the
+ * blocks listed from TABLES + b * tstride (tstride 0: rows share one table, as a prompt's
+ * tokens do, each with its own length); it sees positions 0 .. lengths[b] - 1, or only the
+ * last `window` of them when window > 0. sinks: NULL or [nq] logits that join each head's
+ * normalisation and are then dropped (gpt-oss). */
 int fk_attend(const float *Q, int64_t q_stride, int64_t B, int64_t nq, int64_t nkv, int64_t hd,
-              const void *K, const void *V, int64_t cap, const int64_t *slots,
+              const void *K, const void *V, int64_t bs, const int64_t *tables, int64_t tstride,
               const int64_t *lengths, int64_t window, const float *sinks, float scale,
               float *OUT, int half, int threads) {
     const int64_t group = nq / nkv, es = half ? 2 : 4;
+    const int64_t row_bytes = hd * es, block_bytes = nkv * bs * hd * es;
     int64_t longest = 0;
     for (int64_t b = 0; b < B; b++) longest = lengths[b] > longest ? lengths[b] : longest;
     const int many = B * nq * longest * hd > (1 << 15);
@@ -772,11 +802,12 @@ int fk_attend(const float *Q, int64_t q_stride, int64_t B, int64_t nq, int64_t n
             const int64_t len = lengths[b];
             const int64_t lo = window > 0 && len > window ? len - window : 0;
             const float *q = Q + b * q_stride + h * hd;
-            const int64_t base = (slots[b] * nkv + h / group) * cap * hd * es;
-            const uint8_t *k = (const uint8_t *)K + base, *v = (const uint8_t *)V + base;
+            const int64_t *table = tables + b * tstride;
+            const int64_t head = (h / group) * bs * row_bytes;
             float top = sinks ? sinks[h] : -INFINITY;
             for (int64_t j = lo; j < len; j++) {
-                p[j] = kv_dot(q, k + j * hd * es, hd, half) * scale;
+                const int64_t at = table[j / bs] * block_bytes + head + (j % bs) * row_bytes;
+                p[j] = kv_dot(q, (const uint8_t *)K + at, hd, half) * scale;
                 top = p[j] > top ? p[j] : top;
             }
             float total = sinks ? expf(sinks[h] - top) : 0.0f;
@@ -787,7 +818,10 @@ int fk_attend(const float *Q, int64_t q_stride, int64_t B, int64_t nq, int64_t n
             float *o = OUT + task * hd;
             memset(o, 0, (size_t)hd * sizeof(float));
             const float inv = 1.0f / total;
-            for (int64_t j = lo; j < len; j++) kv_axpy(o, p[j] * inv, v + j * hd * es, hd, half);
+            for (int64_t j = lo; j < len; j++) {
+                const int64_t at = table[j / bs] * block_bytes + head + (j % bs) * row_bytes;
+                kv_axpy(o, p[j] * inv, (const uint8_t *)V + at, hd, half);
+            }
         }
         free(p);
     }

@@ -95,10 +95,10 @@ def kernels() -> ctypes.CDLL:
     lib.fk_swiglu.argtypes = [_F32P, _I64, _I64, _F32P]
     lib.fk_kv_write.restype = None
     lib.fk_kv_write.argtypes = [_F32P, _I64, _I64, _I64, _I64, _I64, _F32P, _F32P, _I64,
-                                _I64P, _I64P, ctypes.c_int]
+                                _I64P, _I64, _I64P, ctypes.c_int]
     lib.fk_attend.restype = ctypes.c_int
     lib.fk_attend.argtypes = [_F32P, _I64, _I64, _I64, _I64, _I64, _F32P, _F32P, _I64, _I64P,
-                              _I64P, _I64, _F32P, ctypes.c_float, _F32P, ctypes.c_int,
+                              _I64, _I64P, _I64, _F32P, ctypes.c_float, _F32P, ctypes.c_int,
                               ctypes.c_int]
     lib.fk_has_f16c.restype = ctypes.c_int
     lib.fk_has_f16c.argtypes = []

@@ -5,14 +5,17 @@ kernels or the numpy reference.
 
 Tokens from several sequences go through one forward together: every linear layer is one
 matrix product over all of them (one pass over the weights per step, whatever the batch).
-The KV cache is one pool per layer with a slot per sequence, so a decode step's attention is
-also one batched product over the batch's slots; prefill attention and LFM2's short
-convolution run per sequence. Prefill is chunked so a long prompt is matrix-matrix work of
-bounded size.
+The KV cache is paged (npu.engine.kv_cache): blocks of 16 positions, a block table per
+sequence, full blocks named by the tokens they cover and shared by every sequence that starts
+with those tokens (`reuse_prefix`), so a decode step's attention is one kernel call over the
+batch's tables and a prompt that repeats an earlier one computes only its new tokens; prefill
+attention and LFM2's short convolution run per sequence. Prefill is chunked so a long prompt
+is matrix-matrix work of bounded size.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from collections.abc import Sequence
@@ -21,12 +24,24 @@ from typing import Any
 import numpy as np
 
 from npu.engine import rope as rope_mod
+from npu.engine.kv_cache import BlockPool, SeqBlocks
 from npu.engine.linear import Linear, LinearFactory, Threads
 from npu.engine.quant import INTEGER, QMatrix
 from npu.errors import ContextLengthError, ModelError
 from npu.load.config import ModelConfig
 
+log = logging.getLogger(__name__)
 PREFILL_CHUNK = 512
+
+
+def default_kv_budget(bytes_per_token: int, max_context: int) -> int:
+    """A KV cache budget that fits the host: eight full contexts, at most a quarter of the
+    physical memory."""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (OSError, ValueError):
+        memory = 8 << 30
+    return max(1 << 20, min(8 * max_context * bytes_per_token, memory // 4))
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
@@ -44,69 +59,15 @@ class _Layer:
 
 
 class _Seq:
-    __slots__ = ("pos", "slot", "conv")
+    __slots__ = ("kv", "conv")
 
-    def __init__(self, n_layers: int, slot: int) -> None:
-        self.pos = 0
-        self.slot = slot
+    def __init__(self, n_layers: int, kv: SeqBlocks | None = None) -> None:
+        self.kv = kv or SeqBlocks()
         self.conv: list[np.ndarray | None] = [None] * n_layers
 
-
-class _KVPool:
-    """Every sequence's keys and values: per attention layer one array
-    [slots, kv_heads, capacity, head_dim] for K and one for V.
-
-    A sequence owns a slot (the lowest free one, so the slots in use stay a compact range),
-    which lets a decode batch's attention be one product over that range. Capacity grows by
-    doubling to the longest sequence, so memory is (highest slot in use + 1) x the longest
-    sequence; it is all returned when the last sequence is released.
-    """
-
-    def __init__(self, layers: list[int], n_layers: int, kv_heads: int, head_dim: int,
-                 max_context: int, dtype=np.float32) -> None:
-        self.layers = layers
-        self.dtype = dtype
-        self.kv_heads, self.head_dim = kv_heads, head_dim
-        self.max_context = max_context
-        self.k: list[np.ndarray | None] = [None] * n_layers
-        self.v: list[np.ndarray | None] = [None] * n_layers
-        self.slots = 0
-        self.capacity = 0
-        self.live: set[int] = set()
-
-    def alloc(self) -> int:
-        slot = 0
-        while slot in self.live:
-            slot += 1
-        self.live.add(slot)
-        return slot
-
-    def free(self, slot: int) -> None:
-        self.live.discard(slot)
-        if not self.live:
-            self.k = [None] * len(self.k)
-            self.v = [None] * len(self.v)
-            self.slots = self.capacity = 0
-
-    def reserve(self, top_slot: int, need: int) -> None:
-        """Room for slot `top_slot` and `need` positions in every slot."""
-        if top_slot < self.slots and need <= self.capacity:
-            return
-        slots = self.slots if top_slot < self.slots else max(top_slot + 1, 2 * self.slots)
-        cap = self.capacity
-        if need > cap:
-            cap = max(need, 2 * cap, 16)
-            cap = min(cap, self.max_context) if need <= self.max_context else need
-        for li in self.layers:
-            for store in (self.k, self.v):
-                # zeros, not empty: a decode batch reads past shorter sequences' ends (their
-                # weights there are 0, but 0 * NaN from uninitialised memory would be NaN)
-                new = np.zeros((slots, self.kv_heads, cap, self.head_dim), dtype=self.dtype)
-                old = store[li]
-                if old is not None:
-                    new[: self.slots, :, : self.capacity] = old
-                store[li] = new
-        self.slots, self.capacity = slots, cap
+    @property
+    def pos(self) -> int:
+        return self.kv.pos
 
 
 class NumpyEngine:
@@ -121,10 +82,14 @@ class NumpyEngine:
         backend: the linear layers' backend ("cpu": the compiled kernels, "reference":
             numpy; see npu.engine.linear).
         threads: the kernels' thread count (default: every core).
+        kv_cache_bytes: the KV cache's budget (default: `default_kv_budget`).
+        prefix_cache: keep finished prompts' KV for later ones that start alike (models with
+            state outside the KV, LFM2's convolutions, never do).
     """
 
     def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray | QMatrix], *,
-                 backend: str = "cpu", threads: int | None = None) -> None:
+                 backend: str = "cpu", threads: int | None = None,
+                 kv_cache_bytes: int | None = None, prefix_cache: bool = True) -> None:
         self.config = c = config
         self.vocab_size = c.vocab_size
         self.max_context = c.max_position
@@ -249,8 +214,16 @@ class NumpyEngine:
             # each product: OpenMP threads of the other kernels beside them oversubscribe 2
             # cores (measured: fp32 decode 3x slower), so those kernels take one thread
             self.ops.threads = Threads(1)
-        self._kv = _KVPool([L.index for L in self.layers if L.kind != "conv"], len(self.layers),
-                           c.num_kv_heads, c.head_dim, self.max_context, kv_dtype)
+        attention = [L.index for L in self.layers if L.kind != "conv"]
+        # a conv layer's state is not per-token KV: such a model (LFM2) recomputes prompts
+        self.prefix_cache = prefix_cache and len(attention) == len(self.layers)
+        if prefix_cache and not self.prefix_cache:
+            log.info("Prefix caching is off for %s: its convolution layers keep a state that "
+                     "is not in the KV cache", c.arch)
+        per_token = 2 * len(attention) * c.num_kv_heads * c.head_dim * np.dtype(kv_dtype).itemsize
+        self.kv = BlockPool(attention, len(self.layers), c.num_kv_heads, c.head_dim,
+                            kv_cache_bytes or default_kv_budget(per_token, self.max_context),
+                            kv_dtype, caching=self.prefix_cache)
 
     def _integer_weights(self) -> bool:
         linears = [L.wqkv for L in self.layers] + [L.w_gate_up for L in self.layers]
@@ -303,15 +276,27 @@ class NumpyEngine:
             raise ValueError("prefill needs at least one token")
         seq = self._seq(seq_id)
         self._check_room(seq, ids.size)  # the whole prompt, before any of it runs
-        self._kv.reserve(seq.slot, seq.pos + ids.size)
+        self.kv.reserve(seq.kv, seq.pos + ids.size)
         for start in range(0, ids.size, PREFILL_CHUNK):
             logits = self.prefill_many([(seq_id, ids[start : start + PREFILL_CHUNK])])
         return logits[0]
 
+    def reuse_prefix(self, seq_id: object, ids: Sequence[int]) -> int:
+        """Start the new sequence `seq_id` on the cached KV of the longest prefix of its
+        prompt `ids` that an earlier sequence computed (whole blocks, at least one token
+        left to compute); returns how many tokens that covers: prefill the rest."""
+        seq = self._seq(seq_id)
+        return self.kv.adopt(seq.kv, ids) if seq.pos == 0 else 0
+
     def prefill_many(self, items: Sequence[tuple[object, Sequence[int]]]) -> np.ndarray:
         """Prompt pieces of several sequences in one forward (one pass over the weights for
         all of them); returns each one's next-token logits [len(items), V]. Each piece
-        should be at most PREFILL_CHUNK tokens."""
+        should be at most PREFILL_CHUNK tokens.
+
+        Raises:
+            KVCacheFull: the pieces' KV does not fit (nothing has run; blocks reserved for
+                the pieces so far stay with their sequences).
+        """
         if len({sid for sid, _ in items}) != len(items):
             raise ValueError("prefill_many takes each sequence once")
         segments, ids = [], []
@@ -322,18 +307,23 @@ class NumpyEngine:
             self._check_room(seq, len(piece))
             segments.append((seq, len(piece)))
             ids.extend(piece)
-        self._kv.reserve(max(s.slot for s, _ in segments), max(s.pos + n for s, n in segments))
+        for seq, n in segments:
+            self.kv.reserve(seq.kv, seq.pos + n)
         return self._forward(np.asarray(ids, dtype=np.int64), segments)
 
     def _seq(self, seq_id: object) -> _Seq:
-        """The sequence `seq_id`, started (with a cache slot) if it is new."""
+        """The sequence `seq_id`, started (with no blocks yet) if it is new."""
         seq = self._seqs.get(seq_id)
         if seq is None:
-            seq = self._seqs[seq_id] = _Seq(len(self.layers), self._kv.alloc())
+            seq = self._seqs[seq_id] = _Seq(len(self.layers))
         return seq
 
     def decode(self, seq_ids: Sequence[object], tokens: Sequence[int]) -> np.ndarray:
-        """One token for each sequence, all in one forward; returns logits [B, V]."""
+        """One token for each sequence, all in one forward; returns logits [B, V].
+
+        Raises:
+            KVCacheFull: a sequence needs a new block and none is left (nothing has run).
+        """
         seqs = []
         for sid in seq_ids:
             seq = self._seqs.get(sid)
@@ -341,36 +331,41 @@ class NumpyEngine:
                 raise KeyError(f"unknown sequence {sid!r}: prefill it first")
             self._check_room(seq, 1)
             seqs.append(seq)
-        self._kv.reserve(max(s.slot for s in seqs), max(s.pos for s in seqs) + 1)
+        for seq in seqs:
+            self.kv.reserve(seq.kv, seq.pos + 1)
         return self._forward(np.asarray(tokens, dtype=np.int64), [(s, 1) for s in seqs])
 
+    def blocks_needed(self, seq_ids: Sequence[object], tokens: int = 1) -> int:
+        """KV blocks the sequences need before each takes `tokens` more."""
+        return sum(self.kv.blocks_needed(self._seqs[s].kv, self._seqs[s].pos + tokens)
+                   for s in seq_ids if s in self._seqs)
+
+    def blocks_available(self) -> int:
+        """KV blocks free, evictable, or still within the budget."""
+        return self.kv.available()
+
     def fork(self, src: object, dst: object) -> None:
-        """Start `dst` as a copy of `src`'s state (n choices share one prefill)."""
+        """Start `dst` as a copy of `src`'s state (n choices share one prefill: the full
+        blocks are shared, the partial last one copied)."""
         seq = self._seqs[src]
-        new = _Seq(len(self.layers), self._kv.alloc())
-        new.pos = seq.pos
-        self._kv.reserve(new.slot, seq.pos)
-        for li in self._kv.layers:
-            for store in (self._kv.k, self._kv.v):
-                store[li][new.slot, :, : seq.pos] = store[li][seq.slot, :, : seq.pos]
+        new = _Seq(len(self.layers), self.kv.fork(seq.kv))
         new.conv = [None if a is None else a.copy() for a in seq.conv]
         self._seqs[dst] = new
 
     def release(self, seq_id: object) -> None:
-        """Free a sequence's caches (unknown ids are ignored)."""
+        """End a sequence: its KV blocks go back to the cache (unknown ids are ignored)."""
         seq = self._seqs.pop(seq_id, None)
         if seq is not None:
-            self._kv.free(seq.slot)
+            self.kv.release(seq.kv)
 
     def length(self, seq_id: object) -> int:
         seq = self._seqs.get(seq_id)
         return seq.pos if seq else 0
 
     def kv_usage(self) -> dict[str, int]:
-        """What the KV cache holds now: live sequences, KV slots in use, bytes allocated."""
-        held = sum(a.nbytes for a in (*self._kv.k, *self._kv.v) if a is not None)
-        return {"sequences": len(self._seqs), "kv_slots": len(self._kv.live),
-                "kv_bytes": held}
+        """What the KV cache holds now: live sequences, blocks they hold, blocks kept only
+        for reuse, bytes allocated."""
+        return {"sequences": len(self._seqs), **self.kv.usage()}
 
     def _check_room(self, seq: _Seq, n: int) -> None:
         if seq.pos + n > self.max_context:
@@ -385,16 +380,23 @@ class NumpyEngine:
         if self.embed_scale is not None:
             x = x * self.embed_scale
         positions = np.concatenate([np.arange(s.pos, s.pos + n) for s, n in segments])
-        tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        decoding = len(segments) == len(ids)  # one token per sequence: batched attention
+        if not self.kv.layers:
+            tables = None
+        elif decoding:
+            tables = self.kv.tables([s.kv for s, _ in segments])
+        else:
+            tables = [np.asarray(s.kv.table, dtype=np.int64) for s, _ in segments]
+        rope_tables: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         for li, L in enumerate(self.layers):
             h = self.ops.rms_norm(x, L.norm_in, c.rms_eps)
             if L.kind == "conv":
                 h = self._conv(li, L, h, segments)
             else:
                 key = (id(L.inv_freq), L.rope_scale)
-                if key not in tables:
-                    tables[key] = rope_mod.cos_sin(L.inv_freq, positions, L.rope_scale)
-                h = self._attention(li, L, h, segments, *tables[key])
+                if key not in rope_tables:
+                    rope_tables[key] = rope_mod.cos_sin(L.inv_freq, positions, L.rope_scale)
+                h = self._attention(li, L, h, segments, tables, *rope_tables[key])
             if L.norm_post_attn is not None:
                 h = self.ops.rms_norm(h, L.norm_post_attn, c.rms_eps)
             x = x + h
@@ -407,8 +409,10 @@ class NumpyEngine:
             if L.norm_post_ff is not None:
                 h = self.ops.rms_norm(h, L.norm_post_ff, c.rms_eps)
             x = x + h
+        start = 0
         for seq, n in segments:
-            seq.pos += n
+            self.kv.written(seq.kv, ids[start : start + n])
+            start += n
         ends = np.cumsum([n for _, n in segments]) - 1
         last = self.ops.rms_norm(x[ends], self.final_norm, c.rms_eps)
         return np.ascontiguousarray(self._mm(last, None, "lm_head"), dtype=np.float32)
@@ -420,7 +424,10 @@ class NumpyEngine:
         w = self.lm_head if layer is None else getattr(layer, name)
         return w(x)
 
-    def _attention(self, li: int, L: _Layer, h: np.ndarray, segments, cos, sin) -> np.ndarray:
+    def _attention(self, li: int, L: _Layer, h: np.ndarray, segments, tables,
+                   cos, sin) -> np.ndarray:
+        """Self-attention of the forward's tokens; `tables`: the batch's block tables
+        [B, n] when every segment is one token (decode), else one table per segment."""
         c = self.config
         nq, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
         qkv = self._mm(h, L, "wqkv")
@@ -428,23 +435,19 @@ class NumpyEngine:
             qkv = qkv + L.bqkv
         qkv = self.ops.qk_rope(qkv, nq, nkv, L.q_norm, L.k_norm, c.rms_eps, cos, sin)
         T = h.shape[0]
-        K, V = self._kv.k[li], self._kv.v[li]
+        K, V = self.kv.k[li], self.kv.v[li]
         if len(segments) == T:  # decode: one token per sequence, the batch in one call
-            slots = np.fromiter((s.slot for s, _ in segments), dtype=np.int64, count=T)
             pos = np.fromiter((s.pos for s, _ in segments), dtype=np.int64, count=T)
-            return self._out_proj(L, self.ops.attend_new(qkv, nq, K, V, slots, pos, L.window,
+            return self._out_proj(L, self.ops.attend_new(qkv, nq, K, V, tables, pos, L.window,
                                                          L.sinks, self.scale))
         q = qkv[:, : nq * hd].reshape(T, nq, hd)
-        k = qkv[:, nq * hd : (nq + nkv) * hd].reshape(T, nkv, hd)
-        v = qkv[:, (nq + nkv) * hd :].reshape(T, nkv, hd)
         out = np.empty((T, nq * hd), dtype=np.float32)
         start = 0
-        for seq, n in segments:
-            total = seq.pos + n
-            K[seq.slot, :, seq.pos : total] = k[start : start + n].transpose(1, 0, 2)
-            V[seq.slot, :, seq.pos : total] = v[start : start + n].transpose(1, 0, 2)
+        for (seq, n), table in zip(segments, tables):
+            rows = qkv[start : start + n]
+            self.ops.kv_write(rows, nq, K, V, table, np.arange(seq.pos, seq.pos + n))
             out[start : start + n] = self.ops.attend_prompt(
-                q[start : start + n], K, V, seq.slot, seq.pos, L.window, L.sinks, self.scale)
+                q[start : start + n], K, V, table, seq.pos, L.window, L.sinks, self.scale)
             start += n
         return self._out_proj(L, out)
 

@@ -79,76 +79,75 @@ class NumpyOps:
         qk[:, nq:] = self.rope(k, cos, sin)
         return qkv
 
+    def kv_write(self, qkv: np.ndarray, nq: int, K: np.ndarray, V: np.ndarray,
+                 tables: np.ndarray, positions: np.ndarray) -> None:
+        """Row b of qkv's key and value heads into the cache K, V [blocks, nkv, BLOCK, dim]
+        at position positions[b] of the sequence whose block table is tables[b] (or
+        `tables` itself when it is one row, shared by every row)."""
+        B = len(qkv)
+        nkv, bs, dim = K.shape[1], K.shape[2], K.shape[3]
+        tables = tables.reshape(-1, tables.shape[-1])
+        rows = np.arange(B) if len(tables) > 1 else np.zeros(B, dtype=np.intp)
+        blocks = tables[rows, positions // bs]
+        K[blocks, :, positions % bs] = qkv[:, nq * dim : (nq + nkv) * dim].reshape(B, nkv, dim)
+        V[blocks, :, positions % bs] = qkv[:, (nq + nkv) * dim :].reshape(B, nkv, dim)
+
     def attend_new(self, qkv: np.ndarray, nq: int, K: np.ndarray, V: np.ndarray,
-                   slots: np.ndarray, positions: np.ndarray, window: int,
+                   tables: np.ndarray, positions: np.ndarray, window: int,
                    sinks: np.ndarray | None, scale: np.float32) -> np.ndarray:
         """Decode: row b of qkv is sequence b's new token; its key and value join the cache
-        at positions[b] of slots[b], then its query attends (`attend`); -> [B, nq * dim]."""
+        at positions[b] of its block table tables[b], then its query attends (`attend`);
+        -> [B, nq * dim]."""
         B = len(qkv)
-        nkv, dim = K.shape[1], K.shape[3]
+        dim = K.shape[3]
+        self.kv_write(qkv, nq, K, V, tables, positions)
         q = qkv[:, : nq * dim].reshape(B, nq, dim)
-        K[slots, :, positions] = qkv[:, nq * dim : (nq + nkv) * dim].reshape(B, nkv, dim)
-        V[slots, :, positions] = qkv[:, (nq + nkv) * dim :].reshape(B, nkv, dim)
-        return self.attend(q, K, V, slots, positions + 1, window, sinks, scale)
+        return self.attend(q, K, V, tables, positions + 1, window, sinks, scale)
 
-    def attend(self, q: np.ndarray, K: np.ndarray, V: np.ndarray, slots: np.ndarray,
+    @staticmethod
+    def _gather(store: np.ndarray, tables: np.ndarray, span: int) -> np.ndarray:
+        """The first `span` positions of each row's blocks: [B, nkv, span, dim]."""
+        B, nkv, bs, dim = len(tables), store.shape[1], store.shape[2], store.shape[3]
+        n = -(-span // bs)
+        g = store[tables[:, :n]]  # [B, n, nkv, bs, dim]
+        return g.transpose(0, 2, 1, 3, 4).reshape(B, nkv, n * bs, dim)[:, :, :span]
+
+    def attend(self, q: np.ndarray, K: np.ndarray, V: np.ndarray, tables: np.ndarray,
                lengths: np.ndarray, window: int, sinks: np.ndarray | None,
                scale: np.float32) -> np.ndarray:
         """Attention of one new token per sequence: q [B, nq, hd] against the cache
-        K, V [slots, nkv, capacity, hd], sequence b in slot slots[b] seeing its first
-        lengths[b] positions (the last `window` of them if window > 0); -> [B, nq * hd].
-
-        One product over the range of the batch's slots (rows of slots outside the batch
-        are computed and dropped)."""
+        K, V [blocks, nkv, BLOCK, hd], sequence b's positions in the blocks tables[b] (one
+        row: shared by all), seeing its first lengths[b] positions (the last `window` of
+        them if window > 0); -> [B, nq * hd]."""
         B, nq, hd = q.shape
         nkv = K.shape[1]
         group = nq // nkv
-        first, end = int(slots.min()), int(slots.max()) + 1
-        rows = slots - first
+        tables = tables.reshape(-1, tables.shape[-1])
         span = int(lengths.max())
-        if end - first == B:
-            qr = np.empty((B, nkv, group, hd), dtype=np.float32)
-            seen = np.empty(B, dtype=np.intp)
-        else:  # slots in the range that are not in this batch: harmless filler rows
-            qr = np.zeros((end - first, nkv, group, hd), dtype=np.float32)
-            seen = np.ones(end - first, dtype=np.intp)
-        qr[rows] = q.reshape(B, nkv, group, hd)
-        seen[rows] = lengths
-        scores = np.matmul(qr, K[first:end, :, :span].transpose(0, 1, 3, 2))  # [R,nkv,g,span]
+        Ks = self._gather(K, tables, span).astype(np.float32)
+        Vs = self._gather(V, tables, span).astype(np.float32)
+        qr = q.reshape(B, nkv, group, hd)
+        scores = np.matmul(qr, Ks.transpose(0, 1, 3, 2))  # [B or 1, ...] -> [B, nkv, g, span]
         scores *= scale
         kpos = np.arange(span)
-        valid = kpos[None, :] < seen[:, None]
+        valid = kpos[None, :] < lengths[:, None]
         if window:
-            valid &= kpos[None, :] > seen[:, None] - 1 - window
+            valid &= kpos[None, :] > lengths[:, None] - 1 - window
         if not valid.all():
             scores = np.where(valid[:, None, None, :], scores, np.float32(-np.inf))
         scores = softmax(scores, sinks.reshape(1, nkv, group, 1) if sinks is not None else None)
-        out = np.matmul(scores, V[first:end, :, :span])  # [R, nkv, g, hd]
-        return out[rows].reshape(B, nq * hd)
+        out = np.matmul(scores, Vs)  # [B, nkv, g, hd]
+        return out.reshape(B, nq * hd).astype(np.float32, copy=False)
 
-
-    def attend_prompt(self, q: np.ndarray, K: np.ndarray, V: np.ndarray, slot: int, pos: int,
-                      window: int, sinks: np.ndarray | None, scale: np.float32) -> np.ndarray:
+    def attend_prompt(self, q: np.ndarray, K: np.ndarray, V: np.ndarray, table: np.ndarray,
+                      pos: int, window: int, sinks: np.ndarray | None,
+                      scale: np.float32) -> np.ndarray:
         """Causal attention of a prompt piece: q [n, nq, hd] are the queries at positions
-        pos .. pos + n - 1 of the sequence in `slot` (whose keys and values up to there are
-        in the cache); -> [n, nq * hd]."""
-        n, nq, hd = q.shape
-        nkv = K.shape[1]
-        group = nq // nkv
-        total = pos + n
-        Ks, Vs = K[slot, :, :total], V[slot, :, :total]
-        qs = q.transpose(1, 0, 2).reshape(nkv, group * n, hd)
-        scores = (qs @ Ks.transpose(0, 2, 1)) * scale  # [nkv, g*n, total]
-        scores = scores.reshape(nkv, group, n, total)
-        qpos = np.arange(pos, total)[:, None]
-        kpos = np.arange(total)[None, :]
-        masked = kpos > qpos
-        if window:
-            masked = masked | (kpos <= qpos - window)
-        scores = np.where(masked, np.float32(-np.inf), scores)
-        probs = softmax(scores, sinks.reshape(nkv, group, 1, 1) if sinks is not None else None)
-        o = probs.reshape(nkv, group * n, total) @ Vs  # [nkv, g*n, hd]
-        return o.reshape(nq, n, hd).transpose(1, 0, 2).reshape(n, nq * hd)
+        pos .. pos + n - 1 of the sequence whose blocks are `table` (its keys and values up
+        to there in the cache); -> [n, nq * hd]."""
+        n = len(q)
+        return self.attend(q, K, V, table.reshape(1, -1), np.arange(pos + 1, pos + n + 1),
+                           window, sinks, scale)
 
 
 class KernelOps(NumpyOps):
@@ -202,16 +201,17 @@ class KernelOps(NumpyOps):
         return out
 
     def _attend(self, q: np.ndarray, q_stride: int, B: int, nq: int, K: np.ndarray,
-                V: np.ndarray, slots: np.ndarray, lengths: np.ndarray, window: int,
+                V: np.ndarray, tables: np.ndarray, lengths: np.ndarray, window: int,
                 sinks: np.ndarray | None, scale: np.float32) -> np.ndarray:
         dim = K.shape[3]
-        slots = np.ascontiguousarray(slots, dtype=np.int64)
+        tables = np.ascontiguousarray(tables, dtype=np.int64)
+        tstride = tables.shape[-1] if tables.ndim == 2 and len(tables) > 1 else 0
         lengths = np.ascontiguousarray(lengths, dtype=np.int64)
         out = np.empty((B, nq * dim), dtype=np.float32)
         if sinks is not None:
             sinks = np.ascontiguousarray(sinks, dtype=np.float32)  # held until the call ends
         if self._lib.fk_attend(q.ctypes.data, q_stride, B, nq, K.shape[1], dim, K.ctypes.data,
-                               V.ctypes.data, K.shape[2], slots.ctypes.data,
+                               V.ctypes.data, K.shape[2], tables.ctypes.data, tstride,
                                lengths.ctypes.data, window,
                                None if sinks is None else sinks.ctypes.data, float(scale),
                                out.ctypes.data, int(K.dtype == np.float16), self.threads.n):
@@ -224,31 +224,31 @@ class KernelOps(NumpyOps):
                 K.flags.c_contiguous and V.flags.c_contiguous):
             raise ValueError("the KV cache must be contiguous float16 or float32")
 
-    def attend(self, q: np.ndarray, K: np.ndarray, V: np.ndarray, slots: np.ndarray,
+    def attend(self, q: np.ndarray, K: np.ndarray, V: np.ndarray, tables: np.ndarray,
                lengths: np.ndarray, window: int, sinks: np.ndarray | None,
                scale: np.float32) -> np.ndarray:
         B, nq, dim = q.shape
         q = np.ascontiguousarray(q, dtype=np.float32)
         self._check_cache(K, V)
-        return self._attend(q, nq * dim, B, nq, K, V, slots, lengths, window, sinks, scale)
+        return self._attend(q, nq * dim, B, nq, K, V, tables, lengths, window, sinks, scale)
 
-    def attend_new(self, qkv: np.ndarray, nq: int, K: np.ndarray, V: np.ndarray,
-                   slots: np.ndarray, positions: np.ndarray, window: int,
-                   sinks: np.ndarray | None, scale: np.float32) -> np.ndarray:
+    def kv_write(self, qkv: np.ndarray, nq: int, K: np.ndarray, V: np.ndarray,
+                 tables: np.ndarray, positions: np.ndarray) -> None:
         qkv = np.ascontiguousarray(qkv, dtype=np.float32)
         self._check_cache(K, V)
-        slots = np.ascontiguousarray(slots, dtype=np.int64)
+        tables = np.ascontiguousarray(tables, dtype=np.int64)
+        tstride = tables.shape[-1] if tables.ndim == 2 and len(tables) > 1 else 0
         positions = np.ascontiguousarray(positions, dtype=np.int64)
-        B = len(qkv)
-        self._lib.fk_kv_write(qkv.ctypes.data, qkv.shape[1], B, nq, K.shape[1], K.shape[3],
-                              K.ctypes.data, V.ctypes.data, K.shape[2], slots.ctypes.data,
-                              positions.ctypes.data, int(K.dtype == np.float16))
-        return self._attend(qkv, qkv.shape[1], B, nq, K, V, slots, positions + 1, window,
-                            sinks, scale)
+        self._lib.fk_kv_write(qkv.ctypes.data, qkv.shape[1], len(qkv), nq, K.shape[1],
+                              K.shape[3], K.ctypes.data, V.ctypes.data, K.shape[2],
+                              tables.ctypes.data, tstride, positions.ctypes.data,
+                              int(K.dtype == np.float16))
 
-    def attend_prompt(self, q: np.ndarray, K: np.ndarray, V: np.ndarray, slot: int, pos: int,
-                      window: int, sinks: np.ndarray | None, scale: np.float32) -> np.ndarray:
-        # each query is a row of one-token attention that sees the positions up to its own
-        n = len(q)
-        return self.attend(q, K, V, np.full(n, slot), np.arange(pos + 1, pos + n + 1), window,
-                           sinks, scale)
+    def attend_new(self, qkv: np.ndarray, nq: int, K: np.ndarray, V: np.ndarray,
+                   tables: np.ndarray, positions: np.ndarray, window: int,
+                   sinks: np.ndarray | None, scale: np.float32) -> np.ndarray:
+        qkv = np.ascontiguousarray(qkv, dtype=np.float32)
+        positions = np.ascontiguousarray(positions, dtype=np.int64)
+        self.kv_write(qkv, nq, K, V, tables, positions)
+        return self._attend(qkv, qkv.shape[1], len(qkv), nq, K, V, tables, positions + 1,
+                            window, sinks, scale)

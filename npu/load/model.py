@@ -168,7 +168,8 @@ def _quantizer(quantize: str | None):
 def load_model(path: str | Path, device: str = "cpu", *, name: str | None = None,
                kernel_dir: str | Path | None = None, device_index: int = 0,
                xrt: Any = None, chat_template: str | Path | None = None,
-               quantize: str | None = None, backend: str = "cpu") -> Model:
+               quantize: str | None = None, backend: str = "cpu",
+               kv_cache_bytes: int | None = None, prefix_cache: bool = True) -> Model:
     """Load a model: a Hugging Face directory, a GGUF file (or a directory holding one),
     "flm-tiny" or "smollm2-135m".
 
@@ -185,6 +186,9 @@ def load_model(path: str | Path, device: str = "cpu", *, name: str | None = None
         quantize: "q8_0", "q4_0", "q4_1", ...: a Hugging Face checkpoint's matrices are
             quantized (round to nearest) as they load.
         backend: the CPU engine's linear layers: "cpu" (compiled kernels) or "reference".
+        kv_cache_bytes: the KV cache's budget (default: eight full contexts, at most a
+            quarter of the host's memory).
+        prefix_cache: keep finished prompts' KV for later prompts that start alike.
 
     Raises:
         ModelError: a missing or unsupported file, key, tensor or architecture, named.
@@ -226,9 +230,11 @@ def load_model(path: str | Path, device: str = "cpu", *, name: str | None = None
         from npu.xrt.engine import XRTEngine
 
         engine = XRTEngine(config, weights, xrt=xrt or XRT(),
-                           device_index=device_index, kernel_dir=Path(kernel_dir))
+                           device_index=device_index, kernel_dir=Path(kernel_dir),
+                           kv_cache_bytes=kv_cache_bytes, prefix_cache=prefix_cache)
     else:
-        engine = NumpyEngine(config, weights, backend=backend)
+        engine = NumpyEngine(config, weights, backend=backend, kv_cache_bytes=kv_cache_bytes,
+                             prefix_cache=prefix_cache)
     if engine.vocab_size < tokenizer.size:
         raise ModelError(f"{folder}: the tokenizer has {tokenizer.size} tokens but the model "
                          f"only {engine.vocab_size} logits")

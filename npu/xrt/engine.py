@@ -22,8 +22,10 @@ LINEAR = ("wqkv", "wo", "w_gate_up", "w_down", "in_proj", "out_proj")
 
 class XRTEngine(NumpyEngine):
     def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray], *, xrt: XRT,
-                 device_index: int, kernel_dir: Path) -> None:
-        super().__init__(config, weights)
+                 device_index: int, kernel_dir: Path, kv_cache_bytes: int | None = None,
+                 prefix_cache: bool = True) -> None:
+        super().__init__(config, weights, kv_cache_bytes=kv_cache_bytes,
+                         prefix_cache=prefix_cache)
         self.gemm = GemmKernel(xrt, device_index, kernel_dir)
         self.device_index = device_index
         self._dev = {}

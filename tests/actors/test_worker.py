@@ -26,7 +26,7 @@ def worker(tmp_path_factory) -> Worker:
 
 
 async def _events(worker: Worker, **kw) -> list:
-    req = GenerateRequest(request_id="t", messages=MSG, **kw)
+    req = GenerateRequest(request_id="t", **{"messages": MSG, **kw})
     return [ev async for batch in worker.generate(req) for ev in batch]
 
 
@@ -88,6 +88,62 @@ def test_cancelled_request_frees_its_sequence(worker) -> None:
 
     assert asyncio.run(run())
     assert not worker.model.engine._seqs  # every KV cache released
+    assert worker.model.engine.kv.held() == 0  # its blocks: cached or free, never held
+
+
+def test_a_repeated_prompt_is_served_from_the_prefix_cache(worker) -> None:
+    """The second request with the same conversation computes only the prompt's last block:
+    usage says how many prompt tokens came from the cache, out of the whole prompt."""
+    msgs = [{"role": "system", "content": "You answer in one word. " * 6},
+            {"role": "user", "content": "Name a colour, please."}]
+    first = asyncio.run(_events(worker, messages=msgs, max_tokens=6, seed=3, n=2))
+    again = asyncio.run(_events(worker, messages=msgs, max_tokens=6, seed=3, n=2))
+    u1, u2 = first[-1], again[-1]
+    assert u1.prompt_tokens == u2.prompt_tokens > 32
+    assert u1.cached_tokens < u2.cached_tokens  # (other tests' prompts may share a block)
+    assert u2.cached_tokens == (u2.prompt_tokens - 1) // 16 * 16
+    text = lambda evs: ["".join(d.text for e in evs if isinstance(e, Deltas)  # noqa: E731
+                                and e.index == i for d in e.deltas) for i in (0, 1)]
+    assert text(first) == text(again)
+    assert worker.model.engine.kv.held() == 0
+
+
+def test_a_prompt_larger_than_the_kv_budget_is_a_503(tmp_path) -> None:
+    folder = ensure_tiny(tmp_path / "cache")
+    w = Worker(lambda: load_model(folder, kv_cache_bytes=1))  # one block: 16 tokens
+    events = asyncio.run(_events(w, messages=[{"role": "user", "content": "x " * 40}]))
+    assert len(events) == 1 and isinstance(events[0], Rejected)
+    assert events[0].status == 503 and "KV cache is full" in events[0].message
+    ok = asyncio.run(_events(w, kind="completion", prompt="Hi", max_tokens=3))
+    assert isinstance(ok[-1], Usage)  # the worker goes on
+    w.close()
+
+
+def test_when_decoding_runs_out_of_blocks_the_newest_request_stops(tmp_path) -> None:
+    """Three blocks for two requests that each grow past one: the one admitted last ends
+    with an error and frees its blocks; the other runs to its end."""
+    folder = ensure_tiny(tmp_path / "cache")
+    probe = load_model(folder).engine.kv.block_bytes
+    w = Worker(lambda: load_model(folder, kv_cache_bytes=3 * probe, prefix_cache=False))
+
+    async def run():
+        reqs = [GenerateRequest(request_id=f"r{i}", kind="completion", prompt=f"{i} hello",
+                                max_tokens=30, seed=i, ignore_eos=True) for i in range(2)]
+
+        async def one(req):
+            return [ev async for batch in w.generate(req) for ev in batch]
+
+        return await asyncio.gather(*(one(r) for r in reqs))
+
+    from actors.events import Failed
+
+    a, b = asyncio.run(run())
+    ends = sorted(type(evs[-1]).__name__ for evs in (a, b))
+    assert ends == ["Failed", "Usage"]
+    failed = a if isinstance(a[-1], Failed) else b
+    assert "KV cache is full" in failed[-1].message
+    assert w.model.engine.kv.held() == 0
+    w.close()
 
 
 def test_npu_fault_fails_the_stream_and_the_worker(tmp_path) -> None:

@@ -90,7 +90,7 @@ def test_worker_figures_arrive_with_health_checks(client) -> None:
     # each flm-tiny worker replica reports its own gauges (a replica another test replaced
     # stays listed until it has missed three health checks)
     replicas = {dict(ls)["replica"] for (n, ls) in after
-                if n == "flm_kv_cache_slots" and dict(ls).get("model") == "flm-tiny"}
+                if n == "flm_kv_cache_blocks" and dict(ls).get("model") == "flm-tiny"}
     assert len(replicas) >= 2
 
 

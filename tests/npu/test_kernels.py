@@ -123,47 +123,68 @@ def test_gated_and_qk_rope_kernels_are_numpys() -> None:
 
 @pytest.fixture()
 def cache():
+    """A paged cache [12 blocks, 2 kv heads, 16 positions, 16] and three sequences' block
+    tables, out of order and padded (row 0 holds 1 block, row 1 all 3, row 2 2)."""
     rng = np.random.default_rng(5)
-    K = rng.standard_normal((4, 2, 48, 16)).astype(np.float32)
-    V = rng.standard_normal((4, 2, 48, 16)).astype(np.float32)
-    return rng, K, V
+    K = rng.standard_normal((12, 2, 16, 16)).astype(np.float32)
+    V = rng.standard_normal((12, 2, 16, 16)).astype(np.float32)
+    tables = np.array([[7, 0, 0], [3, 11, 1], [5, 9, 0]])
+    return rng, K, V, tables
+
+
+def _dense(store: np.ndarray, table) -> np.ndarray:
+    """One sequence's positions in order: [nkv, positions, dim]."""
+    return np.concatenate([store[b] for b in table], axis=1)
 
 
 @pytest.mark.parametrize("window", [0, 8])
 @pytest.mark.parametrize("with_sinks", [False, True])
 def test_decode_attention_kernel_is_numpys(cache, window: int, with_sinks: bool) -> None:
-    rng, K, V = cache
+    rng, K, V, tables = cache
     ops, ref = KernelOps(LIB, LinearFactory("cpu", 2).threads), NumpyOps()
     sinks = rng.standard_normal(4).astype(np.float32) if with_sinks else None
     q = rng.standard_normal((3, 4, 16)).astype(np.float32)
-    slots, lengths = np.array([0, 2, 3]), np.array([5, 48, 17])  # slot 1 not in the batch
-    got = ops.attend(q, K, V, slots, lengths, window, sinks, np.float32(0.25))
-    want = ref.attend(q, K, V, slots, lengths, window, sinks, np.float32(0.25))
+    lengths = np.array([5, 48, 17])
+    got = ops.attend(q, K, V, tables, lengths, window, sinks, np.float32(0.25))
+    want = ref.attend(q, K, V, tables, lengths, window, sinks, np.float32(0.25))
     assert np.allclose(got, want, rtol=1e-5, atol=1e-5)
+    # and both read each row's blocks in table order, as plain attention over them would
+    for b in range(3):
+        n, lo = lengths[b], max(0, lengths[b] - window) if window else 0
+        Kd, Vd = _dense(K, tables[b])[:, lo:n], _dense(V, tables[b])[:, lo:n]
+        for h in range(4):
+            scores = Kd[h // 2] @ q[b, h] * 0.25
+            top = max(scores.max(), sinks[h]) if with_sinks else scores.max()
+            e = np.exp(scores - top)
+            total = e.sum() + (np.exp(sinks[h] - top) if with_sinks else 0)
+            assert np.allclose(got[b, h * 16 : (h + 1) * 16], e @ Vd[h // 2] / total,
+                               atol=1e-5)
 
 
 def test_new_tokens_join_an_f16_cache_and_attend(cache) -> None:
     """The kernels' cache for quantized models is f16: writing a step's keys and values and
     attending over them matches numpy over the same cache in float32 to f16's precision."""
-    rng, K, V = cache
+    rng, K, V, tables = cache
     ops, ref = KernelOps(LIB, LinearFactory("cpu", 2).threads), NumpyOps()
     assert ops.kv_dtype == np.float16
     qkv = rng.standard_normal((3, (4 + 2 * 2) * 16)).astype(np.float32)
-    slots, pos = np.array([0, 2, 3]), np.array([4, 47, 16])
+    pos = np.array([4, 47, 16])
     K16, V16 = K.astype(np.float16), V.astype(np.float16)
-    got = ops.attend_new(qkv, 4, K16, V16, slots, pos, 0, None, np.float32(0.25))
+    got = ops.attend_new(qkv, 4, K16, V16, tables, pos, 0, None, np.float32(0.25))
     K32, V32 = K.copy(), V.copy()
-    want = ref.attend_new(qkv, 4, K32, V32, slots, pos, 0, None, np.float32(0.25))
-    assert np.allclose(K16.astype(np.float32), K32, atol=2e-3)  # the new rows written too
+    want = ref.attend_new(qkv, 4, K32, V32, tables, pos, 0, None, np.float32(0.25))
+    assert not np.allclose(K32, K)  # the new rows were written ...
+    assert np.allclose(K32[1, :, 15], qkv[1, 64:96].reshape(2, 16))  # ... at block 3 of row 1
+    assert np.allclose(K16.astype(np.float32), K32, atol=2e-3)  # the kernel wrote the same
     assert np.allclose(V16.astype(np.float32), V32, atol=2e-3)
     assert np.allclose(got, want, atol=3e-3)
 
 
 @pytest.mark.parametrize("window", [0, 4])
 def test_prompt_attention_kernel_is_numpys(cache, window: int) -> None:
-    rng, K, V = cache
+    rng, K, V, tables = cache
     ops, ref = KernelOps(LIB, LinearFactory("cpu", 2).threads), NumpyOps()
     q = rng.standard_normal((9, 4, 16)).astype(np.float32)
-    got = ops.attend_prompt(q, K, V, 1, 7, window, None, np.float32(0.25))
-    want = ref.attend_prompt(q, K, V, 1, 7, window, None, np.float32(0.25))
+    got = ops.attend_prompt(q, K, V, tables[1], 30, window, None, np.float32(0.25))
+    want = ref.attend_prompt(q, K, V, tables[1], 30, window, None, np.float32(0.25))
     assert np.allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -180,7 +180,8 @@ def test_batches_with_gaps_and_reused_slots_match_the_oracle(oracle_models, name
     assert _rel(engine.decode(["b2"], [ids[at["b"]]])[0], ref[at["b"]]) < TOL
     for n in ("a", "b", "new", "waiting", "b2"):
         engine.release(n)
-    assert engine._kv.slots == 0 and all(k is None for k in engine._kv.k)
+    usage = engine.kv_usage()
+    assert usage["sequences"] == usage["kv_blocks"] == 0
 
 
 @pytest.mark.parametrize("name", ["lfm2", "gemma3", "gpt_oss"])
@@ -221,10 +222,11 @@ def test_release_frees_and_unknown_sequence_is_an_error(oracle_models) -> None:
     engine.prefill("z", ids[:5])
     assert engine.length("z") == 5
     used = engine.kv_usage()
-    assert used["sequences"] == used["kv_slots"] == 1 and used["kv_bytes"] > 0
+    assert used["sequences"] == used["kv_blocks"] == 1 and used["kv_bytes"] > 0
     engine.release("z")
-    assert engine.length("z") == 0
-    assert engine.kv_usage() == {"sequences": 0, "kv_slots": 0, "kv_bytes": 0}
+    assert engine.length("z") == 0  # 5 tokens fill no block: nothing is kept
+    assert engine.kv_usage() == {"sequences": 0, "kv_blocks": 0, "cached_blocks": 0,
+                                 "kv_bytes": 0}
     with pytest.raises(KeyError):
         engine.decode(["z"], [1])
     engine.release("never-seen")
