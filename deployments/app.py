@@ -6,10 +6,12 @@ import os
 from typing import Any
 
 import msgspec
+from ray.serve.config import RequestRouterConfig
 
 from actors.deployment import ModelWorker
 from deployments.ingress import make_ingress
 from deployments.metrics import MetricsHub
+from deployments.routing import router_config
 
 
 class ModelEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -119,10 +121,13 @@ def build_app(args: dict[str, Any] | None = None):
         n = str(m.blas_threads or os.cpu_count() or 1)
         actor["runtime_env"] = {"env_vars": {"OPENBLAS_NUM_THREADS": n, "OMP_NUM_THREADS": n,
                                              "MKL_NUM_THREADS": n}}
+        routing = {}
+        if m.prefix_cache and m.replicas > 1:  # a conversation's turns to the replica with its KV
+            routing["request_router_config"] = RequestRouterConfig(**router_config(m.max_batch))
         workers[m.name] = ModelWorker.options(
             name=f"worker-{m.name}", num_replicas=m.replicas, max_ongoing_requests=m.max_batch,
             max_queued_requests=m.max_queued, ray_actor_options=actor,
-            health_check_period_s=5, health_check_timeout_s=30,
+            health_check_period_s=5, health_check_timeout_s=30, **routing,
         ).bind(name=m.name, path=m.path, device=device, max_batch=m.max_batch,
                chat_template=m.chat_template, quantize=m.quantize,
                kernel_dir=m.kernel_dir, simulator_devices=m.simulator_devices,

@@ -1,0 +1,44 @@
+"""What the prefix-aware router matches of a worker request (no Ray cluster needed)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from actors.events import GenerateRequest
+from deployments.routing import PrefixRouter, routing_text, router_config
+
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+
+
+def _text(req: GenerateRequest) -> str:
+    router = PrefixRouter.__new__(PrefixRouter)  # its text reading needs no state
+    return router._extract_text_from_request(SimpleNamespace(args=(req,), kwargs={}))
+
+
+def test_a_chat_request_is_matched_by_its_tools_then_its_messages() -> None:
+    msgs = [{"role": "system", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "Hi"}]}]
+    plain = _text(GenerateRequest(request_id="a", messages=msgs))
+    with_tools = _text(GenerateRequest(request_id="b", messages=msgs, body={"tools": TOOLS}))
+    assert plain == "Be brief.Hi"
+    assert with_tools.endswith(plain) and '"name":"f"' in with_tools
+    # the next turn starts with the same text: its match is the whole earlier request
+    longer = msgs + [{"role": "assistant", "content": "Hello."}]
+    assert _text(GenerateRequest(request_id="c", messages=longer)).startswith(plain)
+
+
+def test_completions_match_their_prompt_and_nothing_is_empty() -> None:
+    assert _text(GenerateRequest(request_id="a", kind="completion", prompt="abc")) == "abc"
+    assert _text(GenerateRequest(request_id="b", kind="completion", prompt="")) == " "
+    assert _text(GenerateRequest(request_id="c", messages=[])) == " "
+    router = PrefixRouter.__new__(PrefixRouter)
+    assert router._extract_text_from_request(SimpleNamespace(args=("x",), kwargs={})) == " "
+    assert routing_text(GenerateRequest(request_id="d", kind="completion", prompt="p"),
+                        str) == "p"
+
+
+def test_affinity_gives_way_to_load_at_half_a_batch() -> None:
+    cfg = router_config(8)
+    assert cfg["request_router_class"] == "deployments.routing:PrefixRouter"
+    assert cfg["request_router_kwargs"]["imbalanced_threshold"] == 4
+    assert router_config(1)["request_router_kwargs"]["imbalanced_threshold"] == 1
