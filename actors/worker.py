@@ -340,29 +340,38 @@ class Worker:
         for session in waiting[1:]:
             if room <= 0 or seqs + len(session.choices) > self.max_batch:
                 break
-            self._start(session)
-            left = len(session.prompt_ids) - session.prefilled
+            # a prompt starts (takes its cached prefix) when it rides or heads the queue:
+            # one that waits may find more cached by then (the head's, if they share it)
+            done = session.prefilled if session.cached is not None else \
+                self.model.engine.cached_prefix(session.prompt_ids)
+            left = len(session.prompt_ids) - done
             if left <= room:
+                self._start(session)
+                left = len(session.prompt_ids) - session.prefilled
                 riders.append((session, left))
                 room -= left
                 seqs += len(session.choices)
         picked = [(head, min(head_left, PREFILL_CHUNK - sum(t for _, t in riders)))] + riders
         engine = self.model.engine
+        # KV room for the pieces and for a step of every running sequence; without it,
+        # prompts wait for running sequences to end (a prompt never takes the blocks
+        # running sequences need next)
+        headroom = self._running_seqs(running)
+        while engine.blocks_needed([(s.choices[0].seq_id, take) for s, take in picked]) \
+                + headroom > engine.blocks_available():
+            if len(picked) > 1:
+                picked.pop()
+            elif running:
+                return []
+            else:  # nothing will free more: the oldest prompt does not fit at all
+                return [self._reject_unfittable(head, waiting, outboxes)]
         try:
             logits = engine.prefill_many(
                 [(s.choices[0].seq_id, s.prompt_ids[s.prefilled : s.prefilled + take])
                  for s, take in picked])
-        except KVCacheFull as exc:
-            if running:  # their blocks come back as they finish: wait for that
-                return []
-            # nothing else can free enough for the oldest prompt: it does not fit at all
-            waiting.remove(head)
-            self._release(head)
-            outbox = outboxes.pop(head.id)
-            outbox.pending = [Rejected(status=503, message=f"{exc} (the prompt has "
-                                       f"{len(head.prompt_ids)} tokens); retry later or raise "
-                                       "kv_cache_bytes.", type="server_error"), _End]
-            return [outbox]
+        except KVCacheFull:  # (the check above makes this a bug; answer it cleanly)
+            log.exception("prefill ran out of KV blocks")
+            return [self._reject_unfittable(head, waiting, outboxes)]
         ended: list[_Outbox] = []
         for row, (session, take) in enumerate(picked):
             session.prefilled += take
@@ -406,6 +415,19 @@ class Worker:
             running.remove(session)
         return ended + [self._close(s, outboxes) for s in done]
 
+    def _reject_unfittable(self, session: Session, waiting: list[Session],
+                           outboxes: dict[int, _Outbox]) -> _Outbox:
+        """`session`'s prompt cannot fit in the KV cache: it ends with a 503."""
+        waiting.remove(session)
+        self._release(session)
+        outbox = outboxes.pop(session.id)
+        outbox.pending = [Rejected(
+            status=503, message=f"The KV cache is full: the prompt's {len(session.prompt_ids)} "
+            f"tokens do not fit in kv_cache_bytes ({self.model.engine.kv.max_blocks} blocks "
+            "of 16 tokens) with what is running; retry later, or raise kv_cache_bytes.",
+            type="server_error"), _End]
+        return outbox
+
     def _start(self, session: Session) -> None:
         """Before a prompt's first chunk: take what the KV cache holds of it."""
         if session.cached is None:
@@ -420,7 +442,7 @@ class Worker:
         outboxes."""
         engine = self.model.engine
         ended: list[_Outbox] = []
-        while running and engine.blocks_needed([c.seq_id for c in batch]) \
+        while running and engine.blocks_needed([(c.seq_id, 1) for c in batch]) \
                 > engine.blocks_available():
             session = running.pop()
             self._release(session)

@@ -42,7 +42,10 @@ class ModelEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             used cached prefixes are dropped, and a request that still does not fit waits.
         prefix_cache: keep finished requests' KV so a later prompt that starts alike (the
             next turn of a conversation, the same system prompt and tools) computes only
-            its new tokens; requests sharing a prefix are routed to the replica holding it.
+            its new tokens.
+        prefix_routing: with several replicas and the prefix cache on, send requests that
+            share a prefix to the replica that was sent it (Serve's prefix-aware router),
+            unless one replica has half a batch more requests than another; off: by load.
         blas_threads: BLAS threads in the worker (None: 1 for a model whose weights fit in
             the CPU's caches, where more threads only take cores from the serving
             processes, else this host's core count).
@@ -59,6 +62,7 @@ class ModelEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     blas_threads: int | None = None
     kv_cache_bytes: int | None = None
     prefix_cache: bool = True
+    prefix_routing: bool = True
     kernel_dir: str | None = None
     simulator_devices: list[str] | None = None
     stream_interval_ms: float = 100.0
@@ -122,7 +126,7 @@ def build_app(args: dict[str, Any] | None = None):
         actor["runtime_env"] = {"env_vars": {"OPENBLAS_NUM_THREADS": n, "OMP_NUM_THREADS": n,
                                              "MKL_NUM_THREADS": n}}
         routing = {}
-        if m.prefix_cache and m.replicas > 1:  # a conversation's turns to the replica with its KV
+        if m.prefix_cache and m.prefix_routing and m.replicas > 1:  # to the replica with the KV
             routing["request_router_config"] = RequestRouterConfig(**router_config(m.max_batch))
         workers[m.name] = ModelWorker.options(
             name=f"worker-{m.name}", num_replicas=m.replicas, max_ongoing_requests=m.max_batch,

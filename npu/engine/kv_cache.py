@@ -155,23 +155,35 @@ class BlockPool:
                 self.block_of[digest] = block
                 self.digest_of[block] = digest
 
+    def _cached_chain(self, ids: Sequence[int]) -> list[tuple[bytes, int]]:
+        """(digest, block) of the cached blocks that start `ids`, leaving at least one
+        token of it uncovered."""
+        chain: list[tuple[bytes, int]] = []
+        if not self.caching:
+            return chain
+        parent = b""
+        for i in range((len(ids) - 1) // BLOCK):
+            parent = block_digest(parent, ids[i * BLOCK : (i + 1) * BLOCK])
+            block = self.block_of.get(parent)
+            if block is None:
+                break
+            chain.append((parent, block))
+        return chain
+
+    def cached(self, ids: Sequence[int]) -> int:
+        """How many tokens of `ids` `adopt` would take from the cache now."""
+        return len(self._cached_chain(ids)) * BLOCK
+
     def adopt(self, seq: SeqBlocks, ids: Sequence[int]) -> int:
         """Start an empty `seq` on the longest cached prefix of `ids` that leaves at least
         one token to compute; returns the tokens it covers (whole blocks)."""
-        if not self.caching or seq.tokens:
+        if seq.tokens:
             return 0
-        parent = b""
-        for i in range((len(ids) - 1) // BLOCK):
-            chunk = ids[i * BLOCK : (i + 1) * BLOCK]
-            digest = block_digest(parent, chunk)
-            block = self.block_of.get(digest)
-            if block is None:
-                break
+        for digest, block in self._cached_chain(ids):
             self._take(block)
             seq.table.append(block)
             seq.digests.append(digest)
-            seq.tokens.extend(int(t) for t in chunk)
-            parent = digest
+        seq.tokens = [int(t) for t in ids[: len(seq.table) * BLOCK]]
         self.hits += len(seq.tokens)
         return len(seq.tokens)
 

@@ -288,6 +288,11 @@ class NumpyEngine:
         seq = self._seq(seq_id)
         return self.kv.adopt(seq.kv, ids) if seq.pos == 0 else 0
 
+    def cached_prefix(self, ids: Sequence[int]) -> int:
+        """How many tokens of the prompt `ids` `reuse_prefix` would take from the cache
+        now (nothing is taken)."""
+        return self.kv.cached(ids)
+
     def prefill_many(self, items: Sequence[tuple[object, Sequence[int]]]) -> np.ndarray:
         """Prompt pieces of several sequences in one forward (one pass over the weights for
         all of them); returns each one's next-token logits [len(items), V]. Each piece
@@ -335,10 +340,15 @@ class NumpyEngine:
             self.kv.reserve(seq.kv, seq.pos + 1)
         return self._forward(np.asarray(tokens, dtype=np.int64), [(s, 1) for s in seqs])
 
-    def blocks_needed(self, seq_ids: Sequence[object], tokens: int = 1) -> int:
-        """KV blocks the sequences need before each takes `tokens` more."""
-        return sum(self.kv.blocks_needed(self._seqs[s].kv, self._seqs[s].pos + tokens)
-                   for s in seq_ids if s in self._seqs)
+    def blocks_needed(self, items: Sequence[tuple[object, int]]) -> int:
+        """KV blocks the sequences need to take the given numbers of tokens more (a new
+        sequence starts empty)."""
+        total = 0
+        for sid, tokens in items:
+            seq = self._seqs.get(sid)
+            kv = seq.kv if seq is not None else SeqBlocks()
+            total += self.kv.blocks_needed(kv, kv.pos + tokens)
+        return total
 
     def blocks_available(self) -> int:
         """KV blocks free, evictable, or still within the budget."""

@@ -108,6 +108,60 @@ def test_a_repeated_prompt_is_served_from_the_prefix_cache(worker) -> None:
     assert worker.model.engine.kv.held() == 0
 
 
+def test_a_request_cancelled_mid_prefill_leaves_its_blocks_cached(tmp_path, monkeypatch) -> None:
+    """Prefilled 16 tokens a step, a long prompt is cancelled while it is still being
+    prefilled: nothing stays held, and the blocks it had filled serve the next request."""
+    from actors import worker as worker_mod
+
+    monkeypatch.setattr(worker_mod, "PREFILL_CHUNK", 16)
+    folder = ensure_tiny(tmp_path / "cache")
+    w = Worker(lambda: load_model(folder))
+    engine = w.model.engine
+    prompt = " ".join(f"w{i}" for i in range(800))  # about 2,200 tokens: 137 steps
+
+    async def cancel_mid_prefill() -> int:
+        req = GenerateRequest(request_id="m", kind="completion", prompt=prompt, max_tokens=2)
+        task = asyncio.create_task(_drain(w.generate(req)))
+        while engine.kv_usage()["kv_blocks"] < 4:  # some chunks in
+            assert not task.done()
+            await asyncio.sleep(0.001)
+        task.cancel()
+        while w.active:
+            await asyncio.sleep(0.001)
+        return engine.kv_usage()["cached_blocks"]
+
+    async def _drain(gen) -> None:
+        async for _ in gen:
+            pass
+
+    cached = asyncio.run(cancel_mid_prefill())
+    total = len(w.model.prompt_ids(prompt))
+    assert engine.kv.held() == 0 and 4 <= cached < total // 16
+    again = asyncio.run(_events(w, kind="completion", prompt=prompt, max_tokens=2))
+    assert again[-1].cached_tokens == cached * 16
+    w.close()
+
+
+def test_prompts_arriving_together_share_their_common_start(worker) -> None:
+    """Two prompts with the same long start sent at once: the second waits for the first's
+    blocks instead of computing the same start again."""
+    start = " ".join(f"s{i}" for i in range(300))
+
+    async def both():
+        reqs = [GenerateRequest(request_id=f"p{i}", kind="completion", prompt=f"{start} {i}",
+                                max_tokens=2) for i in range(2)]
+
+        async def one(req):
+            return [ev async for batch in worker.generate(req) for ev in batch]
+
+        return await asyncio.gather(*(one(r) for r in reqs))
+
+    shared = len(worker.model.prompt_ids(start)) // 16 * 16
+    worker.model.engine.kv.clear()
+    a, b = asyncio.run(both())
+    assert sorted([a[-1].cached_tokens, b[-1].cached_tokens])[1] >= shared - 16
+
+
 def test_a_prompt_larger_than_the_kv_budget_is_a_503(tmp_path) -> None:
     folder = ensure_tiny(tmp_path / "cache")
     w = Worker(lambda: load_model(folder, kv_cache_bytes=1))  # one block: 16 tokens
