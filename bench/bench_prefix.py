@@ -65,9 +65,12 @@ def system_prompt(repeats: int) -> dict:
 
 async def turn(client: httpx.AsyncClient, model: str, messages: list, tool_list: list,
                max_tokens: int) -> dict:
-    """One streamed request: its time to first token, usage and reply message."""
+    """One streamed request: its time to first token, usage and reply message. With
+    `logprobs` every token is a chunk (a tool call's opening is otherwise held back until its
+    name is whole), so the first chunk's time is the first token's."""
     body = {"model": model, "messages": messages, "tools": tool_list, "max_tokens": max_tokens,
-            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+            "temperature": 0, "logprobs": True, "stream": True,
+            "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
     first = None
     content, calls, usage = "", {}, None
@@ -82,8 +85,7 @@ async def turn(client: httpx.AsyncClient, model: str, messages: list, tool_list:
                 usage = chunk["usage"]
             for c in chunk.get("choices", []):
                 d = c["delta"]
-                if first is None and (d.get("content") or d.get("tool_calls")
-                                      or d.get("reasoning_content")):
+                if first is None:
                     first = time.perf_counter()
                 content += d.get("content") or ""
                 for call in d.get("tool_calls") or []:

@@ -197,6 +197,25 @@ def test_float_weights_reuse_to_blas_rounding(gguf_models) -> None:
     assert np.abs(first[0] - again[0]).max() <= 1e-4 * np.abs(first[0]).max()
 
 
+def test_gpt_oss_sinks_and_window_reuse_to_rounding(tmp_path, tiny_dir) -> None:
+    """gpt-oss (attention sinks, sliding-window layers): its state is all in the KV, so a
+    prompt reuses it; its experts multiply on BLAS (rows per expert vary with the batch), so
+    the logits agree to rounding rather than bit for bit."""
+    from tests.gpt_oss_model import build_gpt_oss
+
+    build_gpt_oss(tmp_path / "m", tiny_dir.parent)
+    model = load_model(tmp_path / "m", quantize="q8_0")
+    engine = model.engine
+    assert engine.prefix_cache
+    ids = list(range(3, 60))
+    first = engine.prefill("a", ids)
+    engine.release("a")
+    assert engine.reuse_prefix("b", ids) == 48
+    again = engine.prefill("b", ids[48:])
+    assert np.abs(first - again).max() <= 1e-4 * np.abs(first).max()
+    engine.release("b")
+
+
 def test_concurrent_sequences_share_blocks_and_fork_shares_too(gguf_models) -> None:
     engine = load_model(gguf_models["llama-Q8_0"]).engine
     fresh = load_model(gguf_models["llama-Q8_0"], prefix_cache=False).engine
