@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 from ray.serve.config import RequestRouterConfig
@@ -60,7 +60,7 @@ class ModelEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_batch: int = 8
     max_queued: int = 64
     blas_threads: int | None = None
-    kv_cache_bytes: int | None = None
+    kv_cache_bytes: Annotated[int, msgspec.Meta(ge=1 << 20)] | None = None
     prefix_cache: bool = True
     prefix_routing: bool = True
     kernel_dir: str | None = None

@@ -62,7 +62,7 @@ class _Seq:
     __slots__ = ("kv", "conv")
 
     def __init__(self, n_layers: int, kv: SeqBlocks | None = None) -> None:
-        self.kv = kv or SeqBlocks()
+        self.kv = kv if kv is not None else SeqBlocks()
         self.conv: list[np.ndarray | None] = [None] * n_layers
 
     @property

@@ -42,3 +42,15 @@ def test_affinity_gives_way_to_load_at_half_a_batch() -> None:
     assert cfg["request_router_class"] == "deployments.routing:PrefixRouter"
     assert cfg["request_router_kwargs"]["imbalanced_threshold"] == 4
     assert router_config(1)["request_router_kwargs"]["imbalanced_threshold"] == 1
+
+
+def test_a_kv_budget_below_a_mebibyte_is_refused_by_name() -> None:
+    import msgspec
+    import pytest
+
+    from deployments.app import ModelEntry
+
+    entry = msgspec.convert({"name": "m", "path": "p", "kv_cache_bytes": 1 << 30}, ModelEntry)
+    assert entry.kv_cache_bytes == 1 << 30 and entry.prefix_cache and entry.prefix_routing
+    with pytest.raises(msgspec.ValidationError, match="kv_cache_bytes"):
+        msgspec.convert({"name": "m", "path": "p", "kv_cache_bytes": 4096}, ModelEntry)
