@@ -127,7 +127,8 @@ def build_app(args: dict[str, Any] | None = None):
                                              "MKL_NUM_THREADS": n}}
         routing = {}
         if m.prefix_cache and m.prefix_routing and m.replicas > 1:  # to the replica with the KV
-            routing["request_router_config"] = RequestRouterConfig(**router_config(m.max_batch))
+            routing["request_router_config"] = RequestRouterConfig(**router_config(
+                m.max_batch, tree_resources={HEAD_NODE: 0.001}))
         workers[m.name] = ModelWorker.options(
             name=f"worker-{m.name}", num_replicas=m.replicas, max_ongoing_requests=m.max_batch,
             max_queued_requests=m.max_queued, ray_actor_options=actor,

@@ -15,15 +15,21 @@ top of a chat prompt) and its messages' text, or a completion's prompt.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import msgspec
+import ray
+from ray.exceptions import RayError
 from ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router import (
     PrefixCacheAffinityRouter,
 )
+from ray.llm._internal.serve.routing_policies.prefix_aware.prefix_tree import PrefixTreeActor
+from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
 
 from actors.events import GenerateRequest
 
+log = logging.getLogger(__name__)
 ROUTER = "deployments.routing:PrefixRouter"
 
 
@@ -38,7 +44,37 @@ def routing_text(request: GenerateRequest, messages_text) -> str:
 
 class PrefixRouter(PrefixCacheAffinityRouter):
     """Routes a `GenerateRequest` to the replica that was sent the longest prefix of its
-    text; other calls on the handle (info) carry no request and go by load."""
+    text; other calls on the handle (info) carry no request and go by load.
+
+    The tree of sent prompts lives in one actor per deployment, which this router places
+    where `tree_resources` say (the head node: Ray's own placement could put it on a node
+    whose loss then breaks routing for the others). If it is lost anyway, requests go by
+    load (logged once) rather than fail."""
+
+    def initialize_state(self, tree_resources: dict[str, float] | None = None,
+                         **kwargs: Any) -> None:
+        if kwargs.get("tree_actor") is None and tree_resources:
+            kwargs["tree_actor"] = self._placed_tree(tree_resources)
+        self._tree_lost = False
+        super().initialize_state(**kwargs)
+
+    def _placed_tree(self, resources: dict[str, float]):
+        """The deployment's tree actor, as Ray's router names it, on `resources`, removed by
+        serve.shutdown() as Ray's own is."""
+        parts = [SERVE_NAMESPACE] + [p for p in (
+            getattr(self._deployment_id, "app_name", None),
+            getattr(self._deployment_id, "name", None)) if p]
+        actor = PrefixTreeActor.options(
+            name="LlmPrefixTreeActor", namespace="::".join(parts), get_if_exists=True,
+            lifetime="detached", num_cpus=0, resources=resources).remote()
+        controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+        ray.get(controller._register_shutdown_cleanup_actor.remote(actor))
+        return actor
+
+    def _lost(self, exc: BaseException) -> None:
+        if not self._tree_lost:
+            self._tree_lost = True
+            log.warning("the prefix router's tree is unavailable (%s): routing by load", exc)
 
     def _extract_text_from_request(self, pending_request: Any) -> str:
         for arg in pending_request.args:
@@ -46,10 +82,43 @@ class PrefixRouter(PrefixCacheAffinityRouter):
                 return routing_text(arg, self._normalize_prompt_to_string)
         return " "
 
+    async def _prefix_match_best_replicas(self, pending_request, candidate_replicas):
+        if self._tree_lost:
+            return [[]]  # (the caller then takes its load-based choice)
+        try:
+            return await super()._prefix_match_best_replicas(pending_request,
+                                                             candidate_replicas)
+        except RayError as exc:
+            self._lost(exc)
+            return [[]]
 
-def router_config(max_batch: int) -> dict[str, Any]:
+    def on_request_routed(self, pending_request, replica_id, result) -> None:
+        if not self._tree_lost:
+            try:
+                super().on_request_routed(pending_request, replica_id, result)
+            except RayError as exc:
+                self._lost(exc)
+
+    def on_replica_actor_died(self, replica_id) -> None:
+        try:
+            super().on_replica_actor_died(replica_id)
+        except RayError as exc:  # (the replica is dropped before the tree is told)
+            self._lost(exc)
+
+    def update_replicas(self, replicas) -> None:
+        try:
+            super().update_replicas(replicas)
+        except RayError as exc:  # (the replicas are updated before the tree is told)
+            self._lost(exc)
+
+
+def router_config(max_batch: int, tree_resources: dict[str, float] | None = None
+                  ) -> dict[str, Any]:
     """The worker deployment's `request_router_config`: affinity while no replica has half
-    a batch more requests than another, then load; the tree of sent prompts bounded."""
-    return {"request_router_class": ROUTER,
-            "request_router_kwargs": {"imbalanced_threshold": max(1, max_batch // 2),
-                                      "do_eviction": True}}
+    a batch more requests than another, then load; the tree of sent prompts bounded and
+    placed on `tree_resources`."""
+    kwargs: dict[str, Any] = {"imbalanced_threshold": max(1, max_batch // 2),
+                              "do_eviction": True}
+    if tree_resources:
+        kwargs["tree_resources"] = tree_resources
+    return {"request_router_class": ROUTER, "request_router_kwargs": kwargs}
