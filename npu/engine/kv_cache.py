@@ -75,7 +75,6 @@ class BlockPool:
         self.lru: OrderedDict[int, None] = OrderedDict()  # named, held by nobody: evictable
         self.digest_of: dict[int, bytes] = {}
         self.block_of: dict[bytes, int] = {}
-        self.hits = 0  # prompt tokens served from the cache, ever
 
     # -- blocks ------------------------------------------------------------------------------
     def available(self) -> int:
@@ -184,7 +183,6 @@ class BlockPool:
             seq.table.append(block)
             seq.digests.append(digest)
         seq.tokens = [int(t) for t in ids[: len(seq.table) * BLOCK]]
-        self.hits += len(seq.tokens)
         return len(seq.tokens)
 
     def fork(self, src: SeqBlocks) -> SeqBlocks:
