@@ -50,11 +50,16 @@ def serve_environ(environ: Mapping[str, str], *, private_ports: bool = False) ->
     return env
 
 
+_HANDED_OUT: set[int] = set()  # ports free_port gave this process (maybe not bound yet)
+
+
 def free_port() -> int:
     """A TCP port free on every interface now, below the kernel's ephemeral range: a port
     from that range (what binding port 0 gives) can be taken by one of Ray's outgoing
     connections before the server it was chosen for binds it (seen: HAProxy's Prometheus
-    port, "Address already in use")."""
+    port, "Address already in use"). Never one it returned before in this process: ports
+    are picked before Ray starts the servers that bind them (seen: HAProxy's stats port
+    taken, most likely by the app port picked after it)."""
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
             ephemeral = int(f.read().split()[0])
@@ -62,12 +67,15 @@ def free_port() -> int:
         ephemeral = 32768
     for _ in range(100):
         port = random.randrange(20000, max(ephemeral, 20001))
+        if port in _HANDED_OUT:
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("", port))
             except OSError:
                 continue
-            return port
+        _HANDED_OUT.add(port)
+        return port
     with socket.socket() as s:  # that range is full: any free port
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

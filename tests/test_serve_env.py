@@ -31,3 +31,25 @@ def test_the_environment_wins_and_side_ports_are_private() -> None:
                               "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT")]
     assert all(p.isdigit() and int(p) > 0 for p in ports)
     assert "RAY_SERVE_HAPROXY_STATS_PORT" not in serve_environ({})
+
+
+def test_a_port_is_handed_out_once_per_process(monkeypatch) -> None:
+    """Side ports and the app's port are picked before Ray binds any of them: two picks
+    must never be the same port, even when the random draw repeats."""
+    from deployments import serve_env
+
+    class FreeSocket:  # every port free, whatever this host has bound
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            pass
+
+        def bind(self, address) -> None:
+            pass
+
+    draws = iter([24000, 24000, 24001])
+    monkeypatch.setattr(serve_env.random, "randrange", lambda a, b: next(draws))
+    monkeypatch.setattr(serve_env.socket, "socket", FreeSocket)
+    monkeypatch.setattr(serve_env, "_HANDED_OUT", set())
+    assert [serve_env.free_port(), serve_env.free_port()] == [24000, 24001]
