@@ -394,10 +394,8 @@ class Worker:
     def _decode_step(self, running: list[Session], outboxes: dict[int, _Outbox]
                      ) -> list[_Outbox]:
         """One token for every running choice; returns the outboxes of ended sessions."""
+        ended = self._make_room(running, outboxes)
         batch: list[Choice] = [c for s in running for c in s.choices if not c.done]
-        ended = self._make_room(running, batch, outboxes)
-        if ended:
-            batch = [c for s in running for c in s.choices if not c.done]
         if batch:
             constrained = [c for c in batch if c.constraint is not None]
             masks = (self._masks.submit(lambda: [c.prepare_mask() for c in constrained])
@@ -435,14 +433,15 @@ class Worker:
                                                             session.prompt_ids)
             session.prefilled = session.cached
 
-    def _make_room(self, running: list[Session], batch: list[Choice],
-                   outboxes: dict[int, _Outbox]) -> list[_Outbox]:
-        """KV blocks for the step: while the batch needs more than the cache can give,
-        the newest session stops with an error (its blocks are freed); returns their
+    def _make_room(self, running: list[Session], outboxes: dict[int, _Outbox]
+                   ) -> list[_Outbox]:
+        """KV blocks for the step: while the running choices need more than the cache can
+        give, the newest session stops with an error (its blocks are freed); returns their
         outboxes."""
         engine = self.model.engine
         ended: list[_Outbox] = []
-        while running and engine.blocks_needed([(c.seq_id, 1) for c in batch]) \
+        while running and engine.blocks_needed(
+                [(c.seq_id, 1) for s in running for c in s.choices if not c.done]) \
                 > engine.blocks_available():
             session = running.pop()
             self._release(session)
@@ -452,5 +451,4 @@ class Worker:
                               "was stopped to let the others finish; retry it."))
             outbox.put(_End)
             ended.append(outbox)
-            batch = [c for s in running for c in s.choices if not c.done]
         return ended

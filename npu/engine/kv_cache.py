@@ -26,11 +26,17 @@ from npu.errors import KVCacheFull
 BLOCK = 16  # tokens per block
 
 
-def block_digest(parent: bytes, tokens: Sequence[int]) -> bytes:
-    """The name of a full block: its tokens and (through `parent`, the previous block's
-    digest, b"" for the first) every token before them."""
-    return hashlib.blake2b(parent + np.asarray(tokens, dtype=np.int64).tobytes(),
-                           digest_size=16).digest()
+def block_digests(tokens: Sequence[int], parent: bytes = b"") -> list[bytes]:
+    """The names of the full blocks of `tokens`: each block's digest covers its tokens and,
+    through the digest before it (`parent` for the first: the digest of the block before
+    `tokens`, b"" at a sequence's start), every token before them."""
+    raw = np.asarray(tokens[: len(tokens) // BLOCK * BLOCK], dtype=np.int64).tobytes()
+    step = 8 * BLOCK
+    out = []
+    for at in range(0, len(raw), step):
+        parent = hashlib.blake2b(parent + raw[at : at + step], digest_size=16).digest()
+        out.append(parent)
+    return out
 
 
 class SeqBlocks:
@@ -105,9 +111,7 @@ class BlockPool:
             if self.capacity < self.max_blocks:
                 self._grow()
             elif self.lru:
-                block, _ = self.lru.popitem(last=False)
-                del self.block_of[self.digest_of.pop(block)]
-                self.free.append(block)
+                self._evict()
             else:
                 raise KVCacheFull(
                     f"the KV cache is full: all {self.max_blocks} blocks "
@@ -116,6 +120,12 @@ class BlockPool:
         block = self.free.pop()
         self.refs[block] = 1
         return block
+
+    def _evict(self) -> None:
+        """The least recently used cached block becomes free (and unnamed)."""
+        block, _ = self.lru.popitem(last=False)
+        del self.block_of[self.digest_of.pop(block)]
+        self.free.append(block)
 
     def _take(self, block: int) -> None:
         if self.refs[block] == 0:
@@ -142,14 +152,12 @@ class BlockPool:
     def written(self, seq: SeqBlocks, tokens: Sequence[int]) -> None:
         """`tokens` joined the cache at `seq`'s next positions: name the blocks they fill."""
         seq.tokens.extend(int(t) for t in tokens)
-        if not self.caching:
+        if not self.caching or len(seq.tokens) < (len(seq.digests) + 1) * BLOCK:
             return
-        while (len(seq.digests) + 1) * BLOCK <= len(seq.tokens):
-            i = len(seq.digests)
-            digest = block_digest(seq.digests[-1] if seq.digests else b"",
-                                  seq.tokens[i * BLOCK : (i + 1) * BLOCK])
-            seq.digests.append(digest)
-            block = seq.table[i]
+        first = len(seq.digests)
+        seq.digests += block_digests(seq.tokens[first * BLOCK :],
+                                     seq.digests[-1] if seq.digests else b"")
+        for digest, block in zip(seq.digests[first:], seq.table[first:]):
             if digest not in self.block_of and block not in self.digest_of:
                 self.block_of[digest] = block
                 self.digest_of[block] = digest
@@ -160,13 +168,11 @@ class BlockPool:
         chain: list[tuple[bytes, int]] = []
         if not self.caching:
             return chain
-        parent = b""
-        for i in range((len(ids) - 1) // BLOCK):
-            parent = block_digest(parent, ids[i * BLOCK : (i + 1) * BLOCK])
-            block = self.block_of.get(parent)
+        for digest in block_digests(ids[: len(ids) - 1]):
+            block = self.block_of.get(digest)
             if block is None:
                 break
-            chain.append((parent, block))
+            chain.append((digest, block))
         return chain
 
     def cached(self, ids: Sequence[int]) -> int:
@@ -208,13 +214,14 @@ class BlockPool:
         for block in reversed(seq.table):
             self._drop(block)
         seq.table = []
-        if self.capacity and not self.lru and len(self.free) == self.capacity:
-            self._reset()  # nothing held, nothing cached: the memory goes back
+        self._return_memory()
 
-    def _reset(self) -> None:
-        self.k = [None] * self.n_layers
-        self.v = [None] * self.n_layers
-        self.capacity, self.refs, self.free = 0, [], []
+    def _return_memory(self) -> None:
+        """Nothing held, nothing cached: the arrays go back."""
+        if self.capacity and not self.lru and len(self.free) == self.capacity:
+            self.k = [None] * self.n_layers
+            self.v = [None] * self.n_layers
+            self.capacity, self.refs, self.free = 0, [], []
 
     def tables(self, seqs: Sequence[SeqBlocks]) -> np.ndarray:
         """The sequences' block tables as rows [len(seqs), longest] (short rows padded with
@@ -232,8 +239,5 @@ class BlockPool:
     def clear(self) -> None:
         """Forget every cached block (held ones stay)."""
         while self.lru:
-            block, _ = self.lru.popitem(last=False)
-            del self.block_of[self.digest_of.pop(block)]
-            self.free.append(block)
-        if len(self.free) == self.capacity:
-            self._reset()
+            self._evict()
+        self._return_memory()

@@ -200,12 +200,18 @@ class KernelOps(NumpyOps):
         self._lib.fk_swiglu(gu.ctypes.data, len(gu), out.shape[1], out.ctypes.data)
         return out
 
+    @staticmethod
+    def _tables(tables: np.ndarray) -> tuple[np.ndarray, int]:
+        """Block tables as the kernels take them: int64 rows and the stride between rows
+        (0: one table that every row shares)."""
+        tables = np.ascontiguousarray(tables, dtype=np.int64)
+        return tables, tables.shape[-1] if tables.ndim == 2 and len(tables) > 1 else 0
+
     def _attend(self, q: np.ndarray, q_stride: int, B: int, nq: int, K: np.ndarray,
                 V: np.ndarray, tables: np.ndarray, lengths: np.ndarray, window: int,
                 sinks: np.ndarray | None, scale: np.float32) -> np.ndarray:
         dim = K.shape[3]
-        tables = np.ascontiguousarray(tables, dtype=np.int64)
-        tstride = tables.shape[-1] if tables.ndim == 2 and len(tables) > 1 else 0
+        tables, tstride = self._tables(tables)
         lengths = np.ascontiguousarray(lengths, dtype=np.int64)
         out = np.empty((B, nq * dim), dtype=np.float32)
         if sinks is not None:
@@ -236,8 +242,7 @@ class KernelOps(NumpyOps):
                  tables: np.ndarray, positions: np.ndarray) -> None:
         qkv = np.ascontiguousarray(qkv, dtype=np.float32)
         self._check_cache(K, V)
-        tables = np.ascontiguousarray(tables, dtype=np.int64)
-        tstride = tables.shape[-1] if tables.ndim == 2 and len(tables) > 1 else 0
+        tables, tstride = self._tables(tables)
         positions = np.ascontiguousarray(positions, dtype=np.int64)
         self._lib.fk_kv_write(qkv.ctypes.data, qkv.shape[1], len(qkv), nq, K.shape[1],
                               K.shape[3], K.ctypes.data, V.ctypes.data, K.shape[2],
