@@ -42,7 +42,8 @@ def _rss_bytes() -> int:
 @serve.deployment
 class ModelWorker:
     def __init__(self, *, name: str, path: str, device: str = "cpu", max_batch: int = 8,
-                 kernel_dir: str | None = None, simulator_devices: list[str] | None = None,
+                 kernel_dir: str | None = None, npu_mode: str = "auto",
+                 simulator_devices: list[str] | None = None,
                  stream_interval_ms: float = 0.0, max_messages_per_s: float = 0.0,
                  blas_threads: int | None = None, chat_template: str | None = None,
                  quantize: str | None = None, kv_cache_bytes: int | None = None,
@@ -56,7 +57,7 @@ class ModelWorker:
             from npu.xrt import XRT
 
             if simulator_devices:  # testing: the pyxrt simulator stands in for the driver
-                from npu.xrt.sim import simulator_for
+                from npu.xrt.sim_kernels import simulator_for
 
                 xrt = XRT(simulator_for(kernel_dir, simulator_devices))
             else:
@@ -64,7 +65,8 @@ class ModelWorker:
 
             def factory():
                 return load_model(path, "npu", name=name, kernel_dir=kernel_dir,
-                                  device_index=index or 0, xrt=xrt,
+                                  device_index=index or 0, xrt=xrt, npu_mode=npu_mode,
+                                  chat_template=chat_template, quantize=quantize,
                                   kv_cache_bytes=kv_cache_bytes, prefix_cache=prefix_cache)
         else:
             def factory():

@@ -348,7 +348,7 @@ def two_nodes(seconds: float, clients: int, cache: Path) -> list[tuple[str, bool
     from ray import serve
 
     from deployments.serve_env import free_port, serve_environ
-    from npu.xrt.sim import make_kernel_dir
+    from npu.xrt.sim_kernels import make_kernel_dir
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env.update(serve_environ(env, private_ports=True), FLM_CACHE=str(cache),

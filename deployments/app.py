@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 from ray.serve.config import RequestRouterConfig
@@ -34,7 +34,11 @@ class ModelEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         max_messages_per_s: the messages per second a worker's streams together aim not
             to exceed: with many open streams each one's interval grows to
             streams / max_messages_per_s (0: no bound).
-        kernel_dir: NPU: the GEMM kernel directory (manifest.json, xclbin, insts.bin).
+        kernel_dir: NPU: the kernel directory (npu1/ and/or npu2/ with a version 2
+            manifest.json each; see the README's NPU section).
+        npu_mode: NPU: "linear" (linear layers on the NPU), "block" (attention and MLP
+            blocks), "layer" (whole decoder layers, KV cache on the device) or "auto" (the
+            most fused the kernel directory has for the model).
         simulator_devices: testing only: run "npu" workers on the pyxrt simulator with
             these device names instead of the driver.
         kv_cache_bytes: each worker's KV cache budget in bytes (default: eight full
@@ -64,6 +68,7 @@ class ModelEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     prefix_cache: bool = True
     prefix_routing: bool = True
     kernel_dir: str | None = None
+    npu_mode: Literal["auto", "linear", "block", "layer"] = "auto"
     simulator_devices: list[str] | None = None
     stream_interval_ms: float = 100.0
     max_messages_per_s: float = 100.0
@@ -135,7 +140,8 @@ def build_app(args: dict[str, Any] | None = None):
             health_check_period_s=5, health_check_timeout_s=30, **routing,
         ).bind(name=m.name, path=m.path, device=device, max_batch=m.max_batch,
                chat_template=m.chat_template, quantize=m.quantize,
-               kernel_dir=m.kernel_dir, simulator_devices=m.simulator_devices,
+               kernel_dir=m.kernel_dir, npu_mode=m.npu_mode,
+               simulator_devices=m.simulator_devices,
                stream_interval_ms=m.stream_interval_ms,
                max_messages_per_s=m.max_messages_per_s, blas_threads=m.blas_threads,
                kv_cache_bytes=m.kv_cache_bytes, prefix_cache=m.prefix_cache, metrics_hub=hub)

@@ -59,8 +59,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--device", choices=("cpu", "npu", "auto"), default="cpu",
                    help="where the model runs (default: %(default)s; auto: the NPUs when "
                         "pyxrt finds one and --kernel-dir is given)")
-    s.add_argument("--kernel-dir", help="the NPU's GEMM kernel directory (manifest.json, "
-                                        "xclbin)")
+    s.add_argument("--kernel-dir", help="the NPU kernel directory (npu1/ and/or npu2/, each "
+                                        "with manifest.json, xclbins, instruction streams)")
     s.add_argument("--max-batch", type=int, default=8,
                    help="sequences one worker decodes together (default: %(default)s)")
     s.add_argument("--quantize", choices=QUANTIZE,
@@ -110,7 +110,7 @@ def config_for(args: argparse.Namespace) -> dict[str, Any]:
         if value < 1 or (opt == "port" and value > 65535):
             raise UsageError(f"--{opt.replace('_', '-')} {value} is out of range")
     if args.device == "npu" and not args.kernel_dir:
-        raise UsageError("--device npu needs --kernel-dir (the GEMM kernel directory)")
+        raise UsageError("--device npu needs --kernel-dir (the NPU kernel directory)")
     if args.chat_template and not Path(args.chat_template).is_file():
         raise UsageError(f"--chat-template {args.chat_template}: no such file")
     path = _check_path(args.model)

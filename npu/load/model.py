@@ -169,7 +169,8 @@ def load_model(path: str | Path, device: str = "cpu", *, name: str | None = None
                kernel_dir: str | Path | None = None, device_index: int = 0,
                xrt: Any = None, chat_template: str | Path | None = None,
                quantize: str | None = None, backend: str = "cpu",
-               kv_cache_bytes: int | None = None, prefix_cache: bool = True) -> Model:
+               kv_cache_bytes: int | None = None, prefix_cache: bool = True,
+               npu_mode: str = "auto") -> Model:
     """Load a model: a Hugging Face directory, a GGUF file (or a directory holding one),
     "flm-tiny" or "smollm2-135m".
 
@@ -179,7 +180,8 @@ def load_model(path: str | Path, device: str = "cpu", *, name: str | None = None
             own chat template that has tools).
         device: "cpu" (the CPU engine) or "npu" (the XRT engine: linear layers on the
             NPU's GEMM kernel).
-        kernel_dir: "npu": the GEMM kernel directory (manifest.json, xclbin, insts.bin).
+        kernel_dir: "npu": the kernel directory (npu1/ and/or npu2/, each with a version 2
+            manifest.json, its xclbins and instruction streams; see npu.xrt.manifest).
         device_index: "npu": which NPU.
         xrt: "npu": an `npu.xrt.XRT` (default: over the real pyxrt).
         chat_template: a Jinja file that replaces the model's own chat template.
@@ -189,6 +191,7 @@ def load_model(path: str | Path, device: str = "cpu", *, name: str | None = None
         kv_cache_bytes: the KV cache's budget (default: eight full contexts, at most a
             quarter of the host's memory).
         prefix_cache: keep finished prompts' KV for later prompts that start alike.
+        npu_mode: "npu": "linear", "block", "layer" or "auto" (see npu.xrt.engine).
 
     Raises:
         ModelError: a missing or unsupported file, key, tensor or architecture, named.
@@ -204,7 +207,7 @@ def load_model(path: str | Path, device: str = "cpu", *, name: str | None = None
     if device not in ("cpu", "npu"):
         raise ModelError(f"device {device!r} is not one of 'cpu', 'npu'")
     if device == "npu" and kernel_dir is None:
-        raise ModelError("device 'npu' needs a GEMM kernel directory (kernel_dir)")
+        raise ModelError("device 'npu' needs a kernel directory (kernel_dir)")
     folder = Path(path)
     gguf_file = find_gguf(folder)
     if gguf_file is not None:
@@ -231,7 +234,8 @@ def load_model(path: str | Path, device: str = "cpu", *, name: str | None = None
 
         engine = XRTEngine(config, weights, xrt=xrt or XRT(),
                            device_index=device_index, kernel_dir=Path(kernel_dir),
-                           kv_cache_bytes=kv_cache_bytes, prefix_cache=prefix_cache)
+                           mode=npu_mode, kv_cache_bytes=kv_cache_bytes,
+                           prefix_cache=prefix_cache)
     else:
         engine = NumpyEngine(config, weights, backend=backend, kv_cache_bytes=kv_cache_bytes,
                              prefix_cache=prefix_cache)

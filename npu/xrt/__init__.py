@@ -1,8 +1,8 @@
-"""npu.xrt: the NPU path: the pyxrt adapter and GEMM kernel (`adapter`), the engine that runs
-linear layers on it (`engine`), and the simulator of the pyxrt calls it makes (`sim`)."""
+"""npu.xrt: the NPU path. `adapter` (the pyxrt calls), `manifest` (kernel directories,
+version 2), `packing` and `layer_pack` (weight layouts), `kernels` (ops on a device), `engine`
+(the XRT engine), and for CI and development without an NPU, `sim` (a simulator of the pyxrt
+calls), `sim_kernels` (what the manifest's kernels compute) and `timing` (launch costs)."""
 
-from npu.xrt.adapter import (XRT, DeviceInfo, DeviceWeight, GemmKernel, Manifest, XRTError,
-                             XRTUnavailable, generation_of, import_pyxrt)
+from npu.xrt.adapter import XRT, DeviceInfo, XRTError, XRTUnavailable, generation_of, import_pyxrt
 
-__all__ = ["XRT", "DeviceInfo", "DeviceWeight", "GemmKernel", "Manifest", "XRTError",
-           "XRTUnavailable", "generation_of", "import_pyxrt"]
+__all__ = ["XRT", "DeviceInfo", "XRTError", "XRTUnavailable", "generation_of", "import_pyxrt"]

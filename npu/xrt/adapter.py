@@ -1,4 +1,4 @@
-"""The XRT adapter: the portable subset of pyxrt that flm-serve uses, and GemmKernel.
+"""The XRT adapter: the portable subset of pyxrt that flm-serve uses.
 
 `pyxrt` ships with AMD's XRT (not PyPI) and is imported only here, lazily; its absence is
 an `XRTUnavailable` with what to install, never an ImportError at import time. The same
@@ -169,112 +169,34 @@ class XRT:
             state = kernel(*args).wait(timeout_ms)
         except Exception as exc:
             raise XRTError(f"kernel run failed: {exc}") from None
+        self._check_state(state)
+
+    def _check_state(self, state: Any) -> None:
         if state != self.x.ert_cmd_state.ERT_CMD_STATE_COMPLETED:
             name = getattr(state, "name", str(state))
             raise XRTError(f"kernel run ended in {name} (expected ERT_CMD_STATE_COMPLETED)")
 
+    @property
+    def has_runlist(self) -> bool:
+        return hasattr(self.x, "runlist")
 
-class Manifest(msgspec.Struct, frozen=True, kw_only=True):
-    """A GEMM kernel directory's manifest.json."""
-
-    xclbin: str
-    insts: str
-    kernel: str | None = None
-    tile: dict[str, int]
-    dtype: dict[str, str] = msgspec.field(default_factory=lambda: {"a": "f32", "b": "f32",
-                                                                    "c": "f32"})
-    args: list[str] = msgspec.field(default_factory=lambda: ["a", "b", "c", "sizes"])
-    instr_length: str = "words"
-
-
-class DeviceWeight(msgspec.Struct):
-    bo: Any
-    k: int
-    n: int
-    kp: int
-    np_: int
-
-
-class GemmKernel:
-    """The linear layers' GEMM on one NPU: weights uploaded once (tiled), activations
-    through reused host buffers. Counts bytes each way and kernel runs."""
-
-    def __init__(self, xrt: XRT, index: int, kernel_dir: Path) -> None:
-        kernel_dir = Path(kernel_dir)
+    def run_all(self, ctx: Any, launches: list[tuple[Any, tuple]],
+                timeout_ms: int = RUN_TIMEOUT_MS) -> None:
+        """Launches of one hardware context, in order: one runlist submission when pyxrt
+        has `runlist`, else one run after another."""
+        if not self.has_runlist:
+            for kernel, args in launches:
+                self.run(kernel, *args, timeout_ms=timeout_ms)
+            return
         try:
-            self.manifest = msgspec.json.decode((kernel_dir / "manifest.json").read_bytes(),
-                                                type=Manifest)
-        except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise XRTError(f"{kernel_dir}/manifest.json: {exc}") from None
-        m = self.manifest
-        if any(v != "f32" for v in m.dtype.values()):
-            raise XRTError(f"{kernel_dir}: only f32 GEMM kernels are supported, not {m.dtype}")
-        if set(m.args) != {"a", "b", "c", "sizes"}:
-            raise XRTError(f"{kernel_dir}: args must name a, b, c and sizes, not {m.args}")
-        self.tm, self.tk, self.tn = m.tile["m"], m.tile["k"], m.tile["n"]
-        self.xrt, self.index = xrt, index
-        ctx, xb = xrt.hw_context(index, kernel_dir / m.xclbin)
-        self.kernel = xrt.kernel(ctx, xb, m.kernel)
-        try:
-            self.insts = np.fromfile(kernel_dir / m.insts, dtype=np.uint32)
-        except OSError as exc:
-            raise XRTError(f"{kernel_dir}: cannot read {m.insts}: {exc}") from None
-        flags = xrt.x.bo
-        self.instr_bo = xrt.bo(index, self.insts.nbytes, flags.cacheable,
-                               self.kernel.group_id(1))
-        xrt.to_device(self.instr_bo, self.insts)
-        self.n_instr = self.insts.size if m.instr_length == "words" else self.insts.nbytes
-        self.group = {name: self.kernel.group_id(3 + i) for i, name in enumerate(m.args)}
-        self.sizes_bo = xrt.bo(index, 16, flags.host_only, self.group["sizes"])
-        self._bufs: dict[str, tuple[int, Any]] = {}
-        self.bytes_in = 0
-        self.bytes_out = 0
-        self.runs = 0
-        self.weight_bytes = 0
-
-    @staticmethod
-    def _pad(v: int, t: int) -> int:
-        return (v + t - 1) // t * t
-
-    def upload(self, w: np.ndarray) -> DeviceWeight:
-        """Tile and upload a [out, in] weight once; it stays on the device."""
-        n, k = w.shape
-        kp, np_ = self._pad(k, self.tk), self._pad(n, self.tn)
-        b = np.zeros((kp, np_), dtype=np.float32)
-        b[:k, :n] = w.T
-        tiles = b.reshape(kp // self.tk, self.tk, np_ // self.tn, self.tn).transpose(2, 0, 1, 3)
-        bo = self.xrt.bo(self.index, b.nbytes, self.xrt.x.bo.host_only, self.group["b"])
-        self.xrt.to_device(bo, np.ascontiguousarray(tiles))
-        self.weight_bytes += b.nbytes
-        return DeviceWeight(bo=bo, k=k, n=n, kp=kp, np_=np_)
-
-    def _buffer(self, name: str, nbytes: int) -> Any:
-        have = self._bufs.get(name)
-        if have is None or have[0] < nbytes:
-            size = max(nbytes, 2 * have[0] if have else nbytes)
-            have = (size, self.xrt.bo(self.index, size, self.xrt.x.bo.host_only,
-                                      self.group[name]))
-            self._bufs[name] = have
-        return have[1]
-
-    def matmul(self, x: np.ndarray, w: DeviceWeight) -> np.ndarray:
-        """x [M, K] @ W.T -> [M, N] on the device."""
-        m = x.shape[0]
-        mp = self._pad(m, self.tm)
-        # Only the real rows cross: the kernel also computes the padding rows of its last
-        # M tile from whatever the buffer holds there, and those results are dropped.
-        a = np.zeros((m, w.kp), dtype=np.float32)
-        a[:, : w.k] = x
-        a_bo = self._buffer("a", mp * w.kp * 4)
-        c_bo = self._buffer("c", mp * w.np_ * 4)
-        self.xrt.to_device(a_bo, a)
-        sizes = np.array([mp, w.kp, w.np_, 0], dtype=np.uint32)
-        self.xrt.to_device(self.sizes_bo, sizes)
-        order = {"a": a_bo, "b": w.bo, "c": c_bo, "sizes": self.sizes_bo}
-        self.xrt.run(self.kernel, 3, self.instr_bo, self.n_instr,
-                     *[order[name] for name in self.manifest.args])
-        out = self.xrt.from_device(c_bo, m * w.np_ * 4).view(np.float32).reshape(m, w.np_)
-        self.bytes_in += a.nbytes + sizes.nbytes
-        self.bytes_out += m * w.np_ * 4
-        self.runs += 1
-        return out[:, : w.n]
+            rl = self.x.runlist(ctx)
+            for kernel, args in launches:
+                r = self.x.run(kernel)
+                for i, a in enumerate(args):
+                    r.set_arg(i, a)
+                rl.add(r)
+            rl.execute()
+            state = rl.wait(timeout_ms)
+        except Exception as exc:
+            raise XRTError(f"runlist failed: {exc}") from None
+        self._check_state(state)

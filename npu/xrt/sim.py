@@ -1,12 +1,17 @@
 """A simulator of the pyxrt calls flm-serve makes, for CI and development without an NPU.
 
 `Simulator()` is a stand-in for the `pyxrt` module: same names and call signatures
-(`device`, `xclbin`, `hw_context`, `kernel`, `bo`, `xclBOSyncDirection`, `ert_cmd_state`,
-`xrt_info_device`). Its kernels are numpy callables registered per (xclbin uuid, kernel
-name). Device memory is separate from host memory, so a missing `sync` gives wrong results
-as it would on hardware. It enforces the context limit (6 on Phoenix/npu1, 16 on XDNA2),
-the kernel's argument count, buffer flags and group ids, and it can be told to fail device
-opens, time out or error a run. An "xclbin" for it is a JSON file: {"uuid", "kernels"}.
+(`device`, `xclbin`, `hw_context`, `kernel`, `run` + `set_arg`, `runlist` + `add` / `execute`
+/ `wait`, `bo`, `xclBOSyncDirection`, `ert_cmd_state`, `xrt_info_device`). Its kernels are
+numpy callables registered per (xclbin uuid, kernel name) (`npu.xrt.sim_kernels` has the ones
+a kernel directory describes). Device memory is separate from host memory, so a missing
+`sync` gives wrong results as it would on hardware, and a kernel can tell which bytes of a
+buffer were synced since its last run (rows the host did not write are undefined). It
+enforces the context limit (6 on Phoenix/npu1, 16 on XDNA2), at most 5 buffer arguments,
+the kernel's argument count, buffer flags and group ids, one context per runlist; it models
+each launch's time (`npu.xrt.timing`, `clock`), and it can be told to fail device opens, to
+hang a run until its wait times out, to abort or error a run, and to lose a device. An
+"xclbin" for it is a JSON file: {"uuid", "kernels"}.
 """
 
 from __future__ import annotations
@@ -20,6 +25,9 @@ from typing import Any
 
 import numpy as np
 
+from npu.xrt.timing import Clock, TimingModel
+
+MAX_BUFFERS = 5
 KernelFn = Callable[..., None]
 
 
@@ -59,7 +67,9 @@ class Faults:
 
     def __init__(self) -> None:
         self.fail_opens = 0
-        self.timeouts = 0
+        self.timeouts = 0  # the run's wait returns TIMEOUT at once
+        self.hangs = 0  # the run never completes: its wait times out after timeout_ms
+        self.aborts = 0
         self.errors = 0
         self.lost_devices: set[int] = set()
 
@@ -75,11 +85,14 @@ class Simulator:
     ert_cmd_state = ert_cmd_state
     xrt_info_device = xrt_info_device
 
-    def __init__(self, devices: list[str] | None = None) -> None:
+    def __init__(self, devices: list[str] | None = None, *, runlist: bool = True,
+                 timing: TimingModel | None = None) -> None:
         self.device_names = list(devices if devices is not None else ["RyzenAI-npu4"])
         self.faults = Faults()
         self.kernels: dict[tuple[str, str], tuple[int, KernelFn]] = {}
         self.runs = 0
+        self.clock = Clock(timing or TimingModel())
+        has_runlist = runlist  # (the name is the class's below)
         sim = self
 
         class device:  # noqa: N801
@@ -147,6 +160,7 @@ class Simulator:
                 self.device, self.size, self.flags, self.group = dev, int(size), flags, group
                 self.host = np.zeros(self.size, dtype=np.uint8)
                 self.dev = np.zeros(self.size, dtype=np.uint8)
+                self.synced: list[tuple[int, int]] = []  # to the device since the last run
 
             def write(self, data: Any, offset: int) -> None:
                 raw = np.frombuffer(bytes(data) if not isinstance(data, np.ndarray)
@@ -167,6 +181,7 @@ class Simulator:
                 end = self.size if size is None else offset + size
                 if direction == xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE:
                     self.dev[offset:end] = self.host[offset:end]
+                    self.synced.append((offset, end))
                 else:
                     self.host[offset:end] = self.dev[offset:end]
 
@@ -183,7 +198,7 @@ class Simulator:
                     raise SimulatorError(f"kernel {self.name} has no argument {arg}")
                 return arg
 
-            def __call__(self, *args: Any) -> Any:
+            def check(self, args: tuple) -> None:
                 if len(args) != self.n_args:
                     raise SimulatorError(f"kernel {self.name} takes {self.n_args} arguments, "
                                          f"got {len(args)}")
@@ -196,13 +211,65 @@ class Simulator:
                         if a.flags != want:
                             raise SimulatorError(f"argument {i}: bo flags {a.flags!r}, "
                                                  f"expected {want!r}")
-                return _Run(sim, self, args)
+
+            def __call__(self, *args: Any) -> Any:
+                self.check(args)
+                return _Run(sim, self, args, in_runlist=False)
+
+        class run:  # noqa: N801
+            """A run built argument by argument (for runlists)."""
+
+            def __init__(self, k: Any) -> None:
+                self.kernel = k
+                self.args: list[Any] = [None] * k.n_args
+
+            def set_arg(self, index: int, value: Any) -> None:
+                if not 0 <= index < self.kernel.n_args:
+                    raise SimulatorError(f"kernel {self.kernel.name} has no argument {index}")
+                self.args[index] = value
+
+        class runlist:  # noqa: N801
+            """Runs submitted together on one hardware context."""
+
+            def __init__(self, ctx: Any) -> None:
+                self.ctx = ctx
+                self.runs: list[Any] = []
+                self.state = ert_cmd_state.ERT_CMD_STATE_NEW
+
+            def add(self, r: Any) -> None:
+                if r.kernel.ctx is not self.ctx:
+                    raise SimulatorError("a runlist takes runs of its own hardware context")
+                self.runs.append(r)
+
+            def execute(self) -> None:
+                self.state = ert_cmd_state.ERT_CMD_STATE_COMPLETED
+                self.hung = False
+                for r in self.runs:
+                    args = tuple(r.args)
+                    r.kernel.check(args)
+                    done = _Run(sim, r.kernel, args, in_runlist=True)
+                    if done.state != ert_cmd_state.ERT_CMD_STATE_COMPLETED:
+                        self.state, self.hung = done.state, done.hung
+                        break
+
+            def wait(self, timeout_ms: int = 0) -> ert_cmd_state:
+                if self.hung:
+                    sim.clock.wait(timeout_ms / 1000)
+                return self.state
 
         self.device, self.xclbin, self.hw_context = device, xclbin, hw_context
         self.bo, self.kernel = bo, kernel
+        self.run = run
+        if has_runlist:  # older XRT builds' pyxrt has no runlist
+            self.runlist = runlist
 
     def register_kernel(self, xclbin_uuid: str, name: str, n_args: int, fn: KernelFn) -> None:
-        """`fn(*args)` gets ints as ints and each bo's *device* memory (uint8 array)."""
+        """`fn(*args)` gets ints as ints and bos as bos (`.dev`: device memory, uint8;
+        `.synced`: the byte ranges synced to the device since the last run); it returns the
+        bytes the launch reads from memory (for the timing model)."""
+        if n_args - 3 > MAX_BUFFERS:
+            raise SimulatorError(f"kernel {name}: {n_args - 3} buffer arguments; an NPU kernel "
+                                 f"takes at most {MAX_BUFFERS}")
         self.kernels[(xclbin_uuid, name)] = (n_args, fn)
 
     def lose_device(self, index: int) -> None:
@@ -221,21 +288,36 @@ class _KernelInfo:
 
 
 class _Run:
-    def __init__(self, sim: Simulator, k: Any, args: tuple) -> None:
+    def __init__(self, sim: Simulator, k: Any, args: tuple, *, in_runlist: bool) -> None:
         self.state = ert_cmd_state.ERT_CMD_STATE_COMPLETED
+        self.hung = False
+        self.sim = sim
+        f = sim.faults
         sim.runs += 1
         if sim._lost(k.ctx.device):
             self.state = ert_cmd_state.ERT_CMD_STATE_ABORT
-        elif sim.faults.timeouts > 0:
-            sim.faults.timeouts -= 1
+        elif f.timeouts > 0:
+            f.timeouts -= 1
             self.state = ert_cmd_state.ERT_CMD_STATE_TIMEOUT
-        elif sim.faults.errors > 0:
-            sim.faults.errors -= 1
+        elif f.hangs > 0:
+            f.hangs -= 1
+            self.state, self.hung = ert_cmd_state.ERT_CMD_STATE_TIMEOUT, True
+        elif f.aborts > 0:
+            f.aborts -= 1
+            self.state = ert_cmd_state.ERT_CMD_STATE_ABORT
+        elif f.errors > 0:
+            f.errors -= 1
             self.state = ert_cmd_state.ERT_CMD_STATE_ERROR
         else:
-            k.fn(*[a.dev if hasattr(a, "dev") else a for a in args])
+            nbytes = k.fn(*args)
+            sim.clock.launch(k.ctx, int(nbytes or 0), in_runlist=in_runlist)
+            for a in args:
+                if hasattr(a, "synced"):
+                    a.synced.clear()
 
     def wait(self, timeout_ms: int = 0) -> ert_cmd_state:
+        if self.hung:  # the command never completes: the wait returns at its timeout
+            self.sim.clock.wait(timeout_ms / 1000)
         return self.state
 
 
@@ -244,57 +326,3 @@ def write_xclbin(path: Path, kernels: list[str]) -> str:
     xuuid = str(uuid_mod.uuid4())
     path.write_text(json.dumps({"uuid": xuuid, "kernels": kernels}))
     return xuuid
-
-
-def gemm_kernel(manifest: dict, insts: np.ndarray) -> KernelFn:
-    """The reference GEMM a kernel directory's manifest describes, as a simulator kernel:
-    C[M, N] = A[M, K] @ B[K, N] in float32, B stored in (n, k) tiles, sizes in a uint32 bo.
-    It checks that the instruction stream it was given is the one built for it."""
-    tile_k, tile_n = manifest["tile"]["k"], manifest["tile"]["n"]
-    words = manifest.get("instr_length", "words") == "words"
-    order = manifest.get("args", ["a", "b", "c", "sizes"])
-
-    def run(opcode: int, instr: np.ndarray, n_instr: int, *bufs: np.ndarray) -> None:
-        if opcode != 3:
-            raise SimulatorError(f"unexpected opcode {opcode}")
-        count = n_instr if words else n_instr // 4
-        if count != insts.size or not np.array_equal(instr[: insts.nbytes].view(np.uint32),
-                                                      insts):
-            raise SimulatorError("the instruction stream on the device is not the kernel's")
-        args = dict(zip(order, bufs))
-        M, K, N = (int(v) for v in args["sizes"][:12].view(np.uint32))
-        a = args["a"][: M * K * 4].view(np.float32).reshape(M, K)
-        tiles = args["b"][: K * N * 4].view(np.float32).reshape(N // tile_n, K // tile_k,
-                                                                 tile_k, tile_n)
-        b = tiles.transpose(1, 2, 0, 3).reshape(K, N)
-        args["c"][: M * N * 4] = (a @ b).astype(np.float32).view(np.uint8).ravel()
-
-    return run
-
-
-def simulator_for(kernel_dir: Path, devices: list[str]) -> Simulator:
-    """A simulator with `devices` whose xclbin (from a kernel directory) runs the reference
-    GEMM its manifest describes."""
-    kernel_dir = Path(kernel_dir)
-    manifest = json.loads((kernel_dir / "manifest.json").read_text())
-    xb = json.loads((kernel_dir / manifest["xclbin"]).read_text())
-    insts = np.fromfile(kernel_dir / manifest["insts"], dtype=np.uint32)
-    sim = Simulator(devices)
-    args = manifest.get("args", ["a", "b", "c", "sizes"])
-    for name in xb["kernels"]:
-        sim.register_kernel(xb["uuid"], name, 3 + len(args), gemm_kernel(manifest, insts))
-    return sim
-
-
-def make_kernel_dir(folder: Path, *, tile: tuple[int, int, int] = (8, 32, 32)) -> Path:
-    """Write a simulator kernel directory (manifest.json, gemm.xclbin, insts.bin)."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    write_xclbin(folder / "gemm.xclbin", ["MLIR_AIE"])
-    np.random.default_rng(1).integers(0, 2**32, 64, dtype=np.uint32).tofile(folder / "insts.bin")
-    m, k, n = tile
-    (folder / "manifest.json").write_text(json.dumps({
-        "xclbin": "gemm.xclbin", "insts": "insts.bin", "kernel": "MLIR_AIE",
-        "tile": {"m": m, "k": k, "n": n}, "dtype": {"a": "f32", "b": "f32", "c": "f32"},
-        "args": ["a", "b", "c", "sizes"], "instr_length": "words"}))
-    return folder

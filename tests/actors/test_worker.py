@@ -200,21 +200,26 @@ def test_when_decoding_runs_out_of_blocks_the_newest_request_stops(tmp_path) -> 
     w.close()
 
 
-def test_npu_fault_fails_the_stream_and_the_worker(tmp_path) -> None:
+@pytest.mark.parametrize("fault,state", [("errors", "ERT_CMD_STATE_ERROR"),
+                                         ("hangs", "ERT_CMD_STATE_TIMEOUT"),
+                                         ("aborts", "ERT_CMD_STATE_ABORT")])
+def test_npu_fault_fails_the_stream_and_the_worker(tmp_path, fault: str, state: str) -> None:
+    """A run that errors, never completes (its wait times out) or is aborted ends the
+    request with an error event and marks the worker unhealthy (Serve replaces it)."""
     from actors.events import Failed
     from npu.xrt import XRT
-    from npu.xrt.sim import make_kernel_dir, simulator_for
+    from npu.xrt.sim_kernels import make_kernel_dir, simulator_for
 
+    folder = ensure_tiny(tmp_path / "cache")
     kdir = make_kernel_dir(tmp_path / "kernel")
     sim = simulator_for(kdir, ["RyzenAI-npu4"])
-    folder = ensure_tiny(tmp_path / "cache")
     w = Worker(lambda: load_model(folder, "npu", kernel_dir=kdir, xrt=XRT(sim)))
     ok = asyncio.run(_events(w, max_tokens=3, seed=1))
     assert isinstance(ok[-1], Usage)
-    sim.faults.errors = 1
+    setattr(sim.faults, fault, 1)
     events = asyncio.run(_events(w, max_tokens=3, seed=1))
     assert isinstance(events[0], Accepted) and isinstance(events[-1], Failed)
-    assert "ERT_CMD_STATE_ERROR" in events[-1].message
+    assert state in events[-1].message
     assert not w.healthy
     after = asyncio.run(_events(w, max_tokens=3))
     assert isinstance(after[0], Rejected) and after[0].status == 503

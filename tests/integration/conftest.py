@@ -44,7 +44,7 @@ def serve_url(tmp_path_factory):
     serve.run(build_app({"models": models, "max_request_bytes": 1 << 20}), name="flm",
               route_prefix="/")
     # two simulated NPUs: one worker replica each, claiming {"NPU": 1} from Ray
-    from npu.xrt.sim import make_kernel_dir
+    from npu.xrt.sim_kernels import make_kernel_dir
 
     kernels = make_kernel_dir(tmp_path_factory.mktemp("kernel"))
     serve.run(build_app({"models": [{"name": "flm-tiny", "path": "flm-tiny", "device": "npu",

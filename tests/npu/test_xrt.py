@@ -1,5 +1,6 @@
-"""The NPU path on the pyxrt simulator: the XRT engine matches the numpy engine, weights
-stay on the device, and every fault the simulator can inject ends in a clear error."""
+"""The NPU path on the pyxrt simulator: kernel directories (manifest v2) by generation, the
+three launch modes against the CPU engine, what the simulated kernels do to numbers and
+shapes, the timing model, and every fault ending in a clear error."""
 
 from __future__ import annotations
 
@@ -10,78 +11,136 @@ import numpy as np
 import pytest
 
 from npu import ModelError, NumpyEngine, config_from_json, load_model
+from npu.load.model import _quantizer
 from npu.load.safetensors import load_weights
 from npu.xrt import XRT, XRTError, XRTUnavailable, generation_of, import_pyxrt
 from npu.xrt.engine import XRTEngine
-from npu.xrt.sim import Simulator, gemm_kernel, write_xclbin
+from npu.xrt.sim import Simulator, SimulatorError, write_xclbin
+from npu.xrt.sim_kernels import make_kernel_dir, simulator_for
 from tests.shared import SHARED
 
 TINY = SHARED / "models" / "tiny-random"
 STORIES = SHARED / "models" / "stories260K" / "hf-f32"
-MANIFEST = {"xclbin": "gemm.xclbin", "insts": "insts.bin", "kernel": "MLIR_AIE",
-            "tile": {"m": 8, "k": 32, "n": 32}, "dtype": {"a": "f32", "b": "f32", "c": "f32"},
-            "args": ["a", "b", "c", "sizes"], "instr_length": "words"}
 
 
-def make_kernel_dir(folder: Path, sim: Simulator, manifest: dict = MANIFEST) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    xuuid = write_xclbin(folder / manifest["xclbin"], ["MLIR_AIE"])
-    insts = np.random.default_rng(1).integers(0, 2**32, 64, dtype=np.uint32)
-    insts.tofile(folder / manifest["insts"])
-    (folder / "manifest.json").write_text(json.dumps(manifest))
-    sim.register_kernel(xuuid, "MLIR_AIE", 3 + len(manifest["args"]),
-                        gemm_kernel(manifest, insts))
-    return folder
+def _config(folder: Path):
+    return config_from_json(json.loads((folder / "config.json").read_text()))
 
 
-@pytest.fixture()
-def sim(tmp_path) -> tuple[Simulator, Path]:
-    s = Simulator(["RyzenAI-npu4", "RyzenAI-npu4"])
-    return s, make_kernel_dir(tmp_path / "kernel", s)
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    from npu.load.tiny import ensure_tiny
+
+    return ensure_tiny(tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture(scope="module")
+def kdir(tmp_path_factory, tiny: Path) -> Path:
+    """bf16 kernels for flm-tiny (Qwen3), every op, one xclbin."""
+    return make_kernel_dir(tmp_path_factory.mktemp("k") / "kernels", [_config(tiny)],
+                           weights="bf16", ctx=256)
 
 
 def _rel(a, b) -> float:
     return float(np.abs(a - b).max() / np.abs(b).max())
 
 
-def _engines(folder: Path, sim: Simulator, kdir: Path):
-    cfg = config_from_json(json.loads((folder / "config.json").read_text()))
-    return (NumpyEngine(cfg, load_weights(folder)),
-            XRTEngine(cfg, load_weights(folder), xrt=XRT(sim), device_index=0, kernel_dir=kdir))
+def _run(engine, ids: list[int], steps: list[int]) -> list[np.ndarray]:
+    out = [engine.prefill("a", ids)]
+    for t in steps:
+        out.append(engine.decode(["a"], [t])[0])
+    return out
+
+
+# -- the three modes against the CPU engine -----------------------------------------------------
+@pytest.mark.parametrize("mode,per_layer", [("linear", 4), ("block", 2), ("layer", 1)])
+def test_modes_match_the_cpu_engine_and_count_launches(tiny, kdir, mode, per_layer) -> None:
+    cfg = _config(tiny)
+    sim = simulator_for(kdir, ["RyzenAI-npu4"])
+    npu = XRTEngine(cfg, load_weights(tiny, progress=False), xrt=XRT(sim), device_index=0,
+                    kernel_dir=kdir, mode=mode)
+    ref = NumpyEngine(cfg, load_weights(tiny, progress=False), backend="reference")
+    ids, steps = [5, 9, 14, 3, 7, 22, 40, 11], [17, 2, 30, 8]
+    for got, want in zip(_run(npu, ids, steps), _run(ref, ids, steps)):
+        assert _rel(got, want) < 0.03  # bf16 activations and weights against float32
+    assert npu.mode == mode
+    before = sim.clock.launches
+    npu.decode(["a"], [4])
+    assert sim.clock.launches - before == per_layer * cfg.num_layers + 1
+
+
+def test_auto_mode_takes_the_most_fused_ops(tiny, tmp_path) -> None:
+    cfg = _config(tiny)
+    for ops, mode in [(("gemv", "gemm", "attn", "mlp", "layer"), "layer"),
+                      (("gemv", "attn", "mlp"), "block"), (("gemv", "gemm"), "linear")]:
+        kd = make_kernel_dir(tmp_path / "-".join(ops), [cfg], ops=ops, weights="bf16")
+        model = load_model(tiny, "npu", kernel_dir=kd, xrt=XRT(simulator_for(kd, ["npu4"])))
+        assert model.engine.mode == mode
+    with pytest.raises(ModelError, match="no layer op shapes"):
+        load_model(tiny, "npu", kernel_dir=kd, npu_mode="layer",
+                   xrt=XRT(simulator_for(kd, ["npu4"])))
+
+
+def test_layer_mode_batches_forks_and_reuses_prefixes(tiny, kdir) -> None:
+    """A batch runs each sequence's layers on its own device cache; prefix reuse and fork
+    give the device the rows the host has; all agree with each sequence decoded alone."""
+    cfg = _config(tiny)
+    sim = simulator_for(kdir, ["RyzenAI-npu4"])
+    npu = XRTEngine(cfg, load_weights(tiny, progress=False), xrt=XRT(sim), device_index=0,
+                    kernel_dir=kdir, mode="layer")
+    prompt = list(range(3, 40))
+    alone = _run(npu, prompt, [7, 8, 9])[-1]
+    npu.release("a")
+    assert npu.reuse_prefix("b", prompt) == 32  # two whole blocks from the cache
+    npu.prefill("b", prompt[32:])
+    npu.prefill("c", [1, 2, 3])
+    for t in (7, 8):
+        npu.decode(["b", "c"], [t, 5])
+    npu.fork("b", "d")
+    both = npu.decode(["b", "d"], [9, 9])
+    assert _rel(both[0], alone) < 0.01 and _rel(both[1], alone) < 0.01
+    assert npu.max_context == 256  # the layer op's device cache
+
+
+def test_runlist_or_not_gives_the_same_logits(tiny, kdir) -> None:
+    cfg = _config(tiny)
+    out = []
+    for runlist in (True, False):
+        sim = simulator_for(kdir, ["RyzenAI-npu4"], runlist=runlist)
+        npu = XRTEngine(cfg, load_weights(tiny, progress=False), xrt=XRT(sim), device_index=0,
+                        kernel_dir=kdir, mode="layer")
+        out.append(_run(npu, [4, 5, 6], [7, 8]))
+        assert hasattr(sim, "runlist") is runlist
+    for a, b in zip(*out):
+        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.skipif(not TINY.exists(), reason=f"{TINY} is absent")
 @pytest.mark.parametrize("arch", ["qwen3", "llama3", "gemma3", "lfm2"])
-def test_xrt_engine_matches_numpy_engine(sim, arch: str) -> None:
-    s, kdir = sim
-    ref, npu = _engines(TINY / arch, s, kdir)
-    ids = np.load(TINY / arch / "input_ids.npy").tolist()
-    assert _rel(npu.prefill("a", ids[:6]), ref.prefill("a", ids[:6])) < 1e-4
-    for t in ids[6:]:
-        assert _rel(npu.decode(["a"], [t])[0], ref.decode(["a"], [t])[0]) < 1e-4
-    runs_per_token = 4 * sum(k != "conv" for k in ref.config.layer_types) + 4 * sum(
-        k == "conv" for k in ref.config.layer_types) + 1
-    before = npu.gemm.runs
-    npu.decode(["a"], [1])
-    assert npu.gemm.runs - before == runs_per_token
+def test_q4g32_from_q4_1_matches_the_cpu_engine(tmp_path, arch: str) -> None:
+    """A Q4_1 model's codes go to the device as they are (d, m as bf16): no re-quantising."""
+    folder = TINY / arch
+    cfg = _config(folder)
+    kd = make_kernel_dir(tmp_path / "k", [cfg], weights="q4g32")
 
+    def weights():
+        return load_weights(folder, keep=_quantizer("q4_1"), progress=False)
 
-def test_weights_stay_on_the_device(sim, tiny_dir: Path) -> None:
-    s, kdir = sim
-    model = load_model(tiny_dir, "npu", kernel_dir=kdir, xrt=XRT(s))
-    eng = model.engine
-    assert all(getattr(L, "w_gate_up") is None for L in eng.layers)
-    eng.prefill("x", [1, 2, 3])
-    in0, out0 = eng.gemm.bytes_in, eng.gemm.bytes_out
-    eng.decode(["x"], [4])
-    moved = (eng.gemm.bytes_in - in0) + (eng.gemm.bytes_out - out0)
-    assert moved < 0.1 * eng.weight_bytes  # activations only
+    ref = NumpyEngine(cfg, weights(), backend="reference")
+    npu = XRTEngine(cfg, weights(), xrt=XRT(simulator_for(kd, ["npu4"])), device_index=0,
+                    kernel_dir=kd)
+    assert npu.linear_ops.requantized == 0
+    assert npu.mode == ("layer" if arch in ("qwen3", "llama3") else "linear")
+    ids = np.load(folder / "input_ids.npy").tolist()
+    for got, want in zip(_run(npu, ids[:6], ids[6:]), _run(ref, ids[:6], ids[6:])):
+        assert _rel(got, want) < 0.1  # bf16 activations, bf16 d and m, on random weights
 
 
 @pytest.mark.skipif(not STORIES.exists(), reason=f"{STORIES} is absent")
-def test_stories260k_greedy_is_the_same_through_the_npu(sim) -> None:
-    s, kdir = sim
-    model = load_model(STORIES, "npu", kernel_dir=kdir, xrt=XRT(s))
+def test_stories260k_greedy_is_the_same_through_the_npu_layers(tmp_path) -> None:
+    kd = make_kernel_dir(tmp_path / "k", [_config(STORIES)], weights="bf16")
+    model = load_model(STORIES, "npu", kernel_dir=kd, xrt=XRT(simulator_for(kd, ["npu4"])))
+    assert model.engine.mode == "layer"
     logits = model.engine.prefill("s", [1])
     out = []
     for _ in range(33):
@@ -91,7 +150,239 @@ def test_stories260k_greedy_is_the_same_through_the_npu(sim) -> None:
     assert "".join(det.push(t) for t in out).startswith("Once upon a time, there was a little")
 
 
-# -- devices ------------------------------------------------------------------------------
+def test_weights_stay_on_the_device(tiny, kdir) -> None:
+    model = load_model(tiny, "npu", kernel_dir=kdir, npu_mode="linear",
+                       xrt=XRT(simulator_for(kdir, ["npu4"])))
+    eng = model.engine
+    assert all(L.w_gate_up is None for L in eng.layers) and eng.lm_head is None
+    eng.prefill("x", [1, 2, 3])
+    ops = eng.linear_ops
+    in0, out0 = ops.bytes_in, ops.bytes_out
+    eng.decode(["x"], [4])
+    assert (ops.bytes_in - in0) + (ops.bytes_out - out0) < 0.1 * eng.weight_bytes
+
+
+# -- kernel directories ---------------------------------------------------------------------
+def test_the_directory_for_the_device_generation_is_taken(tiny, tmp_path) -> None:
+    kd = make_kernel_dir(tmp_path / "k", [_config(tiny)], generations=("npu1", "npu2"),
+                         weights="bf16", ops=("gemv",))
+    for name, gen in [("NPU Phoenix npu1", "npu1"), ("RyzenAI-npu5", "npu2")]:
+        m = load_model(tiny, "npu", kernel_dir=kd, xrt=XRT(simulator_for(kd, [name])))
+        assert m.engine.manifest.generation == gen
+    only2 = make_kernel_dir(tmp_path / "k2", [_config(tiny)], weights="bf16", ops=("gemv",))
+    with pytest.raises(ModelError, match="kernels for npu2 but the device .* is npu1"):
+        load_model(tiny, "npu", kernel_dir=only2,
+                   xrt=XRT(simulator_for(only2, ["NPU Phoenix npu1"])))
+    with pytest.raises(ModelError, match="cannot tell the NPU generation"):
+        load_model(tiny, "npu", kernel_dir=only2, xrt=XRT(simulator_for(only2, ["mystery"])))
+
+
+def _edit_manifest(kd: Path, edit) -> None:
+    path = kd / "npu2" / "manifest.json"
+    m = json.loads(path.read_text())
+    edit(m)
+    path.write_text(json.dumps(m))
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda m: m.update(version=1), "version 1"),
+    (lambda m: m["ops"]["gemv"].update(instr_format="elf"), "'bin' instruction buffers"),
+    (lambda m: m["ops"]["gemv"].update(args=["x", "w", "y", "a", "b", "c"]), "at most 5"),
+    (lambda m: m["ops"]["gemv"]["dtype"].update(x="f32"), "x must be bf16"),
+    (lambda m: m["ops"]["gemv"].update(layout="bf16.v1"), "weight dtype"),
+    (lambda m: m["ops"]["gemv"].update(rounding="up"), "rounding"),
+    (lambda m: m["ops"]["gemv"]["shapes"].pop(), "missing gemv"),
+    (lambda m: m["ops"].pop("gemv"), "no gemv op"),
+    (lambda m: m["ops"]["gemv"].update(sizes="sizes.bin"), "sizes"),
+])
+def test_bad_manifests_are_named(tiny, tmp_path, edit, message: str) -> None:
+    kd = make_kernel_dir(tmp_path / "k", [_config(tiny)], weights="q4g32", ops=("gemv",))
+    sim = simulator_for(kd, ["npu4"])
+    _edit_manifest(kd, edit)
+    with pytest.raises(ModelError, match=message):
+        load_model(tiny, "npu", kernel_dir=kd, xrt=XRT(sim))
+
+
+def test_missing_kernel_dir_is_named(tiny, tmp_path) -> None:
+    with pytest.raises(ModelError, match="kernel_dir"):
+        load_model(tiny, "npu")
+    with pytest.raises(ModelError, match="no generation"):
+        load_model(tiny, "npu", kernel_dir=tmp_path, xrt=XRT(Simulator()))
+
+
+# -- what a simulated kernel does -------------------------------------------------------------
+class _Gemv:
+    """A gemv op of a small kernel directory, opened on a simulator."""
+
+    def __init__(self, tmp_path: Path, **kw) -> None:
+        from npu.xrt.kernels import LinearOps, OpKernel
+        from npu.xrt.manifest import load_manifest
+
+        cfg = config_from_json({"architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+                                "intermediate_size": 96, "num_hidden_layers": 1,
+                                "num_attention_heads": 2, "num_key_value_heads": 1,
+                                "vocab_size": 100, "max_position_embeddings": 64})
+        kd = make_kernel_dir(tmp_path / "k", [cfg], ops=("gemv", "gemm"), gemm_m=4,
+                             granule_k=32, **kw)
+        self.sim = simulator_for(kd, ["npu4"])
+        xrt = XRT(self.sim)
+        m = load_manifest(kd / "npu2")
+        self.gemv = OpKernel(xrt, 0, kd / "npu2", "gemv", m.ops["gemv"])
+        self.gemm = OpKernel(xrt, 0, kd / "npu2", "gemm", m.ops["gemm"])
+        self.ops = LinearOps(self.gemv, self.gemm)
+        self.xrt = xrt
+
+
+def test_kernels_round_as_declared(tmp_path) -> None:
+    """bf16 output: floor truncates, conv_even rounds to nearest even; per-K-tile rounding
+    rounds the running sum after every tile."""
+    from npu.xrt import packing
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((100, 64)).astype(np.float32)
+    x = rng.standard_normal((1, 64)).astype(np.float32)
+    exact = packing.round_bf16(x) @ packing.round_bf16(w).T
+    outs = {}
+    for name, kw in [("f32", {"y": "f32"}), ("even", {"y": "bf16"}),
+                     ("floor", {"y": "bf16", "rounding": "floor"}),
+                     ("tiles", {"y": "bf16", "round_per_k_tile": True})]:
+        g = _Gemv(tmp_path / name, weights="bf16", **kw)
+        outs[name] = g.ops.matmul(x, g.ops.upload(w))
+    np.testing.assert_allclose(outs["f32"], exact, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(outs["even"], packing.round_bf16(outs["f32"]))
+    np.testing.assert_array_equal(outs["floor"], packing.round_bf16(outs["f32"], "floor"))
+    assert np.all(np.abs(outs["floor"]) <= np.abs(outs["f32"]))
+    assert not np.array_equal(outs["tiles"], outs["even"])
+
+
+def test_q4g32_dequantises_to_bf16_and_bfp16_blocks_share_an_exponent(tmp_path) -> None:
+    from npu.engine.quant import QMatrix, QT
+    from npu.xrt import packing
+
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((40, 64)).astype(np.float32)
+    q = QMatrix.from_float(w, QT.Q4_1)
+    t = packing.tiling("q4g32.v1", 40, 64, 32, 32)
+    got = packing.unpack(packing.from_q4_1(q.data, q.shape, t), t)[:40, :64]
+    # the Q4_1 value with d and m in bf16, rounded to bf16: within a bf16 step or two
+    assert np.abs(got - q.dequantize()).max() < 0.05
+    np.testing.assert_array_equal(got, packing.round_bf16(got))
+    t8 = packing.tiling("bfp16ebs8.v1", 40, 64, 32, 32)
+    blocks = packing.unpack(packing.pack(w, t8), t8)[:40, :64].reshape(40, 8, 8)
+    peak = np.abs(w.reshape(40, 8, 8)).max(axis=-1, keepdims=True)
+    assert np.all(np.abs(blocks - w.reshape(40, 8, 8)) <= peak / 64)
+
+
+def test_bf16_rounding_matches_torch() -> None:
+    torch = pytest.importorskip("torch")
+    from npu.xrt import packing
+
+    x = np.random.default_rng(2).standard_normal(4096).astype(np.float32) * 1e3
+    x[:4] = [1.00390625, 1.01171875, -1.00390625, 0.0]  # ties
+    want = torch.from_numpy(x).to(torch.bfloat16).to(torch.float32).numpy()
+    np.testing.assert_array_equal(packing.round_bf16(x), want)
+
+
+def test_a_launch_runs_the_shape_of_its_instruction_stream(tmp_path) -> None:
+    g = _Gemv(tmp_path, weights="bf16")
+    w = g.ops.upload(np.ones((100, 64), dtype=np.float32))
+    shape = g.gemv.find(m=1, k=64, n=100)
+    x_bo = g.gemv.bo("x", 64 * 2)
+    y_bo = g.gemv.bo("y", 128 * 4)
+    g.xrt.to_device(x_bo, np.zeros(64, dtype=np.uint16))
+    other = g.gemv.find(m=1, k=96, n=64)  # the down projection's stream
+    with pytest.raises(XRTError, match="weight buffer holds"):
+        g.gemv.launch(other, {"x": x_bo, "w": w.bo, "y": y_bo})
+    garbage = g.sim.bo(g.sim.device(0), 64, g.sim.bo.cacheable, 1)
+    with pytest.raises(XRTError, match="not one this kernel was built for"):
+        g.xrt.run(g.gemv.kernel, 3, garbage, 16, x_bo, w.bo, y_bo)
+
+
+def test_rows_the_host_did_not_write_are_undefined(tmp_path) -> None:
+    from npu.xrt import packing
+
+    g = _Gemv(tmp_path, weights="bf16")
+    w = g.ops.upload(np.ones((100, 64), dtype=np.float32))
+    x = np.ones((3, 64), dtype=np.float32)
+    out = g.ops.matmul(x, w)  # gemm: 3 real rows of its 4; the 4th is never read
+    np.testing.assert_array_equal(out, np.full((3, 100), 64.0, dtype=np.float32))
+    shape = g.gemm.find(k=64, n=100)
+    x_bo, y_bo = g.ops._io(g.gemm, shape, w.tiling, 4)
+    a = np.zeros((3, 64), dtype=np.uint16)
+    a[:] = packing.to_bf16(np.ones((3, 64), dtype=np.float32))
+    g.xrt.to_device(x_bo, a)
+    g.gemm.launch(shape, {"x": x_bo, "w": w.bo, "y": y_bo})
+    y = g.xrt.from_device(y_bo, 4 * 128 * 4).view(np.float32).reshape(4, 128)
+    assert np.isnan(y[3]).all() and not np.isnan(y[:3]).any()  # row 4: not written
+
+
+def test_k_padding_must_be_zero(tmp_path) -> None:
+    from npu.xrt import packing
+
+    cfg = config_from_json({"architectures": ["LlamaForCausalLM"], "hidden_size": 40,
+                            "intermediate_size": 64, "num_hidden_layers": 1,
+                            "num_attention_heads": 2, "num_key_value_heads": 1,
+                            "head_dim": 20, "vocab_size": 100,
+                            "max_position_embeddings": 64})
+    kd = make_kernel_dir(tmp_path / "k", [cfg], ops=("gemv",), weights="bf16", granule_k=32)
+    from npu.xrt.kernels import LinearOps, OpKernel
+    from npu.xrt.manifest import load_manifest
+
+    xrt = XRT(simulator_for(kd, ["npu4"]))
+    op = OpKernel(xrt, 0, kd / "npu2", "gemv", load_manifest(kd / "npu2").ops["gemv"])
+    ops = LinearOps(op, None)
+    w = ops.upload(np.ones((100, 40), dtype=np.float32))
+    assert w.tiling.kp == 64
+    np.testing.assert_array_equal(ops.matmul(np.ones((1, 40), np.float32), w), 40.0)
+    shape = op.find(m=1, k=40, n=100)
+    x_bo, y_bo = ops._io(op, shape, w.tiling, 1)
+    xrt.to_device(x_bo, packing.to_bf16(np.ones(64, dtype=np.float32)))
+    with pytest.raises(XRTError, match="K padding"):
+        op.launch(shape, {"x": x_bo, "w": w.bo, "y": y_bo})
+
+
+def test_at_most_five_buffers_and_one_context_per_runlist(tmp_path) -> None:
+    s = Simulator()
+    with pytest.raises(SimulatorError, match="at most 5"):
+        s.register_kernel("u", "K", 9, lambda *a: 0)
+    dev = s.device(0)
+    contexts = []
+    for i in range(2):
+        uuid = write_xclbin(tmp_path / f"{i}.xclbin", ["K"])
+        dev.register_xclbin(s.xclbin(str(tmp_path / f"{i}.xclbin")))
+        s.register_kernel(uuid, "K", 3, lambda *a: 0)
+        contexts.append(s.hw_context(dev, uuid))
+    k1 = s.kernel(contexts[1], "K")
+    with pytest.raises(SimulatorError, match="own hardware context"):
+        s.runlist(contexts[0]).add(s.run(k1))
+
+
+# -- timing ---------------------------------------------------------------------------------
+def test_timing_model_counts_launches_switches_and_bytes(tiny, tmp_path) -> None:
+    from npu.xrt.timing import TimingModel
+
+    cfg = _config(tiny)
+    out = {}
+    for xclbins in ("one", "per_op"):
+        kd = make_kernel_dir(tmp_path / xclbins, [cfg], weights="q4g32", xclbins=xclbins)
+        timing = TimingModel(launch_us=100, runlist_launch_us=70, context_switch_us=450,
+                             gbps=50)
+        sim = simulator_for(kd, ["npu4"], timing=timing)
+        eng = load_model(tiny, "npu", kernel_dir=kd, xrt=XRT(sim)).engine
+        eng.prefill("a", [1, 2, 3])
+        c = sim.clock
+        s0, l0, sw0, b0 = c.seconds, c.launches, c.switches, c.bytes_read
+        eng.decode(["a"], [4])
+        out[xclbins] = (c.seconds - s0, c.launches - l0, c.switches - sw0, c.bytes_read - b0)
+    secs, launches, switches, nbytes = out["one"]
+    assert launches == cfg.num_layers + 1 and switches == 0
+    # layers in one runlist (70 us each), the lm_head alone (100 us), bytes at 50 GB/s
+    assert secs == pytest.approx(cfg.num_layers * 70e-6 + 100e-6 + nbytes / 50e9)
+    assert out["per_op"][2] == 2  # to the layer op's context and back to gemv's
+    assert out["per_op"][0] == pytest.approx(secs + 2 * 450e-6)
+
+
+# -- devices and faults ---------------------------------------------------------------------
 def test_enumerate_devices_and_generations() -> None:
     xrt = XRT(Simulator(["NPU Phoenix npu1", "RyzenAI-npu5"]))
     devices = xrt.enumerate_devices()
@@ -119,23 +410,29 @@ def test_pyxrt_absent_is_a_clear_error() -> None:
         assert import_pyxrt() is not None
 
 
-# -- faults -------------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["linear", "layer"])
 @pytest.mark.parametrize("fault,message", [
     ("timeouts", "ERT_CMD_STATE_TIMEOUT"),
+    ("hangs", "ERT_CMD_STATE_TIMEOUT"),
+    ("aborts", "ERT_CMD_STATE_ABORT"),
     ("errors", "ERT_CMD_STATE_ERROR"),
 ])
-def test_run_faults_are_errors(sim, tiny_dir: Path, fault: str, message: str) -> None:
-    s, kdir = sim
-    model = load_model(tiny_dir, "npu", kernel_dir=kdir, xrt=XRT(s))
-    setattr(s.faults, fault, 1)
+def test_run_faults_are_errors(tiny, kdir, mode: str, fault: str, message: str) -> None:
+    sim = simulator_for(kdir, ["npu4"])
+    model = load_model(tiny, "npu", kernel_dir=kdir, xrt=XRT(sim), npu_mode=mode)
+    model.engine.prefill("f", [1, 2])
+    setattr(sim.faults, fault, 1)
+    before = sim.clock.seconds
     with pytest.raises(XRTError, match=message):
-        model.engine.prefill("f", [1, 2])
+        model.engine.decode(["f"], [3])
+    if fault == "hangs":  # waited until the run's timeout, then gave up
+        assert sim.clock.seconds - before >= 10.0
 
 
-def test_lost_device_is_an_error(sim, tiny_dir: Path) -> None:
-    s, kdir = sim
-    model = load_model(tiny_dir, "npu", kernel_dir=kdir, xrt=XRT(s))
-    s.lose_device(0)
+def test_lost_device_is_an_error(tiny, kdir) -> None:
+    sim = simulator_for(kdir, ["npu4"])
+    model = load_model(tiny, "npu", kernel_dir=kdir, xrt=XRT(sim))
+    sim.lose_device(0)
     with pytest.raises(XRTError):
         model.engine.prefill("f", [1, 2])
 
@@ -164,38 +461,25 @@ def test_missing_sync_gives_stale_device_memory() -> None:
     assert bo.dev.all()
 
 
-def test_kernel_checks_arguments(sim) -> None:
-    s, kdir = sim
-    xrt = XRT(s)
-    ctx, xb = xrt.hw_context(0, kdir / "gemm.xclbin")
-    k = xrt.kernel(ctx, xb, "MLIR_AIE")
-    bad = s.bo(s.device(0), 8, s.bo.host_only, 5)
-    with pytest.raises(XRTError, match="takes 7 arguments"):
+def test_kernel_checks_arguments(kdir) -> None:
+    sim = simulator_for(kdir, ["npu4"])
+    xrt = XRT(sim)
+    ctx, xb = xrt.hw_context(0, kdir / "npu2" / "flm.xclbin")
+    k = xrt.kernel(ctx, xb, "GEMV")
+    bad = sim.bo(sim.device(0), 8, sim.bo.host_only, 5)
+    with pytest.raises(XRTError, match="takes 6 arguments"):
         xrt.run(k, 3, bad)
-    instr = s.bo(s.device(0), 8, s.bo.cacheable, 1)
+    instr = sim.bo(sim.device(0), 8, sim.bo.cacheable, 1)
     with pytest.raises(XRTError, match="group"):
-        xrt.run(k, 3, instr, 2, bad, bad, bad, bad)
+        xrt.run(k, 3, instr, 2, bad, bad, bad)
     with pytest.raises(XRTError, match="is not in the xclbin"):
         xrt.kernel(ctx, xb, "OTHER")
 
 
-def test_bad_kernel_directories_are_named(tmp_path, tiny_dir: Path) -> None:
-    s = Simulator()
-    with pytest.raises(ModelError, match="manifest.json"):
-        load_model(tiny_dir, "npu", kernel_dir=tmp_path, xrt=XRT(s))
-    with pytest.raises(ModelError, match="kernel_dir"):
-        load_model(tiny_dir, "npu")
-    kdir = make_kernel_dir(tmp_path / "bf16", s, {**MANIFEST, "dtype": {"a": "bf16",
-                                                                        "b": "bf16",
-                                                                        "c": "f32"}})
-    with pytest.raises(ModelError, match="only f32"):
-        load_model(tiny_dir, "npu", kernel_dir=kdir, xrt=XRT(s))
-
-
-def test_health_check_sees_a_lost_device(sim, tiny_dir: Path) -> None:
-    s, kdir = sim
-    model = load_model(tiny_dir, "npu", kernel_dir=kdir, xrt=XRT(s))
+def test_health_check_sees_a_lost_device(tiny, kdir) -> None:
+    sim = simulator_for(kdir, ["npu4"])
+    model = load_model(tiny, "npu", kernel_dir=kdir, xrt=XRT(sim))
     model.engine.check_device()  # answers
-    s.lose_device(0)
+    sim.lose_device(0)
     with pytest.raises(XRTError, match="not answering"):
         model.engine.check_device()

@@ -1,0 +1,170 @@
+"""The buffers of the layer ops (`attn`, `mlp`, `layer`): one Llama / Qwen3 decoder layer
+for one token with its KV cache on the device. Written once, read by the engine (which packs)
+and the simulator (which computes what a kernel built to this contract computes).
+
+Weight buffer `w` of a layer, `layer_pack.v1` (the `layer` op takes attn then mlp):
+
+    attn: f32 norm_in[hidden] | f32 q_norm[head_dim] | f32 k_norm[head_dim]
+          | f32 inv_freq[head_dim / 2] | f32 rope_scale, scale, eps, 0
+          | wqkv [(heads + 2 kv_heads) * head_dim, hidden] | wo [hidden, heads * head_dim]
+    mlp:  f32 norm_pre_ff[hidden] | f32 eps, 0, 0, 0
+          | w_gate_up [2 ffn, hidden] | w_down [hidden, ffn]
+
+(the matrices in the op's layout and tiling, `npu.xrt.packing`; q_norm / k_norm are ones when
+the model has none). Other buffers:
+
+    x      the residual stream [hidden], f32, updated in place (x += attention; x += mlp)
+    kv     the sequence's cache, bf16 [2, kv_heads, ctx, head_dim] (keys after RoPE)
+    rtp    int32 [4]: the token's position (runtime data, not a shape), 0, 0, 0
+    kvnew  bf16 [2, kv_heads, head_dim]: the key and value the kernel wrote at the position
+           (read back so the host's paged cache mirrors the device's)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from npu.xrt import packing
+from npu.xrt.packing import Tiling
+
+
+@dataclass(frozen=True)
+class LayerDims:
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    ctx: int
+    qk_norm: bool
+
+    @property
+    def qkv(self) -> int:
+        return (self.heads + 2 * self.kv_heads) * self.head_dim
+
+
+def attn_tilings(d: LayerDims, layout: str, tn: int, tk: int) -> tuple[Tiling, Tiling]:
+    return (packing.tiling(layout, d.qkv, d.hidden, tn, tk),
+            packing.tiling(layout, d.hidden, d.heads * d.head_dim, tn, tk))
+
+
+def mlp_tilings(d: LayerDims, layout: str, tn: int, tk: int) -> tuple[Tiling, Tiling]:
+    return (packing.tiling(layout, 2 * d.ffn, d.hidden, tn, tk),
+            packing.tiling(layout, d.hidden, d.ffn, tn, tk))
+
+
+def attn_header_floats(d: LayerDims) -> int:
+    return d.hidden + 2 * d.head_dim + d.head_dim // 2 + 4
+
+
+def mlp_header_floats(d: LayerDims) -> int:
+    return d.hidden + 4
+
+
+def attn_bytes(d: LayerDims, layout: str, tn: int, tk: int) -> int:
+    a, b = attn_tilings(d, layout, tn, tk)
+    return 4 * attn_header_floats(d) + a.nbytes + b.nbytes
+
+
+def mlp_bytes(d: LayerDims, layout: str, tn: int, tk: int) -> int:
+    a, b = mlp_tilings(d, layout, tn, tk)
+    return 4 * mlp_header_floats(d) + a.nbytes + b.nbytes
+
+
+def kv_bytes(d: LayerDims) -> int:
+    return 2 * d.kv_heads * d.ctx * d.head_dim * 2
+
+
+def kvnew_bytes(d: LayerDims) -> int:
+    return 2 * d.kv_heads * d.head_dim * 2
+
+
+def pack_attn(d: LayerDims, layout: str, tn: int, tk: int, *, norm_in: np.ndarray,
+              q_norm: np.ndarray | None, k_norm: np.ndarray | None, inv_freq: np.ndarray,
+              rope_scale: float, scale: float, eps: float, wqkv, wo) -> np.ndarray:
+    """`wqkv`, `wo`: float32 arrays, or callables that pack themselves given a Tiling."""
+    ones = np.ones(d.head_dim, dtype=np.float32)
+    head = np.concatenate([norm_in, ones if q_norm is None else q_norm,
+                           ones if k_norm is None else k_norm, inv_freq,
+                           [rope_scale, scale, eps, 0.0]]).astype(np.float32)
+    t_qkv, t_o = attn_tilings(d, layout, tn, tk)
+    return np.concatenate([head.view(np.uint8), _packed(wqkv, t_qkv), _packed(wo, t_o)])
+
+
+def pack_mlp(d: LayerDims, layout: str, tn: int, tk: int, *, norm_pre_ff: np.ndarray,
+             eps: float, w_gate_up, w_down) -> np.ndarray:
+    head = np.concatenate([norm_pre_ff, [eps, 0.0, 0.0, 0.0]]).astype(np.float32)
+    t_gu, t_d = mlp_tilings(d, layout, tn, tk)
+    return np.concatenate([head.view(np.uint8), _packed(w_gate_up, t_gu), _packed(w_down, t_d)])
+
+
+def _packed(w, t: Tiling) -> np.ndarray:
+    return w(t) if callable(w) else packing.pack(w, t)
+
+
+# -- what a kernel computes (the simulator's side) ---------------------------------------------
+def _rms(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + np.float32(eps)) * w
+
+
+def _matvec(x: np.ndarray, buf: np.ndarray, t: Tiling, rounding: str) -> np.ndarray:
+    """bf16(x) @ W.T with f32 accumulation over the packed weight (real outputs only)."""
+    xp = np.zeros(t.kp, dtype=np.float32)
+    xp[: t.k] = packing.round_bf16(x, rounding)
+    return (packing.unpack(buf, t, rounding) @ xp)[: t.n].astype(np.float32)
+
+
+def run_attn(d: LayerDims, layout: str, tn: int, tk: int, rounding: str, w: np.ndarray,
+             x: np.ndarray, kv: np.ndarray, pos: int, kvnew: np.ndarray) -> None:
+    """x [hidden] f32 (in place), kv bf16 bits [2, kv_heads, ctx, head_dim] (in place)."""
+    H, nq, nkv, hd = d.hidden, d.heads, d.kv_heads, d.head_dim
+    head = w[: 4 * attn_header_floats(d)].view(np.float32)
+    norm_in, q_norm, k_norm = head[:H], head[H : H + hd], head[H + hd : H + 2 * hd]
+    inv = head[H + 2 * hd : H + 2 * hd + hd // 2]
+    rope_scale, scale, eps = (float(v) for v in head[H + 2 * hd + hd // 2 :][:3])
+    t_qkv, t_o = attn_tilings(d, layout, tn, tk)
+    at = 4 * attn_header_floats(d)
+    qkv = _matvec(_rms(x, norm_in, eps), w[at : at + t_qkv.nbytes], t_qkv, rounding)
+    q = qkv[: nq * hd].reshape(nq, hd)
+    k = qkv[nq * hd : (nq + nkv) * hd].reshape(nkv, hd)
+    v = qkv[(nq + nkv) * hd :].reshape(nkv, hd)
+    if d.qk_norm:
+        q, k = _rms(q, q_norm, eps), _rms(k, k_norm, eps)
+    freqs = np.float32(pos) * inv
+    cos = np.cos(np.concatenate([freqs, freqs])) * np.float32(rope_scale)
+    sin = np.sin(np.concatenate([freqs, freqs])) * np.float32(rope_scale)
+
+    def rope(a: np.ndarray) -> np.ndarray:
+        half = hd // 2
+        return a * cos + np.concatenate([-a[:, half:], a[:, :half]], axis=-1) * sin
+
+    q, k = rope(q), rope(k)
+    kv[0, :, pos] = packing.to_bf16(k, rounding)
+    kv[1, :, pos] = packing.to_bf16(v, rounding)
+    kvnew[0], kvnew[1] = kv[0, :, pos], kv[1, :, pos]
+    keys = packing.from_bf16(kv[0, :, : pos + 1])  # [nkv, T, hd]
+    vals = packing.from_bf16(kv[1, :, : pos + 1])
+    group = nq // nkv
+    qg = packing.round_bf16(q, rounding).reshape(nkv, group, hd)
+    scores = np.einsum("hgd,htd->hgt", qg, keys) * np.float32(scale)
+    scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    probs = scores / scores.sum(axis=-1, keepdims=True)
+    out = np.einsum("hgt,htd->hgd", probs, vals).reshape(nq * hd)
+    o = _matvec(out, w[at + t_qkv.nbytes : at + t_qkv.nbytes + t_o.nbytes], t_o, rounding)
+    x += o
+
+
+def run_mlp(d: LayerDims, layout: str, tn: int, tk: int, rounding: str, w: np.ndarray,
+            x: np.ndarray) -> None:
+    H = d.hidden
+    head = w[: 4 * mlp_header_floats(d)].view(np.float32)
+    norm, eps = head[:H], float(head[H])
+    t_gu, t_d = mlp_tilings(d, layout, tn, tk)
+    at = 4 * mlp_header_floats(d)
+    gu = _matvec(_rms(x, norm, eps), w[at : at + t_gu.nbytes], t_gu, rounding)
+    g, u = gu[: d.ffn], gu[d.ffn :]
+    a = g / (1.0 + np.exp(-g)) * u
+    x += _matvec(a.astype(np.float32), w[at + t_gu.nbytes : at + t_gu.nbytes + t_d.nbytes],
+                 t_d, rounding)

@@ -1,0 +1,155 @@
+"""Kernel manifests, version 2: what a kernel directory offers, per NPU generation.
+
+A kernel directory holds one sub-directory per generation (`npu1`: 4-column Phoenix / Hawk
+Point; `npu2`: 8-column Strix / Krackan), each with a `manifest.json`:
+
+    {"version": 2, "generation": "npu2",
+     "ops": {"gemv": {...}, "gemm": {...}, "attn": {...}, "mlp": {...}, "layer": {...}}}
+
+and per op: its xclbin and kernel name, the instruction format (`bin`; `elf` is declared by
+newer toolchains and refused by this engine), the instruction-length unit (`words` |
+`bytes`), the dtypes (`x` bf16; `w` bf16 | bfp16ebs8 | q4g32; `y` bf16 | f32; `acc`), the
+weight layout (a packer in `npu.xrt.packing`), the rounding (`floor` | `conv_even`) and
+whether the output is rounded after every K tile, the padding granules, the buffer arguments
+in order (at most 5), and the finite list of shapes it was built for, each with its own
+instruction stream. There is no `sizes` buffer: a launch's shape is its instruction stream.
+
+Ops: `gemv` (y[1, N] = x[1, K] W.T) and `gemm` (M rows at a time) are linear layers; `attn`,
+`mlp` and `layer` are a Llama/Qwen3 decoder layer's attention block, MLP block or both for
+one token, with the sequence's KV cache resident on the device (bf16) and the residual
+stream updated in place (see `npu.xrt.layer_pack`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+
+from npu.xrt.adapter import XRTError
+from npu.xrt.packing import LAYOUT_OF_DTYPE, LAYOUTS
+
+GENERATIONS = {"XDNA1": "npu1", "XDNA2": "npu2"}
+MAX_BUFFERS = 5
+LINEAR_OPS = ("gemv", "gemm")
+LAYER_OPS = ("attn", "mlp", "layer")
+ARGS = {"gemv": ["x", "w", "y"], "gemm": ["x", "w", "y"], "mlp": ["x", "w"],
+        "attn": ["x", "w", "kv", "rtp", "kvnew"], "layer": ["x", "w", "kv", "rtp", "kvnew"]}
+
+
+class Shape(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One shape an op was built for and its instruction stream. Linear ops: m, k, n (the
+    padded sizes). Layer ops: hidden, heads, kv_heads, head_dim, ffn (padded), ctx (tokens
+    of KV the device holds per sequence), qk_norm."""
+
+    insts: str
+    m: int = 0
+    k: int = 0
+    n: int = 0
+    hidden: int = 0
+    heads: int = 0
+    kv_heads: int = 0
+    head_dim: int = 0
+    ffn: int = 0
+    ctx: int = 0
+    qk_norm: bool = False
+
+    def key(self) -> tuple:
+        return (self.m, self.k, self.n, self.hidden, self.heads, self.kv_heads,
+                self.head_dim, self.ffn, self.ctx, self.qk_norm)
+
+
+class Op(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    xclbin: str
+    kernel: str = "MLIR_AIE"
+    instr_format: str = "bin"
+    instr_length: str = "words"
+    dtype: dict[str, str]
+    layout: str
+    rounding: str = "conv_even"
+    round_per_k_tile: bool = False
+    granule: dict[str, int]
+    args: list[str]
+    shapes: list[Shape]
+
+
+class ManifestV2(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    version: int
+    generation: str
+    ops: dict[str, Op]
+
+
+def _check(where: Path, m: ManifestV2) -> None:
+    def bad(msg: str) -> XRTError:
+        return XRTError(f"{where}: {msg}")
+
+    if m.version != 2:
+        raise bad(f"manifest version {m.version}; this engine reads version 2")
+    if m.generation not in GENERATIONS.values():
+        raise bad(f"generation {m.generation!r} is not npu1 or npu2")
+    if "gemv" not in m.ops:
+        raise bad("it has no gemv op (every model needs one for its lm_head)")
+    for name, op in m.ops.items():
+        if name not in ARGS:
+            raise bad(f"op {name!r} is not one of {', '.join(ARGS)}")
+        if op.instr_format != "bin":
+            raise bad(f"op {name}: instr_format {op.instr_format!r}; this engine drives "
+                      "'bin' instruction buffers only (ELF kernels are not supported yet)")
+        if op.instr_length not in ("words", "bytes"):
+            raise bad(f"op {name}: instr_length {op.instr_length!r} is not words or bytes")
+        if len(op.args) > MAX_BUFFERS:
+            raise bad(f"op {name}: {len(op.args)} buffer arguments; a kernel takes at most "
+                      f"{MAX_BUFFERS}")
+        if sorted(op.args) != sorted(ARGS[name]):
+            raise bad(f"op {name}: args {op.args} must name {', '.join(ARGS[name])}")
+        if name in LINEAR_OPS and op.dtype.get("x") != "bf16":
+            raise bad(f"op {name}: x must be bf16 (activations cross as bf16), not "
+                      f"{op.dtype.get('x')!r}")
+        if name in LAYER_OPS and op.dtype.get("x") not in ("bf16", "f32"):
+            raise bad(f"op {name}: x (the residual stream) must be bf16 or f32, not "
+                      f"{op.dtype.get('x')!r}")
+        w = op.dtype.get("w")
+        if LAYOUT_OF_DTYPE.get(w or "") != op.layout or op.layout not in LAYOUTS:
+            raise bad(f"op {name}: weight dtype {w!r} with layout {op.layout!r}; known: "
+                      + ", ".join(f"{d} -> {lay}" for d, lay in LAYOUT_OF_DTYPE.items()))
+        if op.dtype.get("y") not in ("bf16", "f32"):
+            raise bad(f"op {name}: y must be bf16 or f32, not {op.dtype.get('y')!r}")
+        if op.rounding not in ("floor", "conv_even"):
+            raise bad(f"op {name}: rounding {op.rounding!r} is not floor or conv_even")
+        if not {"n", "k"} <= set(op.granule):
+            raise bad(f"op {name}: granule needs n and k")
+        if not op.shapes:
+            raise bad(f"op {name}: no shapes")
+        if name == "gemv" and any(s.m != 1 for s in op.shapes):
+            raise bad("op gemv: every shape has m = 1")
+
+
+def generation_dir(kernel_dir: Path, generation: str, device_name: str) -> Path:
+    """The sub-directory of `kernel_dir` for a device of `generation` ("XDNA1" | "XDNA2")."""
+    kernel_dir = Path(kernel_dir)
+    want = GENERATIONS.get(generation)
+    have = sorted(p.name for p in kernel_dir.iterdir() if (p / "manifest.json").exists()) \
+        if kernel_dir.is_dir() else []
+    if want is None:
+        raise XRTError(f"cannot tell the NPU generation of {device_name!r} (known: Phoenix / "
+                       f"Hawk Point npu1, Strix / Krackan npu2); {kernel_dir} has "
+                       f"{', '.join(have) or 'no generation directory'}")
+    if want not in have:
+        raise XRTError(f"{kernel_dir} has kernels for {', '.join(have) or 'no generation'} "
+                       f"but the device {device_name!r} is {want}: build the kernels for "
+                       f"{want} (a kernel directory holds npu1/ and/or npu2/, each with "
+                       "manifest.json)")
+    return kernel_dir / want
+
+
+def load_manifest(folder: Path) -> ManifestV2:
+    path = Path(folder) / "manifest.json"
+    try:
+        m = msgspec.json.decode(path.read_bytes(), type=ManifestV2)
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise XRTError(f"{path}: {exc}") from None
+    _check(path, m)
+    if m.generation != Path(folder).name:
+        raise XRTError(f"{path}: generation {m.generation} in the {Path(folder).name}/ "
+                       "directory")
+    return m

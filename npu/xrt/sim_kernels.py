@@ -1,0 +1,220 @@
+"""The kernels a v2 kernel directory describes, as simulator callables, and a writer of such
+directories for tests and benchmarks.
+
+Each kernel emulates what a real one does to numbers: activations arrive as bf16, weights are
+decoded by the manifest's layout (q4g32 dequantised and rounded to bf16), products accumulate
+in f32, the output is rounded to the declared dtype in the declared mode (after every K tile
+when declared). And to shapes: a launch's shape is its instruction stream (a stream that is
+not one of the op's, or buffers of another shape's sizes, fail); K padding must be zero; rows
+of the activations the host did not sync this launch are undefined, and their outputs NaN.
+Each returns the bytes it read, for the timing model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from npu.load.config import ModelConfig
+from npu.xrt import layer_pack, packing
+from npu.xrt.layer_pack import LayerDims
+from npu.xrt.manifest import ARGS, LAYER_OPS, load_manifest
+from npu.xrt.shapes import layer_dims, layer_support, linear_shapes
+from npu.xrt.sim import Simulator, SimulatorError, write_xclbin
+
+KERNEL_NAMES = {"gemv": "GEMV", "gemm": "GEMM", "attn": "ATTN", "mlp": "MLP", "layer": "LAYER"}
+
+
+def _rows_synced(bo: Any, row_bytes: int, rows: int) -> np.ndarray:
+    ok = np.zeros(rows, dtype=bool)
+    for start, end in bo.synced:
+        first = -(-start // row_bytes)
+        last = min(rows, end // row_bytes)
+        ok[first:last] = True
+    return ok
+
+
+def _shape_of(op: dict, streams: dict[bytes, dict], instr: Any, n_instr: int) -> dict:
+    count = n_instr if op.get("instr_length", "words") == "words" else n_instr // 4
+    words = bytes(instr.dev[: 4 * count])
+    shape = streams.get(words)
+    if shape is None:
+        raise SimulatorError("the instruction stream is not one this kernel was built for")
+    return shape
+
+
+def _want(bo: Any, nbytes: int, what: str, shape: dict) -> None:
+    if bo.size != nbytes:
+        raise SimulatorError(f"{what} buffer holds {bo.size} bytes; the instruction stream is "
+                             f"for shape {_label(shape)}, which needs {nbytes}")
+
+
+def _label(shape: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in shape.items() if k != "insts" and v)
+
+
+def linear_kernel(op: dict, streams: dict[bytes, dict]):
+    gm, gk, gn = op["granule"].get("m", 1), op["granule"]["k"], op["granule"]["n"]
+    layout, rounding = op["layout"], op.get("rounding", "conv_even")
+    y_bf16 = op["dtype"]["y"] == "bf16"
+    per_tile = op.get("round_per_k_tile", False)
+
+    def run(opcode: int, instr: Any, n_instr: int, *bufs: Any) -> int:
+        if opcode != 3:
+            raise SimulatorError(f"unexpected opcode {opcode}")
+        s = _shape_of(op, streams, instr, n_instr)
+        args = dict(zip(op["args"], bufs))
+        t = packing.tiling(layout, s["n"], s["k"], gn, gk)
+        mp = -(-s["m"] // gm) * gm
+        _want(args["w"], t.nbytes, "the weight", s)
+        _want(args["x"], mp * t.kp * 2, "the x", s)
+        _want(args["y"], mp * t.np_ * (2 if y_bf16 else 4), "the y", s)
+        x = packing.from_bf16(args["x"].dev.view(np.uint16).reshape(mp, t.kp))
+        defined = _rows_synced(args["x"], t.kp * 2, mp)
+        if np.any(x[defined, s["k"]:] != 0):
+            raise SimulatorError(f"the activations' K padding (columns {s['k']}..{t.kp}) is "
+                                 "not zero")
+        w = packing.unpack(args["w"].dev, t, rounding)
+        if per_tile:
+            acc = np.zeros((mp, t.np_), dtype=np.float32)
+            for k0 in range(0, t.kp, gk):
+                acc = acc + x[:, k0 : k0 + gk] @ w[:, k0 : k0 + gk].T
+                acc = packing.round_bf16(acc, rounding) if y_bf16 else acc
+        else:
+            acc = (x @ w.T).astype(np.float32)
+        acc[~defined] = np.nan
+        out = packing.to_bf16(acc, rounding) if y_bf16 else acc.astype(np.float32)
+        args["y"].dev[: out.nbytes] = out.view(np.uint8).ravel()
+        return t.nbytes + int(defined.sum()) * t.kp * 2 + out.nbytes
+
+    return run
+
+
+def layer_kernel(name: str, op: dict, streams: dict[bytes, dict]):
+    gk, gn = op["granule"]["k"], op["granule"]["n"]
+    layout, rounding = op["layout"], op.get("rounding", "conv_even")
+    x_bf16 = op["dtype"]["x"] == "bf16"
+
+    def run(opcode: int, instr: Any, n_instr: int, *bufs: Any) -> int:
+        if opcode != 3:
+            raise SimulatorError(f"unexpected opcode {opcode}")
+        s = _shape_of(op, streams, instr, n_instr)
+        d = LayerDims(**{k: s[k] for k in ("hidden", "heads", "kv_heads", "head_dim", "ffn",
+                                            "ctx", "qk_norm")})
+        args = dict(zip(op["args"], bufs))
+        attn = layer_pack.attn_bytes(d, layout, gn, gk) if name != "mlp" else 0
+        mlp = layer_pack.mlp_bytes(d, layout, gn, gk) if name != "attn" else 0
+        _want(args["w"], attn + mlp, "the weight", s)
+        _want(args["x"], d.hidden * (2 if x_bf16 else 4), "the x", s)
+        xb = args["x"].dev
+        x = (packing.from_bf16(xb.view(np.uint16)) if x_bf16 else xb.view(np.float32).copy())
+        read = attn + mlp + 2 * xb.size
+        if name != "mlp":
+            _want(args["kv"], layer_pack.kv_bytes(d), "the kv", s)
+            _want(args["rtp"], 16, "the rtp", s)
+            _want(args["kvnew"], layer_pack.kvnew_bytes(d), "the kvnew", s)
+            pos = int(args["rtp"].dev.view(np.int32)[0])
+            if not 0 <= pos < d.ctx:
+                raise SimulatorError(f"position {pos} is outside the device KV cache "
+                                     f"({d.ctx} tokens)")
+            kv = args["kv"].dev.view(np.uint16).reshape(2, d.kv_heads, d.ctx, d.head_dim)
+            kvnew = args["kvnew"].dev.view(np.uint16).reshape(2, d.kv_heads, d.head_dim)
+            layer_pack.run_attn(d, layout, gn, gk, rounding, args["w"].dev[:attn], x, kv, pos,
+                                kvnew)
+            read += 2 * d.kv_heads * (pos + 1) * d.head_dim * 2
+        if name != "attn":
+            layer_pack.run_mlp(d, layout, gn, gk, rounding, args["w"].dev[attn:], x)
+        out = packing.to_bf16(x, rounding) if x_bf16 else x.astype(np.float32)
+        xb[:] = out.view(np.uint8)
+        return read
+
+    return run
+
+
+def _streams(folder: Path, op: dict) -> dict[bytes, dict]:
+    out = {}
+    for s in op["shapes"]:
+        words = np.fromfile(folder / s["insts"], dtype=np.uint32)
+        out[words.tobytes()] = s
+    return out
+
+
+def simulator_for(kernel_dir: Path, devices: list[str], **kwargs: Any) -> Simulator:
+    """A simulator with `devices` whose xclbins (from a kernel directory's generation
+    sub-directories) run the kernels their manifests describe."""
+    sim = Simulator(devices, **kwargs)
+    for folder in sorted(Path(kernel_dir).iterdir()):
+        if not (folder / "manifest.json").exists():
+            continue
+        load_manifest(folder)  # a directory the engine would refuse is refused here too
+        raw = json.loads((folder / "manifest.json").read_text())
+        for name, op in raw["ops"].items():
+            xb = json.loads((folder / op["xclbin"]).read_text())
+            fn = (layer_kernel(name, op, _streams(folder, op)) if name in LAYER_OPS
+                  else linear_kernel(op, _streams(folder, op)))
+            sim.register_kernel(xb["uuid"], op.get("kernel", "MLIR_AIE"), 3 + len(op["args"]),
+                                fn)
+    return sim
+
+
+def make_kernel_dir(folder: Path, configs: Sequence[ModelConfig] | None = None, *,
+                    generations: Sequence[str] = ("npu2",), weights: str = "q4g32",
+                    ops: Sequence[str] = ("gemv", "gemm", "attn", "mlp", "layer"),
+                    gemm_m: int = 32, granule_k: int = 64, granule_n: int = 32,
+                    ctx: int = 2048, y: str = "f32", rounding: str = "conv_even",
+                    round_per_k_tile: bool = False, xclbins: str = "one") -> Path:
+    """Write a simulator kernel directory built for the models `configs` (default: flm-tiny):
+    one sub-directory per generation with manifest.json, the xclbin(s) and one instruction
+    stream per shape. `xclbins`: "one" puts every op in one xclbin (one hardware context),
+    "per_op" gives each op its own."""
+    folder = Path(folder)
+    if configs is None:
+        from npu.load.config import config_from_json
+        from npu.load.tiny import ensure_tiny
+
+        configs = [config_from_json(json.loads((ensure_tiny() / "config.json").read_text()))]
+    layout = packing.LAYOUT_OF_DTYPE[weights]
+    for gen in generations:
+        out = folder / gen
+        out.mkdir(parents=True, exist_ok=True)
+        xb_of = {name: ("flm.xclbin" if xclbins == "one" else f"{name}.xclbin") for name in ops}
+        for xb in set(xb_of.values()):
+            write_xclbin(out / xb, [KERNEL_NAMES[n] for n in ops if xb_of[n] == xb])
+        manifest: dict[str, Any] = {"version": 2, "generation": gen, "ops": {}}
+        for name in ops:
+            shapes = []
+            for c in configs:
+                if name in LAYER_OPS:
+                    if layer_support(c) is None:
+                        d = layer_dims(c, min(ctx, c.max_position))
+                        shapes.append({**d.__dict__})
+                else:
+                    m = 1 if name == "gemv" else gemm_m
+                    shapes += [{"m": m, "k": k, "n": n} for n, k in linear_shapes(c)]
+            unique = {json.dumps(s, sort_keys=True): s for s in shapes}
+            if not unique:
+                continue
+            listed = []
+            for key, s in sorted(unique.items()):
+                seed = int.from_bytes(hashlib.blake2b(f"{gen}/{name}/{key}".encode(),
+                                                      digest_size=8).digest(), "little")
+                words = np.random.default_rng(seed).integers(0, 2**32, 32, dtype=np.uint32)
+                insts = f"{name}_{len(listed)}.bin"
+                words.tofile(out / insts)
+                listed.append({**s, "insts": insts})
+            manifest["ops"][name] = {
+                "xclbin": xb_of[name], "kernel": KERNEL_NAMES[name], "instr_format": "bin",
+                "instr_length": "words",
+                "dtype": {"x": "f32" if name in LAYER_OPS else "bf16", "w": weights, "y": y,
+                          "acc": "f32"},
+                "layout": layout, "rounding": rounding, "round_per_k_tile": round_per_k_tile,
+                "granule": {"m": 1 if name == "gemv" else gemm_m, "k": granule_k,
+                            "n": granule_n},
+                "args": ARGS[name], "shapes": listed}
+        (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    return folder
