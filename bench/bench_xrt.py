@@ -1,12 +1,20 @@
-"""What crosses to the NPU per decode step, on the pyxrt simulator.
+"""What a decoded token would cost on an NPU, by the simulator's timing model.
 
-A Qwen3-0.6B-shaped model (random weights) runs on the XRT engine over the simulator:
-weights are uploaded once at load; per decode step we count the bytes written to and read
-from the device against the weight bytes (target: activations only, under 1%), and the
-kernel runs per token. (Speed on the simulator means nothing: it is numpy.)
+For the Llama-3.2-1B and Qwen3-0.6B shapes (random weights), in each launch mode (linear:
+4L+1 launches a token, block: 2L+1, layer: L+1 with the KV cache on the device) and weight
+format (bf16, bfp16ebs8, q4g32), the XRT engine runs on the pyxrt simulator after a 128-token
+prompt and the bench reports: launches per token, bytes the kernels read per token (weights,
+KV), bytes crossing between host and device per token (target: <= 1% of what the kernels
+read), and the modelled tokens/s at the timing model's bandwidth beside FastFlowLM's published
+figures (64.5 tok/s Llama-3.2-1B, 66.5 Qwen3-0.6B, Krackan), with the bandwidth at which the
+modelled figure equals FastFlowLM's.
 
-    python bench/bench_xrt.py           # Qwen3-0.6B shapes
-    python bench/bench_xrt.py --quick   # small shapes (CI)
+Every layer of a model has the same shapes, so the bench builds each model with 1 and 2
+layers and extrapolates the per-token figures to the full depth exactly (the model's cost is
+linear in its layers); the simulator's wall time means nothing (numpy).
+
+    python bench/bench_xrt.py           # both shapes, every mode and format (a few minutes)
+    python bench/bench_xrt.py --quick   # small shapes, q4g32 (CI)
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,40 +33,106 @@ from bench.bench_engine import QUICK, QWEN3_06B, random_weights  # noqa: E402
 from npu import config_from_json  # noqa: E402
 from npu.xrt import XRT  # noqa: E402
 from npu.xrt.engine import XRTEngine  # noqa: E402
-from npu.xrt.sim import make_kernel_dir, simulator_for  # noqa: E402
+from npu.xrt.sim_kernels import make_kernel_dir, simulator_for  # noqa: E402
+from npu.xrt.timing import TimingModel  # noqa: E402
+
+LLAMA_1B = {"architectures": ["LlamaForCausalLM"], "hidden_size": 2048,
+            "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 128256,
+            "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0},
+            "tie_word_embeddings": True}
+FASTFLOWLM = {"llama-3.2-1b": 64.5, "qwen3-0.6b": 66.5}  # tok/s, published (Krackan)
+PROMPT = 128
+
+
+@dataclass
+class Step:
+    seconds: float
+    launches: int
+    switches: int
+    read: int
+    crossing: int
+    device: int
+    overhead: float  # seconds not spent reading memory
+
+    def __sub__(self, o: "Step") -> "Step":
+        return Step(*(a - b for a, b in zip(vars(self).values(), vars(o).values())))
+
+    def __add__(self, o: "Step") -> "Step":
+        return Step(*(a + b for a, b in zip(vars(self).values(), vars(o).values())))
+
+    def times(self, k: int) -> "Step":
+        return Step(*(a * k for a in vars(self).values()))
+
+
+def one_step(raw: dict, layers: int, weights: str, mode: str, timing: TimingModel,
+             folder: Path) -> Step:
+    """One decode step's figures after the prompt, for the model with `layers` layers."""
+    raw = {**raw, "num_hidden_layers": layers}
+    config = config_from_json(raw)
+    kd = make_kernel_dir(folder / f"{weights}-{layers}", [config], weights=weights, ctx=1024)
+    sim = simulator_for(kd, ["RyzenAI-npu5"], timing=timing)
+    engine = XRTEngine(config, random_weights(raw, np.random.default_rng(0)), xrt=XRT(sim),
+                       device_index=0, kernel_dir=kd, mode=mode)
+    engine.prefill("s", list(range(1, PROMPT + 1)))
+    engine.decode(["s"], [1])  # the first step also uploads the prompt's KV: not a token's cost
+    c, ops = sim.clock, engine.linear_ops
+
+    def now() -> Step:
+        return Step(c.seconds, c.launches, c.switches, c.bytes_read,
+                    ops.bytes_in + ops.bytes_out, engine.weight_bytes,
+                    c.seconds - c.bytes_read / (timing.gbps * 1e9))
+
+    before = now()
+    engine.decode(["s"], [2])
+    step = now() - before
+    step.device = engine.weight_bytes
+    return step
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="small shapes (CI)")
+    ap.add_argument("--quick", action="store_true", help="small shapes, q4g32 (CI)")
+    ap.add_argument("--gbps", type=float, default=TimingModel.gbps,
+                    help="the memory bandwidth the NPU reaches (default: %(default)s GB/s)")
     args = ap.parse_args()
-    raw = QUICK if args.quick else QWEN3_06B
-    kdir = make_kernel_dir(Path(tempfile.mkdtemp()) / "kernel", tile=(16, 64, 64))
-    sim = simulator_for(kdir, ["RyzenAI-npu4"])
-    t0 = time.perf_counter()
-    engine = XRTEngine(config_from_json(raw), random_weights(raw, np.random.default_rng(0)),
-                       xrt=XRT(sim), device_index=0, kernel_dir=kdir)
-    g = engine.gemm
-    print(f"model: {'quick' if args.quick else 'Qwen3-0.6B'} shapes; weights on the device "
-          f"{g.weight_bytes / 1e9:.3f} GB (tiled, padded), uploaded in "
-          f"{time.perf_counter() - t0:.1f} s")
-    engine.prefill("s", list(range(16)))
-    for batch in (1, 8):
-        ids = [("b", batch, i) for i in range(batch)]
-        for sid in ids:
-            engine.prefill(sid, list(range(8)))
-        in0, out0, runs0 = g.bytes_in, g.bytes_out, g.runs
-        engine.decode(ids, [1] * batch)
-        bytes_in, bytes_out, runs = g.bytes_in - in0, g.bytes_out - out0, g.runs - runs0
-        share = (bytes_in + bytes_out) / g.weight_bytes
-        print(f"decode step, batch {batch}: to device {bytes_in / 1e6:8.3f} MB, from device "
-              f"{bytes_out / 1e6:8.3f} MB = {100 * share:.3f}% of the weight bytes "
-              f"(target < 1%); kernel runs {runs}")
-        for sid in ids:
-            engine.release(sid)
-    layers = engine.config.num_layers
-    print(f"kernel runs per token: {4 * layers + 1} (4 per layer: qkv, o, gate+up, down; "
-          "1 lm_head)")
+    timing = TimingModel(gbps=args.gbps)
+    models = ({"quick": (QUICK, None)} if args.quick else
+              {"llama-3.2-1b": (LLAMA_1B, FASTFLOWLM["llama-3.2-1b"]),
+               "qwen3-0.6b": (QWEN3_06B, FASTFLOWLM["qwen3-0.6b"])})
+    formats = ("q4g32",) if args.quick else ("q4g32", "bfp16ebs8", "bf16")
+    print(f"timing model: {timing.launch_us:.0f} us a launch, {timing.runlist_launch_us:.0f} us "
+          f"in a runlist, {timing.context_switch_us:.0f} us a context switch, "
+          f"{timing.gbps:.0f} GB/s; decode after a {PROMPT}-token prompt")
+    print(f"{'model':14} {'weights':10} {'mode':6} {'launch':>6} {'read MB':>8} "
+          f"{'cross KB':>8} {'cross %':>7} {'device MB':>9} {'ms/tok':>7} {'tok/s':>6} "
+          f"{'ratio':>7} {'even GB/s':>9}")
+    folder = Path(tempfile.mkdtemp())
+    for name, (raw, fflm) in models.items():
+        depth = raw["num_hidden_layers"]
+        for weights in formats:
+            for mode in ("layer", "block", "linear"):
+                one = one_step(raw, 1, weights, mode, timing, folder)
+                two = one_step(raw, 2, weights, mode, timing, folder)
+                full = one + (two - one).times(depth - 1)
+                tok_s = 1 / full.seconds
+                vs = f"{tok_s / fflm:7.2f}" if fflm else "      -"
+                if fflm and 1 / fflm > full.overhead:
+                    even = f"{full.read / (1 / fflm - full.overhead) / 1e9:9.1f}"
+                else:
+                    even = "        -"
+                print(f"{name:14} {weights:10} {mode:6} {full.launches:6d} "
+                      f"{full.read / 1e6:8.1f} {full.crossing / 1e3:8.1f} "
+                      f"{100 * full.crossing / full.read:7.3f} {full.device / 1e6:9.1f} "
+                      f"{1e3 * full.seconds:7.2f} {tok_s:6.1f} {vs} {even}", flush=True)
+    print("read: weights, activations and KV the kernels read per token; cross: host <-> "
+          "device per token; device: weight bytes on the device (block and layer modes hold "
+          "each layer twice: the layer pack and the linear ops' copy for prompts); ratio: "
+          "modelled tok/s / FastFlowLM's published tok/s; even: the bandwidth at which the "
+          "modelled tok/s equals FastFlowLM's")
+    print("targets: layer mode with q4g32 weights >= 1.0x FastFlowLM at the same bandwidth; "
+          "cross <= 1% of read")
     return 0
 
 

@@ -290,6 +290,7 @@ def test_a_launch_runs_the_shape_of_its_instruction_stream(tmp_path) -> None:
     x_bo = g.gemv.bo("x", 64 * 2)
     y_bo = g.gemv.bo("y", 128 * 4)
     g.xrt.to_device(x_bo, np.zeros(64, dtype=np.uint16))
+    g.gemv.launch(shape, {"x": x_bo, "w": w.bo, "y": y_bo})  # its own shape runs
     other = g.gemv.find(m=1, k=96, n=64)  # the down projection's stream
     with pytest.raises(XRTError, match="weight buffer holds"):
         g.gemv.launch(other, {"x": x_bo, "w": w.bo, "y": y_bo})
