@@ -130,6 +130,28 @@ class XRT:
             self._contexts.popitem(last=False)
         return ctx, xb
 
+    def elf_context(self, index: int, elf_path: Path) -> Any:
+        """The hardware context of a full ELF on a device, cached like xclbins'."""
+        key = (index, str(elf_path))
+        if key in self._contexts:
+            self._contexts.move_to_end(key)
+            return self._contexts[key]
+        dev = self.device(index)
+        try:
+            ctx = self.x.hw_context(dev, self.x.elf(str(elf_path)))
+        except Exception as exc:
+            raise XRTError(f"cannot load {elf_path} on NPU {index}: {exc}") from None
+        self._contexts[key] = ctx
+        while len(self._contexts) > self.max_contexts:
+            self._contexts.popitem(last=False)
+        return ctx
+
+    def elf_kernel(self, ctx: Any, name: str) -> Any:
+        try:
+            return self.x.ext.kernel(ctx, name)
+        except Exception as exc:
+            raise XRTError(f"cannot open the ELF's kernel {name}: {exc}") from None
+
     def kernel(self, ctx: Any, xb: Any, name: str | None) -> Any:
         names = [k.get_name() for k in xb.get_kernels()]
         if not names:
@@ -171,6 +193,18 @@ class XRT:
             raise XRTError(f"kernel run failed: {exc}") from None
         self._check_state(state)
 
+    def run_built(self, kernel: Any, *args: Any, timeout_ms: int = RUN_TIMEOUT_MS) -> None:
+        """A run set up argument by argument (the ELF kernels' way: buffers from 0)."""
+        try:
+            r = self.x.run(kernel)
+            for i, a in enumerate(args):
+                r.set_arg(i, a)
+            r.start()
+            state = r.wait(timeout_ms)
+        except Exception as exc:
+            raise XRTError(f"kernel run failed: {exc}") from None
+        self._check_state(state)
+
     def _check_state(self, state: Any) -> None:
         if state != self.x.ert_cmd_state.ERT_CMD_STATE_COMPLETED:
             name = getattr(state, "name", str(state))
@@ -186,7 +220,7 @@ class XRT:
         has `runlist`, else one run after another."""
         if not self.has_runlist:
             for kernel, args in launches:
-                self.run(kernel, *args, timeout_ms=timeout_ms)
+                self.run_built(kernel, *args, timeout_ms=timeout_ms)
             return
         try:
             rl = self.x.runlist(ctx)

@@ -248,9 +248,9 @@ class XRTEngine(NumpyEngine):
         for li in range(len(self.layers)):
             for op, w in zip(self._ops, self._packs[li]):
                 shape = self._layer_shape if op.name != "mlp" else self._mlp_shape
-                launches.append((op.kernel, op.args(shape, {
+                launches.append(op.call(shape, {
                     "x": slot.x, "w": w, "kv": slot.kv[li], "rtp": slot.rtp,
-                    "kvnew": slot.kvnew[li]})))
+                    "kvnew": slot.kvnew[li]}))
         self.xrt.run_all(op0.ctx, launches)
         self.linear_ops.runs += len(launches)
         raw = self.xrt.from_device(slot.x, xin.nbytes)

@@ -17,15 +17,25 @@ from npu.xrt.manifest import Op, Shape
 
 
 class OpKernel:
-    """One op of a manifest, opened on a device: its hardware context and kernel, each
-    shape's instruction stream uploaded once, buffers by argument."""
+    """One op of a manifest, opened on a device: its hardware context and kernel(s), buffers
+    by argument. `bin`: one kernel, each shape's instruction stream uploaded once; `elf`: one
+    kernel (instruction sequence) per shape, buffers from argument 0."""
 
     def __init__(self, xrt: XRT, index: int, folder: Path, name: str, op: Op) -> None:
         self.xrt, self.index, self.name, self.op = xrt, index, name, op
+        self.elf = op.instr_format == "elf"
+        self._instr: dict[tuple, tuple[Any, int]] = {}
+        self._kernels: dict[tuple, Any] = {}
+        if self.elf:
+            self.ctx = xrt.elf_context(index, folder / op.elf)
+            for s in op.shapes:
+                self._kernels[s.key()] = xrt.elf_kernel(self.ctx, s.sequence)
+            self.kernel = next(iter(self._kernels.values()))
+            self.groups = {arg: self.kernel.group_id(i) for i, arg in enumerate(op.args)}
+            return
         self.ctx, xb = xrt.hw_context(index, folder / op.xclbin)
         self.kernel = xrt.kernel(self.ctx, xb, op.kernel)
         self.groups = {arg: self.kernel.group_id(3 + i) for i, arg in enumerate(op.args)}
-        self._instr: dict[tuple, tuple[Any, int]] = {}
         for s in op.shapes:
             try:
                 words = np.fromfile(folder / s.insts, dtype=np.uint32)
@@ -45,12 +55,20 @@ class OpKernel:
     def bo(self, arg: str, nbytes: int) -> Any:
         return self.xrt.bo(self.index, nbytes, self.xrt.x.bo.host_only, self.groups[arg])
 
-    def args(self, shape: Shape, bufs: dict[str, Any]) -> tuple:
+    def call(self, shape: Shape, bufs: dict[str, Any]) -> tuple[Any, tuple]:
+        """(kernel, its arguments) for a launch of `shape` on `bufs`."""
+        buffers = tuple(bufs[a] for a in self.op.args)
+        if self.elf:
+            return self._kernels[shape.key()], buffers
         bo, count = self._instr[shape.key()]
-        return (3, bo, count, *[bufs[a] for a in self.op.args])
+        return self.kernel, (3, bo, count, *buffers)
 
     def launch(self, shape: Shape, bufs: dict[str, Any]) -> None:
-        self.xrt.run(self.kernel, *self.args(shape, bufs))
+        kernel, args = self.call(shape, bufs)
+        if self.elf:
+            self.xrt.run_built(kernel, *args)
+        else:
+            self.xrt.run(kernel, *args)
 
 
 class DeviceWeight(msgspec.Struct):

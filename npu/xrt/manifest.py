@@ -6,9 +6,11 @@ Point; `npu2`: 8-column Strix / Krackan), each with a `manifest.json`:
     {"version": 2, "generation": "npu2",
      "ops": {"gemv": {...}, "gemm": {...}, "attn": {...}, "mlp": {...}, "layer": {...}}}
 
-and per op: its xclbin and kernel name, the instruction format (`bin`; `elf` is declared by
-newer toolchains and refused by this engine), the instruction-length unit (`words` |
-`bytes`), the dtypes (`x` bf16; `w` bf16 | bfp16ebs8 | q4g32; `y` bf16 | f32; `acc`), the
+and per op: its binary and the instruction format, either `bin` (an xclbin with the
+kernel's name, and per shape an instruction stream file; called `kernel(3, instr_bo,
+n_instr, *buffers)`, the instruction-length unit `words` | `bytes`) or `elf` (a full ELF
+holding every shape's instruction sequence, and per shape the sequence's kernel name, e.g.
+`main:gemv_0`; called with the buffers from argument 0), the dtypes (`x` bf16; `w` bf16 | bfp16ebs8 | q4g32; `y` bf16 | f32; `acc`), the
 weight layout (a packer in `npu.xrt.packing`), the rounding (`floor` | `conv_even`) and
 whether the output is rounded after every K tile, the padding granules, the buffer arguments
 in order (at most 5), and the finite list of shapes it was built for, each with its own
@@ -42,7 +44,8 @@ class Shape(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     padded sizes). Layer ops: hidden, heads, kv_heads, head_dim, ffn (padded), ctx (tokens
     of KV the device holds per sequence), qk_norm."""
 
-    insts: str
+    insts: str = ""  # "bin": the instruction stream's file
+    sequence: str = ""  # "elf": the kernel (sequence) name in the ELF
     m: int = 0
     k: int = 0
     n: int = 0
@@ -60,8 +63,9 @@ class Shape(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
 
 
 class Op(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    xclbin: str
-    kernel: str = "MLIR_AIE"
+    xclbin: str = ""  # "bin"
+    elf: str = ""  # "elf"
+    kernel: str = "MLIR_AIE"  # "bin": the kernel's name in the xclbin
     instr_format: str = "bin"
     instr_length: str = "words"
     dtype: dict[str, str]
@@ -92,9 +96,16 @@ def _check(where: Path, m: ManifestV2) -> None:
     for name, op in m.ops.items():
         if name not in ARGS:
             raise bad(f"op {name!r} is not one of {', '.join(ARGS)}")
-        if op.instr_format != "bin":
-            raise bad(f"op {name}: instr_format {op.instr_format!r}; this engine drives "
-                      "'bin' instruction buffers only (ELF kernels are not supported yet)")
+        if op.instr_format not in ("bin", "elf"):
+            raise bad(f"op {name}: instr_format {op.instr_format!r} is not bin or elf")
+        if op.instr_format == "bin" and (not op.xclbin or any(not s.insts for s in op.shapes)):
+            raise bad(f"op {name}: instr_format bin needs an xclbin and each shape's insts")
+        if op.instr_format == "elf" and (not op.elf or any(not s.sequence
+                                                           for s in op.shapes)):
+            raise bad(f"op {name}: instr_format elf needs an elf and each shape's sequence")
+        if op.dtype.get("acc", "f32") != "f32":
+            raise bad(f"op {name}: accumulator {op.dtype.get('acc')!r}; the engine's numerics "
+                      "(and the simulator's) assume f32 accumulation")
         if op.instr_length not in ("words", "bytes"):
             raise bad(f"op {name}: instr_length {op.instr_length!r} is not words or bytes")
         if len(op.args) > MAX_BUFFERS:

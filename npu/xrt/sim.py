@@ -134,11 +134,25 @@ class Simulator:
             def get_kernels(self) -> list:
                 return [_KernelInfo(n) for n in self._kernels]
 
+        class elf:  # noqa: N801
+            """A full ELF: its kernels are instruction sequences, called with buffers only."""
+
+            def __init__(self, path: str) -> None:
+                try:
+                    data = json.loads(Path(path).read_text())
+                    self.uuid = str(data["uuid"])
+                    self.kernels = list(data["kernels"])
+                except (OSError, ValueError, KeyError) as exc:
+                    raise SimulatorError(f"Failed to load ELF {path}: {exc}") from None
+
         class hw_context:  # noqa: N801
-            def __init__(self, dev: Any, xuuid: str) -> None:
+            def __init__(self, dev: Any, xuuid: Any) -> None:
                 if sim._lost(dev):
                     raise SimulatorError("device lost")
-                if xuuid not in dev.registered:
+                self.elf = isinstance(xuuid, elf)
+                if self.elf:
+                    xuuid = xuuid.uuid
+                elif xuuid not in dev.registered:
                     raise SimulatorError("xclbin not registered on this device")
                 limit = context_limit(sim.device_names[dev.index])
                 if dev.contexts >= limit:
@@ -188,26 +202,30 @@ class Simulator:
         class kernel:  # noqa: N801
             def __init__(self, ctx: Any, name: str) -> None:
                 key = (ctx.uuid, name)
-                if key not in sim.kernels:
+                if key not in sim.kernels or ctx.elf:
                     raise SimulatorError(f"No kernel {name!r} in the xclbin")
-                self.ctx, self.name = ctx, name
+                self.ctx, self.name, self.elf = ctx, name, False
                 self.n_args, self.fn = sim.kernels[key]
 
             def group_id(self, arg: int) -> int:
                 if not 0 <= arg < self.n_args:
                     raise SimulatorError(f"kernel {self.name} has no argument {arg}")
-                return arg
+                return 0 if self.elf else arg
 
             def check(self, args: tuple) -> None:
                 if len(args) != self.n_args:
                     raise SimulatorError(f"kernel {self.name} takes {self.n_args} arguments, "
                                          f"got {len(args)}")
                 for i, a in enumerate(args):
+                    if self.elf and not isinstance(a, bo):
+                        raise SimulatorError(f"argument {i}: an ELF kernel takes buffers only "
+                                             "(no opcode or instruction arguments)")
                     if isinstance(a, bo):
                         if a.group != self.group_id(i):
                             raise SimulatorError(f"argument {i}: bo in group {a.group}, the "
                                                  f"kernel wants group {self.group_id(i)}")
-                        want = _Flags.cacheable if i == 1 else _Flags.host_only
+                        want = (_Flags.cacheable if i == 1 and not self.elf
+                                else _Flags.host_only)
                         if a.flags != want:
                             raise SimulatorError(f"argument {i}: bo flags {a.flags!r}, "
                                                  f"expected {want!r}")
@@ -216,17 +234,41 @@ class Simulator:
                 self.check(args)
                 return _Run(sim, self, args, in_runlist=False)
 
+        xclbin_kernel = kernel
+
+        class ext:  # noqa: N801
+            class kernel(xclbin_kernel):  # noqa: N801
+                """A kernel (instruction sequence) of a full ELF's context."""
+
+                def __init__(self, ctx: Any, name: str) -> None:
+                    key = (ctx.uuid, name)
+                    if key not in sim.kernels or not ctx.elf:
+                        raise SimulatorError(f"No kernel {name!r} in the ELF")
+                    self.ctx, self.name, self.elf = ctx, name, True
+                    self.n_args, self.fn = sim.kernels[key]
+
         class run:  # noqa: N801
-            """A run built argument by argument (for runlists)."""
+            """A run built argument by argument (for runlists, and ELF kernels)."""
 
             def __init__(self, k: Any) -> None:
                 self.kernel = k
                 self.args: list[Any] = [None] * k.n_args
+                self.done: _Run | None = None
 
             def set_arg(self, index: int, value: Any) -> None:
                 if not 0 <= index < self.kernel.n_args:
                     raise SimulatorError(f"kernel {self.kernel.name} has no argument {index}")
                 self.args[index] = value
+
+            def start(self) -> None:
+                args = tuple(self.args)
+                self.kernel.check(args)
+                self.done = _Run(sim, self.kernel, args, in_runlist=False)
+
+            def wait(self, timeout_ms: int = 0) -> ert_cmd_state:
+                if self.done is None:
+                    raise SimulatorError("the run was not started")
+                return self.done.wait(timeout_ms)
 
         class runlist:  # noqa: N801
             """Runs submitted together on one hardware context."""
@@ -257,18 +299,21 @@ class Simulator:
                     sim.clock.wait(timeout_ms / 1000)
                 return self.state
 
-        self.device, self.xclbin, self.hw_context = device, xclbin, hw_context
-        self.bo, self.kernel = bo, kernel
+        self.device, self.xclbin, self.elf, self.hw_context = device, xclbin, elf, hw_context
+        self.bo, self.kernel, self.ext = bo, kernel, ext
         self.run = run
         if has_runlist:  # older XRT builds' pyxrt has no runlist
             self.runlist = runlist
 
-    def register_kernel(self, xclbin_uuid: str, name: str, n_args: int, fn: KernelFn) -> None:
+    def register_kernel(self, xclbin_uuid: str, name: str, n_args: int, fn: KernelFn, *,
+                        elf: bool = False) -> None:
         """`fn(*args)` gets ints as ints and bos as bos (`.dev`: device memory, uint8;
         `.synced`: the byte ranges synced to the device since the last run); it returns the
-        bytes the launch reads from memory (for the timing model)."""
-        if n_args - 3 > MAX_BUFFERS:
-            raise SimulatorError(f"kernel {name}: {n_args - 3} buffer arguments; an NPU kernel "
+        bytes the launch reads from memory (for the timing model). An xclbin's kernel takes
+        (opcode, instructions, their length, buffers...); an ELF's (`elf`) buffers only."""
+        buffers = n_args if elf else n_args - 3
+        if buffers > MAX_BUFFERS:
+            raise SimulatorError(f"kernel {name}: {buffers} buffer arguments; an NPU kernel "
                                  f"takes at most {MAX_BUFFERS}")
         self.kernels[(xclbin_uuid, name)] = (n_args, fn)
 
@@ -322,7 +367,7 @@ class _Run:
 
 
 def write_xclbin(path: Path, kernels: list[str]) -> str:
-    """Write a simulator xclbin; returns its uuid."""
+    """Write a simulator xclbin (or full ELF: the same file); returns its uuid."""
     xuuid = str(uuid_mod.uuid4())
     path.write_text(json.dumps({"uuid": xuuid, "kernels": kernels}))
     return xuuid

@@ -58,16 +58,30 @@ def _label(shape: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in shape.items() if k != "insts" and v)
 
 
-def linear_kernel(op: dict, streams: dict[bytes, dict]):
+def _bin(op: dict, streams: dict[bytes, dict], compute):
+    """An xclbin kernel: (opcode 3, instructions, their length, buffers); the launch's shape
+    is the instruction stream's."""
+
+    def run(opcode: int, instr: Any, n_instr: int, *bufs: Any) -> int:
+        if opcode != 3:
+            raise SimulatorError(f"unexpected opcode {opcode}")
+        return compute(_shape_of(op, streams, instr, n_instr), bufs)
+
+    return run
+
+
+def _elf(shape: dict, compute):
+    """One instruction sequence of a full ELF: buffers only, its shape fixed."""
+    return lambda *bufs: compute(shape, bufs)
+
+
+def linear_kernel(op: dict):
     gm, gk, gn = op["granule"].get("m", 1), op["granule"]["k"], op["granule"]["n"]
     layout, rounding = op["layout"], op.get("rounding", "conv_even")
     y_bf16 = op["dtype"]["y"] == "bf16"
     per_tile = op.get("round_per_k_tile", False)
 
-    def run(opcode: int, instr: Any, n_instr: int, *bufs: Any) -> int:
-        if opcode != 3:
-            raise SimulatorError(f"unexpected opcode {opcode}")
-        s = _shape_of(op, streams, instr, n_instr)
+    def run(s: dict, bufs: tuple) -> int:
         args = dict(zip(op["args"], bufs))
         t = packing.tiling(layout, s["n"], s["k"], gn, gk)
         mp = -(-s["m"] // gm) * gm
@@ -95,15 +109,12 @@ def linear_kernel(op: dict, streams: dict[bytes, dict]):
     return run
 
 
-def layer_kernel(name: str, op: dict, streams: dict[bytes, dict]):
+def layer_kernel(name: str, op: dict):
     gk, gn = op["granule"]["k"], op["granule"]["n"]
     layout, rounding = op["layout"], op.get("rounding", "conv_even")
     x_bf16 = op["dtype"]["x"] == "bf16"
 
-    def run(opcode: int, instr: Any, n_instr: int, *bufs: Any) -> int:
-        if opcode != 3:
-            raise SimulatorError(f"unexpected opcode {opcode}")
-        s = _shape_of(op, streams, instr, n_instr)
+    def run(s: dict, bufs: tuple) -> int:
         d = LayerDims(**{k: s[k] for k in ("hidden", "heads", "kv_heads", "head_dim", "ffn",
                                             "ctx", "qk_norm")})
         args = dict(zip(op["args"], bufs))
@@ -154,11 +165,16 @@ def simulator_for(kernel_dir: Path, devices: list[str], **kwargs: Any) -> Simula
         load_manifest(folder)  # a directory the engine would refuse is refused here too
         raw = json.loads((folder / "manifest.json").read_text())
         for name, op in raw["ops"].items():
-            xb = json.loads((folder / op["xclbin"]).read_text())
-            fn = (layer_kernel(name, op, _streams(folder, op)) if name in LAYER_OPS
-                  else linear_kernel(op, _streams(folder, op)))
-            sim.register_kernel(xb["uuid"], op.get("kernel", "MLIR_AIE"), 3 + len(op["args"]),
-                                fn)
+            compute = layer_kernel(name, op) if name in LAYER_OPS else linear_kernel(op)
+            if op.get("instr_format", "bin") == "elf":
+                uuid = json.loads((folder / op["elf"]).read_text())["uuid"]
+                for s in op["shapes"]:
+                    sim.register_kernel(uuid, s["sequence"], len(op["args"]),
+                                        _elf(s, compute), elf=True)
+            else:
+                uuid = json.loads((folder / op["xclbin"]).read_text())["uuid"]
+                sim.register_kernel(uuid, op.get("kernel", "MLIR_AIE"), 3 + len(op["args"]),
+                                    _bin(op, _streams(folder, op), compute))
     return sim
 
 
@@ -167,11 +183,13 @@ def make_kernel_dir(folder: Path, configs: Sequence[ModelConfig] | None = None, 
                     ops: Sequence[str] = ("gemv", "gemm", "attn", "mlp", "layer"),
                     gemm_m: int = 32, granule_k: int = 64, granule_n: int = 32,
                     ctx: int = 2048, y: str = "f32", rounding: str = "conv_even",
-                    round_per_k_tile: bool = False, xclbins: str = "one") -> Path:
+                    round_per_k_tile: bool = False, xclbins: str = "one",
+                    instr_format: str = "bin") -> Path:
     """Write a simulator kernel directory built for the models `configs` (default: flm-tiny):
     one sub-directory per generation with manifest.json, the xclbin(s) and one instruction
     stream per shape. `xclbins`: "one" puts every op in one xclbin (one hardware context),
-    "per_op" gives each op its own."""
+    "per_op" gives each op its own. `instr_format` "elf": full ELFs instead, one instruction
+    sequence (kernel) per shape."""
     folder = Path(folder)
     if configs is None:
         from npu.load.config import config_from_json
@@ -182,9 +200,9 @@ def make_kernel_dir(folder: Path, configs: Sequence[ModelConfig] | None = None, 
     for gen in generations:
         out = folder / gen
         out.mkdir(parents=True, exist_ok=True)
-        xb_of = {name: ("flm.xclbin" if xclbins == "one" else f"{name}.xclbin") for name in ops}
-        for xb in set(xb_of.values()):
-            write_xclbin(out / xb, [KERNEL_NAMES[n] for n in ops if xb_of[n] == xb])
+        ext = "elf" if instr_format == "elf" else "xclbin"
+        xb_of = {name: (f"flm.{ext}" if xclbins == "one" else f"{name}.{ext}") for name in ops}
+        kernels_of: dict[str, list[str]] = {xb: [] for xb in xb_of.values()}
         manifest: dict[str, Any] = {"version": 2, "generation": gen, "ops": {}}
         for name in ops:
             shapes = []
@@ -201,20 +219,29 @@ def make_kernel_dir(folder: Path, configs: Sequence[ModelConfig] | None = None, 
                 continue
             listed = []
             for key, s in sorted(unique.items()):
+                if instr_format == "elf":
+                    listed.append({**s, "sequence": f"main:{name}_{len(listed)}"})
+                    kernels_of[xb_of[name]].append(listed[-1]["sequence"])
+                    continue
                 seed = int.from_bytes(hashlib.blake2b(f"{gen}/{name}/{key}".encode(),
                                                       digest_size=8).digest(), "little")
                 words = np.random.default_rng(seed).integers(0, 2**32, 32, dtype=np.uint32)
                 insts = f"{name}_{len(listed)}.bin"
                 words.tofile(out / insts)
                 listed.append({**s, "insts": insts})
+            if instr_format != "elf":
+                kernels_of[xb_of[name]].append(KERNEL_NAMES[name])
+            binary = {"elf": xb_of[name]} if instr_format == "elf" else {
+                "xclbin": xb_of[name], "kernel": KERNEL_NAMES[name]}
             manifest["ops"][name] = {
-                "xclbin": xb_of[name], "kernel": KERNEL_NAMES[name], "instr_format": "bin",
-                "instr_length": "words",
+                **binary, "instr_format": instr_format, "instr_length": "words",
                 "dtype": {"x": "f32" if name in LAYER_OPS else "bf16", "w": weights, "y": y,
                           "acc": "f32"},
                 "layout": layout, "rounding": rounding, "round_per_k_tile": round_per_k_tile,
                 "granule": {"m": 1 if name == "gemv" else gemm_m, "k": granule_k,
                             "n": granule_n},
                 "args": ARGS[name], "shapes": listed}
+        for xb, kernels in kernels_of.items():
+            write_xclbin(out / xb, kernels)
         (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     return folder

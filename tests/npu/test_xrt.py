@@ -115,6 +115,27 @@ def test_runlist_or_not_gives_the_same_logits(tiny, kdir) -> None:
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("mode", ["linear", "layer"])
+def test_elf_kernels_compute_what_xclbin_kernels_do(tiny, kdir, tmp_path, mode) -> None:
+    """A full-ELF directory (a kernel per shape, buffers from argument 0) gives the same
+    logits as the xclbin one, with a runlist or run by run."""
+    cfg = _config(tiny)
+    elf = make_kernel_dir(tmp_path / "elf", [cfg], weights="bf16", ctx=256,
+                          instr_format="elf")
+    manifest = json.loads((elf / "npu2" / "manifest.json").read_text())
+    assert manifest["ops"]["layer"]["elf"] == "flm.elf"
+    assert all(s["sequence"].startswith("main:") for s in manifest["ops"]["gemv"]["shapes"])
+    out = []
+    for folder, runlist in ((kdir, True), (elf, True), (elf, False)):
+        sim = simulator_for(folder, ["npu4"], runlist=runlist)
+        npu = XRTEngine(cfg, load_weights(tiny, progress=False), xrt=XRT(sim), device_index=0,
+                        kernel_dir=folder, mode=mode)
+        out.append(_run(npu, [4, 5, 6, 7], [8, 9]))
+    for a, b, c in zip(*out):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, c)
+
+
 @pytest.mark.skipif(not TINY.exists(), reason=f"{TINY} is absent")
 @pytest.mark.parametrize("arch", ["qwen3", "llama3", "gemma3", "lfm2"])
 def test_q4g32_from_q4_1_matches_the_cpu_engine(tmp_path, arch: str) -> None:
@@ -186,7 +207,9 @@ def _edit_manifest(kd: Path, edit) -> None:
 
 @pytest.mark.parametrize("edit,message", [
     (lambda m: m.update(version=1), "version 1"),
-    (lambda m: m["ops"]["gemv"].update(instr_format="elf"), "'bin' instruction buffers"),
+    (lambda m: m["ops"]["gemv"].update(instr_format="elf"), "elf needs an elf"),
+    (lambda m: m["ops"]["gemv"].update(instr_format="cdo"), "not bin or elf"),
+    (lambda m: m["ops"]["gemv"]["dtype"].update(acc="bf16"), "f32 accumulation"),
     (lambda m: m["ops"]["gemv"].update(args=["x", "w", "y", "a", "b", "c"]), "at most 5"),
     (lambda m: m["ops"]["gemv"]["dtype"].update(x="f32"), "x must be bf16"),
     (lambda m: m["ops"]["gemv"].update(layout="bf16.v1"), "weight dtype"),
