@@ -224,13 +224,25 @@ class XRT:
             return
         try:
             rl = self.x.runlist(ctx)
+            runs = []
             for kernel, args in launches:
                 r = self.x.run(kernel)
                 for i, a in enumerate(args):
                     r.set_arg(i, a)
                 rl.add(r)
+                runs.append(r)
             rl.execute()
-            state = rl.wait(timeout_ms)
+            waited = rl.wait(timeout_ms)
+            # XRT's runlist wait returns a cv_status (timeout / no_timeout) where bindings
+            # map it; each run's own state says which one failed
+            if str(getattr(waited, "name", "")).lower() == "timeout":
+                raise XRTError(f"the runlist did not complete within {timeout_ms} ms")
+            states = [r.state() for r in runs]
+        except XRTError:
+            raise
         except Exception as exc:
             raise XRTError(f"runlist failed: {exc}") from None
-        self._check_state(state)
+        done = self.x.ert_cmd_state.ERT_CMD_STATE_COMPLETED
+        failed = next((st for st in states if st != done), None)
+        if failed is not None:
+            self._check_state(failed)

@@ -7,23 +7,25 @@ token for L layers):
 - "linear": attention projections, MLP, LFM2's projections and the lm_head on `gemv` (one
   row) / `gemm` (prompts and batches, M rows a launch); 4L + 1 launches. Norms, RoPE,
   attention and sampling on the host.
-- "block": the `attn` and `mlp` ops (2L + 1), "layer": the `layer` op (L + 1): each decoded
-  token runs its layers on the device with the sequence's KV cache resident there (bf16),
-  submitted as one runlist per token when pyxrt has `runlist`. The host mirrors each new
-  key / value (the kernel returns them) into its paged cache, so prompts, prefix reuse and
-  forks work as on the CPU; rows the device lacks are uploaded before a sequence's step.
-  Prompts run on the linear ops. A batch runs its sequences' layer launches one sequence
-  after another (no published NPU kernel takes a batch: a skinny GEMM would be needed) and
-  its lm_head as one `gemm`.
+- "block": the `attn` and `mlp` ops (2L + 1), "layer": the `layer` op (L + 1): a sequence's
+  tokens run their layers on the device with its KV cache resident there (bf16): a decoded
+  token as one launch per op and layer, a prompt in tiles of the op's prompt shape (m rows;
+  one row at a time where a tile would pass the device cache's end), submitted as one
+  runlist per tile when pyxrt has `runlist`. The host mirrors each new key / value (the
+  kernel returns them) into its paged cache, so prefix reuse and forks work as on the CPU;
+  rows the device lacks are uploaded before a sequence's launches. Only the lm_head is on
+  the linear ops. A batch runs its sequences' layers one sequence after another (no
+  published NPU kernel takes a batch of sequences: that needs a skinny GEMM) and its lm_head
+  as one `gemm`.
 - "auto" (default): the most fused mode the directory has shapes for.
 
-Weights are packed once at load by the manifest's packer (`npu.xrt.packing`); in "block" and
-"layer" modes each layer's weights are on the device twice (the layer pack and the linear
-ops' copy for prompts: a kernel taking sub-buffers of one pack would remove this).
+Weights are packed once at load by the manifest's packer (`npu.xrt.packing`) and are on the
+device once.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
@@ -47,11 +49,12 @@ MODES = ("auto", "linear", "block", "layer")
 
 
 class _Slot:
-    """A sequence's state on the device: its KV cache per layer, residual stream, position,
-    and the new key / value each layer returns."""
+    """A sequence's state on the device: its KV cache per layer, position buffer, and per
+    tile size the residual stream and the new keys / values each layer returns."""
 
-    def __init__(self, kv: list[Any], x: Any, rtp: Any, kvnew: list[Any]) -> None:
-        self.kv, self.x, self.rtp, self.kvnew = kv, x, rtp, kvnew
+    def __init__(self, kv: list[Any], rtp: Any) -> None:
+        self.kv, self.rtp = kv, rtp
+        self.io: dict[int, tuple[Any, list[Any]]] = {}
         self.rows = 0  # positions of the sequence the device's KV holds
 
 
@@ -69,23 +72,26 @@ class XRTEngine(NumpyEngine):
         self.manifest = m = load_manifest(folder)
         ops = {n: OpKernel(xrt, device_index, folder, n, op) for n, op in m.ops.items()}
         self.linear_ops = LinearOps(ops["gemv"], ops.get("gemm"))
-        missing = self.linear_ops.missing(linear_shapes(config))
-        if missing:
-            raise XRTError(f"{folder}: the kernels were not built for {config.arch}'s shapes; "
-                           f"missing {', '.join(missing)}")
         self.mode = self._choose(mode, ops, folder)
+        c = config
+        wanted = linear_shapes(c) if self.mode == "linear" else [(c.vocab_size, c.hidden_size)]
+        missing = self.linear_ops.missing(wanted)
+        if missing:
+            raise XRTError(f"{folder}: the kernels were not built for {c.arch}'s shapes; "
+                           f"missing {', '.join(missing)}")
         self._dev = {}
-        for L in self.layers:
-            for lname in LINEAR:
-                w = getattr(L, lname)
-                if w is not None:
-                    self._dev[(L.index, lname)] = self.linear_ops.upload(w)
-        self._dev[(-1, "lm_head")] = self.linear_ops.upload(self.lm_head)
-        self.lm_head = None
         self.layer_bytes = 0
         self._slots: dict[int, _Slot] = {}
-        if self.mode != "linear":
+        if self.mode == "linear":
+            for L in self.layers:
+                for lname in LINEAR:
+                    w = getattr(L, lname)
+                    if w is not None:
+                        self._dev[(L.index, lname)] = self.linear_ops.upload(w)
+        else:
             self._upload_layers(ops)
+        self._dev[(-1, "lm_head")] = self.linear_ops.upload(self.lm_head)
+        self.lm_head = None
         for L in self.layers:  # the device holds them now
             for lname in LINEAR:
                 setattr(L, lname, None)
@@ -97,37 +103,37 @@ class XRTEngine(NumpyEngine):
 
     # -- setup ------------------------------------------------------------------------------
     def _choose(self, mode: str, ops: dict[str, OpKernel], folder: Path) -> str:
+        """The mode, and for the layer modes each op's decode shape (m = 1) and prompt shape
+        (the largest m) for this model's layers."""
         why = layer_support(self.config)
-        dims = {}
+        want = {k: v for k, v in layer_dims(self.config, 0).__dict__.items()
+                if k not in ("ctx", "m")}
+        shapes: dict[str, list] = {}
         for name in ("layer", "attn", "mlp"):
             op = ops.get(name)
-            s = None
-            if op is not None and why is None:
-                want = layer_dims(self.config, 0).__dict__
-                s = next((s for s in op.op.shapes if all(
-                    getattr(s, k) == v for k, v in want.items() if k != "ctx")), None)
-            dims[name] = s
-        have = {"layer": dims["layer"] is not None,
-                "block": dims["attn"] is not None and dims["mlp"] is not None}
+            fits = [] if op is None or why is not None else [
+                s for s in op.op.shapes if all(getattr(s, k) == v for k, v in want.items())]
+            one = [s for s in fits if s.m == 1]
+            shapes[name] = [one[0], max(fits, key=lambda s: (s.ctx == one[0].ctx, s.m))] \
+                if one else []
+        have = {"layer": bool(shapes["layer"]),
+                "block": bool(shapes["attn"]) and bool(shapes["mlp"])}
         if mode == "auto":
             mode = "layer" if have["layer"] else "block" if have["block"] else "linear"
         elif mode != "linear" and not have[mode]:
             raise XRTError(f"npu mode {mode!r}: "
-                           + (why or f"{folder} has no {mode} op shapes for "
+                           + (why or f"{folder} has no {mode} op shapes (m = 1 at least) for "
                               f"{self.config.arch}'s layer dimensions"))
         if mode != "linear":
-            first = "layer" if mode == "layer" else "attn"
-            self._layer_shape = dims[first]
-            self._mlp_shape = dims["mlp"]
-            self.max_context = min(self.max_context, self._layer_shape.ctx)
+            names = ["layer"] if mode == "layer" else ["attn", "mlp"]
+            self._ops = [ops[n] for n in names]
+            self._shapes = {n: shapes[n] for n in names}  # [decode shape, prompt shape]
+            ctx = shapes[names[0]][0].ctx
+            self._dims = layer_dims(self.config, ctx)
+            self.max_context = min(self.max_context, ctx)
         return mode
 
     def _upload_layers(self, ops: dict[str, OpKernel]) -> None:
-        c = self.config
-        s = self._layer_shape
-        self._dims = layer_dims(c, s.ctx)
-        names = ["layer"] if self.mode == "layer" else ["attn", "mlp"]
-        self._ops = [ops[n] for n in names]
         self._packs: list[list[Any]] = []
         for L in self.layers:
             bos = []
@@ -187,28 +193,40 @@ class XRTEngine(NumpyEngine):
                                       self._dev[key])
 
     def _forward(self, ids: np.ndarray, segments: list[tuple[_Seq, int]]) -> np.ndarray:
-        if self.mode == "linear" or len(segments) != len(ids):
+        if self.mode == "linear":
             return super()._forward(ids, segments)
         x = self.embed(ids)
-        for b, (seq, _) in enumerate(segments):
-            x[b] = self._decode_on_device(seq, x[b])
-        for b, (seq, _) in enumerate(segments):
-            self.kv.written(seq.kv, ids[b : b + 1])
-        last = self.ops.rms_norm(x, self.final_norm, self.config.rms_eps)
+        start = 0
+        ends = []
+        for seq, n in segments:
+            x[start : start + n] = self._on_device(seq, x[start : start + n])
+            self.kv.written(seq.kv, ids[start : start + n])
+            start += n
+            ends.append(start - 1)
+        last = self.ops.rms_norm(x[ends], self.final_norm, self.config.rms_eps)
         return np.ascontiguousarray(self._mm(last, None, "lm_head"), dtype=np.float32)
 
-    # -- decode on the device ---------------------------------------------------------------
+    # -- layers on the device --------------------------------------------------------------
     def _slot(self, seq: _Seq) -> _Slot:
         slot = self._slots.get(id(seq))
         if slot is None:
             d, op = self._dims, self._ops[0]
-            n = len(self.layers)
-            x_bytes = d.hidden * (2 if op.op.dtype["x"] == "bf16" else 4)
-            slot = _Slot([op.bo("kv", layer_pack.kv_bytes(d)) for _ in range(n)],
-                         op.bo("x", x_bytes), op.bo("rtp", 16),
-                         [op.bo("kvnew", layer_pack.kvnew_bytes(d)) for _ in range(n)])
+            slot = _Slot([op.bo("kv", layer_pack.kv_bytes(d)) for _ in self.layers],
+                         op.bo("rtp", 16))
             self._slots[id(seq)] = slot
         return slot
+
+    def _io(self, slot: _Slot, m: int) -> tuple[Any, list[Any]]:
+        """The slot's x buffer and per-layer kvnew buffers for tiles of m rows."""
+        have = slot.io.get(m)
+        if have is None:
+            op = self._ops[0]
+            d = dataclasses.replace(self._dims, m=m)
+            size = 2 if op.op.dtype["x"] == "bf16" else 4
+            have = slot.io[m] = (op.bo("x", m * d.hidden * size),
+                                 [op.bo("kvnew", layer_pack.kvnew_bytes(d))
+                                  for _ in self.layers])
+        return have
 
     def _upload_rows(self, seq: _Seq, slot: _Slot) -> None:
         """The host cache's rows [slot.rows, pos) of every layer to the device's cache."""
@@ -219,52 +237,74 @@ class XRTEngine(NumpyEngine):
         table = np.asarray(seq.kv.table, dtype=np.int64)
         positions = np.arange(start, stop)
         blocks, offs = table[positions // BLOCK], positions % BLOCK
-        for li, bo in enumerate(slot.kv):
-            for which, store in enumerate((self.kv.k[li], self.kv.v[li])):
-                rows = store[blocks, :, offs].astype(np.float32)  # [T, kv_heads, head_dim]
-                bits = packing.to_bf16(rows.transpose(1, 0, 2))
-                for h in range(d.kv_heads):
-                    offset = ((which * d.kv_heads + h) * d.ctx + start) * d.head_dim * 2
-                    data = np.ascontiguousarray(bits[h]).view(np.uint8).ravel()
-                    bo.write(data, offset)
-                    bo.sync(self.xrt.x.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE,
-                            data.nbytes, offset)
-                    self.linear_ops.bytes_in += data.nbytes
-        slot.rows = stop
-
-    def _decode_on_device(self, seq: _Seq, x: np.ndarray) -> np.ndarray:
-        d, op0 = self._dims, self._ops[0]
-        slot = self._slot(seq)
+        to_device = self.xrt.x.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE
         try:
-            self._upload_rows(seq, slot)
+            for li, bo in enumerate(slot.kv):
+                for which, store in enumerate((self.kv.k[li], self.kv.v[li])):
+                    rows = store[blocks, :, offs].astype(np.float32)  # [T, kv_heads, dim]
+                    bits = packing.to_bf16(rows.transpose(1, 0, 2))
+                    for h in range(d.kv_heads):
+                        offset = ((which * d.kv_heads + h) * d.ctx + start) * d.head_dim * 2
+                        data = np.ascontiguousarray(bits[h]).view(np.uint8).ravel()
+                        bo.write(data, offset)
+                        bo.sync(to_device, data.nbytes, offset)
+                        self.linear_ops.bytes_in += data.nbytes
         except Exception as exc:
             raise XRTError(f"copy to the NPU failed: {exc}") from None
-        pos = seq.pos
+        slot.rows = stop
+
+    def _on_device(self, seq: _Seq, x: np.ndarray) -> np.ndarray:
+        """The residual stream x [n, hidden] of the sequence's next n tokens through every
+        layer on the device: tiles of the prompt shape's m rows, single rows where a tile
+        would pass the device cache's end (or n is 1)."""
+        slot = self._slot(seq)
+        self._upload_rows(seq, slot)
+        prompt_m = self._shapes[self._ops[0].name][1].m
+        out = np.empty_like(x)
+        done = 0
+        while done < len(x):
+            left = len(x) - done
+            pos = seq.pos + done
+            m = prompt_m if left > 1 and pos + prompt_m <= self._dims.ctx else 1
+            rows = min(m, left)
+            out[done : done + rows] = self._tile(seq, slot, x[done : done + rows], pos, m)
+            done += rows
+        slot.rows = seq.pos + len(x)
+        return out
+
+    def _tile(self, seq: _Seq, slot: _Slot, x: np.ndarray, pos: int, m: int) -> np.ndarray:
+        """One launch per op and layer for the tokens at pos.. (x: their rows, at most m)."""
+        d, op0 = self._dims, self._ops[0]
+        x_bo, kvnew = self._io(slot, m)
         x_bf16 = op0.op.dtype["x"] == "bf16"
-        xin = packing.to_bf16(x) if x_bf16 else np.ascontiguousarray(x, dtype=np.float32)
-        self.xrt.to_device(slot.x, xin)
+        tile = np.zeros((m, d.hidden), dtype=np.float32)
+        tile[: len(x)] = x
+        xin = packing.to_bf16(tile) if x_bf16 else tile
+        self.xrt.to_device(x_bo, xin)
         self.xrt.to_device(slot.rtp, np.array([pos, 0, 0, 0], dtype=np.int32))
+        index = 0 if m == 1 else 1
         launches = []
         for li in range(len(self.layers)):
             for op, w in zip(self._ops, self._packs[li]):
-                shape = self._layer_shape if op.name != "mlp" else self._mlp_shape
-                launches.append(op.call(shape, {
-                    "x": slot.x, "w": w, "kv": slot.kv[li], "rtp": slot.rtp,
-                    "kvnew": slot.kvnew[li]}))
+                launches.append(op.call(self._shapes[op.name][index], {
+                    "x": x_bo, "w": w, "kv": slot.kv[li], "rtp": slot.rtp,
+                    "kvnew": kvnew[li]}))
         self.xrt.run_all(op0.ctx, launches)
         self.linear_ops.runs += len(launches)
-        raw = self.xrt.from_device(slot.x, xin.nbytes)
+        n = len(x)
+        size = 2 if x_bf16 else 4
+        raw = self.xrt.from_device(x_bo, n * d.hidden * size)
         out = packing.from_bf16(raw.view(np.uint16)) if x_bf16 else raw.view(np.float32)
-        new_bytes = layer_pack.kvnew_bytes(d)
-        table = seq.kv.table
-        block, off = table[pos // BLOCK], pos % BLOCK
-        for li, bo in enumerate(slot.kvnew):
+        new_bytes = n * 2 * d.kv_heads * d.head_dim * 2
+        table = np.asarray(seq.kv.table, dtype=np.int64)
+        positions = np.arange(pos, pos + n)
+        blocks, offs = table[positions // BLOCK], positions % BLOCK
+        for li, bo in enumerate(kvnew):
             kv = packing.from_bf16(self.xrt.from_device(bo, new_bytes).view(np.uint16))
-            kv = kv.reshape(2, d.kv_heads, d.head_dim)
-            self.kv.k[li][block, :, off] = kv[0]
-            self.kv.v[li][block, :, off] = kv[1]
+            kv = kv.reshape(n, 2, d.kv_heads, d.head_dim)
+            self.kv.k[li][blocks, :, offs] = kv[:, 0]
+            self.kv.v[li][blocks, :, offs] = kv[:, 1]
             self.linear_ops.bytes_out += new_bytes
         self.linear_ops.bytes_in += xin.nbytes + 16
-        self.linear_ops.bytes_out += xin.nbytes
-        slot.rows = pos + 1
-        return out.astype(np.float32)
+        self.linear_ops.bytes_out += raw.nbytes
+        return out.reshape(n, d.hidden)

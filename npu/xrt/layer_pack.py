@@ -1,5 +1,6 @@
 """The buffers of the layer ops (`attn`, `mlp`, `layer`): one Llama / Qwen3 decoder layer
-for one token with its KV cache on the device. Written once, read by the engine (which packs)
+for m consecutive tokens of one sequence (m = 1: a decoded token; more: a prompt's tile) with
+its KV cache on the device. Written once, read by the engine (which packs)
 and the simulator (which computes what a kernel built to this contract computes).
 
 Weight buffer `w` of a layer, `layer_pack.v1` (the `layer` op takes attn then mlp):
@@ -13,11 +14,17 @@ Weight buffer `w` of a layer, `layer_pack.v1` (the `layer` op takes attn then ml
 (the matrices in the op's layout and tiling, `npu.xrt.packing`; q_norm / k_norm are ones when
 the model has none). Other buffers:
 
-    x      the residual stream [hidden], f32, updated in place (x += attention; x += mlp)
+    x      the residual stream [m, hidden] (the op's x dtype), updated in place
+           (x += attention; x += mlp)
     kv     the sequence's cache, bf16 [2, kv_heads, ctx, head_dim] (keys after RoPE)
-    rtp    int32 [4]: the token's position (runtime data, not a shape), 0, 0, 0
-    kvnew  bf16 [2, kv_heads, head_dim]: the key and value the kernel wrote at the position
+    rtp    int32 [4]: the first token's position p (runtime data, not a shape), 0, 0, 0;
+           row r is the token at p + r, attends to positions <= p + r, and p + m <= ctx
+    kvnew  bf16 [m, 2, kv_heads, head_dim]: the keys and values the kernel wrote at p..p+m-1
            (read back so the host's paged cache mirrors the device's)
+
+All m rows are computed (a tile the host fills partly leaves rows it does not read: their
+keys and values land at positions that the real tokens there overwrite before anything
+attends to them).
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ class LayerDims:
     ffn: int
     ctx: int
     qk_norm: bool
+    m: int = 1
 
     @property
     def qkv(self) -> int:
@@ -78,7 +86,7 @@ def kv_bytes(d: LayerDims) -> int:
 
 
 def kvnew_bytes(d: LayerDims) -> int:
-    return 2 * d.kv_heads * d.head_dim * 2
+    return d.m * 2 * d.kv_heads * d.head_dim * 2
 
 
 def pack_attn(d: LayerDims, layout: str, tn: int, tk: int, *, norm_in: np.ndarray,
@@ -109,62 +117,69 @@ def _rms(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + np.float32(eps)) * w
 
 
-def _matvec(x: np.ndarray, buf: np.ndarray, t: Tiling, rounding: str) -> np.ndarray:
+def _matmul(x: np.ndarray, buf: np.ndarray, t: Tiling, rounding: str) -> np.ndarray:
     """bf16(x) @ W.T with f32 accumulation over the packed weight (real outputs only)."""
-    xp = np.zeros(t.kp, dtype=np.float32)
-    xp[: t.k] = packing.round_bf16(x, rounding)
-    return (packing.unpack(buf, t, rounding) @ xp)[: t.n].astype(np.float32)
+    xp = np.zeros((len(x), t.kp), dtype=np.float32)
+    xp[:, : t.k] = packing.round_bf16(x, rounding)
+    return (xp @ packing.unpack(buf, t, rounding).T)[:, : t.n].astype(np.float32)
 
 
 def run_attn(d: LayerDims, layout: str, tn: int, tk: int, rounding: str, w: np.ndarray,
              x: np.ndarray, kv: np.ndarray, pos: int, kvnew: np.ndarray) -> None:
-    """x [hidden] f32 (in place), kv bf16 bits [2, kv_heads, ctx, head_dim] (in place)."""
-    H, nq, nkv, hd = d.hidden, d.heads, d.kv_heads, d.head_dim
+    """x [m, hidden] f32 (in place), kv bf16 bits [2, kv_heads, ctx, head_dim] (in place),
+    kvnew bf16 bits [m, 2, kv_heads, head_dim] (out)."""
+    H, nq, nkv, hd, m = d.hidden, d.heads, d.kv_heads, d.head_dim, len(x)
     head = w[: 4 * attn_header_floats(d)].view(np.float32)
     norm_in, q_norm, k_norm = head[:H], head[H : H + hd], head[H + hd : H + 2 * hd]
     inv = head[H + 2 * hd : H + 2 * hd + hd // 2]
     rope_scale, scale, eps = (float(v) for v in head[H + 2 * hd + hd // 2 :][:3])
     t_qkv, t_o = attn_tilings(d, layout, tn, tk)
     at = 4 * attn_header_floats(d)
-    qkv = _matvec(_rms(x, norm_in, eps), w[at : at + t_qkv.nbytes], t_qkv, rounding)
-    q = qkv[: nq * hd].reshape(nq, hd)
-    k = qkv[nq * hd : (nq + nkv) * hd].reshape(nkv, hd)
-    v = qkv[(nq + nkv) * hd :].reshape(nkv, hd)
+    qkv = _matmul(_rms(x, norm_in, eps), w[at : at + t_qkv.nbytes], t_qkv, rounding)
+    q = qkv[:, : nq * hd].reshape(m, nq, hd)
+    k = qkv[:, nq * hd : (nq + nkv) * hd].reshape(m, nkv, hd)
+    v = qkv[:, (nq + nkv) * hd :].reshape(m, nkv, hd)
     if d.qk_norm:
         q, k = _rms(q, q_norm, eps), _rms(k, k_norm, eps)
-    freqs = np.float32(pos) * inv
-    cos = np.cos(np.concatenate([freqs, freqs])) * np.float32(rope_scale)
-    sin = np.sin(np.concatenate([freqs, freqs])) * np.float32(rope_scale)
+    positions = pos + np.arange(m)
+    freqs = positions.astype(np.float32)[:, None] * inv[None, :]
+    emb = np.concatenate([freqs, freqs], axis=-1)
+    cos = (np.cos(emb) * np.float32(rope_scale))[:, None, :]
+    sin = (np.sin(emb) * np.float32(rope_scale))[:, None, :]
 
     def rope(a: np.ndarray) -> np.ndarray:
         half = hd // 2
-        return a * cos + np.concatenate([-a[:, half:], a[:, :half]], axis=-1) * sin
+        return a * cos + np.concatenate([-a[..., half:], a[..., :half]], axis=-1) * sin
 
     q, k = rope(q), rope(k)
-    kv[0, :, pos] = packing.to_bf16(k, rounding)
-    kv[1, :, pos] = packing.to_bf16(v, rounding)
-    kvnew[0], kvnew[1] = kv[0, :, pos], kv[1, :, pos]
-    keys = packing.from_bf16(kv[0, :, : pos + 1])  # [nkv, T, hd]
-    vals = packing.from_bf16(kv[1, :, : pos + 1])
+    kv[0, :, pos : pos + m] = packing.to_bf16(k, rounding).transpose(1, 0, 2)
+    kv[1, :, pos : pos + m] = packing.to_bf16(v, rounding).transpose(1, 0, 2)
+    kvnew[:, 0] = kv[0, :, pos : pos + m].transpose(1, 0, 2)
+    kvnew[:, 1] = kv[1, :, pos : pos + m].transpose(1, 0, 2)
+    keys = packing.from_bf16(kv[0, :, : pos + m])  # [nkv, T, hd]
+    vals = packing.from_bf16(kv[1, :, : pos + m])
     group = nq // nkv
-    qg = packing.round_bf16(q, rounding).reshape(nkv, group, hd)
-    scores = np.einsum("hgd,htd->hgt", qg, keys) * np.float32(scale)
+    qg = packing.round_bf16(q, rounding).reshape(m, nkv, group, hd)
+    scores = np.einsum("mhgd,htd->mhgt", qg, keys) * np.float32(scale)
+    future = np.arange(pos + m)[None, :] > positions[:, None]  # [m, T]
+    scores = np.where(future[:, None, None, :], np.float32(-np.inf), scores)
     scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
     probs = scores / scores.sum(axis=-1, keepdims=True)
-    out = np.einsum("hgt,htd->hgd", probs, vals).reshape(nq * hd)
-    o = _matvec(out, w[at + t_qkv.nbytes : at + t_qkv.nbytes + t_o.nbytes], t_o, rounding)
+    out = np.einsum("mhgt,htd->mhgd", probs, vals).reshape(m, nq * hd)
+    o = _matmul(out, w[at + t_qkv.nbytes : at + t_qkv.nbytes + t_o.nbytes], t_o, rounding)
     x += o
 
 
 def run_mlp(d: LayerDims, layout: str, tn: int, tk: int, rounding: str, w: np.ndarray,
             x: np.ndarray) -> None:
+    """x [m, hidden] f32, in place."""
     H = d.hidden
     head = w[: 4 * mlp_header_floats(d)].view(np.float32)
     norm, eps = head[:H], float(head[H])
     t_gu, t_d = mlp_tilings(d, layout, tn, tk)
     at = 4 * mlp_header_floats(d)
-    gu = _matvec(_rms(x, norm, eps), w[at : at + t_gu.nbytes], t_gu, rounding)
-    g, u = gu[: d.ffn], gu[d.ffn :]
+    gu = _matmul(_rms(x, norm, eps), w[at : at + t_gu.nbytes], t_gu, rounding)
+    g, u = gu[:, : d.ffn], gu[:, d.ffn :]
     a = g / (1.0 + np.exp(-g)) * u
-    x += _matvec(a.astype(np.float32), w[at + t_gu.nbytes : at + t_gu.nbytes + t_d.nbytes],
+    x += _matmul(a.astype(np.float32), w[at + t_gu.nbytes : at + t_gu.nbytes + t_d.nbytes],
                  t_d, rounding)

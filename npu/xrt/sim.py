@@ -270,6 +270,9 @@ class Simulator:
                     raise SimulatorError("the run was not started")
                 return self.done.wait(timeout_ms)
 
+            def state(self) -> ert_cmd_state:
+                return ert_cmd_state.ERT_CMD_STATE_NEW if self.done is None else self.done.state
+
         class runlist:  # noqa: N801
             """Runs submitted together on one hardware context."""
 
@@ -287,9 +290,11 @@ class Simulator:
                 self.state = ert_cmd_state.ERT_CMD_STATE_COMPLETED
                 self.hung = False
                 for r in self.runs:
+                    r.done = None
+                for r in self.runs:
                     args = tuple(r.args)
                     r.kernel.check(args)
-                    done = _Run(sim, r.kernel, args, in_runlist=True)
+                    r.done = done = _Run(sim, r.kernel, args, in_runlist=True)
                     if done.state != ert_cmd_state.ERT_CMD_STATE_COMPLETED:
                         self.state, self.hung = done.state, done.hung
                         break

@@ -116,32 +116,33 @@ def layer_kernel(name: str, op: dict):
 
     def run(s: dict, bufs: tuple) -> int:
         d = LayerDims(**{k: s[k] for k in ("hidden", "heads", "kv_heads", "head_dim", "ffn",
-                                            "ctx", "qk_norm")})
+                                            "ctx", "qk_norm", "m")})
         args = dict(zip(op["args"], bufs))
         attn = layer_pack.attn_bytes(d, layout, gn, gk) if name != "mlp" else 0
         mlp = layer_pack.mlp_bytes(d, layout, gn, gk) if name != "attn" else 0
         _want(args["w"], attn + mlp, "the weight", s)
-        _want(args["x"], d.hidden * (2 if x_bf16 else 4), "the x", s)
+        _want(args["x"], d.m * d.hidden * (2 if x_bf16 else 4), "the x", s)
         xb = args["x"].dev
         x = (packing.from_bf16(xb.view(np.uint16)) if x_bf16 else xb.view(np.float32).copy())
+        x = x.reshape(d.m, d.hidden)
         read = attn + mlp + 2 * xb.size
         if name != "mlp":
             _want(args["kv"], layer_pack.kv_bytes(d), "the kv", s)
             _want(args["rtp"], 16, "the rtp", s)
             _want(args["kvnew"], layer_pack.kvnew_bytes(d), "the kvnew", s)
             pos = int(args["rtp"].dev.view(np.int32)[0])
-            if not 0 <= pos < d.ctx:
-                raise SimulatorError(f"position {pos} is outside the device KV cache "
-                                     f"({d.ctx} tokens)")
+            if not 0 <= pos <= d.ctx - d.m:
+                raise SimulatorError(f"positions {pos}..{pos + d.m - 1} are outside the device "
+                                     f"KV cache ({d.ctx} tokens)")
             kv = args["kv"].dev.view(np.uint16).reshape(2, d.kv_heads, d.ctx, d.head_dim)
-            kvnew = args["kvnew"].dev.view(np.uint16).reshape(2, d.kv_heads, d.head_dim)
+            kvnew = args["kvnew"].dev.view(np.uint16).reshape(d.m, 2, d.kv_heads, d.head_dim)
             layer_pack.run_attn(d, layout, gn, gk, rounding, args["w"].dev[:attn], x, kv, pos,
                                 kvnew)
-            read += 2 * d.kv_heads * (pos + 1) * d.head_dim * 2
+            read += 2 * d.kv_heads * (pos + d.m) * d.head_dim * 2
         if name != "attn":
             layer_pack.run_mlp(d, layout, gn, gk, rounding, args["w"].dev[attn:], x)
         out = packing.to_bf16(x, rounding) if x_bf16 else x.astype(np.float32)
-        xb[:] = out.view(np.uint8)
+        xb[:] = out.view(np.uint8).ravel()
         return read
 
     return run
@@ -210,7 +211,7 @@ def make_kernel_dir(folder: Path, configs: Sequence[ModelConfig] | None = None, 
                 if name in LAYER_OPS:
                     if layer_support(c) is None:
                         d = layer_dims(c, min(ctx, c.max_position))
-                        shapes.append({**d.__dict__})
+                        shapes += [{**d.__dict__, "m": m} for m in (1, gemm_m)]
                 else:
                     m = 1 if name == "gemv" else gemm_m
                     shapes += [{"m": m, "k": k, "n": n} for n, k in linear_shapes(c)]

@@ -69,6 +69,32 @@ def test_modes_match_the_cpu_engine_and_count_launches(tiny, kdir, mode, per_lay
     assert sim.clock.launches - before == per_layer * cfg.num_layers + 1
 
 
+def test_prompts_run_in_tiles_on_the_layer_ops(tiny, kdir) -> None:
+    """A prompt goes through the layer op 32 rows a launch (one row at a time where a tile
+    would pass the device cache's end); its logits agree with the linear ops'; the layer
+    weights are on the device once (only the lm_head is on the linear ops)."""
+    cfg = _config(tiny)
+    engines = {}
+    for mode in ("linear", "layer"):
+        sim = simulator_for(kdir, ["npu4"])
+        engines[mode] = (XRTEngine(cfg, load_weights(tiny, progress=False), xrt=XRT(sim),
+                                   device_index=0, kernel_dir=kdir, mode=mode), sim)
+    (lin, _), (lay, sim) = engines["linear"], engines["layer"]
+    assert lay.linear_ops.weight_bytes < 0.5 * lin.linear_ops.weight_bytes  # the lm_head
+    assert abs(lay.weight_bytes - lin.weight_bytes) < 0.01 * lin.weight_bytes
+    prompt = [3 + i % 50 for i in range(40)]
+    before = sim.clock.launches
+    got = lay.prefill("a", prompt)
+    assert sim.clock.launches - before == 2 * cfg.num_layers + 1  # tiles of 32 and 8 rows
+    assert _rel(got, lin.prefill("a", prompt)) < 0.01
+    tail = list(range(5, 5 + 200))  # to 240 tokens: tiles to 224, then a 16-row tile
+    assert _rel(lay.prefill("a", tail), lin.prefill("a", tail)) < 0.01
+    before = sim.clock.launches
+    near_end = [7, 8, 9, 10]  # 240 + 32 > 256: one row at a time
+    assert _rel(lay.prefill("a", near_end), lin.prefill("a", near_end)) < 0.01
+    assert sim.clock.launches - before == 4 * cfg.num_layers + 1
+
+
 def test_auto_mode_takes_the_most_fused_ops(tiny, tmp_path) -> None:
     cfg = _config(tiny)
     for ops, mode in [(("gemv", "gemm", "attn", "mlp", "layer"), "layer"),
