@@ -214,14 +214,25 @@ class XRT:
     def has_runlist(self) -> bool:
         return hasattr(self.x, "runlist")
 
-    def run_all(self, ctx: Any, launches: list[tuple[Any, tuple]],
+    def run_all(self, launches: list[tuple[Any, Any, tuple]],
                 timeout_ms: int = RUN_TIMEOUT_MS) -> None:
-        """Launches of one hardware context, in order: one runlist submission when pyxrt
-        has `runlist`, else one run after another."""
+        """(context, kernel, arguments) launches in order: each stretch of one hardware
+        context as one runlist submission when pyxrt has `runlist` (a runlist belongs to
+        one context), else one run after another."""
         if not self.has_runlist:
-            for kernel, args in launches:
+            for _, kernel, args in launches:
                 self.run_built(kernel, *args, timeout_ms=timeout_ms)
             return
+        start = 0
+        while start < len(launches):
+            ctx = launches[start][0]
+            end = start
+            while end < len(launches) and launches[end][0] is ctx:
+                end += 1
+            self._runlist(ctx, [(k, a) for _, k, a in launches[start:end]], timeout_ms)
+            start = end
+
+    def _runlist(self, ctx: Any, launches: list[tuple[Any, tuple]], timeout_ms: int) -> None:
         try:
             rl = self.x.runlist(ctx)
             runs = []

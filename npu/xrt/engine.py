@@ -286,10 +286,10 @@ class XRTEngine(NumpyEngine):
         launches = []
         for li in range(len(self.layers)):
             for op, w in zip(self._ops, self._packs[li]):
-                launches.append(op.call(self._shapes[op.name][index], {
+                launches.append((op.ctx, *op.call(self._shapes[op.name][index], {
                     "x": x_bo, "w": w, "kv": slot.kv[li], "rtp": slot.rtp,
-                    "kvnew": kvnew[li]}))
-        self.xrt.run_all(op0.ctx, launches)
+                    "kvnew": kvnew[li]})))
+        self.xrt.run_all(launches)
         self.linear_ops.runs += len(launches)
         n = len(x)
         size = 2 if x_bf16 else 4

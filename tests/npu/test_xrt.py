@@ -424,6 +424,16 @@ def test_timing_model_counts_launches_switches_and_bytes(tiny, tmp_path) -> None
         s0, l0, sw0, b0 = c.seconds, c.launches, c.switches, c.bytes_read
         eng.decode(["a"], [4])
         out[xclbins] = (c.seconds - s0, c.launches - l0, c.switches - sw0, c.bytes_read - b0)
+    for xclbins in ("one", "per_op"):  # block mode's attn and mlp in two contexts
+        kd = tmp_path / xclbins
+        sim = simulator_for(kd, ["npu4"])
+        eng = load_model(tiny, "npu", kernel_dir=kd, xrt=XRT(sim), npu_mode="block").engine
+        eng.prefill("a", [1, 2, 3])
+        s0 = sim.clock.switches
+        eng.decode(["a"], [4])
+        out[xclbins, "block"] = sim.clock.switches - s0
+    assert out["one", "block"] == 0
+    assert out["per_op", "block"] == 2 * cfg.num_layers + 1  # gemv -> attn <-> mlp -> gemv
     secs, launches, switches, nbytes = out["one"]
     assert launches == cfg.num_layers + 1 and switches == 0
     # layers in one runlist (70 us each), the lm_head alone (100 us), bytes at 50 GB/s
