@@ -252,6 +252,23 @@ def test_bad_manifests_are_named(tiny, tmp_path, edit, message: str) -> None:
         load_model(tiny, "npu", kernel_dir=kd, xrt=XRT(sim))
 
 
+def test_instruction_length_in_words_or_bytes(tiny, tmp_path) -> None:
+    """The n_instr argument is in the unit the manifest declares (drivers differ)."""
+    out = []
+    for unit in ("words", "bytes"):
+        kd = make_kernel_dir(tmp_path / unit, [_config(tiny)], weights="bf16")
+        _edit_manifest(kd, lambda m: [op.update(instr_length=unit) for op in m["ops"].values()])
+        model = load_model(tiny, "npu", kernel_dir=kd, xrt=XRT(simulator_for(kd, ["npu4"])))
+        out.append(_run(model.engine, [3, 4, 5], [6]))
+    for a, b in zip(*out):
+        np.testing.assert_array_equal(a, b)
+    sim = simulator_for(kd, ["npu4"])  # kernels that count bytes, a manifest that says words
+    _edit_manifest(kd, lambda m: m["ops"]["gemv"].update(instr_length="words"))
+    model = load_model(tiny, "npu", kernel_dir=kd, xrt=XRT(sim), npu_mode="linear")
+    with pytest.raises(XRTError, match="not one this kernel was built for"):
+        model.engine.prefill("a", [1])
+
+
 def test_missing_kernel_dir_is_named(tiny, tmp_path) -> None:
     with pytest.raises(ModelError, match="kernel_dir"):
         load_model(tiny, "npu")
