@@ -29,6 +29,7 @@ attends to them).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -117,17 +118,28 @@ def _rms(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + np.float32(eps)) * w
 
 
-def _matmul(x: np.ndarray, buf: np.ndarray, t: Tiling, rounding: str) -> np.ndarray:
-    """bf16(x) @ W.T with f32 accumulation over the packed weight (real outputs only)."""
+Unpack = Callable[[int, Tiling], np.ndarray]
+
+
+def unpacker(w: np.ndarray, rounding: str) -> Unpack:
+    """The values of the matrix at byte `offset` of a layer's weight buffer `w`."""
+    return lambda offset, t: packing.unpack(w[offset : offset + t.nbytes], t, rounding)
+
+
+def _matmul(x: np.ndarray, weight: np.ndarray, t: Tiling, rounding: str) -> np.ndarray:
+    """bf16(x) @ W.T with f32 accumulation over the decoded weight (real outputs only)."""
     xp = np.zeros((len(x), t.kp), dtype=np.float32)
     xp[:, : t.k] = packing.round_bf16(x, rounding)
-    return (xp @ packing.unpack(buf, t, rounding).T)[:, : t.n].astype(np.float32)
+    return (xp @ weight.T)[:, : t.n].astype(np.float32)
 
 
 def run_attn(d: LayerDims, layout: str, tn: int, tk: int, rounding: str, w: np.ndarray,
-             x: np.ndarray, kv: np.ndarray, pos: int, kvnew: np.ndarray) -> None:
+             x: np.ndarray, kv: np.ndarray, pos: int, kvnew: np.ndarray,
+             unpack: Unpack | None = None) -> None:
     """x [m, hidden] f32 (in place), kv bf16 bits [2, kv_heads, ctx, head_dim] (in place),
-    kvnew bf16 bits [m, 2, kv_heads, head_dim] (out)."""
+    kvnew bf16 bits [m, 2, kv_heads, head_dim] (out); `unpack(offset, tiling)` decodes a
+    matrix of `w` (default: `unpacker(w)`; a caller may cache)."""
+    unpack = unpack or unpacker(w, rounding)
     H, nq, nkv, hd, m = d.hidden, d.heads, d.kv_heads, d.head_dim, len(x)
     head = w[: 4 * attn_header_floats(d)].view(np.float32)
     norm_in, q_norm, k_norm = head[:H], head[H : H + hd], head[H + hd : H + 2 * hd]
@@ -135,7 +147,7 @@ def run_attn(d: LayerDims, layout: str, tn: int, tk: int, rounding: str, w: np.n
     rope_scale, scale, eps = (float(v) for v in head[H + 2 * hd + hd // 2 :][:3])
     t_qkv, t_o = attn_tilings(d, layout, tn, tk)
     at = 4 * attn_header_floats(d)
-    qkv = _matmul(_rms(x, norm_in, eps), w[at : at + t_qkv.nbytes], t_qkv, rounding)
+    qkv = _matmul(_rms(x, norm_in, eps), unpack(at, t_qkv), t_qkv, rounding)
     q = qkv[:, : nq * hd].reshape(m, nq, hd)
     k = qkv[:, nq * hd : (nq + nkv) * hd].reshape(m, nkv, hd)
     v = qkv[:, (nq + nkv) * hd :].reshape(m, nkv, hd)
@@ -166,20 +178,20 @@ def run_attn(d: LayerDims, layout: str, tn: int, tk: int, rounding: str, w: np.n
     scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
     probs = scores / scores.sum(axis=-1, keepdims=True)
     out = np.einsum("mhgt,htd->mhgd", probs, vals).reshape(m, nq * hd)
-    o = _matmul(out, w[at + t_qkv.nbytes : at + t_qkv.nbytes + t_o.nbytes], t_o, rounding)
+    o = _matmul(out, unpack(at + t_qkv.nbytes, t_o), t_o, rounding)
     x += o
 
 
 def run_mlp(d: LayerDims, layout: str, tn: int, tk: int, rounding: str, w: np.ndarray,
-            x: np.ndarray) -> None:
+            x: np.ndarray, unpack: Unpack | None = None) -> None:
     """x [m, hidden] f32, in place."""
+    unpack = unpack or unpacker(w, rounding)
     H = d.hidden
     head = w[: 4 * mlp_header_floats(d)].view(np.float32)
     norm, eps = head[:H], float(head[H])
     t_gu, t_d = mlp_tilings(d, layout, tn, tk)
     at = 4 * mlp_header_floats(d)
-    gu = _matmul(_rms(x, norm, eps), w[at : at + t_gu.nbytes], t_gu, rounding)
+    gu = _matmul(_rms(x, norm, eps), unpack(at, t_gu), t_gu, rounding)
     g, u = gu[:, : d.ffn], gu[:, d.ffn :]
     a = g / (1.0 + np.exp(-g)) * u
-    x += _matmul(a.astype(np.float32), w[at + t_gu.nbytes : at + t_gu.nbytes + t_d.nbytes],
-                 t_d, rounding)
+    x += _matmul(a.astype(np.float32), unpack(at + t_gu.nbytes, t_d), t_d, rounding)

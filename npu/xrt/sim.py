@@ -175,6 +175,7 @@ class Simulator:
                 self.host = np.zeros(self.size, dtype=np.uint8)
                 self.dev = np.zeros(self.size, dtype=np.uint8)
                 self.synced: list[tuple[int, int]] = []  # to the device since the last run
+                self.version = 0  # bumped by every sync to the device
 
             def write(self, data: Any, offset: int) -> None:
                 raw = np.frombuffer(bytes(data) if not isinstance(data, np.ndarray)
@@ -196,6 +197,7 @@ class Simulator:
                 if direction == xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE:
                     self.dev[offset:end] = self.host[offset:end]
                     self.synced.append((offset, end))
+                    self.version += 1
                 else:
                     self.host[offset:end] = self.dev[offset:end]
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,24 @@ def _label(shape: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in shape.items() if k != "insts" and v)
 
 
+class Decoded:
+    """Weights decoded from device buffers, kept until their buffer is synced again (the
+    simulator's speed: a kernel decodes its weights every launch, the simulator once)."""
+
+    def __init__(self) -> None:
+        self._cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def get(self, bo: Any, offset: int, t: packing.Tiling, rounding: str) -> np.ndarray:
+        version, table = self._cache.get(bo, (None, None))
+        if version != bo.version:
+            table = {}
+            self._cache[bo] = (bo.version, table)
+        key = (offset, t, rounding)
+        if key not in table:
+            table[key] = packing.unpack(bo.dev[offset : offset + t.nbytes], t, rounding)
+        return table[key]
+
+
 def _bin(op: dict, streams: dict[bytes, dict], compute):
     """An xclbin kernel: (opcode 3, instructions, their length, buffers); the launch's shape
     is the instruction stream's."""
@@ -75,7 +94,7 @@ def _elf(shape: dict, compute):
     return lambda *bufs: compute(shape, bufs)
 
 
-def linear_kernel(op: dict):
+def linear_kernel(op: dict, decoded: Decoded):
     gm, gk, gn = op["granule"].get("m", 1), op["granule"]["k"], op["granule"]["n"]
     layout, rounding = op["layout"], op.get("rounding", "conv_even")
     y_bf16 = op["dtype"]["y"] == "bf16"
@@ -93,7 +112,7 @@ def linear_kernel(op: dict):
         if np.any(x[defined, s["k"]:] != 0):
             raise SimulatorError(f"the activations' K padding (columns {s['k']}..{t.kp}) is "
                                  "not zero")
-        w = packing.unpack(args["w"].dev, t, rounding)
+        w = decoded.get(args["w"], 0, t, rounding)
         if per_tile:
             acc = np.zeros((mp, t.np_), dtype=np.float32)
             for k0 in range(0, t.kp, gk):
@@ -109,7 +128,7 @@ def linear_kernel(op: dict):
     return run
 
 
-def layer_kernel(name: str, op: dict):
+def layer_kernel(name: str, op: dict, decoded: Decoded):
     gk, gn = op["granule"]["k"], op["granule"]["n"]
     layout, rounding = op["layout"], op.get("rounding", "conv_even")
     x_bf16 = op["dtype"]["x"] == "bf16"
@@ -137,10 +156,11 @@ def layer_kernel(name: str, op: dict):
             kv = args["kv"].dev.view(np.uint16).reshape(2, d.kv_heads, d.ctx, d.head_dim)
             kvnew = args["kvnew"].dev.view(np.uint16).reshape(d.m, 2, d.kv_heads, d.head_dim)
             layer_pack.run_attn(d, layout, gn, gk, rounding, args["w"].dev[:attn], x, kv, pos,
-                                kvnew)
+                                kvnew, lambda off, t: decoded.get(args["w"], off, t, rounding))
             read += 2 * d.kv_heads * (pos + d.m) * d.head_dim * 2
         if name != "attn":
-            layer_pack.run_mlp(d, layout, gn, gk, rounding, args["w"].dev[attn:], x)
+            layer_pack.run_mlp(d, layout, gn, gk, rounding, args["w"].dev[attn:], x,
+                               lambda off, t: decoded.get(args["w"], attn + off, t, rounding))
         out = packing.to_bf16(x, rounding) if x_bf16 else x.astype(np.float32)
         xb[:] = out.view(np.uint8).ravel()
         return read
@@ -160,13 +180,15 @@ def simulator_for(kernel_dir: Path, devices: list[str], **kwargs: Any) -> Simula
     """A simulator with `devices` whose xclbins (from a kernel directory's generation
     sub-directories) run the kernels their manifests describe."""
     sim = Simulator(devices, **kwargs)
+    decoded = Decoded()
     for folder in sorted(Path(kernel_dir).iterdir()):
         if not (folder / "manifest.json").exists():
             continue
         load_manifest(folder)  # a directory the engine would refuse is refused here too
         raw = json.loads((folder / "manifest.json").read_text())
         for name, op in raw["ops"].items():
-            compute = layer_kernel(name, op) if name in LAYER_OPS else linear_kernel(op)
+            compute = (layer_kernel(name, op, decoded) if name in LAYER_OPS
+                       else linear_kernel(op, decoded))
             if op.get("instr_format", "bin") == "elf":
                 uuid = json.loads((folder / op["elf"]).read_text())["uuid"]
                 for s in op["shapes"]:
