@@ -183,6 +183,26 @@ def test_q4g32_from_q4_1_matches_the_cpu_engine(tmp_path, arch: str) -> None:
         assert _rel(got, want) < 0.1  # bf16 activations, bf16 d and m, on random weights
 
 
+def test_q4_1_codes_go_to_the_device_as_they_are(tiny, tmp_path) -> None:
+    from npu.engine.quant import QT
+    from npu.xrt import packing
+
+    kd = make_kernel_dir(tmp_path / "k", [_config(tiny)], weights="q4g32")
+    sim = simulator_for(kd, ["npu4"])
+    eng = load_model(tiny, "npu", quantize="q4_1", kernel_dir=kd, npu_mode="linear",
+                     xrt=XRT(sim)).engine
+    assert eng.linear_ops.requantized == 0
+    w = load_model(tiny, quantize="q4_1").engine.layers[0].w_down.matrix
+    assert w.qtype == QT.Q4_1
+    dev = eng._dev[(0, "w_down")]
+    t = dev.tiling
+    got = packing.unpack(dev.bo.dev, t)[: w.shape[0], : w.shape[1]]
+    assert np.abs(got - w.dequantize()).max() < 0.05  # d and m in bf16
+    tiles = dev.bo.dev[: t.nbytes].reshape(t.np_ // t.tn, t.kp // t.tk, t.tn, -1)
+    groups = tiles.transpose(0, 2, 1, 3).reshape(t.np_, -1, 20)[: w.shape[0]]
+    np.testing.assert_array_equal(groups[..., 4:], w.data.reshape(w.shape[0], -1, 20)[..., 4:])
+
+
 @pytest.mark.skipif(not STORIES.exists(), reason=f"{STORIES} is absent")
 def test_stories260k_greedy_is_the_same_through_the_npu_layers(tmp_path) -> None:
     kd = make_kernel_dir(tmp_path / "k", [_config(STORIES)], weights="bf16")
