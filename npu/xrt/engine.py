@@ -36,11 +36,10 @@ from npu.engine.kv_cache import BLOCK
 from npu.engine.numpy_engine import NumpyEngine, _Layer, _Seq
 from npu.load.config import ModelConfig
 from npu.xrt import layer_pack, packing
-from npu.xrt.adapter import XRT, XRTError
+from npu.xrt.adapter import XRT, XRTError, generation_of
 from npu.xrt.kernels import LinearOps, OpKernel, pack_weight
 from npu.xrt.manifest import generation_dir, load_manifest
 from npu.xrt.shapes import layer_dims, layer_support, linear_shapes
-from npu.xrt.adapter import generation_of
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +127,8 @@ class XRTEngine(NumpyEngine):
             names = ["layer"] if mode == "layer" else ["attn", "mlp"]
             self._ops = [ops[n] for n in names]
             self._shapes = {n: shapes[n] for n in names}  # [decode shape, prompt shape]
+            if len({self._shapes[n][1].m for n in names}) > 1:  # attn and mlp must agree
+                self._shapes = {n: [s[0], s[0]] for n, s in self._shapes.items()}
             ctx = shapes[names[0]][0].ctx
             self._dims = layer_dims(self.config, ctx)
             self.max_context = min(self.max_context, ctx)
@@ -150,7 +151,11 @@ class XRTEngine(NumpyEngine):
         layout, tn, tk = op.op.layout, op.op.granule["n"], op.op.granule["k"]
 
         def packer(linear):
-            return lambda t: pack_weight(linear, t)[0]
+            def pack(t):
+                data, requantized = pack_weight(linear, t)
+                self.linear_ops.requantized += requantized
+                return data
+            return pack
 
         parts = []
         if op.name in ("attn", "layer"):
@@ -165,10 +170,6 @@ class XRTEngine(NumpyEngine):
         return np.concatenate(parts)
 
     # -- the interface ----------------------------------------------------------------------
-    @property
-    def gemm(self) -> LinearOps:
-        return self.linear_ops
-
     @property
     def weight_bytes(self) -> int:
         return self.linear_ops.weight_bytes + self.layer_bytes
