@@ -1,7 +1,8 @@
 """flm-serve: serve one model without writing a config, as `llama-server -m FILE` does.
 
     flm-serve serve PATH_OR_NAME [--name ID] [--host H] [--port P] [--replicas N]
-                    [--api-key KEY] [--device cpu|npu|auto] [--kernel-dir DIR] [...]
+                    [--api-key KEY] [--device cpu|npu|auto] [--kernel-dir DIR]
+                    [--npu-mode auto|linear|block|layer] [...]
 
 It writes the same Serve config as configs/*.yaml (one app, `deployments.app:build_app`,
 one model) into a private file and runs it through `deployments.launch`, with its clean
@@ -61,6 +62,9 @@ def _parser() -> argparse.ArgumentParser:
                         "pyxrt finds one and --kernel-dir is given)")
     s.add_argument("--kernel-dir", help="the NPU kernel directory (npu1/ and/or npu2/, each "
                                         "with manifest.json, xclbins, instruction streams)")
+    s.add_argument("--npu-mode", choices=["auto", "linear", "block", "layer"],
+                   help="what runs on the NPU: linear layers, attention and MLP blocks, or "
+                        "whole layers (default: auto, the most the kernel directory has)")
     s.add_argument("--max-batch", type=int, default=8,
                    help="sequences one worker decodes together (default: %(default)s)")
     s.add_argument("--quantize", choices=QUANTIZE,
@@ -117,7 +121,7 @@ def config_for(args: argparse.Namespace) -> dict[str, Any]:
     model: dict[str, Any] = {"name": args.name or _model_name(args.model), "path": path,
                              "device": args.device, "replicas": args.replicas,
                              "max_batch": args.max_batch}
-    for key in ("quantize", "kernel_dir"):
+    for key in ("quantize", "kernel_dir", "npu_mode"):
         if getattr(args, key):
             model[key] = getattr(args, key)
     if args.chat_template:

@@ -60,8 +60,17 @@ def test_help_documents_every_option(capsys) -> None:
         cli.main(["serve", "--help"])
     out = capsys.readouterr().out
     for opt in ("--name", "--host", "--port", "--replicas", "--api-key", "--device",
-                "--kernel-dir", "--max-batch", "--quantize", "--chat-template"):
+                "--kernel-dir", "--npu-mode", "--max-batch", "--quantize",
+                "--chat-template"):
         assert opt in out
+
+
+def test_npu_options_reach_the_model_entry(capsys, tmp_path) -> None:
+    assert cli.main(["serve", "flm-tiny", "--device", "npu", "--kernel-dir", str(tmp_path),
+                     "--npu-mode", "layer", "--print-config"]) == 0
+    model = yaml.safe_load(capsys.readouterr().out)["applications"][0]["args"]["models"][0]
+    assert (model["device"], model["npu_mode"]) == ("npu", "layer")
+    assert model["kernel_dir"] == str(tmp_path)
 
 
 def test_print_config_is_a_serve_config(capsys) -> None:
