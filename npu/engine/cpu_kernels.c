@@ -771,59 +771,156 @@ void fk_kv_write(const float *QKV, int64_t stride, int64_t B, int64_t nq, int64_
     }
 }
 
+#if defined(__AVX2__) && defined(__F16C__)
+/* Two queries against two f16 keys: out[2 a + c] = kv_dot(q[a], k[c], n, 1) bit for bit
+ * (each dot keeps kv_dot's two accumulators and order); a key is loaded and converted once
+ * for both queries, a query loaded once for both keys. n is a multiple of 16. */
+static inline void kv_dot_2x2(const float *q0, const float *q1, const uint16_t *k0,
+                              const uint16_t *k1, int64_t n, float out[4]) {
+    __m256 a00 = _mm256_setzero_ps(), b00 = _mm256_setzero_ps();
+    __m256 a01 = _mm256_setzero_ps(), b01 = _mm256_setzero_ps();
+    __m256 a10 = _mm256_setzero_ps(), b10 = _mm256_setzero_ps();
+    __m256 a11 = _mm256_setzero_ps(), b11 = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+        const __m256 x0 = _mm256_loadu_ps(q0 + i), y0 = _mm256_loadu_ps(q0 + i + 8);
+        const __m256 x1 = _mm256_loadu_ps(q1 + i), y1 = _mm256_loadu_ps(q1 + i + 8);
+        const __m256 c0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k0 + i)));
+        const __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k0 + i + 8)));
+        const __m256 c1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k1 + i)));
+        const __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k1 + i + 8)));
+        a00 = _mm256_fmadd_ps(x0, c0, a00);
+        b00 = _mm256_fmadd_ps(y0, d0, b00);
+        a01 = _mm256_fmadd_ps(x0, c1, a01);
+        b01 = _mm256_fmadd_ps(y0, d1, b01);
+        a10 = _mm256_fmadd_ps(x1, c0, a10);
+        b10 = _mm256_fmadd_ps(y1, d0, b10);
+        a11 = _mm256_fmadd_ps(x1, c1, a11);
+        b11 = _mm256_fmadd_ps(y1, d1, b11);
+    }
+    out[0] = hsum(_mm256_add_ps(a00, b00));
+    out[1] = hsum(_mm256_add_ps(a01, b01));
+    out[2] = hsum(_mm256_add_ps(a10, b10));
+    out[3] = hsum(_mm256_add_ps(a11, b11));
+}
+
+/* kv_axpy(o0, w0, v) and kv_axpy(o1, w1, v) for one f16 row, converted once. n % 8 == 0. */
+static inline void kv_axpy_x2(float *o0, float *o1, float w0, float w1, const uint16_t *v,
+                              int64_t n) {
+    const __m256 u0 = _mm256_set1_ps(w0), u1 = _mm256_set1_ps(w1);
+    for (int64_t i = 0; i < n; i += 8) {
+        const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + i)));
+        _mm256_storeu_ps(o0 + i, _mm256_fmadd_ps(u0, x, _mm256_loadu_ps(o0 + i)));
+        _mm256_storeu_ps(o1 + i, _mm256_fmadd_ps(u1, x, _mm256_loadu_ps(o1 + i)));
+    }
+}
+#define PAIRS 1
+#else
+#define PAIRS 0
+#endif
+
+/* One (row, query head) or, paired, two query heads of one key head: scores, softmax, the
+ * weighted values; each head's arithmetic is the same whether paired or not. */
+static void attend_heads(const float *const q[2], float *const o[2], const float *const sink[2],
+                         int nh, const void *K, const void *V, const int64_t *table,
+                         int64_t head, int64_t bs, int64_t block_bytes, int64_t row_bytes,
+                         int64_t lo, int64_t len, int64_t hd, float scale, int half,
+                         float *const p[2]) {
+    float top[2] = {sink[0] ? *sink[0] : -INFINITY, nh > 1 && sink[1] ? *sink[1] : -INFINITY};
+    int64_t j = lo;
+#if PAIRS
+    if (half && nh == 2 && hd % 16 == 0)
+        for (; j + 2 <= len; j += 2) {
+            const uint16_t *k0 = (const uint16_t *)((const uint8_t *)K + table[j / bs] *
+                                 block_bytes + head + (j % bs) * row_bytes);
+            const uint16_t *k1 = (const uint16_t *)((const uint8_t *)K + table[(j + 1) / bs] *
+                                 block_bytes + head + ((j + 1) % bs) * row_bytes);
+            float d[4];
+            kv_dot_2x2(q[0], q[1], k0, k1, hd, d);
+            for (int a = 0; a < 2; a++)
+                for (int c = 0; c < 2; c++) {
+                    const float x = d[2 * a + c] * scale;
+                    p[a][j + c] = x;
+                    top[a] = x > top[a] ? x : top[a];
+                }
+        }
+#endif
+    for (; j < len; j++) {
+        const int64_t at = table[j / bs] * block_bytes + head + (j % bs) * row_bytes;
+        for (int a = 0; a < nh; a++) {
+            p[a][j] = kv_dot(q[a], (const uint8_t *)K + at, hd, half) * scale;
+            top[a] = p[a][j] > top[a] ? p[a][j] : top[a];
+        }
+    }
+    float inv[2];
+    for (int a = 0; a < nh; a++) {
+        float total = sink[a] ? expf(*sink[a] - top[a]) : 0.0f;
+        for (int64_t t = lo; t < len; t++) {
+            p[a][t] = expf(p[a][t] - top[a]);
+            total += p[a][t];
+        }
+        inv[a] = 1.0f / total;
+        memset(o[a], 0, (size_t)hd * sizeof(float));
+    }
+    j = lo;
+#if PAIRS
+    if (half && nh == 2 && hd % 8 == 0)
+        for (; j < len; j++) {
+            const int64_t at = table[j / bs] * block_bytes + head + (j % bs) * row_bytes;
+            kv_axpy_x2(o[0], o[1], p[0][j] * inv[0], p[1][j] * inv[1],
+                       (const uint16_t *)((const uint8_t *)V + at), hd);
+        }
+#endif
+    for (; j < len; j++) {
+        const int64_t at = table[j / bs] * block_bytes + head + (j % bs) * row_bytes;
+        for (int a = 0; a < nh; a++)
+            kv_axpy(o[a], p[a][j] * inv[a], (const uint8_t *)V + at, hd, half);
+    }
+}
+
 /* Attention of one query token per row over cached keys and values.
  * Q: rows q_stride floats apart, each nq heads of hd; OUT: [B, nq, hd]. K, V: [blocks, nkv,
  * bs, hd] (a layer's paged cache, float32 or f16: `half`). Row b's positions are in the
  * blocks listed from TABLES + b * tstride (tstride 0: rows share one table, as a prompt's
  * tokens do, each with its own length); it sees positions 0 .. lengths[b] - 1, or only the
  * last `window` of them when window > 0. sinks: NULL or [nq] logits that join each head's
- * normalisation and are then dropped (gpt-oss). */
+ * normalisation and are then dropped (gpt-oss). The query heads of one key head go in
+ * pairs (each key and value read once for both). */
 int fk_attend(const float *Q, int64_t q_stride, int64_t B, int64_t nq, int64_t nkv, int64_t hd,
               const void *K, const void *V, int64_t bs, const int64_t *tables, int64_t tstride,
               const int64_t *lengths, int64_t window, const float *sinks, float scale,
               float *OUT, int half, int threads) {
     const int64_t group = nq / nkv, es = half ? 2 : 4;
     const int64_t row_bytes = hd * es, block_bytes = nkv * bs * hd * es;
+    const int64_t pairs = (group + 1) / 2; /* tasks per row and key head */
     int64_t longest = 0;
     for (int64_t b = 0; b < B; b++) longest = lengths[b] > longest ? lengths[b] : longest;
     const int many = B * nq * longest * hd > (1 << 15);
     int failed = 0;
 #pragma omp parallel num_threads(threads) if (many)
     {
-        float *p = (float *)malloc((size_t)(longest > 0 ? longest : 1) * sizeof(float));
-        if (!p) {
+        const size_t span = (size_t)(longest > 0 ? longest : 1);
+        float *buf = (float *)malloc(2 * span * sizeof(float));
+        if (!buf) {
 #pragma omp atomic write
             failed = 1;
         }
-#pragma omp for schedule(dynamic, 4) /* a prompt's rows grow: static halves would be 1:3 */
-        for (int64_t task = 0; task < B * nq; task++) {
-            if (!p) continue;
-            const int64_t b = task / nq, h = task % nq;
+#pragma omp for schedule(dynamic, 2) /* a prompt's rows grow: static halves would be 1:3 */
+        for (int64_t task = 0; task < B * nkv * pairs; task++) {
+            if (!buf) continue;
+            const int64_t b = task / (nkv * pairs), hk = (task / pairs) % nkv;
+            const int64_t h0 = hk * group + 2 * (task % pairs);
+            const int nh = h0 + 1 < (hk + 1) * group ? 2 : 1;
             const int64_t len = lengths[b];
             const int64_t lo = window > 0 && len > window ? len - window : 0;
-            const float *q = Q + b * q_stride + h * hd;
-            const int64_t *table = tables + b * tstride;
-            const int64_t head = (h / group) * bs * row_bytes;
-            float top = sinks ? sinks[h] : -INFINITY;
-            for (int64_t j = lo; j < len; j++) {
-                const int64_t at = table[j / bs] * block_bytes + head + (j % bs) * row_bytes;
-                p[j] = kv_dot(q, (const uint8_t *)K + at, hd, half) * scale;
-                top = p[j] > top ? p[j] : top;
-            }
-            float total = sinks ? expf(sinks[h] - top) : 0.0f;
-            for (int64_t j = lo; j < len; j++) {
-                p[j] = expf(p[j] - top);
-                total += p[j];
-            }
-            float *o = OUT + task * hd;
-            memset(o, 0, (size_t)hd * sizeof(float));
-            const float inv = 1.0f / total;
-            for (int64_t j = lo; j < len; j++) {
-                const int64_t at = table[j / bs] * block_bytes + head + (j % bs) * row_bytes;
-                kv_axpy(o, p[j] * inv, (const uint8_t *)V + at, hd, half);
-            }
+            const float *q[2] = {Q + b * q_stride + h0 * hd, Q + b * q_stride + (h0 + 1) * hd};
+            float *o[2] = {OUT + (b * nq + h0) * hd, OUT + (b * nq + h0 + 1) * hd};
+            const float *sink[2] = {sinks ? sinks + h0 : NULL,
+                                    sinks && nh > 1 ? sinks + h0 + 1 : NULL};
+            float *p[2] = {buf, buf + span};
+            attend_heads(q, o, sink, nh, K, V, tables + b * tstride, hk * bs * row_bytes, bs,
+                         block_bytes, row_bytes, lo, len, hd, scale, half, p);
         }
-        free(p);
+        free(buf);
     }
     return failed ? -2 : 0;
 }
