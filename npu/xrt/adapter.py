@@ -114,37 +114,33 @@ class XRT:
 
     def hw_context(self, index: int, xclbin_path: Path) -> tuple[Any, Any]:
         """(context, xclbin) for an xclbin on a device, registered and cached."""
-        key = (index, str(xclbin_path))
-        if key in self._contexts:
-            self._contexts.move_to_end(key)
-            return self._contexts[key]
-        dev = self.device(index)
-        try:
+        def load(dev: Any) -> tuple[Any, Any]:
             xb = self.x.xclbin(str(xclbin_path))
             dev.register_xclbin(xb)
-            ctx = self.x.hw_context(dev, xb.get_uuid())
-        except Exception as exc:
-            raise XRTError(f"cannot load {xclbin_path} on NPU {index}: {exc}") from None
-        self._contexts[key] = (ctx, xb)
-        while len(self._contexts) > self.max_contexts:
-            self._contexts.popitem(last=False)
-        return ctx, xb
+            return self.x.hw_context(dev, xb.get_uuid()), xb
+
+        return self._context(index, xclbin_path, load)
 
     def elf_context(self, index: int, elf_path: Path) -> Any:
         """The hardware context of a full ELF on a device, cached like xclbins'."""
-        key = (index, str(elf_path))
+        return self._context(index, elf_path,
+                             lambda dev: self.x.hw_context(dev, self.x.elf(str(elf_path))))
+
+    def _context(self, index: int, path: Path, load: Any) -> Any:
+        """`load(device)` once per (device, file), the few most recent kept."""
+        key = (index, str(path))
         if key in self._contexts:
             self._contexts.move_to_end(key)
             return self._contexts[key]
         dev = self.device(index)
         try:
-            ctx = self.x.hw_context(dev, self.x.elf(str(elf_path)))
+            made = load(dev)
         except Exception as exc:
-            raise XRTError(f"cannot load {elf_path} on NPU {index}: {exc}") from None
-        self._contexts[key] = ctx
+            raise XRTError(f"cannot load {path} on NPU {index}: {exc}") from None
+        self._contexts[key] = made
         while len(self._contexts) > self.max_contexts:
             self._contexts.popitem(last=False)
-        return ctx
+        return made
 
     def elf_kernel(self, ctx: Any, name: str) -> Any:
         try:

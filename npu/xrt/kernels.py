@@ -24,12 +24,12 @@ class OpKernel:
     def __init__(self, xrt: XRT, index: int, folder: Path, name: str, op: Op) -> None:
         self.xrt, self.index, self.name, self.op = xrt, index, name, op
         self.elf = op.instr_format == "elf"
-        self._instr: dict[tuple, tuple[Any, int]] = {}
-        self._kernels: dict[tuple, Any] = {}
+        self._instr: dict[Shape, tuple[Any, int]] = {}
+        self._kernels: dict[Shape, Any] = {}
         if self.elf:
             self.ctx = xrt.elf_context(index, folder / op.elf)
             for s in op.shapes:
-                self._kernels[s.key()] = xrt.elf_kernel(self.ctx, s.sequence)
+                self._kernels[s] = xrt.elf_kernel(self.ctx, s.sequence)
             self.kernel = next(iter(self._kernels.values()))
             self.groups = {arg: self.kernel.group_id(i) for i, arg in enumerate(op.args)}
             return
@@ -44,7 +44,7 @@ class OpKernel:
             bo = xrt.bo(index, words.nbytes, xrt.x.bo.cacheable, self.kernel.group_id(1))
             xrt.to_device(bo, words)
             count = words.size if op.instr_length == "words" else words.nbytes
-            self._instr[s.key()] = (bo, count)
+            self._instr[s] = (bo, count)
 
     def find(self, **dims: Any) -> Shape | None:
         for s in self.op.shapes:
@@ -59,8 +59,8 @@ class OpKernel:
         """(kernel, its arguments) for a launch of `shape` on `bufs`."""
         buffers = tuple(bufs[a] for a in self.op.args)
         if self.elf:
-            return self._kernels[shape.key()], buffers
-        bo, count = self._instr[shape.key()]
+            return self._kernels[shape], buffers
+        bo, count = self._instr[shape]
         return self.kernel, (3, bo, count, *buffers)
 
     def launch(self, shape: Shape, bufs: dict[str, Any]) -> None:
@@ -98,7 +98,6 @@ class LinearOps:
         self.gemv, self.gemm = gemv, gemm
         self.layout = gemv.op.layout
         self.tk, self.tn = gemv.op.granule["k"], gemv.op.granule["n"]
-        self.rounding = gemv.op.rounding
         self._bufs: dict[tuple, tuple[Any, Any]] = {}
         self.bytes_in = self.bytes_out = self.runs = self.weight_bytes = 0
         self.requantized = 0
@@ -123,7 +122,7 @@ class LinearOps:
         return DeviceWeight(bo=bo, tiling=t)
 
     def _io(self, op: OpKernel, shape: Shape, t: packing.Tiling, mp: int) -> tuple[Any, Any]:
-        key = (op.name, shape.key())
+        key = (op.name, shape)
         have = self._bufs.get(key)
         if have is None:
             ysize = 2 if op.op.dtype["y"] == "bf16" else 4

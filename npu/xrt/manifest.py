@@ -57,10 +57,6 @@ class Shape(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     ctx: int = 0
     qk_norm: bool = False
 
-    def key(self) -> tuple:
-        return (self.m, self.k, self.n, self.hidden, self.heads, self.kv_heads,
-                self.head_dim, self.ffn, self.ctx, self.qk_norm)
-
 
 class Op(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     xclbin: str = ""  # "bin"

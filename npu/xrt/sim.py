@@ -121,12 +121,7 @@ class Simulator:
 
         class xclbin:  # noqa: N801
             def __init__(self, path: str) -> None:
-                try:
-                    data = json.loads(Path(path).read_text())
-                    self.uuid = str(data["uuid"])
-                    self._kernels = list(data["kernels"])
-                except (OSError, ValueError, KeyError) as exc:
-                    raise SimulatorError(f"Failed to load xclbin {path}: {exc}") from None
+                self.uuid, self._kernels = _read_binary(path, "xclbin")
 
             def get_uuid(self) -> str:
                 return self.uuid
@@ -138,12 +133,7 @@ class Simulator:
             """A full ELF: its kernels are instruction sequences, called with buffers only."""
 
             def __init__(self, path: str) -> None:
-                try:
-                    data = json.loads(Path(path).read_text())
-                    self.uuid = str(data["uuid"])
-                    self.kernels = list(data["kernels"])
-                except (OSError, ValueError, KeyError) as exc:
-                    raise SimulatorError(f"Failed to load ELF {path}: {exc}") from None
+                self.uuid, self.kernels = _read_binary(path, "ELF")
 
         class hw_context:  # noqa: N801
             def __init__(self, dev: Any, xuuid: Any) -> None:
@@ -371,6 +361,15 @@ class _Run:
         if self.hung:  # the command never completes: the wait returns at its timeout
             self.sim.clock.wait(timeout_ms / 1000)
         return self.state
+
+
+def _read_binary(path: str, what: str) -> tuple[str, list[str]]:
+    """(uuid, kernel names) of a simulator xclbin or ELF file."""
+    try:
+        data = json.loads(Path(path).read_text())
+        return str(data["uuid"]), list(data["kernels"])
+    except (OSError, ValueError, KeyError) as exc:
+        raise SimulatorError(f"Failed to load {what} {path}: {exc}") from None
 
 
 def write_xclbin(path: Path, kernels: list[str]) -> str:

@@ -19,12 +19,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from npu.load.config import ModelConfig
 from npu.xrt import layer_pack, packing
 from npu.xrt.layer_pack import LayerDims
-from npu.xrt.manifest import ARGS, LAYER_OPS, load_manifest
+from npu.xrt.manifest import ARGS, LAYER_OPS, Op, Shape, load_manifest
 from npu.xrt.shapes import layer_dims, layer_support, linear_shapes
 from npu.xrt.sim import Simulator, SimulatorError, write_xclbin
 
@@ -40,8 +41,8 @@ def _rows_synced(bo: Any, row_bytes: int, rows: int) -> np.ndarray:
     return ok
 
 
-def _shape_of(op: dict, streams: dict[bytes, dict], instr: Any, n_instr: int) -> dict:
-    count = n_instr if op.get("instr_length", "words") == "words" else n_instr // 4
+def _shape_of(op: Op, streams: dict[bytes, Shape], instr: Any, n_instr: int) -> Shape:
+    count = n_instr if op.instr_length == "words" else n_instr // 4
     words = bytes(instr.dev[: 4 * count])
     shape = streams.get(words)
     if shape is None:
@@ -49,14 +50,15 @@ def _shape_of(op: dict, streams: dict[bytes, dict], instr: Any, n_instr: int) ->
     return shape
 
 
-def _want(bo: Any, nbytes: int, what: str, shape: dict) -> None:
+def _want(bo: Any, nbytes: int, what: str, shape: Shape) -> None:
     if bo.size != nbytes:
         raise SimulatorError(f"{what} buffer holds {bo.size} bytes; the instruction stream is "
                              f"for shape {_label(shape)}, which needs {nbytes}")
 
 
-def _label(shape: dict) -> str:
-    return " ".join(f"{k}={v}" for k, v in shape.items() if k != "insts" and v)
+def _label(shape: Shape) -> str:
+    return " ".join(f"{k}={v}" for k, v in msgspec.structs.asdict(shape).items()
+                    if k not in ("insts", "sequence") and v)
 
 
 class Decoded:
@@ -77,7 +79,7 @@ class Decoded:
         return table[key]
 
 
-def _bin(op: dict, streams: dict[bytes, dict], compute):
+def _bin(op: Op, streams: dict[bytes, Shape], compute):
     """An xclbin kernel: (opcode 3, instructions, their length, buffers); the launch's shape
     is the instruction stream's."""
 
@@ -89,31 +91,30 @@ def _bin(op: dict, streams: dict[bytes, dict], compute):
     return run
 
 
-def _elf(shape: dict, compute):
+def _elf(shape: Shape, compute):
     """One instruction sequence of a full ELF: buffers only, its shape fixed."""
     return lambda *bufs: compute(shape, bufs)
 
 
-def linear_kernel(op: dict, decoded: Decoded):
-    gm, gk, gn = op["granule"].get("m", 1), op["granule"]["k"], op["granule"]["n"]
-    layout, rounding = op["layout"], op.get("rounding", "conv_even")
-    y_bf16 = op["dtype"]["y"] == "bf16"
-    per_tile = op.get("round_per_k_tile", False)
+def linear_kernel(op: Op, decoded: Decoded):
+    gm, gk, gn = op.granule.get("m", 1), op.granule["k"], op.granule["n"]
+    layout, rounding = op.layout, op.rounding
+    y_bf16 = op.dtype["y"] == "bf16"
 
-    def run(s: dict, bufs: tuple) -> int:
-        args = dict(zip(op["args"], bufs))
-        t = packing.tiling(layout, s["n"], s["k"], gn, gk)
-        mp = -(-s["m"] // gm) * gm
+    def run(s: Shape, bufs: tuple) -> int:
+        args = dict(zip(op.args, bufs))
+        t = packing.tiling(layout, s.n, s.k, gn, gk)
+        mp = -(-s.m // gm) * gm
         _want(args["w"], t.nbytes, "the weight", s)
         _want(args["x"], mp * t.kp * 2, "the x", s)
         _want(args["y"], mp * t.np_ * (2 if y_bf16 else 4), "the y", s)
         x = packing.from_bf16(args["x"].dev.view(np.uint16).reshape(mp, t.kp))
         defined = _rows_synced(args["x"], t.kp * 2, mp)
-        if np.any(x[defined, s["k"]:] != 0):
-            raise SimulatorError(f"the activations' K padding (columns {s['k']}..{t.kp}) is "
+        if np.any(x[defined, s.k :] != 0):
+            raise SimulatorError(f"the activations' K padding (columns {s.k}..{t.kp}) is "
                                  "not zero")
         w = decoded.get(args["w"], 0, t, rounding)
-        if per_tile:
+        if op.round_per_k_tile:
             acc = np.zeros((mp, t.np_), dtype=np.float32)
             for k0 in range(0, t.kp, gk):
                 acc = acc + x[:, k0 : k0 + gk] @ w[:, k0 : k0 + gk].T
@@ -128,15 +129,15 @@ def linear_kernel(op: dict, decoded: Decoded):
     return run
 
 
-def layer_kernel(name: str, op: dict, decoded: Decoded):
-    gk, gn = op["granule"]["k"], op["granule"]["n"]
-    layout, rounding = op["layout"], op.get("rounding", "conv_even")
-    x_bf16 = op["dtype"]["x"] == "bf16"
+def layer_kernel(name: str, op: Op, decoded: Decoded):
+    gk, gn = op.granule["k"], op.granule["n"]
+    layout, rounding = op.layout, op.rounding
+    x_bf16 = op.dtype["x"] == "bf16"
 
-    def run(s: dict, bufs: tuple) -> int:
-        d = LayerDims(**{k: s[k] for k in ("hidden", "heads", "kv_heads", "head_dim", "ffn",
-                                            "ctx", "qk_norm", "m")})
-        args = dict(zip(op["args"], bufs))
+    def run(s: Shape, bufs: tuple) -> int:
+        d = LayerDims(hidden=s.hidden, heads=s.heads, kv_heads=s.kv_heads,
+                      head_dim=s.head_dim, ffn=s.ffn, ctx=s.ctx, qk_norm=s.qk_norm, m=s.m)
+        args = dict(zip(op.args, bufs))
         attn = layer_pack.attn_bytes(d, layout, gn, gk) if name != "mlp" else 0
         mlp = layer_pack.mlp_bytes(d, layout, gn, gk) if name != "attn" else 0
         _want(args["w"], attn + mlp, "the weight", s)
@@ -168,12 +169,8 @@ def layer_kernel(name: str, op: dict, decoded: Decoded):
     return run
 
 
-def _streams(folder: Path, op: dict) -> dict[bytes, dict]:
-    out = {}
-    for s in op["shapes"]:
-        words = np.fromfile(folder / s["insts"], dtype=np.uint32)
-        out[words.tobytes()] = s
-    return out
+def _streams(folder: Path, op: Op) -> dict[bytes, Shape]:
+    return {np.fromfile(folder / s.insts, dtype=np.uint32).tobytes(): s for s in op.shapes}
 
 
 def simulator_for(kernel_dir: Path, devices: list[str], **kwargs: Any) -> Simulator:
@@ -184,19 +181,18 @@ def simulator_for(kernel_dir: Path, devices: list[str], **kwargs: Any) -> Simula
     for folder in sorted(Path(kernel_dir).iterdir()):
         if not (folder / "manifest.json").exists():
             continue
-        load_manifest(folder)  # a directory the engine would refuse is refused here too
-        raw = json.loads((folder / "manifest.json").read_text())
-        for name, op in raw["ops"].items():
+        manifest = load_manifest(folder)  # what the engine would refuse is refused here too
+        for name, op in manifest.ops.items():
             compute = (layer_kernel(name, op, decoded) if name in LAYER_OPS
                        else linear_kernel(op, decoded))
-            if op.get("instr_format", "bin") == "elf":
-                uuid = json.loads((folder / op["elf"]).read_text())["uuid"]
-                for s in op["shapes"]:
-                    sim.register_kernel(uuid, s["sequence"], len(op["args"]),
-                                        _elf(s, compute), elf=True)
+            if op.instr_format == "elf":
+                uuid = json.loads((folder / op.elf).read_text())["uuid"]
+                for s in op.shapes:
+                    sim.register_kernel(uuid, s.sequence, len(op.args), _elf(s, compute),
+                                        elf=True)
             else:
-                uuid = json.loads((folder / op["xclbin"]).read_text())["uuid"]
-                sim.register_kernel(uuid, op.get("kernel", "MLIR_AIE"), 3 + len(op["args"]),
+                uuid = json.loads((folder / op.xclbin).read_text())["uuid"]
+                sim.register_kernel(uuid, op.kernel, 3 + len(op.args),
                                     _bin(op, _streams(folder, op), compute))
     return sim
 
