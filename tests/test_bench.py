@@ -22,5 +22,6 @@ def test_benchmark_runs_in_quick_mode(script: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     out = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--quick"],
                          capture_output=True, text=True, timeout=300, env=env)
-    assert out.returncode == 0, out.stderr
+    # stdout carries the bench's own checks (which one failed); stderr the traceback, if any
+    assert out.returncode == 0, f"{out.stdout[-4000:]}\n--- stderr ---\n{out.stderr[-4000:]}"
     assert "ratio" in out.stdout or "target" in out.stdout, out.stdout

@@ -82,6 +82,16 @@ def kernels() -> ctypes.CDLL:
     lib.fk_row_bytes.argtypes = [ctypes.c_int, _I64]
     lib.fk_matmul.restype = ctypes.c_int
     lib.fk_matmul.argtypes = [ctypes.c_int, _U8, _I64, _I64, _F32P, _I64, _F32P, ctypes.c_int]
+    lib.fk_x8_bytes.restype = _I64
+    lib.fk_x8_bytes.argtypes = [ctypes.c_int, _I64, _I64]
+    lib.fk_x8_pack.restype = ctypes.c_int
+    lib.fk_x8_pack.argtypes = [ctypes.c_int, _U8, _I64, _I64, _U8]
+    lib.fk_x8_unpack.restype = ctypes.c_int
+    lib.fk_x8_unpack.argtypes = [ctypes.c_int, _U8, _I64, _I64, _U8]
+    lib.fk_x8_rows.restype = ctypes.c_int
+    lib.fk_x8_rows.argtypes = [ctypes.c_int, _U8, _I64, _I64P, _I64, _F32P]
+    lib.fk_matmul_x8.restype = ctypes.c_int
+    lib.fk_matmul_x8.argtypes = [ctypes.c_int, _U8, _I64, _I64, _F32P, _I64, _F32P, ctypes.c_int]
     lib.fk_rows.restype = ctypes.c_int
     lib.fk_rows.argtypes = [ctypes.c_int, _U8, _I64, _I64P, _I64, _F32P, ctypes.c_int]
     lib.fk_dequant.restype = ctypes.c_int

@@ -122,14 +122,14 @@ class NumpyEngine:
             w = take(name)
             return np.ascontiguousarray(w + np.float32(1.0) if gemma else w, dtype=np.float32)
 
-        embed = mat("model.embed_tokens.weight")
-        self.embed = self.linears.embedding(embed)
+        tied = "lm_head.weight" not in weights and c.tie_embeddings
+        self.embed = self.linears.embedding(mat("model.embed_tokens.weight"), head=tied)
         self.embed_scale = np.float32(math.sqrt(c.hidden_size)) if gemma else None
         self.final_norm = norm("model.embedding_norm.weight" if lfm2 else "model.norm.weight")
         if "lm_head.weight" in weights:
             self.lm_head = linear("lm_head.weight")
-        elif c.tie_embeddings:
-            self.lm_head = self.linears.linear([embed])
+        elif tied:
+            self.lm_head = self.linears.tied_head(self.embed)
         else:
             raise ModelError("the weights lack tensor 'lm_head.weight' and the config does "
                              "not tie it to the embeddings")

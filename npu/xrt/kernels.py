@@ -79,7 +79,7 @@ class DeviceWeight(msgspec.Struct):
 def pack_weight(linear: Any, t: packing.Tiling) -> tuple[np.ndarray, bool]:
     """A linear layer's weight packed for a kernel; True when it was re-quantised (its
     format is not the kernel's: only Q4_1 -> q4g32 carries over exactly, codes and all)."""
-    matrix = getattr(linear, "matrix", None)
+    matrix = linear.blocks() if hasattr(linear, "blocks") else None
     if matrix is not None and matrix.qtype == QT.Q4_1 and t.layout == "q4g32.v1":
         return packing.from_q4_1(matrix.data, matrix.shape, t), False
     w = linear.dequantize() if hasattr(linear, "dequantize") else np.asarray(linear)

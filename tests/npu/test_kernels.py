@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
 
-from npu.engine.linear import CpuLinear, LinearFactory
+from npu.engine.linear import CpuLinear, LinearFactory, PackedMatrix
 from npu.engine.ops import KernelOps, NumpyOps
 from npu.engine.quant import INTEGER, QMatrix
 
@@ -43,13 +43,21 @@ def _matrix(rng: np.random.Generator, qtype: QT, rows: int, cols: int) -> QMatri
     return QMatrix.from_float(w, qtype)
 
 
+# the formats with an 8-row layout where the CPU has VNNI (else none: PackedMatrix.of is None)
+X8 = {QT.Q4_0, QT.Q4_1, QT.Q8_0}
+HAS_X8 = LIB is not None and LIB.fk_x8_bytes(int(QT.Q4_0), 8, 32) > 0
+
+
+@pytest.mark.parametrize("pack", [True, False], ids=["packed", "blocks"])
 @pytest.mark.parametrize("qtype", sorted(INTEGER), ids=lambda q: q.name)
 @pytest.mark.parametrize("cols", [96, 576])
-def test_integer_formats_are_the_product_with_8_bit_activations(qtype: QT, cols: int) -> None:
+def test_integer_formats_are_the_product_with_8_bit_activations(qtype: QT, cols: int,
+                                                                 pack: bool) -> None:
     rng = np.random.default_rng(int(qtype) * 1000 + cols)
-    m = _matrix(rng, qtype, 37, cols)  # 37 rows: tiles of 4 and a remainder
-    lin = LinearFactory("cpu", threads=2).linear([m])
+    m = _matrix(rng, qtype, 37, cols)  # 37 rows: tiles of 4 and of 8, and a remainder
+    lin = LinearFactory("cpu", threads=2, pack=pack).linear([m])
     assert isinstance(lin, CpuLinear)
+    assert isinstance(lin.matrix, PackedMatrix) == (pack and HAS_X8 and qtype in X8)
     w = m.dequantize().astype(np.float64)
     for T in ROWS:
         x = rng.standard_normal((T, cols)).astype(np.float32) * 3
@@ -63,6 +71,38 @@ def test_integer_formats_are_the_product_with_8_bit_activations(qtype: QT, cols:
         bound = (steps * 0.57) @ np.abs(w).reshape(len(w), -1, 32).sum(-1).T
         assert np.abs(got - emulated).max() <= 1e-3 * scale, (qtype.name, T)
         assert np.all(np.abs(got - exact) <= bound + 1e-3 * scale), (qtype.name, T)
+
+
+@pytest.mark.skipif(not HAS_X8, reason="this CPU has no VNNI: no 8-row layout")
+@pytest.mark.parametrize("qtype", sorted(X8), ids=lambda q: q.name)
+def test_the_8_row_layout_keeps_every_byte_and_every_sum(qtype: QT) -> None:
+    """Packed, the blocks come back byte for byte and the rows read the same; a token's
+    outputs are the same bits alone as among others (decode and prompts agree), and the
+    product is the exact one on the 8-bit activations up to float rounding."""
+    rng = np.random.default_rng(int(qtype))
+    m = _matrix(rng, qtype, 21, 96)  # two groups of 8 and a partial one
+    packed = PackedMatrix.of(m, LIB)
+    assert packed.nbytes == 3 * 8 * 3 * m.data.shape[1] // 3
+    assert np.array_equal(packed.blocks().data, m.data)
+    ids = np.array([20, 0, 7, 8, 13])
+    assert np.array_equal(packed.rows(ids), m.rows(ids))
+    assert np.array_equal(packed.dequantize(3, 11), m.dequantize(3, 11))
+    with pytest.raises(IndexError):
+        packed.rows(np.array([21]))
+    lin = LinearFactory("cpu", threads=2).linear([m])
+    x = rng.standard_normal((13, 96)).astype(np.float32)
+    together = lin(x)
+    for t in (0, 5, 12):
+        assert np.array_equal(lin(x[t:t + 1])[0], together[t])
+    assert np.array_equal(lin(x[4:9]), together[4:9])
+    # each block's integer sum is exact: the float arithmetic on the rounded activations,
+    # but Q4_1's offsets, which meet the activations' sums rounded to f16 (llama.cpp's q8_1)
+    # as the unpacked product does
+    if qtype == QT.Q4_1:
+        want = LinearFactory("cpu", threads=2, pack=False).linear([m])(x)
+    else:
+        want = rounded_activations(x).astype(np.float64) @ m.dequantize().astype(np.float64).T
+    assert np.abs(together - want).max() <= 1e-5 * np.abs(want).max()
 
 
 @pytest.mark.parametrize("qtype", [QT.F16, QT.BF16], ids=lambda q: q.name)

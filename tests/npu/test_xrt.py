@@ -192,7 +192,7 @@ def test_q4_1_codes_go_to_the_device_as_they_are(tiny, tmp_path) -> None:
     eng = load_model(tiny, "npu", quantize="q4_1", kernel_dir=kd, npu_mode="linear",
                      xrt=XRT(sim)).engine
     assert eng.linear_ops.requantized == 0
-    w = load_model(tiny, quantize="q4_1").engine.layers[0].w_down.matrix
+    w = load_model(tiny, quantize="q4_1").engine.layers[0].w_down.blocks()
     assert w.qtype == QT.Q4_1
     dev = eng._dev[(0, "w_down")]
     t = dev.tiling
