@@ -6,9 +6,9 @@ machine's drift hits both: decode tokens/s for one sequence after a 128-token pr
 prefill tokens/s for a 512-token prompt; and (ours) aggregate decode tokens/s for 8
 sequences decoded together (each at the same 128-token position). Printed: each side's
 medians, the median of the rounds' ratios ours / llama.cpp with their range, where a decode
-step's time goes on our side (by kind of operation), and our decode's weight bytes per
-second against this machine's memory read bandwidth (a float32 matrix-vector product over
-1 GiB, measured in the same run).
+step's time goes on our side (by kind of operation, for one sequence and for 8), and our
+decode's weight bytes per second against this machine's memory read bandwidth (a float32
+matrix-vector product over 1 GiB, measured in the same run).
 
 Files: the default SmolLM2-135M-Instruct (Q4_1), and random-weight Qwen3-0.6B- and
 Llama-3.1-8B-shaped files in Q4_0 and Q8_0 (bench/gguf_shapes.py writes them once into the
@@ -165,6 +165,12 @@ class Ours:
         return op_times(lambda t: self.eng.decode(["d"], [t]),
                         tokens(max(4, self.args.steps // 2), 6))
 
+    def profile_batch(self) -> dict[str, float]:
+        seqs = ["d"] + [f"d{i}" for i in range(1, BATCH)]
+        self._start(seqs)
+        return op_times(lambda t: self.eng.decode(seqs, [t] * BATCH),
+                        tokens(max(4, self.args.steps // 4), 7))
+
 
 class Peer:
     """llama.cpp (llama-cpp-python) on a file, measured on request."""
@@ -284,6 +290,7 @@ def compare(name: str, args, peer: bool, bw: float) -> None:
                     got[side][kind].append(sides[side].ask(kind))
             got["ours"]["batch"].append(sides["ours"].ask("batch"))
         profile = sides["ours"].ask("profile")
+        profile_batch = sides["ours"].ask("profile_batch")
     finally:
         for side in sides.values():
             side.close()
@@ -297,6 +304,8 @@ def compare(name: str, args, peer: bool, bw: float) -> None:
           f" (ratio to one {ours['batch'] / ours['decode']:.2f})")
     print("            a decode step's ms by kind: " + ", ".join(
         f"{k} {v:.2f}" for k, v in profile.items()))
+    print(f"            a batch {BATCH} step's ms by kind: " + ", ".join(
+        f"{k} {v:.2f}" for k, v in profile_batch.items()))
     if not peer:
         return
     theirs = {k: _med(v) for k, v in got["llama.cpp"].items()}

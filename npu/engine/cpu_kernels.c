@@ -306,7 +306,13 @@ typedef struct {
     float *d;    /* [T, nb] scales */
     float *s;    /* [T, nb] dx * sum of the block's codes */
     int32_t *qs; /* [T, nb] sum of the block's codes (NULL: not wanted) */
+    int tiled;   /* 0: token-major as above; 1: tiles of 8 tokens, [T/8][nb][8] (x8) */
 } Act8;
+
+/* Where token t's block b is in `a`, counted in blocks (its codes at 32 times that). */
+static inline int64_t act_at(const Act8 *a, int64_t t, int64_t b) {
+    return a->tiled ? ((t >> 3) * a->nb + b) * 8 + (t & 7) : t * a->nb + b;
+}
 
 static int is_integer(int type) {
     return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1 || type == Q8_0;
@@ -322,6 +328,7 @@ static void quantize_rows(const float *X, int64_t T, int64_t K, Act8 *a) {
     for (int64_t t = 0; t < T; t++) {
         for (int64_t b = 0; b < a->nb; b++) {
             const float *x = X + t * K + 32 * b;
+            const int64_t at = act_at(a, t, b);
             __m256 v[4], m = _mm256_setzero_ps();
             for (int i = 0; i < 4; i++) {
                 v[i] = _mm256_loadu_ps(x + 8 * i);
@@ -349,10 +356,10 @@ static void quantize_rows(const float *X, int64_t T, int64_t K, Act8 *a) {
             /* packs work within 128-bit lanes: the 4-code groups come out as c0 c1 c2 c3 of
              * the low halves, then of the high halves */
             p8 = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-            _mm256_storeu_si256((__m256i *)(a->q + t * K + 32 * b), p8);
-            a->d[t * a->nb + b] = d;
-            a->s[t * a->nb + b] = round_f16(d * (float)_mm_cvtsi128_si32(s4));
-            if (a->qs) a->qs[t * a->nb + b] = _mm_cvtsi128_si32(s4);
+            _mm256_storeu_si256((__m256i *)(a->q + 32 * at), p8);
+            a->d[at] = d;
+            a->s[at] = round_f16(d * (float)_mm_cvtsi128_si32(s4));
+            if (a->qs) a->qs[at] = _mm_cvtsi128_si32(s4);
         }
     }
 }
@@ -675,7 +682,7 @@ static inline __m256i bcast4(const int8_t *q) {
 static inline __attribute__((always_inline)) void
 tile_x8(const int type, const int RN, const uint8_t *G, const Act8 *a, int64_t t0, float *Y,
         int64_t N, int64_t n0) {
-    const int64_t nb = a->nb, K = a->K, gbb = x8_block_bytes(type);
+    const int64_t nb = a->nb, gbb = x8_block_bytes(type);
     const int64_t codes = type == Q4_1 ? 32 : 16;
     const int32_t offset = type == Q4_0 ? 8 : type == Q8_0 ? 128 : 0;
     __m256 acc[8];
@@ -699,10 +706,11 @@ tile_x8(const int type, const int RN, const uint8_t *G, const Act8 *a, int64_t t
                 c[k + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
             }
         }
+        const int64_t at0 = act_at(a, t0, b); /* t0's block b; its tile's next tokens follow */
 #pragma GCC unroll 8
         for (int t = 0; t < RN; t++) {
-            const int64_t at = (t0 + t) * nb + b;
-            const int8_t *q = a->q + (t0 + t) * K + 32 * b;
+            const int64_t at = at0 + t;
+            const int8_t *q = a->q + 32 * at;
             __m256i s0 = DPBUSD(_mm256_setzero_si256(), c[0], bcast4(q));
             __m256i s1 = DPBUSD(_mm256_setzero_si256(), c[1], bcast4(q + 4));
             s0 = DPBUSD(s0, c[2], bcast4(q + 8));
@@ -731,9 +739,7 @@ tile_x8(const int type, const int RN, const uint8_t *G, const Act8 *a, int64_t t
     }
 }
 
-#ifndef X8_TOKENS
-#define X8_TOKENS 8
-#endif
+#define X8_TOKENS 8 /* a tile: the 8 tokens of an activation tile (2, 4, 6 measured no faster) */
 static inline __attribute__((always_inline)) void
 groups_x8_as(const int type, const uint8_t *P, const Act8 *a, int64_t g0, int64_t g1,
              int64_t t0, int64_t t1, float *Y, int64_t N) {
@@ -752,17 +758,19 @@ int fk_matmul_x8(int type, const uint8_t *P, int64_t N, int64_t K, const float *
                  float *Y, int threads) {
 #if HAVE_X8
     if (fk_x8_bytes(type, N, K) < 0 || !table_ready) return -1;
-    Act8 a = {K, K / 32, NULL, NULL, NULL, NULL};
-    a.q = (int8_t *)malloc((size_t)(T * K));
-    a.d = (float *)malloc((size_t)(2 * T * a.nb) * sizeof(float));
-    a.qs = (int32_t *)malloc((size_t)(T * a.nb) * sizeof(int32_t));
+    /* the activations in tiles of 8 tokens: a tile's 8 tokens of one block side by side */
+    Act8 a = {K, K / 32, NULL, NULL, NULL, NULL, 1};
+    const int64_t Tp = (T + 7) / 8 * 8;
+    a.q = (int8_t *)malloc((size_t)(Tp * K));
+    a.d = (float *)malloc((size_t)(2 * Tp * a.nb) * sizeof(float));
+    a.qs = (int32_t *)malloc((size_t)(Tp * a.nb) * sizeof(int32_t));
     if (!a.q || !a.d || !a.qs) {
         free(a.q);
         free(a.d);
         free(a.qs);
         return -2;
     }
-    a.s = a.d + T * a.nb;
+    a.s = a.d + Tp * a.nb;
     quantize_rows(X, T, K, &a);
     const int64_t groups = (N + 7) / 8;
 #pragma omp parallel num_threads(threads)
@@ -771,7 +779,7 @@ int fk_matmul_x8(int type, const uint8_t *P, int64_t N, int64_t K, const float *
         const int64_t per = (groups + nt - 1) / nt;
         const int64_t g0 = per * id < groups ? per * id : groups;
         const int64_t g1 = per * (id + 1) < groups ? per * (id + 1) : groups;
-        const int64_t chunk = TOKEN_CHUNK_BYTES / K > X8_TOKENS ? TOKEN_CHUNK_BYTES / K : X8_TOKENS;
+        const int64_t chunk = (TOKEN_CHUNK_BYTES / K > 8 ? TOKEN_CHUNK_BYTES / K : 8) & ~(int64_t)7;
         for (int64_t t0 = 0; t0 < T; t0 += chunk) {
             const int64_t t1 = t0 + chunk < T ? t0 + chunk : T;
             switch (type) {
@@ -811,7 +819,7 @@ int fk_matmul(int type, const uint8_t *W, int64_t N, int64_t K, const float *X, 
     if (rb < 0 || (blocked(type) && K % 32) || !table_ready) return -1;
 #ifdef __AVX2__
     if (is_integer(type)) {
-        Act8 a = {K, K / 32, NULL, NULL, NULL, NULL};
+        Act8 a = {K, K / 32, NULL, NULL, NULL, NULL, 0};
         a.q = (int8_t *)malloc((size_t)(T * K));
         a.d = (float *)malloc((size_t)(2 * T * a.nb) * sizeof(float));
         if (!a.q || !a.d) {
@@ -1191,10 +1199,47 @@ void fk_qk_rope(float *QKV, int64_t stride, int64_t T, int64_t nq, int64_t nkv, 
 }
 
 /* OUT[t] = silu(GU[t, :I]) * GU[t, I:] for T rows of 2I values (SwiGLU). */
+#ifdef __AVX2__
+/* e^x for 8 lanes: 2^n e^r with n = round(x / ln 2) and r = x - n ln 2 (|r| <= ln 2 / 2, ln 2
+ * in two parts), e^r by its Taylor polynomial of degree 7 (relative error below 1e-7); x
+ * clamped to [-87, 89]: 2^n stays a normal float below, and is 2^128 = inf above 88.7 (as
+ * expf overflows). */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(89.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 5040);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n),
+                                                         _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+#endif
+
+/* OUT[t] = silu(gate) * up for GU[t] = [gate | up]: 8 lanes at a time, the rest (a row's
+ * last I % 8) with expf; an element's arithmetic depends only on its place in the row. */
 void fk_swiglu(const float *GU, int64_t T, int64_t I, float *OUT) {
     for (int64_t t = 0; t < T; t++) {
         const float *g = GU + t * 2 * I, *u = g + I;
         float *o = OUT + t * I;
-        for (int64_t i = 0; i < I; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        int64_t i = 0;
+#ifdef __AVX2__
+        const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+        for (; i + 8 <= I; i += 8) {
+            const __m256 x = _mm256_loadu_ps(g + i);
+            const __m256 den = _mm256_add_ps(one, exp8(_mm256_xor_ps(x, sign)));
+            _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_div_ps(x, den),
+                                                  _mm256_loadu_ps(u + i)));
+        }
+#endif
+        for (; i < I; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
     }
 }
