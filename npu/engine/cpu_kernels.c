@@ -249,6 +249,29 @@ static inline float hsum(__m256 v) {
     return _mm_cvtss_f32(lo);
 }
 
+/* e^x for 8 lanes: 2^n e^r with n = round(x / ln 2) and r = x - n ln 2 (|r| <= ln 2 / 2, ln 2
+ * in two parts), e^r by its Taylor polynomial of degree 7 (relative error below 1e-7); x
+ * clamped to [-87, 89]: 2^n stays a normal float below, and is 2^128 = inf above 88.7 (as
+ * expf overflows). */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(89.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 5040);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n),
+                                                         _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
 #define MAX_T 8
 /* out[t] = row . X[t] for t < T <= MAX_T, straight from the blocks (a type with a fast
  * loader: has_loader). */
@@ -1104,7 +1127,18 @@ static void attend_heads(const float *const q[2], float *const o[2], const float
     float inv[2];
     for (int a = 0; a < nh; a++) {
         float total = sink[a] ? expf(*sink[a] - top[a]) : 0.0f;
-        for (int64_t t = lo; t < len; t++) {
+        int64_t t = lo;
+#ifdef __AVX2__
+        __m256 sum = _mm256_setzero_ps();
+        const __m256 shift = _mm256_set1_ps(top[a]);
+        for (; t + 8 <= len; t += 8) {
+            const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p[a] + t), shift));
+            _mm256_storeu_ps(p[a] + t, e);
+            sum = _mm256_add_ps(sum, e);
+        }
+        total += hsum(sum);
+#endif
+        for (; t < len; t++) {
             p[a][t] = expf(p[a][t] - top[a]);
             total += p[a][t];
         }
@@ -1199,30 +1233,6 @@ void fk_qk_rope(float *QKV, int64_t stride, int64_t T, int64_t nq, int64_t nkv, 
 }
 
 /* OUT[t] = silu(GU[t, :I]) * GU[t, I:] for T rows of 2I values (SwiGLU). */
-#ifdef __AVX2__
-/* e^x for 8 lanes: 2^n e^r with n = round(x / ln 2) and r = x - n ln 2 (|r| <= ln 2 / 2, ln 2
- * in two parts), e^r by its Taylor polynomial of degree 7 (relative error below 1e-7); x
- * clamped to [-87, 89]: 2^n stays a normal float below, and is 2^128 = inf above 88.7 (as
- * expf overflows). */
-static inline __m256 exp8(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(89.0f));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 5040);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n),
-                                                         _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-#endif
 
 /* OUT[t] = silu(gate) * up for GU[t] = [gate | up]: 8 lanes at a time, the rest (a row's
  * last I % 8) with expf; an element's arithmetic depends only on its place in the row. */
