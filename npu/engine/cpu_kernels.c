@@ -14,8 +14,9 @@
  *   Q5_1 7: f16 d, f16 m, u32 high bits, 16 bytes of nibbles: v = d * q + m
  *   Q8_0 8: f16 d, 32 int8: v = d * q
  * Nibbles: byte j holds element j (low) and element j + 16 (high).
- * Where the CPU has VNNI, Q4_0 / Q4_1 / Q8_0 matrices are repacked once in groups of 8 rows
- * (fk_x8_pack, "8 rows interleaved" below) and multiplied from that layout (fk_matmul_x8).
+ * Where the CPU has VNNI, Q4_0 / Q4_1 / Q8_0 matrices are repacked once in groups of 8 or 16
+ * rows (fk_pack, "rows interleaved" below) and multiplied from that layout
+ * (fk_matmul_packed).
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -329,7 +330,7 @@ typedef struct {
     float *d;    /* [T, nb] scales */
     float *s;    /* [T, nb] dx * sum of the block's codes */
     int32_t *qs; /* [T, nb] sum of the block's codes (NULL: not wanted) */
-    int tiled;   /* 0: token-major as above; 1: tiles of 8 tokens, [T/8][nb][8] (x8) */
+    int tiled;   /* 0: token-major as above; 1: tiles of 8 tokens, [T/8][nb][8] (packed) */
 } Act8;
 
 /* Where token t's block b is in `a`, counted in blocks (its codes at 32 times that). */
@@ -591,53 +592,96 @@ static void rows_int(int type, const uint8_t *W, int64_t rb, const Act8 *a, int6
 #endif
 
 
-/* -- 8 rows interleaved (x8) ---------------------------------------------------------------
+/* -- rows interleaved (packed) -------------------------------------------------------------
  * With VNNI (vpdpbusd: four u8 x s8 products summed into each int32 lane), Q4_0, Q4_1 and
- * Q8_0 weights are repacked once, in groups of 8 rows: per block of 32 columns, the 8 rows'
- * f16 scales (then Q4_1's 8 f16 offsets), then their codes arranged so that lane r of a vector
- * holds 4 consecutive codes of row r. A token's 4 codes broadcast to the 8 lanes, so one
- * instruction adds 4 products to each of 8 rows, and a block's scales apply to 8 rows at once.
+ * Q8_0 weights are repacked once, in groups of XR rows (XR = the lanes of the widest VNNI
+ * vector: 16 with AVX512-VNNI, 8 with AVX-VNNI): per block of 32 columns, the XR rows' f16
+ * scales (then Q4_1's XR f16 offsets), then their codes arranged so that lane r of a vector
+ * holds 4 consecutive codes of row r. A token's 4 codes broadcast to the XR lanes, so one
+ * instruction adds 4 products to each of XR rows, and a block's scales apply to XR rows at
+ * once.
  *   Q4: 4 vectors; byte 4r + i of vector k = byte 4k + i of row r's nibbles (low nibble:
  *       code 4k + i, high: code 16 + 4k + i)
  *   Q8_0: 8 vectors; byte 4r + i of vector k = code 4k + i of row r + 128 (unsigned)
- * A group-block is Q4_0 144 bytes (8 blocks of 18), Q4_1 160, Q8_0 272. Rows past N (the last
- * group) are zero. Per row and token the sum is exact in integers, (codes - offset) . qx, then
- * one float multiply-add per block: the same operations for any number of tokens. */
-#if defined(__AVX2__) && defined(__F16C__) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
-#define HAVE_X8 1
-#define DPBUSD(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
-#elif defined(__AVX2__) && defined(__F16C__) && defined(__AVXVNNI__)
-#define HAVE_X8 1
-#define DPBUSD(acc, u, s) _mm256_dpbusd_avx_epi32(acc, u, s)
+ * A group-block is XR blocks' bytes (Q4_0 18 XR, Q4_1 20 XR, Q8_0 34 XR). Rows past N (the
+ * last group) are zero. Per row and token the sum is exact in integers, (codes - offset) .
+ * qx, then one float multiply-add per block: the same operations for any number of tokens. */
+#if defined(__AVX2__) && defined(__F16C__) && defined(__AVX512VNNI__) && defined(__AVX512F__)
+#define HAVE_PACKED 1
+#define XR 16
+typedef __m512i xvi;
+typedef __m512 xvf;
+#define X_LOADI(p) _mm512_loadu_si512((const void *)(p))
+#define X_AND _mm512_and_si512
+#define X_SRLI16 _mm512_srli_epi16
+#define X_SET1_8 _mm512_set1_epi8
+#define X_SET1_32 _mm512_set1_epi32
+#define X_ZEROI _mm512_setzero_si512
+#define X_ADDI _mm512_add_epi32
+#define X_SUBI _mm512_sub_epi32
+#define X_DPBUSD _mm512_dpbusd_epi32
+#define X_CVT _mm512_cvtepi32_ps
+#define X_FMA _mm512_fmadd_ps
+#define X_MUL _mm512_mul_ps
+#define X_SET1F _mm512_set1_ps
+#define X_ZEROF _mm512_setzero_ps
+#define X_STOREF _mm512_storeu_ps
+#define X_SCALES(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#elif defined(__AVX2__) && defined(__F16C__) && \
+    (defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__)))
+#define HAVE_PACKED 1
+#define XR 8
+typedef __m256i xvi;
+typedef __m256 xvf;
+#define X_LOADI(p) _mm256_loadu_si256((const __m256i *)(p))
+#define X_AND _mm256_and_si256
+#define X_SRLI16 _mm256_srli_epi16
+#define X_SET1_8 _mm256_set1_epi8
+#define X_SET1_32 _mm256_set1_epi32
+#define X_ZEROI _mm256_setzero_si256
+#define X_ADDI _mm256_add_epi32
+#define X_SUBI _mm256_sub_epi32
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define X_DPBUSD _mm256_dpbusd_epi32
 #else
-#define HAVE_X8 0
+#define X_DPBUSD _mm256_dpbusd_avx_epi32
+#endif
+#define X_CVT _mm256_cvtepi32_ps
+#define X_FMA _mm256_fmadd_ps
+#define X_MUL _mm256_mul_ps
+#define X_SET1F _mm256_set1_ps
+#define X_ZEROF _mm256_setzero_ps
+#define X_STOREF _mm256_storeu_ps
+#define X_SCALES(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#else
+#define HAVE_PACKED 0
+#define XR 8
 #endif
 
-static int64_t x8_block_bytes(int type) {
-    switch (type) {
-    case Q4_0: return 144;
-    case Q4_1: return 160;
-    case Q8_0: return 272;
-    default: return -1;
-    }
+/* Bytes of one group-block (XR blocks of 32 columns); -1: no packed layout for the type. */
+static int64_t group_block_bytes(int type) {
+    return type == Q4_0 || type == Q4_1 || type == Q8_0 ? XR * fk_row_bytes(type, 32) : -1;
 }
 
-/* Bytes of W [N, K] repacked in groups of 8 rows; -1: this build or this type has none. */
-int64_t fk_x8_bytes(int type, int64_t N, int64_t K) {
-    const int64_t gbb = x8_block_bytes(type);
-    if (!HAVE_X8 || gbb < 0 || K % 32) return -1;
-    return (N + 7) / 8 * (K / 32) * gbb;
+/* The rows in a group of this build's packed layout (0: this build has none). */
+int fk_packed_rows(void) { return HAVE_PACKED ? XR : 0; }
+
+/* Bytes of W [N, K] packed; -1: this build or this type has no packed layout. */
+int64_t fk_packed_bytes(int type, int64_t N, int64_t K) {
+    const int64_t gbb = group_block_bytes(type);
+    if (!HAVE_PACKED || gbb < 0 || K % 32) return -1;
+    return (N + XR - 1) / XR * (K / 32) * gbb;
 }
 
-/* P = W [N, K] repacked (fk_x8_bytes of room). */
-int fk_x8_pack(int type, const uint8_t *W, int64_t N, int64_t K, uint8_t *P) {
-    const int64_t total = fk_x8_bytes(type, N, K), gbb = x8_block_bytes(type);
+/* P = W [N, K] packed (fk_packed_bytes of room). */
+int fk_pack(int type, const uint8_t *W, int64_t N, int64_t K, uint8_t *P) {
+    const int64_t total = fk_packed_bytes(type, N, K), gbb = group_block_bytes(type);
     if (total < 0) return -1;
     const int64_t nb = K / 32, rb = fk_row_bytes(type, K), bs = fk_row_bytes(type, 32);
-    const int64_t codes = type == Q4_1 ? 32 : 16;
+    const int64_t codes = (type == Q4_1 ? 4 : 2) * XR;
     memset(P, 0, (size_t)total);
     for (int64_t n = 0; n < N; n++) {
-        const int64_t g = n / 8, r = n % 8;
+        const int64_t g = n / XR, r = n % XR;
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *src = W + n * rb + b * bs;
             uint8_t *dst = P + (g * nb + b) * gbb;
@@ -645,88 +689,89 @@ int fk_x8_pack(int type, const uint8_t *W, int64_t N, int64_t K, uint8_t *P) {
             if (type == Q8_0) {
                 for (int k = 0; k < 8; k++)
                     for (int i = 0; i < 4; i++)
-                        dst[codes + 32 * k + 4 * r + i] = (uint8_t)(src[2 + 4 * k + i] ^ 0x80);
+                        dst[codes + 4 * XR * k + 4 * r + i] = (uint8_t)(src[2 + 4 * k + i] ^ 0x80);
                 continue;
             }
-            if (type == Q4_1) memcpy(dst + 16 + 2 * r, src + 2, 2);
+            if (type == Q4_1) memcpy(dst + 2 * XR + 2 * r, src + 2, 2);
             const uint8_t *nib = src + (type == Q4_1 ? 4 : 2);
-            for (int k = 0; k < 4; k++) memcpy(dst + codes + 32 * k + 4 * r, nib + 4 * k, 4);
+            for (int k = 0; k < 4; k++) memcpy(dst + codes + 4 * XR * k + 4 * r, nib + 4 * k, 4);
         }
     }
     return 0;
 }
 
 /* The original bytes of block b of row n (as in W) from P. */
-static void x8_block(int type, const uint8_t *P, int64_t nb, int64_t n, int64_t b, uint8_t *out) {
-    const int64_t g = n / 8, r = n % 8, codes = type == Q4_1 ? 32 : 16;
-    const uint8_t *src = P + (g * nb + b) * x8_block_bytes(type);
+static void packed_block(int type, const uint8_t *P, int64_t nb, int64_t n, int64_t b,
+                         uint8_t *out) {
+    const int64_t g = n / XR, r = n % XR, codes = (type == Q4_1 ? 4 : 2) * XR;
+    const uint8_t *src = P + (g * nb + b) * group_block_bytes(type);
     memcpy(out, src + 2 * r, 2);
     if (type == Q8_0) {
         for (int k = 0; k < 8; k++)
-            for (int i = 0; i < 4; i++) out[2 + 4 * k + i] = src[codes + 32 * k + 4 * r + i] ^ 0x80;
+            for (int i = 0; i < 4; i++)
+                out[2 + 4 * k + i] = src[codes + 4 * XR * k + 4 * r + i] ^ 0x80;
         return;
     }
-    if (type == Q4_1) memcpy(out + 2, src + 16 + 2 * r, 2);
+    if (type == Q4_1) memcpy(out + 2, src + 2 * XR + 2 * r, 2);
     uint8_t *nib = out + (type == Q4_1 ? 4 : 2);
-    for (int k = 0; k < 4; k++) memcpy(nib + 4 * k, src + codes + 32 * k + 4 * r, 4);
+    for (int k = 0; k < 4; k++) memcpy(nib + 4 * k, src + codes + 4 * XR * k + 4 * r, 4);
 }
 
-/* W [N, K] back from P (fk_x8_pack's inverse, byte for byte). */
-int fk_x8_unpack(int type, const uint8_t *P, int64_t N, int64_t K, uint8_t *W) {
-    if (fk_x8_bytes(type, N, K) < 0) return -1;
+/* W [N, K] back from P (fk_pack's inverse, byte for byte). */
+int fk_unpack(int type, const uint8_t *P, int64_t N, int64_t K, uint8_t *W) {
+    if (fk_packed_bytes(type, N, K) < 0) return -1;
     const int64_t nb = K / 32, rb = fk_row_bytes(type, K), bs = fk_row_bytes(type, 32);
     for (int64_t n = 0; n < N; n++)
-        for (int64_t b = 0; b < nb; b++) x8_block(type, P, nb, n, b, W + n * rb + b * bs);
+        for (int64_t b = 0; b < nb; b++) packed_block(type, P, nb, n, b, W + n * rb + b * bs);
     return 0;
 }
 
 /* OUT[r, K] = rows ids[r] of P's matrix, as float32 (a tied head's embedding lookups). */
-int fk_x8_rows(int type, const uint8_t *P, int64_t K, const int64_t *ids, int64_t n,
-               float *out) {
-    if (fk_x8_bytes(type, 8, K) < 0 || !table_ready) return -1;
+int fk_packed_lookup(int type, const uint8_t *P, int64_t K, const int64_t *ids, int64_t n,
+                     float *out) {
+    if (fk_packed_bytes(type, XR, K) < 0 || !table_ready) return -1;
     const int64_t nb = K / 32;
     uint8_t block[128]; /* a block of any type (deq_row's F32 case reads 128) */
     for (int64_t i = 0; i < n; i++)
         for (int64_t b = 0; b < nb; b++) {
-            x8_block(type, P, nb, ids[i], b, block);
+            packed_block(type, P, nb, ids[i], b, block);
             deq_row(type, block, out + i * K + 32 * b, 32);
         }
     return 0;
 }
 
-#if HAVE_X8
-static inline __m256i bcast4(const int8_t *q) {
+#if HAVE_PACKED
+static inline xvi bcast4(const int8_t *q) {
     int32_t v;
     memcpy(&v, q, 4);
-    return _mm256_set1_epi32(v);
+    return X_SET1_32(v);
 }
 
-/* Rows 8g .. 8g + 8 of Y for tokens t0 .. t0 + RN (RN a constant after inlining). */
+/* Rows n0 .. n0 + XR of Y for tokens t0 .. t0 + RN (RN a constant after inlining). */
 static inline __attribute__((always_inline)) void
-tile_x8(const int type, const int RN, const uint8_t *G, const Act8 *a, int64_t t0, float *Y,
-        int64_t N, int64_t n0) {
-    const int64_t nb = a->nb, gbb = x8_block_bytes(type);
-    const int64_t codes = type == Q4_1 ? 32 : 16;
+tile_packed(const int type, const int RN, const uint8_t *G, const Act8 *a, int64_t t0,
+            float *Y, int64_t N, int64_t n0) {
+    const int64_t nb = a->nb, gbb = group_block_bytes(type);
+    const int64_t codes = (type == Q4_1 ? 4 : 2) * XR;
     const int32_t offset = type == Q4_0 ? 8 : type == Q8_0 ? 128 : 0;
-    __m256 acc[8];
+    xvf acc[8];
 #pragma GCC unroll 8
-    for (int t = 0; t < RN; t++) acc[t] = _mm256_setzero_ps();
+    for (int t = 0; t < RN; t++) acc[t] = X_ZEROF();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *p = G + b * gbb;
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-        const __m256 mw = type == Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16)))
-                                       : _mm256_setzero_ps();
-        __m256i c[8];
+        const xvf dw = X_SCALES(p);
+        const xvf mw = type == Q4_1 ? X_SCALES(p + 2 * XR) : X_ZEROF();
+        xvi c[8];
         if (type == Q8_0) {
 #pragma GCC unroll 8
-            for (int k = 0; k < 8; k++) c[k] = _mm256_loadu_si256((const __m256i *)(p + codes + 32 * k));
+            for (int k = 0; k < 8; k++) c[k] = X_LOADI(p + codes + 4 * XR * k);
         } else {
-            const __m256i low4 = _mm256_set1_epi8(15);
+            const xvi low4 = X_SET1_8(15);
 #pragma GCC unroll 4
             for (int k = 0; k < 4; k++) {
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(p + codes + 32 * k));
-                c[k] = _mm256_and_si256(v, low4);
-                c[k + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+                const xvi v = X_LOADI(p + codes + 4 * XR * k);
+                c[k] = X_AND(v, low4);
+                c[k + 4] = X_AND(X_SRLI16(v, 4), low4);
             }
         }
         const int64_t at0 = act_at(a, t0, b); /* t0's block b; its tile's next tokens follow */
@@ -734,53 +779,52 @@ tile_x8(const int type, const int RN, const uint8_t *G, const Act8 *a, int64_t t
         for (int t = 0; t < RN; t++) {
             const int64_t at = at0 + t;
             const int8_t *q = a->q + 32 * at;
-            __m256i s0 = DPBUSD(_mm256_setzero_si256(), c[0], bcast4(q));
-            __m256i s1 = DPBUSD(_mm256_setzero_si256(), c[1], bcast4(q + 4));
-            s0 = DPBUSD(s0, c[2], bcast4(q + 8));
-            s1 = DPBUSD(s1, c[3], bcast4(q + 12));
-            s0 = DPBUSD(s0, c[4], bcast4(q + 16));
-            s1 = DPBUSD(s1, c[5], bcast4(q + 20));
-            s0 = DPBUSD(s0, c[6], bcast4(q + 24));
-            s1 = DPBUSD(s1, c[7], bcast4(q + 28));
-            __m256i s = _mm256_add_epi32(s0, s1);
-            if (offset) s = _mm256_sub_epi32(s, _mm256_set1_epi32(offset * a->qs[at]));
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s),
-                                     _mm256_mul_ps(dw, _mm256_set1_ps(a->d[at])), acc[t]);
-            if (type == Q4_1) acc[t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a->s[at]), acc[t]);
+            xvi s0 = X_DPBUSD(X_ZEROI(), c[0], bcast4(q));
+            xvi s1 = X_DPBUSD(X_ZEROI(), c[1], bcast4(q + 4));
+            s0 = X_DPBUSD(s0, c[2], bcast4(q + 8));
+            s1 = X_DPBUSD(s1, c[3], bcast4(q + 12));
+            s0 = X_DPBUSD(s0, c[4], bcast4(q + 16));
+            s1 = X_DPBUSD(s1, c[5], bcast4(q + 20));
+            s0 = X_DPBUSD(s0, c[6], bcast4(q + 24));
+            s1 = X_DPBUSD(s1, c[7], bcast4(q + 28));
+            xvi s = X_ADDI(s0, s1);
+            if (offset) s = X_SUBI(s, X_SET1_32(offset * a->qs[at]));
+            acc[t] = X_FMA(X_CVT(s), X_MUL(dw, X_SET1F(a->d[at])), acc[t]);
+            if (type == Q4_1) acc[t] = X_FMA(mw, X_SET1F(a->s[at]), acc[t]);
         }
     }
 #pragma GCC unroll 8
     for (int t = 0; t < RN; t++) {
         float *y = Y + (t0 + t) * N + n0;
-        if (n0 + 8 <= N) {
-            _mm256_storeu_ps(y, acc[t]);
+        if (n0 + XR <= N) {
+            X_STOREF(y, acc[t]);
         } else {
-            float v[8];
-            _mm256_storeu_ps(v, acc[t]);
+            float v[XR];
+            X_STOREF(v, acc[t]);
             for (int64_t r = 0; r < N - n0; r++) y[r] = v[r];
         }
     }
 }
 
-#define X8_TOKENS 8 /* a tile: the 8 tokens of an activation tile (2, 4, 6 measured no faster) */
+#define TILE_OF_8 8 /* a tile: the 8 tokens of an activation tile (2, 4, 6 measured no faster) */
 static inline __attribute__((always_inline)) void
-groups_x8_as(const int type, const uint8_t *P, const Act8 *a, int64_t g0, int64_t g1,
-             int64_t t0, int64_t t1, float *Y, int64_t N) {
-    const int64_t gb = a->nb * x8_block_bytes(type);
+groups_as(const int type, const uint8_t *P, const Act8 *a, int64_t g0, int64_t g1, int64_t t0,
+          int64_t t1, float *Y, int64_t N) {
+    const int64_t gb = a->nb * group_block_bytes(type);
     for (int64_t g = g0; g < g1; g++) {
         int64_t t = t0;
-        for (; t + X8_TOKENS <= t1; t += X8_TOKENS)
-            tile_x8(type, X8_TOKENS, P + g * gb, a, t, Y, N, 8 * g);
-        for (; t < t1; t++) tile_x8(type, 1, P + g * gb, a, t, Y, N, 8 * g);
+        for (; t + TILE_OF_8 <= t1; t += TILE_OF_8)
+            tile_packed(type, TILE_OF_8, P + g * gb, a, t, Y, N, XR * g);
+        for (; t < t1; t++) tile_packed(type, 1, P + g * gb, a, t, Y, N, XR * g);
     }
 }
 #endif
 
-/* Y[T, N] = X[T, K] @ W[N, K].T with W repacked by fk_x8_pack. */
-int fk_matmul_x8(int type, const uint8_t *P, int64_t N, int64_t K, const float *X, int64_t T,
-                 float *Y, int threads) {
-#if HAVE_X8
-    if (fk_x8_bytes(type, N, K) < 0 || !table_ready) return -1;
+/* Y[T, N] = X[T, K] @ W[N, K].T with W packed by fk_pack. */
+int fk_matmul_packed(int type, const uint8_t *P, int64_t N, int64_t K, const float *X,
+                     int64_t T, float *Y, int threads) {
+#if HAVE_PACKED
+    if (fk_packed_bytes(type, N, K) < 0 || !table_ready) return -1;
     /* the activations in tiles of 8 tokens: a tile's 8 tokens of one block side by side */
     Act8 a = {K, K / 32, NULL, NULL, NULL, NULL, 1};
     const int64_t Tp = (T + 7) / 8 * 8;
@@ -795,7 +839,7 @@ int fk_matmul_x8(int type, const uint8_t *P, int64_t N, int64_t K, const float *
     }
     a.s = a.d + Tp * a.nb;
     quantize_rows(X, T, K, &a);
-    const int64_t groups = (N + 7) / 8;
+    const int64_t groups = (N + XR - 1) / XR;
 #pragma omp parallel num_threads(threads)
     {
         const int nt = omp_get_num_threads(), id = omp_get_thread_num();
@@ -806,9 +850,9 @@ int fk_matmul_x8(int type, const uint8_t *P, int64_t N, int64_t K, const float *
         for (int64_t t0 = 0; t0 < T; t0 += chunk) {
             const int64_t t1 = t0 + chunk < T ? t0 + chunk : T;
             switch (type) {
-            case Q4_0: groups_x8_as(Q4_0, P, &a, g0, g1, t0, t1, Y, N); break;
-            case Q4_1: groups_x8_as(Q4_1, P, &a, g0, g1, t0, t1, Y, N); break;
-            default: groups_x8_as(Q8_0, P, &a, g0, g1, t0, t1, Y, N); break;
+            case Q4_0: groups_as(Q4_0, P, &a, g0, g1, t0, t1, Y, N); break;
+            case Q4_1: groups_as(Q4_1, P, &a, g0, g1, t0, t1, Y, N); break;
+            default: groups_as(Q8_0, P, &a, g0, g1, t0, t1, Y, N); break;
             }
         }
     }

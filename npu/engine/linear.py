@@ -5,8 +5,8 @@
 - "cpu": the compiled kernels (cpu_kernels.c). The integer formats (Q8_0, Q4_0, Q4_1, Q5_0,
   Q5_1) multiply straight from the blocks with x rounded to 8 bits per block of 32, as
   llama.cpp does (about 0.5% of the largest output; the reference keeps float32). Where the
-  CPU has VNNI, Q4_0 / Q4_1 / Q8_0 weights are first repacked in groups of 8 rows
-  (`PackedMatrix`: as many bytes, one copy; 2-3x faster products). F16 / BF16
+  CPU has VNNI, Q4_0 / Q4_1 / Q8_0 weights are first repacked in groups of 16 or 8 rows
+  (`PackedMatrix`: as many bytes, one copy; 2.5-5x faster products). F16 / BF16
   multiply a few rows (decode) from the blocks in float32 and many rows (prefill) with BLAS
   on float32 slices the kernels expand. Falls back to "reference" when the kernels cannot be
   built.
@@ -103,10 +103,11 @@ class ReferenceLinear(Linear):
 
 
 class PackedMatrix:
-    """A Q4_0, Q4_1 or Q8_0 matrix in the kernels' 8-row layout (cpu_kernels.c, "x8"): per
-    block of 32 columns, 8 rows' scales side by side and their codes interleaved 4 by 4, the
-    layout their VNNI products read fastest. As many bytes as the blocks (the last group's
-    rows padded to 8); `blocks()` gives back the file's layout byte for byte."""
+    """A Q4_0, Q4_1 or Q8_0 matrix in the kernels' packed layout (cpu_kernels.c, "rows
+    interleaved"): per block of 32 columns, a group of rows' scales side by side and their
+    codes interleaved 4 by 4 (16 rows with AVX512-VNNI, 8 with AVX-VNNI), the layout their
+    VNNI products read fastest. As many bytes as the blocks (the last group's rows padded);
+    `blocks()` gives back the file's layout byte for byte."""
 
     __slots__ = ("qtype", "shape", "data", "_lib")
     floats = None
@@ -116,14 +117,14 @@ class PackedMatrix:
 
     @classmethod
     def of(cls, m: QMatrix, lib) -> PackedMatrix | None:
-        """`m` repacked, or None when this build or this format has no 8-row layout."""
+        """`m` repacked, or None when this build or this format has no packed layout."""
         rows, cols = m.shape
-        size = lib.fk_x8_bytes(int(m.qtype), rows, cols)
+        size = lib.fk_packed_bytes(int(m.qtype), rows, cols)
         if size < 0:
             return None
         data = np.empty(size, dtype=np.uint8)
-        if lib.fk_x8_pack(int(m.qtype), m.data.ctypes.data, rows, cols, data.ctypes.data):
-            raise RuntimeError(f"fk_x8_pack failed for {m!r}")
+        if lib.fk_pack(int(m.qtype), m.data.ctypes.data, rows, cols, data.ctypes.data):
+            raise RuntimeError(f"fk_pack failed for {m!r}")
         return cls(m.qtype, m.shape, data, lib)
 
     @property
@@ -134,7 +135,7 @@ class PackedMatrix:
         """The matrix in its block format's own layout (a new copy)."""
         rows, cols = self.shape
         out = np.empty((rows, row_bytes(self.qtype, cols)), dtype=np.uint8)
-        self._lib.fk_x8_unpack(int(self.qtype), self.data.ctypes.data, rows, cols,
+        self._lib.fk_unpack(int(self.qtype), self.data.ctypes.data, rows, cols,
                                out.ctypes.data)
         return QMatrix(self.qtype, self.shape, out)
 
@@ -144,7 +145,7 @@ class PackedMatrix:
         if ids.size and (ids.min() < 0 or ids.max() >= self.shape[0]):
             raise IndexError(f"row ids outside 0..{self.shape[0] - 1}")
         out = np.empty((len(ids), self.shape[1]), dtype=np.float32)
-        self._lib.fk_x8_rows(int(self.qtype), self.data.ctypes.data, self.shape[1],
+        self._lib.fk_packed_lookup(int(self.qtype), self.data.ctypes.data, self.shape[1],
                              ids.ctypes.data, len(ids), out.ctypes.data)
         return out
 
@@ -166,7 +167,7 @@ class CpuLinear(Linear):
         self._lib = lib
         self._ptr = matrix.data.ctypes.data
         self._type = int(matrix.qtype)
-        self._matmul = lib.fk_matmul_x8 if isinstance(matrix, PackedMatrix) else lib.fk_matmul
+        self._matmul = lib.fk_matmul_packed if isinstance(matrix, PackedMatrix) else lib.fk_matmul
         # integer formats: the kernels for every row count (their tiled product beats BLAS
         # on expanded slices); float formats: BLAS above KERNEL_ROWS
         self._direct = matrix.qtype in INTEGER
