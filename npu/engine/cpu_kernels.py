@@ -44,11 +44,12 @@ def _compiler() -> str:
     return cc
 
 
-def build(out_dir: Path | None = None) -> Path:
-    """The shared library's path, compiled first if this source and these flags have no
-    build in `out_dir` (default: the cache directory's kernels/)."""
+def build(out_dir: Path | None = None, extra: tuple[str, ...] = ()) -> Path:
+    """The shared library's path, compiled first if this source and these flags (`extra`
+    added) have no build in `out_dir` (default: the cache directory's kernels/)."""
     cc = _compiler()
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join([cc, *FLAGS, *LIBS]).encode()).hexdigest()[:16]
+    flags = [*FLAGS, *extra]
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join([cc, *flags, *LIBS]).encode()).hexdigest()[:16]
     out_dir = out_dir or cache_dir() / "kernels"
     target = out_dir / f"cpu_kernels-{key}.so"
     if target.exists():
@@ -57,7 +58,7 @@ def build(out_dir: Path | None = None) -> Path:
     fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=".so")
     os.close(fd)
     try:
-        done = subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE), *LIBS],
+        done = subprocess.run([cc, *flags, "-o", tmp, str(SOURCE), *LIBS],
                               capture_output=True, text=True, timeout=300)
         if done.returncode:
             raise KernelUnavailable(f"building {SOURCE.name} failed: {done.stderr.strip()[:2000]}")
@@ -72,8 +73,13 @@ def build(out_dir: Path | None = None) -> Path:
 @cache
 def kernels() -> ctypes.CDLL:
     """The loaded kernels (built on first use)."""
+    return load(build())
+
+
+def load(path: Path) -> ctypes.CDLL:
+    """A build of the kernels, loaded and declared."""
     try:
-        lib = ctypes.CDLL(str(build()))
+        lib = ctypes.CDLL(str(path))
     except OSError as exc:
         raise KernelUnavailable(f"cannot load the CPU kernels: {exc}") from None
     lib.fk_init.restype = None

@@ -106,6 +106,27 @@ def test_the_packed_layout_keeps_every_byte_and_every_sum(qtype: QT) -> None:
     assert np.abs(together - want).max() <= 1e-5 * np.abs(want).max()
 
 
+@pytest.mark.skipif(GROUP != 16, reason="the 8-row build is checked against the 16-row one")
+def test_the_8_row_layout_of_avx_vnni_cpus_gives_the_same_bits(tmp_path) -> None:
+    """CPUs with AVX-VNNI but not AVX512-VNNI pack 8 rows to a group (256-bit vectors): that
+    build, made here with -DFK_PACK_ROWS=8, keeps the bytes and computes the same bits."""
+    from npu.engine.cpu_kernels import build, load
+    from npu.engine.linear import Threads
+
+    lib8 = load(build(tmp_path, extra=("-DFK_PACK_ROWS=8",)))
+    assert lib8.fk_packed_rows() == 8
+    rng = np.random.default_rng(5)
+    for qtype in sorted(PACKED):
+        m = _matrix(rng, qtype, 21, 96)
+        p8, p16 = PackedMatrix.of(m, lib8), PackedMatrix.of(m, LIB)
+        assert p8.nbytes == 24 * m.data.shape[1]
+        assert np.array_equal(p8.blocks().data, m.data)
+        assert np.array_equal(p8.rows(np.array([0, 20, 9])), m.rows(np.array([0, 20, 9])))
+        x = rng.standard_normal((11, 96)).astype(np.float32)
+        got8 = CpuLinear(p8, Threads(2), lib8)(x)
+        assert np.array_equal(got8, CpuLinear(p16, Threads(2), LIB)(x)), qtype.name
+
+
 @pytest.mark.parametrize("qtype", [QT.F16, QT.BF16], ids=lambda q: q.name)
 def test_float_formats_are_exact(qtype: QT) -> None:
     rng = np.random.default_rng(7)
