@@ -6,7 +6,7 @@
   Q5_1) multiply straight from the blocks with x rounded to 8 bits per block of 32, as
   llama.cpp does (about 0.5% of the largest output; the reference keeps float32). Where the
   CPU has VNNI, Q4_0 / Q4_1 / Q8_0 weights are first repacked in groups of 16 or 8 rows
-  (`PackedMatrix`: as many bytes, one copy; 2.5-5x faster products). F16 / BF16
+  (`PackedMatrix`: as many bytes, one copy; 2.5-4x faster products). F16 / BF16
   multiply a few rows (decode) from the blocks in float32 and many rows (prefill) with BLAS
   on float32 slices the kernels expand. Falls back to "reference" when the kernels cannot be
   built.
@@ -136,7 +136,7 @@ class PackedMatrix:
         rows, cols = self.shape
         out = np.empty((rows, row_bytes(self.qtype, cols)), dtype=np.uint8)
         self._lib.fk_unpack(int(self.qtype), self.data.ctypes.data, rows, cols,
-                               out.ctypes.data)
+                            out.ctypes.data)
         return QMatrix(self.qtype, self.shape, out)
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
@@ -146,7 +146,7 @@ class PackedMatrix:
             raise IndexError(f"row ids outside 0..{self.shape[0] - 1}")
         out = np.empty((len(ids), self.shape[1]), dtype=np.float32)
         self._lib.fk_packed_lookup(int(self.qtype), self.data.ctypes.data, self.shape[1],
-                             ids.ctypes.data, len(ids), out.ctypes.data)
+                                   ids.ctypes.data, len(ids), out.ctypes.data)
         return out
 
     def dequantize(self, start: int = 0, stop: int | None = None) -> np.ndarray:
