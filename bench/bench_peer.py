@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 FILES = ("smollm2", "qwen3-0.6b-Q4_0", "qwen3-0.6b-Q8_0", "llama-8b-Q4_0", "llama-8b-Q8_0")
 BATCH = 8
+BATCH_SEQS = ["d"] + [f"d{i}" for i in range(1, BATCH)]  # "d" holds the prompt, forked
 # a pause before each measurement: the other side's threads (OpenMP's, llama.cpp's pool)
 # spin a while after their work and would slow the next run's start
 SETTLE_S = 0.3
@@ -144,13 +145,12 @@ class Ours:
         return _rate(self.args.steps, time.perf_counter() - start)
 
     def batch(self) -> float:
-        seqs = ["d"] + [f"d{i}" for i in range(1, BATCH)]
-        self._start(seqs)
-        self.eng.decode(seqs, tokens(BATCH, 3))
+        self._start(BATCH_SEQS)
+        self.eng.decode(BATCH_SEQS, tokens(BATCH, 3))
         steps = max(2, self.args.steps // 2)
         start = time.perf_counter()
         for s in range(steps):
-            self.eng.decode(seqs, tokens(BATCH, 4 + s))
+            self.eng.decode(BATCH_SEQS, tokens(BATCH, 4 + s))
         return _rate(BATCH * steps, time.perf_counter() - start)
 
     def prefill(self) -> float:
@@ -166,9 +166,8 @@ class Ours:
                         tokens(max(4, self.args.steps // 2), 6))
 
     def profile_batch(self) -> dict[str, float]:
-        seqs = ["d"] + [f"d{i}" for i in range(1, BATCH)]
-        self._start(seqs)
-        return op_times(lambda t: self.eng.decode(seqs, [t] * BATCH),
+        self._start(BATCH_SEQS)
+        return op_times(lambda t: self.eng.decode(BATCH_SEQS, [t] * BATCH),
                         tokens(max(4, self.args.steps // 4), 7))
 
 

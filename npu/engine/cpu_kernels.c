@@ -27,6 +27,13 @@
 #include <immintrin.h>
 #endif
 
+/* VNNI on 256-bit vectors (vpdpbusd: four u8 x s8 products added into each int32 lane) */
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define DPBUSD256 _mm256_dpbusd_epi32
+#elif defined(__AVXVNNI__)
+#define DPBUSD256 _mm256_dpbusd_avx_epi32
+#endif
+
 enum { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, BF16 = 30 };
 
 static float f16_table[65536];
@@ -388,6 +395,37 @@ static void quantize_rows(const float *X, int64_t T, int64_t K, Act8 *a) {
     }
 }
 
+/* X's rows rounded to 8 bits into a new `a` (act8_free frees it): token-major, or in tiles
+ * of 8 tokens with the codes' integer sums too (`tiled`: the packed product's). 0, or -2
+ * when memory ran out. */
+static void act8_free(Act8 *a) {
+    free(a->q);
+    free(a->d);
+    free(a->qs);
+}
+
+static int act8_quantize(const float *X, int64_t T, int64_t K, int tiled, Act8 *a) {
+    const int64_t Tp = tiled ? (T + 7) / 8 * 8 : T, nb = K / 32;
+    *a = (Act8){K, nb, (int8_t *)malloc((size_t)(Tp * K)),
+                (float *)malloc((size_t)(2 * Tp * nb) * sizeof(float)), NULL,
+                tiled ? (int32_t *)malloc((size_t)(Tp * nb) * sizeof(int32_t)) : NULL, tiled};
+    if (!a->q || !a->d || (tiled && !a->qs)) {
+        act8_free(a);
+        return -2;
+    }
+    a->s = a->d + Tp * nb;
+    quantize_rows(X, T, K, a);
+    return 0;
+}
+
+/* This thread's share [lo, hi) of `units` split evenly over the team's threads. */
+static inline void thread_share(int64_t units, int64_t *lo, int64_t *hi) {
+    const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+    const int64_t per = (units + nt - 1) / nt;
+    *lo = per * id < units ? per * id : units;
+    *hi = per * (id + 1) < units ? per * (id + 1) : units;
+}
+
 /* The 32 codes of an integer block, in element order, with its scale and offset. Q4 / Q5
  * codes are unsigned; Q8_0's are signed (see dot_codes). */
 static inline __m256i block_codes(int type, const uint8_t *src, float *dw, float *mw) {
@@ -430,12 +468,10 @@ static inline __m256i dot_codes(__m256i w, __m256i x, int sign) {
         x = _mm256_sign_epi8(x, w);
         w = _mm256_sign_epi8(w, w);
     }
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#ifdef DPBUSD256
     /* one instruction for the four products and their sum: the same integers, since the
      * pairs' sums below never reach the 16-bit saturation (|code| <= 128 * 127 * 2) */
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x);
-#elif defined(__AVXVNNI__)
-    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), w, x);
+    return DPBUSD256(_mm256_setzero_si256(), w, x);
 #else
     return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
 #endif
@@ -628,8 +664,7 @@ typedef __m512 xvf;
 #define X_ZEROF _mm512_setzero_ps
 #define X_STOREF _mm512_storeu_ps
 #define X_SCALES(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
-#elif defined(__AVX2__) && defined(__F16C__) && \
-    (defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__)))
+#elif defined(__AVX2__) && defined(__F16C__) && defined(DPBUSD256)
 #define HAVE_PACKED 1
 #define XR 8
 typedef __m256i xvi;
@@ -642,11 +677,7 @@ typedef __m256 xvf;
 #define X_ZEROI _mm256_setzero_si256
 #define X_ADDI _mm256_add_epi32
 #define X_SUBI _mm256_sub_epi32
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-#define X_DPBUSD _mm256_dpbusd_epi32
-#else
-#define X_DPBUSD _mm256_dpbusd_avx_epi32
-#endif
+#define X_DPBUSD DPBUSD256
 #define X_CVT _mm256_cvtepi32_ps
 #define X_FMA _mm256_fmadd_ps
 #define X_MUL _mm256_mul_ps
@@ -674,48 +705,38 @@ int64_t fk_packed_bytes(int type, int64_t N, int64_t K) {
     return (N + XR - 1) / XR * (K / 32) * gbb;
 }
 
-/* P = W [N, K] packed (fk_packed_bytes of room). */
-int fk_pack(int type, const uint8_t *W, int64_t N, int64_t K, uint8_t *P) {
-    const int64_t total = fk_packed_bytes(type, N, K), gbb = group_block_bytes(type);
-    if (total < 0) return -1;
-    const int64_t nb = K / 32, rb = fk_row_bytes(type, K), bs = fk_row_bytes(type, 32);
-    const int64_t codes = (type == Q4_1 ? 4 : 2) * XR;
-    memset(P, 0, (size_t)total);
-    for (int64_t n = 0; n < N; n++) {
-        const int64_t g = n / XR, r = n % XR;
-        for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *src = W + n * rb + b * bs;
-            uint8_t *dst = P + (g * nb + b) * gbb;
-            memcpy(dst + 2 * r, src, 2);
-            if (type == Q8_0) {
-                for (int k = 0; k < 8; k++)
-                    for (int i = 0; i < 4; i++)
-                        dst[codes + 4 * XR * k + 4 * r + i] = (uint8_t)(src[2 + 4 * k + i] ^ 0x80);
-                continue;
-            }
-            if (type == Q4_1) memcpy(dst + 2 * XR + 2 * r, src + 2, 2);
-            const uint8_t *nib = src + (type == Q4_1 ? 4 : 2);
-            for (int k = 0; k < 4; k++) memcpy(dst + codes + 4 * XR * k + 4 * r, nib + 4 * k, 4);
-        }
-    }
-    return 0;
-}
-
-/* The original bytes of block b of row n (as in W) from P. */
-static void packed_block(int type, const uint8_t *P, int64_t nb, int64_t n, int64_t b,
-                         uint8_t *out) {
-    const int64_t g = n / XR, r = n % XR, codes = (type == Q4_1 ? 4 : 2) * XR;
-    const uint8_t *src = P + (g * nb + b) * group_block_bytes(type);
-    memcpy(out, src + 2 * r, 2);
-    if (type == Q8_0) {
+/* Block b of row n between the file's layout (`block`: its bytes) and P's: into P when
+ * `pack`, else out of it (then `block` is written and P only read). */
+static void move_block(int type, uint8_t *P, int64_t nb, int64_t n, int64_t b, uint8_t *block,
+                       int pack) {
+    const int64_t r = n % XR, codes = (type == Q4_1 ? 4 : 2) * XR;
+    uint8_t *g = P + ((n / XR) * nb + b) * group_block_bytes(type);
+#define MOVE(in_p, in_block, len) memcpy(pack ? (in_p) : (in_block), pack ? (in_block) : (in_p), len)
+    MOVE(g + 2 * r, block, 2);
+    if (type == Q8_0) { /* stored + 128: unsigned */
         for (int k = 0; k < 8; k++)
-            for (int i = 0; i < 4; i++)
-                out[2 + 4 * k + i] = src[codes + 4 * XR * k + 4 * r + i] ^ 0x80;
+            for (int i = 0; i < 4; i++) {
+                uint8_t *in_p = g + codes + 4 * XR * k + 4 * r + i, *in_block = block + 2 + 4 * k + i;
+                *(pack ? in_p : in_block) = *(pack ? in_block : in_p) ^ 0x80;
+            }
         return;
     }
-    if (type == Q4_1) memcpy(out + 2, src + 2 * XR + 2 * r, 2);
-    uint8_t *nib = out + (type == Q4_1 ? 4 : 2);
-    for (int k = 0; k < 4; k++) memcpy(nib + 4 * k, src + codes + 4 * XR * k + 4 * r, 4);
+    if (type == Q4_1) MOVE(g + 2 * XR + 2 * r, block + 2, 2);
+    uint8_t *nib = block + (type == Q4_1 ? 4 : 2);
+    for (int k = 0; k < 4; k++) MOVE(g + codes + 4 * XR * k + 4 * r, nib + 4 * k, 4);
+#undef MOVE
+}
+
+/* P = W [N, K] packed (fk_packed_bytes of room). */
+int fk_pack(int type, const uint8_t *W, int64_t N, int64_t K, uint8_t *P) {
+    const int64_t total = fk_packed_bytes(type, N, K);
+    if (total < 0) return -1;
+    const int64_t nb = K / 32, rb = fk_row_bytes(type, K), bs = fk_row_bytes(type, 32);
+    memset(P, 0, (size_t)total);
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t b = 0; b < nb; b++) /* W is only read */
+            move_block(type, P, nb, n, b, (uint8_t *)(W + n * rb + b * bs), 1);
+    return 0;
 }
 
 /* W [N, K] back from P (fk_pack's inverse, byte for byte). */
@@ -723,7 +744,7 @@ int fk_unpack(int type, const uint8_t *P, int64_t N, int64_t K, uint8_t *W) {
     if (fk_packed_bytes(type, N, K) < 0) return -1;
     const int64_t nb = K / 32, rb = fk_row_bytes(type, K), bs = fk_row_bytes(type, 32);
     for (int64_t n = 0; n < N; n++)
-        for (int64_t b = 0; b < nb; b++) packed_block(type, P, nb, n, b, W + n * rb + b * bs);
+        for (int64_t b = 0; b < nb; b++) move_block(type, (uint8_t *)P, nb, n, b, W + n * rb + b * bs, 0);
     return 0;
 }
 
@@ -735,7 +756,7 @@ int fk_packed_lookup(int type, const uint8_t *P, int64_t K, const int64_t *ids, 
     uint8_t block[128]; /* a block of any type (deq_row's F32 case reads 128) */
     for (int64_t i = 0; i < n; i++)
         for (int64_t b = 0; b < nb; b++) {
-            packed_block(type, P, nb, ids[i], b, block);
+            move_block(type, (uint8_t *)P, nb, ids[i], b, block, 0);
             deq_row(type, block, out + i * K + 32 * b, 32);
         }
     return 0;
@@ -827,26 +848,12 @@ int fk_matmul_packed(int type, const uint8_t *P, int64_t N, int64_t K, const flo
 #if HAVE_PACKED
     if (fk_packed_bytes(type, N, K) < 0 || !table_ready) return -1;
     /* the activations in tiles of 8 tokens: a tile's 8 tokens of one block side by side */
-    Act8 a = {K, K / 32, NULL, NULL, NULL, NULL, 1};
-    const int64_t Tp = (T + 7) / 8 * 8;
-    a.q = (int8_t *)malloc((size_t)(Tp * K));
-    a.d = (float *)malloc((size_t)(2 * Tp * a.nb) * sizeof(float));
-    a.qs = (int32_t *)malloc((size_t)(Tp * a.nb) * sizeof(int32_t));
-    if (!a.q || !a.d || !a.qs) {
-        free(a.q);
-        free(a.d);
-        free(a.qs);
-        return -2;
-    }
-    a.s = a.d + Tp * a.nb;
-    quantize_rows(X, T, K, &a);
-    const int64_t groups = (N + XR - 1) / XR;
+    Act8 a;
+    if (act8_quantize(X, T, K, 1, &a)) return -2;
 #pragma omp parallel num_threads(threads)
     {
-        const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-        const int64_t per = (groups + nt - 1) / nt;
-        const int64_t g0 = per * id < groups ? per * id : groups;
-        const int64_t g1 = per * (id + 1) < groups ? per * (id + 1) : groups;
+        int64_t g0, g1; /* this thread's groups of rows */
+        thread_share((N + XR - 1) / XR, &g0, &g1);
         const int64_t chunk = (TOKEN_CHUNK_BYTES / K > 8 ? TOKEN_CHUNK_BYTES / K : 8) & ~(int64_t)7;
         for (int64_t t0 = 0; t0 < T; t0 += chunk) {
             const int64_t t1 = t0 + chunk < T ? t0 + chunk : T;
@@ -857,9 +864,7 @@ int fk_matmul_packed(int type, const uint8_t *P, int64_t N, int64_t K, const flo
             }
         }
     }
-    free(a.q);
-    free(a.d);
-    free(a.qs);
+    act8_free(&a);
     return 0;
 #else
     (void)type; (void)P; (void)N; (void)K; (void)X; (void)T; (void)Y; (void)threads;
@@ -887,25 +892,16 @@ int fk_matmul(int type, const uint8_t *W, int64_t N, int64_t K, const float *X, 
     if (rb < 0 || (blocked(type) && K % 32) || !table_ready) return -1;
 #ifdef __AVX2__
     if (is_integer(type)) {
-        Act8 a = {K, K / 32, NULL, NULL, NULL, NULL, 0};
-        a.q = (int8_t *)malloc((size_t)(T * K));
-        a.d = (float *)malloc((size_t)(2 * T * a.nb) * sizeof(float));
-        if (!a.q || !a.d) {
-            free(a.q);
-            free(a.d);
-            return -2;
-        }
-        a.s = a.d + T * a.nb;
-        quantize_rows(X, T, K, &a);
+        Act8 a;
+        if (act8_quantize(X, T, K, 0, &a)) return -2;
         int failed = 0;
 #pragma omp parallel num_threads(threads)
         {
             /* each thread takes a range of rows (a multiple of 4), and goes over the tokens
              * in chunks whose codes stay in its L2 cache */
-            const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-            const int64_t tiles = (N + 3) / 4, per = (tiles + nt - 1) / nt;
-            const int64_t n0 = 4 * per * id < N ? 4 * per * id : N;
-            const int64_t n1 = 4 * per * (id + 1) < N ? 4 * per * (id + 1) : N;
+            int64_t q0, q1; /* this thread's quads of rows */
+            thread_share((N + 3) / 4, &q0, &q1);
+            const int64_t n0 = 4 * q0 < N ? 4 * q0 : N, n1 = 4 * q1 < N ? 4 * q1 : N;
             const int64_t chunk = (TOKEN_CHUNK_BYTES / K) & ~(int64_t)1;
             float *mw = (float *)malloc((size_t)(4 * a.nb) * sizeof(float));
             if (!mw) {
@@ -919,8 +915,7 @@ int fk_matmul(int type, const uint8_t *W, int64_t N, int64_t K, const float *X, 
             }
             free(mw);
         }
-        free(a.q);
-        free(a.d);
+        act8_free(&a);
         return failed ? -2 : 0;
     }
 #endif
@@ -1276,8 +1271,6 @@ void fk_qk_rope(float *QKV, int64_t stride, int64_t T, int64_t nq, int64_t nkv, 
         }
     }
 }
-
-/* OUT[t] = silu(GU[t, :I]) * GU[t, I:] for T rows of 2I values (SwiGLU). */
 
 /* OUT[t] = silu(gate) * up for GU[t] = [gate | up]: 8 lanes at a time, the rest (a row's
  * last I % 8) with expf; an element's arithmetic depends only on its place in the row. */

@@ -289,9 +289,7 @@ class LinearFactory:
     def embedding(self, m: QMatrix, head: bool = False) -> Embedding:
         """`head`: the embedding is also the output head (tied): held in the head's layout,
         one copy for both (`tied_head`)."""
-        if head and self._lib is not None and m.qtype != QT.F32:
-            m = self._packed(m)
-        return Embedding(m, self._lib, self.threads)
+        return Embedding(self._packed(m) if head else m, self._lib, self.threads)
 
     def tied_head(self, embedding: Embedding) -> Linear:
         """The output head over `embedding`'s own weight."""

@@ -106,7 +106,8 @@ def test_the_packed_layout_keeps_every_byte_and_every_sum(qtype: QT) -> None:
     assert np.abs(together - want).max() <= 1e-5 * np.abs(want).max()
 
 
-@pytest.mark.skipif(GROUP != 16, reason="the 8-row build is checked against the 16-row one")
+@pytest.mark.skipif(GROUP != 16, reason="this CPU has no AVX512-VNNI: its own build is the "
+                                          "8-row one, which the other tests check")
 def test_the_8_row_layout_of_avx_vnni_cpus_gives_the_same_bits(tmp_path) -> None:
     """CPUs with AVX-VNNI but not AVX512-VNNI pack 8 rows to a group (256-bit vectors): that
     build, made here with -DFK_PACK_ROWS=8, keeps the bytes and computes the same bits."""
