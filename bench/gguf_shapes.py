@@ -5,7 +5,10 @@ Shapes: "qwen3-0.6b" (Qwen3-0.6B: 28 layers, hidden 1024, FFN 3072, 16 / 8 heads
 "llama-8b" (Llama-3.1-8B: 32 layers, hidden 4096, FFN 14336, 32 / 8 heads of 128), both with
 SmolLM2's tokenizer (49,152 tokens: the vocabulary is the only part not to scale). Blocks are
 random bytes with small finite scales, so writing 4 GB takes seconds, not a quantizer's
-minutes; the numbers are meaningless, the bytes moved per token are real.
+minutes; the numbers are meaningless, the bytes moved per token are real. Formats: one type
+for every matrix (Q4_0, Q8_0, ...), or "Q4_K_M", llama.cpp's mix of that name: Q4_K, with
+Q6_K for the output head and for attn_v and ffn_down in the layers llama.cpp gives more bits
+(the first and last eighth, and every third between).
 
     .venv/bin/python bench/gguf_shapes.py llama-8b Q4_0     (prints the file's path)
 """
@@ -29,24 +32,38 @@ TOKENIZER_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.
                   "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id")
 
 
+# where a block's f16 scales sit, and their value (|weights| below about 0.1-0.3)
+SCALES = {"Q4_0": ((0,), 0.002), "Q8_0": ((0,), 0.002), "Q4_K": ((0, 2), 1e-4),
+          "Q6_K": ((208,), 1e-5)}
+
+
 def _random_blocks(rng: np.random.Generator, rows: int, cols: int, qtype) -> np.ndarray:
-    """Random Q4_0 / Q8_0 blocks whose f16 scale (the first 2 bytes) is 0.002."""
+    """Random blocks of `qtype` (one of SCALES) with small finite scales."""
     from gguf import GGML_QUANT_SIZES
 
     block, size = GGML_QUANT_SIZES[qtype]
     out = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
-    out[:, :, 0:2] = np.frombuffer(np.float16(0.002).tobytes(), dtype=np.uint8)
+    at, value = SCALES[qtype.name]
+    for i in at:
+        out[:, :, i : i + 2] = np.frombuffer(np.float16(value).tobytes(), dtype=np.uint8)
     return out.reshape(rows, -1)
 
 
+def _more_bits(layer: int, layers: int) -> bool:
+    """The layers whose attn_v and ffn_down llama.cpp's Q4_K_M stores in Q6_K."""
+    return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
+
+
 def shaped_gguf(shape: str, qtype_name: str) -> Path:
-    """The file for `shape` with its matrices in `qtype_name` (Q4_0 or Q8_0), written if
-    missing."""
+    """The file for `shape` with its matrices in `qtype_name` (Q4_0, Q8_0, Q4_K_M), written
+    if missing."""
     from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 
     from npu.load.model import default_model_path
 
-    qtype = GGMLQuantizationType[qtype_name]
+    mixed = qtype_name == "Q4_K_M"
+    qtype = GGMLQuantizationType["Q4_K" if mixed else qtype_name]
+    more = GGMLQuantizationType.Q6_K if mixed else qtype
     path = cache_dir() / "bench-gguf" / f"{shape}-{qtype_name}.gguf"
     if path.exists():
         return path
@@ -75,14 +92,14 @@ def shaped_gguf(shape: str, qtype_name: str) -> Path:
         w.add_uint32(key, int(meta[key]))
     rng = np.random.default_rng(0)
 
-    def mat(name: str, rows: int, cols: int) -> None:
-        w.add_tensor(name, _random_blocks(rng, rows, cols, qtype), raw_dtype=qtype)
+    def mat(name: str, rows: int, cols: int, kind=qtype) -> None:
+        w.add_tensor(name, _random_blocks(rng, rows, cols, kind), raw_dtype=kind)
 
     def vec(name: str, n: int) -> None:
         w.add_tensor(name, np.ones(n, dtype=np.float32))
 
     mat("token_embd.weight", V, H)
-    mat("output.weight", V, H)
+    mat("output.weight", V, H, more)
     vec("output_norm.weight", H)
     for i in range(layers):
         p = f"blk.{i}."
@@ -93,11 +110,11 @@ def shaped_gguf(shape: str, qtype_name: str) -> Path:
             vec(p + "attn_k_norm.weight", hd)
         mat(p + "attn_q.weight", nq * hd, H)
         mat(p + "attn_k.weight", nkv * hd, H)
-        mat(p + "attn_v.weight", nkv * hd, H)
+        mat(p + "attn_v.weight", nkv * hd, H, more if _more_bits(i, layers) else qtype)
         mat(p + "attn_output.weight", H, nq * hd)
         mat(p + "ffn_gate.weight", F, H)
         mat(p + "ffn_up.weight", F, H)
-        mat(p + "ffn_down.weight", H, F)
+        mat(p + "ffn_down.weight", H, F, more if _more_bits(i, layers) else qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

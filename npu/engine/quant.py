@@ -5,9 +5,11 @@ independent: concatenating matrices by rows, reordering rows (the Llama Q/K perm
 reading a few rows (embedding lookups) work on the bytes, never on a float copy.
 
 Formats: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 are held as they are (the CPU kernels
-compute them directly); the k-quants Q2_K .. Q6_K are converted to Q8_0 at load
-(`to_native`, which reports the error it made). The numpy reference (`dequantize`) is
-gguf's own, the oracle for every other backend.
+compute them directly). The k-quants are converted at load (`to_native`, which reports the
+error it made): Q4_K to Q4_1 with its own 4-bit codes (a Q4_K sub-block of 32 values is a
+Q4_1 block whose scale and offset are products of the super-block's f16 factors and 6-bit
+integers, rounded here to f16), the others (Q2_K, Q3_K, Q5_K, Q6_K) to Q8_0. The numpy
+reference (`dequantize`) is gguf's own, the oracle for every other backend.
 """
 
 from __future__ import annotations
@@ -32,6 +34,40 @@ def row_bytes(qtype: QT, cols: int) -> int:
     if cols % block:
         raise ModelError(f"{qtype.name} needs rows of a multiple of {block} values, not {cols}")
     return cols // block * size
+
+
+def q4_k_as_q4_1(data: np.ndarray) -> tuple[np.ndarray, float]:
+    """Q4_K rows (super-blocks of 256 values, 144 bytes: f16 d and dmin, twelve bytes of 6-bit
+    scales and mins for 8 sub-blocks of 32, then 4-bit codes: per 64 values 32 bytes whose
+    low nibbles are the first sub-block, high nibbles the second) as Q4_1 rows with the same
+    codes (blocks of 32, 20 bytes: f16 scale d * sc, f16 offset -dmin * m, then value i in
+    byte i's low nibble and value i + 16 in its high one), and a bound on the error: the f16
+    rounding of the scales and offsets (about 2^-12 of a value, against Q8_0's 2^-8),
+    relative to the largest value a block can hold. No value is computed."""
+    rows = data.shape[0]
+    b = np.ascontiguousarray(data).reshape(-1, 144)
+    n = b.shape[0]
+    d = b[:, 0:2].copy().view(np.float16).astype(np.float32)
+    dmin = b[:, 2:4].copy().view(np.float16).astype(np.float32)
+    packed = b[:, 4:16].reshape(n, 3, 4)
+    lo, hi, both = packed[:, 0], packed[:, 1], packed[:, 2]
+    # sub-blocks 0-3: the low 6 bits of bytes 0-3 (scales) and 4-7 (mins); sub-blocks 4-7:
+    # a nibble of bytes 8-11 below the top 2 bits of bytes 0-3 (scales) and 4-7 (mins)
+    sc = np.concatenate([lo & 63, (both & 15) | ((lo >> 6) << 4)], axis=1)
+    mn = np.concatenate([hi & 63, (both >> 4) | ((hi >> 6) << 4)], axis=1)
+    scale, offset = d * sc, -(dmin * mn)  # exact in float32, as llama.cpp computes them
+    with np.errstate(over="ignore", invalid="ignore"):
+        scale16, offset16 = scale.astype(np.float16), offset.astype(np.float16)
+        err = 15 * np.abs(scale16 - scale) + np.abs(offset16 - offset)
+        top = np.maximum(np.abs(offset), np.abs(offset + 15 * scale))
+        bound = float(err.max() / (top.max() or 1.0)) if n else 0.0
+    qs = b[:, 16:].reshape(n, 4, 1, 32)
+    codes = np.concatenate([qs & 15, qs >> 4], axis=2).reshape(n, 8, 32)
+    out = np.empty((n, 8, 20), np.uint8)
+    out[:, :, 0:2] = scale16[..., None].view(np.uint8)
+    out[:, :, 2:4] = offset16[..., None].view(np.uint8)
+    out[:, :, 4:] = codes[:, :, :16] | (codes[:, :, 16:] << 4)
+    return out.reshape(rows, -1), bound
 
 
 class QMatrix:
@@ -82,12 +118,16 @@ class QMatrix:
 
     def to_native(self) -> tuple[QMatrix, float]:
         """This matrix in a format the CPU kernels compute, and the largest error of the
-        conversion relative to the largest value (0.0 when it is one already)."""
+        conversion relative to the largest value (0.0 when it is one already; for Q4_K a
+        bound on it)."""
         if self.qtype in NATIVE:
             return self, 0.0
         if self.qtype not in CONVERTED:
             raise ModelError(f"tensor type {self.qtype.name} is not supported (supported: "
                              f"{', '.join(sorted(t.name for t in NATIVE | CONVERTED))})")
+        if self.qtype == QT.Q4_K:
+            data, bound = q4_k_as_q4_1(self.data)
+            return QMatrix(QT.Q4_1, self.shape, data), bound
         values = self.dequantize()
         out = QMatrix(QT.Q8_0, self.shape, quants.quantize(values, QT.Q8_0))
         scale = float(np.abs(values).max()) or 1.0

@@ -254,7 +254,8 @@ def read_gguf(path: Path, *, progress: bool = True) -> GGUFModel:
             except ModelError as exc:
                 raise ModelError(f"{path}: tensor {name}: {exc}") from None
             if err is not None:
-                converted.append(f"{name} {qtype.name}->Q8_0 (max error {err:.2e} of max |w|)")
+                converted.append(f"{name} {qtype.name}->{tensors[target].qtype.name} "
+                                 f"(max error {err:.2e} of max |w|)")
     elapsed = bar.end() if bar else 0.0
     del reader
     if converted:
