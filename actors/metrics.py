@@ -50,6 +50,9 @@ SPECS: dict[str, MetricSpec] = {
     "flm_waiting_requests": MetricSpec(
         "gauge", "Requests a worker has admitted whose prompt is not prefilled yet.",
         ("model", "replica")),
+    "flm_preemptions_total": MetricSpec(
+        "counter", "Requests paused because the KV cache could not hold every running "
+        "sequence's next token (they go on when there is room).", ("model",)),
     "flm_kv_cache_bytes": MetricSpec(
         "gauge", "Bytes a worker's KV cache holds.", ("model", "replica")),
     "flm_kv_cache_blocks": MetricSpec(

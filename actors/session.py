@@ -51,6 +51,7 @@ class Choice:
         self.detok = session.model.tokenizer.detokenizer(at_start=session.at_start)
         self.stops = StopMatcher(session.stop_strings)
         self.generated = 0
+        self.tokens: list[int] = []  # sampled so far (the last one is next_token until fed)
         self.next_token: int | None = None
         self.done = False
         self.mask = np.zeros(mask_words(session.vocab_size), dtype=np.uint32)
@@ -71,6 +72,7 @@ class Choice:
             self.constraint.accept(token)
         self.sampler.accept(token)
         self.generated += 1
+        self.tokens.append(token)
         lp = None
         if s.request.logprobs:
             lp = [self._logprob(logits, token)]

@@ -7,6 +7,10 @@ flowing (several short prompts share one prefill forward), every running sequenc
 in one batched forward, and the grammar masks for the batch are computed in a second
 thread while that forward runs (xgrammar and BLAS both release the GIL). A session whose
 consumer goes away is cancelled at the next step, and its KV cache and slot are freed.
+When the KV cache cannot hold the next step of every running sequence, the newest session
+is paused (vLLM's recompute preemption): its blocks go back to the cache, and when there is
+room again it takes back what the cache still holds of its tokens, recomputes the rest and
+goes on where it stopped; its client only waits.
 
 The decode thread also paces delivery: a stream's events wait in its outbox and go out
 together at most once per stream interval (its first token and its end at once), and all
@@ -225,13 +229,14 @@ class Worker:
         outboxes: dict[int, _Outbox] = {}
         waiting: list[Session] = []  # admitted, prompt not fully prefilled
         running: list[Session] = []
+        paused: list[Session] = []  # running ones whose KV gave way to the others
         # A decode step holds the GIL in short bursts; a smaller switch interval lets the
         # event loop thread forward events promptly.
         sys.setswitchinterval(0.001)
         try:
             while not self._stop.is_set():
                 # admit what has arrived; when idle, wait a little for the next request
-                block = not waiting and not running
+                block = not waiting and not running and not paused
                 try:
                     while True:
                         if block:
@@ -243,19 +248,21 @@ class Worker:
                         waiting.append(session)
                 except queue.Empty:
                     pass
-                self._drop_cancelled(waiting, running, outboxes)
-                self._count(waiting, running)
-                if not waiting and not running:
+                self._drop_cancelled((waiting, running, paused), outboxes)
+                self._count(waiting, running, paused)
+                if not waiting and not running and not paused:
                     continue
-                if waiting:  # a first token goes out before the decode step
+                if paused:  # they go on before new prompts start
+                    self._deliver(outboxes, self._resume_step(paused, running, outboxes))
+                elif waiting:  # a first token goes out before the decode step
                     self._deliver(outboxes, self._prefill_step(waiting, running, outboxes))
                 if running:
-                    self._deliver(outboxes, self._decode_step(running, outboxes))
-                self._count(waiting, running)
+                    self._deliver(outboxes, self._decode_step(running, paused, outboxes))
+                self._count(waiting, running, paused)
         except BaseException as exc:  # the worker is broken: tell every stream
             log.exception("decode loop failed")
             self.error = exc
-            for session in waiting + running:
+            for session in waiting + running + paused:
                 outbox = outboxes.pop(session.id, None)
                 if outbox is not None:
                     outbox.put(Failed(message=f"The model worker failed: {exc}"))
@@ -286,17 +293,18 @@ class Worker:
             except RuntimeError:  # that event loop is closed: nobody is listening
                 pass
 
-    def _count(self, waiting: list[Session], running: list[Session]) -> None:
-        self.active = len(running) + len(waiting)
-        self.waiting = len(waiting)
+    def _count(self, waiting: list[Session], running: list[Session],
+               paused: list[Session]) -> None:
+        self.active = len(running) + len(waiting) + len(paused)
+        self.waiting = len(waiting) + len(paused)
         self.running_seqs = self._running_seqs(running)
 
     @staticmethod
     def _running_seqs(running: list[Session]) -> int:
         return sum(1 for s in running for c in s.choices if not c.done)
 
-    def _drop_cancelled(self, waiting, running, outboxes) -> None:
-        for group in (waiting, running):
+    def _drop_cancelled(self, groups, outboxes) -> None:
+        for group in groups:
             for session in [s for s in group if s.cancelled]:
                 group.remove(session)
                 self._release(session)
@@ -391,10 +399,10 @@ class Worker:
                 running.append(session)
         return ended
 
-    def _decode_step(self, running: list[Session], outboxes: dict[int, _Outbox]
-                     ) -> list[_Outbox]:
+    def _decode_step(self, running: list[Session], paused: list[Session],
+                     outboxes: dict[int, _Outbox]) -> list[_Outbox]:
         """One token for every running choice; returns the outboxes of ended sessions."""
-        ended = self._make_room(running, outboxes)
+        ended = self._make_room(running, paused, outboxes)
         batch: list[Choice] = [c for s in running for c in s.choices if not c.done]
         if batch:
             constrained = [c for c in batch if c.constraint is not None]
@@ -433,22 +441,69 @@ class Worker:
                                                             session.prompt_ids)
             session.prefilled = session.cached
 
-    def _make_room(self, running: list[Session], outboxes: dict[int, _Outbox]
-                   ) -> list[_Outbox]:
+    def _make_room(self, running: list[Session], paused: list[Session],
+                   outboxes: dict[int, _Outbox]) -> list[_Outbox]:
         """KV blocks for the step: while the running choices need more than the cache can
-        give, the newest session stops with an error (its blocks are freed); returns their
-        outboxes."""
+        give, the newest session is paused (its blocks go back to the cache), or, when it is
+        the only one left, stops with an error; returns the outboxes of those stopped."""
         engine = self.model.engine
         ended: list[_Outbox] = []
         while running and engine.blocks_needed(
                 [(c.seq_id, 1) for s in running for c in s.choices if not c.done]) \
                 > engine.blocks_available():
-            session = running.pop()
-            self._release(session)
-            log.warning("KV cache full: request %s stopped", session.request.request_id)
-            outbox = outboxes.pop(session.id)
-            outbox.put(Failed(message="The KV cache is full (kv_cache_bytes): this request "
-                              "was stopped to let the others finish; retry it."))
-            outbox.put(_End)
-            ended.append(outbox)
+            session = max(running, key=lambda s: s.id)
+            running.remove(session)
+            for c in session.choices:
+                engine.release(c.seq_id)
+            if running:
+                paused.append(session)
+                paused.sort(key=lambda s: s.id)
+                self.metrics.inc("flm_preemptions_total", self.model.name)
+                log.info("KV cache full: request %s paused", session.request.request_id)
+                continue
+            ended.append(self._fail_for_room(session, outboxes))
         return ended
+
+    def _resume_step(self, paused: list[Session], running: list[Session],
+                     outboxes: dict[int, _Outbox]) -> list[_Outbox]:
+        """The oldest paused session goes on once its tokens fit beside a step of every
+        running sequence: each live choice takes back what the cache holds of its prompt and
+        output so far and recomputes the rest, then it runs again (its next token was
+        sampled before it was paused). Alone and still too big, it stops with an error."""
+        session = paused[0]
+        engine = self.model.engine
+        live = [c for c in session.choices if not c.done]
+        fed = {c.index: session.prompt_ids + c.tokens[:-1] for c in live}
+        # (the blocks the cache still holds count as available until taken back)
+        need = engine.blocks_needed([(c.seq_id, len(fed[c.index]) + 1) for c in live])
+        if need + self._running_seqs(running) > engine.blocks_available():
+            if running:
+                return []
+            paused.pop(0)
+            return [self._fail_for_room(session, outboxes)]
+        paused.pop(0)
+        try:
+            for c in live:
+                ids = fed[c.index]
+                done = engine.reuse_prefix(c.seq_id, ids)
+                while done < len(ids):
+                    engine.prefill_many([(c.seq_id, ids[done : done + PREFILL_CHUNK])])
+                    done += PREFILL_CHUNK
+        except KVCacheFull:  # (the check above makes this a bug; answer it cleanly)
+            log.exception("resuming request %s ran out of KV blocks",
+                          session.request.request_id)
+            for c in session.choices:
+                engine.release(c.seq_id)
+            return [self._fail_for_room(session, outboxes)]
+        running.append(session)
+        return []
+
+    def _fail_for_room(self, session: Session, outboxes: dict[int, _Outbox]) -> _Outbox:
+        """`session` cannot go on even alone in the KV cache: it ends with an error."""
+        self._release(session)
+        log.warning("KV cache full: request %s stopped", session.request.request_id)
+        outbox = outboxes.pop(session.id)
+        outbox.put(Failed(message="The KV cache is full (kv_cache_bytes): this request "
+                          "cannot go on in it; retry it shorter, or raise kv_cache_bytes."))
+        outbox.put(_End)
+        return outbox

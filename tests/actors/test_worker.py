@@ -173,30 +173,54 @@ def test_a_prompt_larger_than_the_kv_budget_is_a_503(tmp_path) -> None:
     w.close()
 
 
-def test_when_decoding_runs_out_of_blocks_the_newest_request_stops(tmp_path) -> None:
-    """Three blocks for two requests that each grow past one: the one admitted last ends
-    with an error and frees its blocks; the other runs to its end."""
-    folder = ensure_tiny(tmp_path / "cache")
-    probe = load_model(folder).engine.kv.block_bytes
-    w = Worker(lambda: load_model(folder, kv_cache_bytes=3 * probe, prefix_cache=False))
+def _texts(w: Worker, reqs: list[GenerateRequest]) -> list[list]:
+    async def one(req):
+        return [ev async for batch in w.generate(req) for ev in batch]
 
     async def run():
-        reqs = [GenerateRequest(request_id=f"r{i}", kind="completion", prompt=f"{i} hello",
-                                max_tokens=30, seed=i, ignore_eos=True) for i in range(2)]
-
-        async def one(req):
-            return [ev async for batch in w.generate(req) for ev in batch]
-
         return await asyncio.gather(*(one(r) for r in reqs))
+
+    return asyncio.run(run())
+
+
+def _text(events: list) -> str:
+    return "".join(e.text or "" for e in events if isinstance(e, Deltas))
+
+
+@pytest.mark.parametrize("prefix_cache", [False, True])
+def test_when_decoding_runs_out_of_blocks_the_newest_request_waits(tmp_path,
+                                                                   prefix_cache) -> None:
+    """Six blocks for two requests that need three and six (n=2): the one admitted last is
+    paused (its blocks freed) while the other runs to its end, then goes on where it
+    stopped, and each output is the one it gets alone (its KV recomputed, or taken back from
+    the cache). One that cannot fit even alone ends with an error."""
+    folder = ensure_tiny(tmp_path / "cache")
+    model = lambda **kw: load_model(folder, quantize="q8_0", **kw)  # noqa: E731
+    probe = model().engine.kv.block_bytes
+    reqs = [GenerateRequest(request_id=f"r{i}", kind="completion", prompt=f"{i} hello",
+                            max_tokens=38, seed=i, ignore_eos=True, n=1 + i)
+            for i in range(2)]
+    alone = Worker(lambda: model())
+    expected = [_texts(alone, [r])[0] for r in reqs]
+    alone.close()
+
+    w = Worker(lambda: model(kv_cache_bytes=6 * probe, prefix_cache=prefix_cache))
+    got = _texts(w, reqs)
+    for events, want in zip(got, expected):
+        assert isinstance(events[-1], Usage)
+        for i in range(2):
+            mine = [e for e in events if getattr(e, "index", 0) == i]
+            assert _text(mine) == _text([e for e in want if getattr(e, "index", 0) == i])
+    assert w.metrics.snapshot().get("flm_preemptions_total")
+    assert w.model.engine.kv.held() == 0
 
     from actors.events import Failed
 
-    a, b = asyncio.run(run())
-    ends = sorted(type(evs[-1]).__name__ for evs in (a, b))
-    assert ends == ["Failed", "Usage"]
-    failed = a if isinstance(a[-1], Failed) else b
-    assert "KV cache is full" in failed[-1].message
-    assert w.model.engine.kv.held() == 0
+    too_long = GenerateRequest(request_id="x", kind="completion", prompt="hello",
+                               max_tokens=100, ignore_eos=True)
+    events = _texts(w, [too_long])[0]
+    assert isinstance(events[-1], Failed) and "cannot go on" in events[-1].message
+    assert isinstance(_texts(w, [reqs[0]])[0][-1], Usage)  # the worker goes on
     w.close()
 
 
