@@ -28,6 +28,7 @@ import asyncio
 import json
 import os
 import random
+import shutil
 import signal
 import statistics
 import subprocess
@@ -179,11 +180,11 @@ class Cluster:
     configs/serve.env's settings. Its processes are found again by the head's temp dir
     (every node's command line names it) and their descendants."""
 
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], temp_prefix: str) -> None:
         from deployments.serve_env import free_port
 
         self.env = env
-        self.temp = tempfile.mkdtemp(prefix="flm-soak-ray-")
+        self.temp = tempfile.mkdtemp(prefix=temp_prefix)
         ray_cli = str(Path(sys.executable).with_name("ray"))
         common = ["--num-cpus=2", '--resources={"NPU": 1}', "--disable-usage-stats"]
         subprocess.run([ray_cli, "start", "--head", f"--port={free_port()}",
@@ -353,7 +354,7 @@ def two_nodes(seconds: float, clients: int, cache: Path) -> list[tuple[str, bool
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env.update(serve_environ(env, private_ports=True), FLM_CACHE=str(cache),
                RAY_AUTH_MODE="token")
-    cluster = Cluster(env)
+    cluster = Cluster(env, f"{cache}-ray-")
     launcher = None
     try:
         port = free_port()
@@ -479,7 +480,13 @@ def main() -> int:
         checks += two_nodes(seconds, clients, cache)
     for what, ok in checks:
         print(f"{'ok  ' if ok else 'FAIL'} {what}")
-    return 0 if all(ok for _, ok in checks) else 1
+    temp = [cache, *cache.parent.glob(f"{cache.name}-ray-*")]
+    if all(ok for _, ok in checks):
+        for folder in temp:
+            shutil.rmtree(folder, ignore_errors=True)
+        return 0
+    print("kept for inspection (the model cache, Ray's logs): " + " ".join(map(str, temp)))
+    return 1
 
 
 async def _run(url: str, clients: int, until: float, tally: Tally) -> None:
