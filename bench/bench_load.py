@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_load.py [--quick] [shape:format ...]
 
 Default files: smollm2-135m (the default model), qwen3-0.6b:Q4_0 and llama-8b:Q4_0 (random
-weights of those shapes, bench/gguf_shapes.py). Each is loaded in a fresh process, which
+weights of those shapes, bench/gguf_shapes.py; any of its formats, e.g. llama-8b:Q4_K_M). Each is loaded in a fresh process, which
 reports: load time; peak RSS while loading against (quantized weight bytes + the largest
 tensor in float32 + 300 MB; the KV cache is empty then); RSS after load against 1.2x the
 weights as held; decode tokens/s at batch 1 after a short prompt.
@@ -32,9 +32,8 @@ def _rss() -> int:
 def measure(spec: str, steps: int) -> dict:
     """In this process: load the model `spec` and measure it."""
     import numpy as np
-    from gguf import GGUFReader
-
     from npu import load_model
+    from npu.load.gguf_header import read_header
     from npu.load.model import default_model_path
 
     if spec == "smollm2-135m":
@@ -43,10 +42,9 @@ def measure(spec: str, steps: int) -> dict:
         from bench.gguf_shapes import shaped_gguf
 
         path = shaped_gguf(*spec.split(":"))
-    reader = GGUFReader(str(path))
-    file_bytes = sum(int(t.n_bytes) for t in reader.tensors)
-    largest = max(int(t.n_elements) for t in reader.tensors) * 4
-    del reader
+    tensors = read_header(path).tensors
+    file_bytes = sum(t.n_bytes for t in tensors)
+    largest = max(int(np.prod(t.shape)) for t in tensors) * 4
     base = _rss()
     start = time.perf_counter()
     model = load_model(path)

@@ -1,10 +1,9 @@
 """read_gguf: a GGUF file as what a Hugging Face directory gives: a config.json dict, the
 tokenizer's metadata, the chat template and the tensors under Hugging Face names.
 
-The file is read with `gguf.GGUFReader` for its metadata and tensor table; each tensor's
-bytes are then read into memory of our own (no float32 copy of any matrix): matrices become
-`QMatrix` in their block format (k-quants converted to Q8_0, logged with the error made),
-vectors float32. What llama.cpp's converter changed is undone: the Llama family's Q/K row
+The metadata and tensor table come from `gguf_header.read_header`; each tensor's bytes are
+then read into memory of our own (no float32 copy of any matrix): matrices become `QMatrix`
+in their block format (k-quants converted, logged with the error made), vectors float32. What llama.cpp's converter changed is undone: the Llama family's Q/K row
 permutation (rows are independent in every block format, so this reorders bytes) and
 Gemma's `1 +` folded into its norm weights. A file that cannot be read, an unknown
 architecture, an unsupported tensor type or a tensor whose shape disagrees with the
@@ -22,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from npu.engine.quant import QMatrix, QT
+from npu.load.gguf_header import TensorInfo, read_header
 from npu.errors import ModelError
 
 log = logging.getLogger(__name__)
@@ -77,18 +77,6 @@ class GGUFModel:
     @property
     def chat_template(self) -> str | None:
         return self.meta.get("tokenizer.chat_template")
-
-
-def _metadata(reader, path: Path) -> dict[str, Any]:
-    meta = {}
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF."):
-            continue
-        try:
-            meta[key] = field.contents()
-        except Exception as exc:  # a field of a kind the reader cannot decode
-            raise ModelError(f"{path}: metadata {key} cannot be read ({exc})") from None
-    return meta
 
 
 def config_from_gguf(meta: dict[str, Any], tensor_names: set[str], path: Path,
@@ -206,24 +194,21 @@ def read_gguf(path: Path, *, progress: bool = True) -> GGUFModel:
     Raises:
         ModelError: naming the file (and the tensor) for anything that cannot be served.
     """
-    from gguf import GGUFReader
-
     try:
-        reader = GGUFReader(str(path))
-    except Exception as exc:  # bad magic, truncated, corrupt tables: all ValueError & co.
+        header = read_header(path)
+    except (OSError, ValueError) as exc:  # bad magic, truncated, corrupt tables, bad UTF-8
         raise ModelError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") \
             from None
-    meta = _metadata(reader, path)
-    infos = {t.name: t for t in reader.tensors}
+    meta = header.meta
+    infos = {t.name: t for t in header.tensors}
     arch = meta.get("general.architecture")
     embed = infos.get("token_embd.weight")
     freqs = infos.get("rope_freqs.weight")
     cfg = config_from_gguf(meta, set(infos), path,
                            int(embed.shape[-1]) if embed is not None else None,
-                           np.array(freqs.data, dtype=np.float32).reshape(-1)
-                           if freqs is not None else None)
+                           _read(path, freqs).view(np.float32) if freqs is not None else None)
     shapes = _expected_shapes(cfg)
-    total = sum(int(t.n_bytes) for t in reader.tensors)
+    total = sum(t.n_bytes for t in header.tensors)
     bar = _Progress(path, total) if progress else None
     tensors: dict[str, np.ndarray | QMatrix] = {}
     converted: list[str] = []
@@ -232,21 +217,18 @@ def read_gguf(path: Path, *, progress: bool = True) -> GGUFModel:
             target = hf_name(arch, name)
             if target is None:
                 continue
-            shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # [rows, cols]
+            shape = t.shape[::-1]  # [rows, cols]
             kind = ".".join(name.split(".")[2:]) if name.startswith("blk.") else name
             want = shapes.get(kind)
             if want is not None and shape != want:
                 raise ModelError(f"{path}: tensor {name} has shape {list(shape)}, the metadata "
                                  f"implies {list(want)}")
             try:
-                qtype = QT(int(t.tensor_type))
+                qtype = QT(t.tensor_type)
             except ValueError:
                 raise ModelError(f"{path}: tensor {name} has unknown type {t.tensor_type}") \
                     from None
-            raw = np.empty(int(t.n_bytes), dtype=np.uint8)
-            f.seek(int(t.data_offset))
-            if f.readinto(raw) != raw.size:
-                raise ModelError(f"{path}: tensor {name} is cut short (truncated file)")
+            raw = _read(path, t, f)
             if bar:
                 bar.add(raw.size)
             try:
@@ -257,13 +239,24 @@ def read_gguf(path: Path, *, progress: bool = True) -> GGUFModel:
                 converted.append(f"{name} {qtype.name}->{tensors[target].qtype.name} "
                                  f"(max error {err:.2e} of max |w|)")
     elapsed = bar.end() if bar else 0.0
-    del reader
     if converted:
         log.warning("%s: converted %d tensors for the CPU kernels: %s%s", path.name,
                     len(converted), "; ".join(converted[:4]), " ..." if len(converted) > 4 else "")
     log.info("read %s (%s, %d tensors, %.0f MB) in %.1f s", path.name, arch, len(tensors),
              total / 1e6, elapsed)
     return GGUFModel(path, meta, cfg, tensors)
+
+
+def _read(path: Path, t: TensorInfo, f=None) -> np.ndarray:
+    """Tensor `t`'s bytes, read from `f` (the open file) or from `path`."""
+    if f is None:
+        with open(path, "rb") as f:
+            return _read(path, t, f)
+    raw = np.empty(t.n_bytes, dtype=np.uint8)
+    f.seek(t.data_offset)
+    if f.readinto(raw) != raw.size:
+        raise ModelError(f"{path}: tensor {t.name} is cut short (truncated file)")
+    return raw
 
 
 def _tensor(qtype: QT, shape: tuple[int, ...], raw: np.ndarray, arch: str, name: str,
