@@ -123,6 +123,18 @@ def test_q4_k_is_held_as_q4_1_with_its_own_codes(tmp_path: Path, tok_meta: dict)
     assert np.abs(held.dequantize() - expected).max() <= 2.0 ** -11 * np.abs(expected).max()
 
 
+@pytest.mark.parametrize("qtype", KQUANTS)
+def test_k_quant_conversions_report_a_bound_on_their_error(qtype: QT) -> None:
+    from tests.npu.gguf_files import random_blocks
+
+    m = QMatrix(qtype, (40, 512), random_blocks(np.random.default_rng(1), 40, 512, qtype))
+    out, bound = m.to_native()
+    assert out.qtype == (QT.Q4_1 if qtype == QT.Q4_K else QT.Q8_0)
+    values = m.dequantize()
+    real = np.abs(out.dequantize() - values).max() / np.abs(values).max()
+    assert real <= bound <= 1.5 * real
+
+
 def test_tokenizer_matches_transformers_on_smollm2(smollm2) -> None:
     from npu.load.model import default_model_path
 
