@@ -6,7 +6,7 @@ Shapes: "qwen3-0.6b" (Qwen3-0.6B: 28 layers, hidden 1024, FFN 3072, 16 / 8 heads
 SmolLM2's tokenizer (49,152 tokens: the vocabulary is the only part not to scale). Blocks are
 random bytes with small finite scales, so writing 4 GB takes seconds, not a quantizer's
 minutes; the numbers are meaningless, the bytes moved per token are real. Formats: one type
-for every matrix (Q4_0, Q8_0, ...), or "Q4_K_M", llama.cpp's mix of that name: Q4_K, with
+for every matrix (Q4_0 or Q8_0), or "Q4_K_M", llama.cpp's mix of that name: Q4_K, with
 Q6_K for the output head and for attn_v and ffn_down in the layers llama.cpp gives more bits
 (the first and last eighth, and every third between).
 
@@ -57,8 +57,9 @@ def _more_bits(layer: int, layers: int) -> bool:
 def shaped_gguf(shape: str, qtype_name: str) -> Path:
     """The file for `shape` with its matrices in `qtype_name` (Q4_0, Q8_0, Q4_K_M), written
     if missing."""
-    from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
+    from gguf import GGMLQuantizationType, GGUFWriter
 
+    from npu.load.gguf_header import read_header
     from npu.load.model import default_model_path
 
     mixed = qtype_name == "Q4_K_M"
@@ -68,9 +69,8 @@ def shaped_gguf(shape: str, qtype_name: str) -> Path:
     if path.exists():
         return path
     arch, layers, H, F, nq, nkv, hd = SHAPES[shape]
-    reader = GGUFReader(str(default_model_path()))
-    meta = {k: reader.fields[k].contents() for k in TOKENIZER_KEYS}
-    del reader
+    source = read_header(default_model_path()).meta
+    meta = {k: source[k] for k in TOKENIZER_KEYS}
     V = len(meta["tokenizer.ggml.tokens"])
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")

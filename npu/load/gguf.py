@@ -3,9 +3,10 @@ tokenizer's metadata, the chat template and the tensors under Hugging Face names
 
 The metadata and tensor table come from `gguf_header.read_header`; each tensor's bytes are
 then read into memory of our own (no float32 copy of any matrix): matrices become `QMatrix`
-in their block format (k-quants converted, logged with the error made), vectors float32. What llama.cpp's converter changed is undone: the Llama family's Q/K row
-permutation (rows are independent in every block format, so this reorders bytes) and
-Gemma's `1 +` folded into its norm weights. A file that cannot be read, an unknown
+in their block format (k-quants converted, logged with the error made), vectors float32.
+What llama.cpp's converter changed is undone: the Llama family's Q/K row permutation (rows
+are independent in every block format, so this reorders bytes) and Gemma's `1 +` folded
+into its norm weights. A file that cannot be read, an unknown
 architecture, an unsupported tensor type or a tensor whose shape disagrees with the
 metadata is a `ModelError` naming the file and the tensor.
 """
@@ -21,8 +22,8 @@ from typing import Any
 import numpy as np
 
 from npu.engine.quant import QMatrix, QT
-from npu.load.gguf_header import TensorInfo, read_header
 from npu.errors import ModelError
+from npu.load.gguf_header import TensorInfo, read_header
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +207,7 @@ def read_gguf(path: Path, *, progress: bool = True) -> GGUFModel:
     freqs = infos.get("rope_freqs.weight")
     cfg = config_from_gguf(meta, set(infos), path,
                            int(embed.shape[-1]) if embed is not None else None,
-                           _read(path, freqs).view(np.float32) if freqs is not None else None)
+                           _vector(path, freqs) if freqs is not None else None)
     shapes = _expected_shapes(cfg)
     total = sum(t.n_bytes for t in header.tensors)
     bar = _Progress(path, total) if progress else None
@@ -223,11 +224,7 @@ def read_gguf(path: Path, *, progress: bool = True) -> GGUFModel:
             if want is not None and shape != want:
                 raise ModelError(f"{path}: tensor {name} has shape {list(shape)}, the metadata "
                                  f"implies {list(want)}")
-            try:
-                qtype = QT(t.tensor_type)
-            except ValueError:
-                raise ModelError(f"{path}: tensor {name} has unknown type {t.tensor_type}") \
-                    from None
+            qtype = _qtype(path, t)
             raw = _read(path, t, f)
             if bar:
                 bar.add(raw.size)
@@ -237,7 +234,7 @@ def read_gguf(path: Path, *, progress: bool = True) -> GGUFModel:
                 raise ModelError(f"{path}: tensor {name}: {exc}") from None
             if err is not None:
                 converted.append(f"{name} {qtype.name}->{tensors[target].qtype.name} "
-                                 f"(max error {err:.2e} of max |w|)")
+                                 f"(error at most {err:.2e} of max |w|)")
     elapsed = bar.end() if bar else 0.0
     if converted:
         log.warning("%s: converted %d tensors for the CPU kernels: %s%s", path.name,
@@ -259,10 +256,22 @@ def _read(path: Path, t: TensorInfo, f=None) -> np.ndarray:
     return raw
 
 
+def _qtype(path: Path, t: TensorInfo) -> QT:
+    try:
+        return QT(t.tensor_type)
+    except ValueError:
+        raise ModelError(f"{path}: tensor {t.name} has unknown type {t.tensor_type}") from None
+
+
+def _vector(path: Path, t: TensorInfo) -> np.ndarray:
+    """A tensor read whole as a float32 vector (rope_freqs)."""
+    return QMatrix(_qtype(path, t), (1, int(np.prod(t.shape))), _read(path, t)).dequantize()[0]
+
+
 def _tensor(qtype: QT, shape: tuple[int, ...], raw: np.ndarray, arch: str, name: str,
             cfg: dict[str, Any]) -> tuple[np.ndarray | QMatrix, float | None]:
-    """One tensor's value, a float32 vector or a QMatrix, and the error of its conversion
-    to a format the kernels compute (None: not converted)."""
+    """One tensor's value, a float32 vector or a QMatrix, and a bound on the error of its
+    conversion to a format the kernels compute (None: not converted)."""
     if len(shape) == 1:
         value = QMatrix(qtype, (1, shape[0]), raw).dequantize()[0]
         if arch == "gemma3" and name.endswith("norm.weight"):

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import numpy as np
 from gguf import GGMLQuantizationType as QT
-from gguf import GGUFReader, GGUFWriter, quants
+from gguf import GGUFWriter, quants
 
+from npu.load.gguf_header import read_header
 from npu.load.model import default_model_path
 
 TOKENIZER_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens",
@@ -25,9 +26,8 @@ _cache: dict[str, object] = {}
 def smollm2_tokenizer_meta() -> dict:
     """SmolLM2's tokenizer metadata, read once."""
     if "meta" not in _cache:
-        reader = GGUFReader(str(default_model_path()))
-        _cache["meta"] = {k: reader.fields[k].contents() for k in TOKENIZER_KEYS
-                          if k in reader.fields}
+        source = read_header(default_model_path()).meta
+        _cache["meta"] = {k: source[k] for k in TOKENIZER_KEYS if k in source}
     return _cache["meta"]
 
 
