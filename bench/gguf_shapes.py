@@ -6,9 +6,9 @@ Shapes: "qwen3-0.6b" (Qwen3-0.6B: 28 layers, hidden 1024, FFN 3072, 16 / 8 heads
 SmolLM2's tokenizer (49,152 tokens: the vocabulary is the only part not to scale). Blocks are
 random bytes with small finite scales, so writing 4 GB takes seconds, not a quantizer's
 minutes; the numbers are meaningless, the bytes moved per token are real. Formats: one type
-for every matrix (Q4_0 or Q8_0), or "Q4_K_M", llama.cpp's mix of that name: Q4_K, with
-Q6_K for the output head and for attn_v and ffn_down in the layers llama.cpp gives more bits
-(the first and last eighth, and every third between).
+for every matrix (Q4_0 or Q8_0), or "Q4_K_M" / "Q5_K_M", llama.cpp's mixes of those names:
+Q4_K / Q5_K, with Q6_K for the output head and for attn_v and ffn_down in the layers
+llama.cpp gives more bits (the first and last eighth, and every third between).
 
     .venv/bin/python bench/gguf_shapes.py llama-8b Q4_0     (prints the file's path)
 """
@@ -34,7 +34,7 @@ TOKENIZER_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.
 
 # where a block's f16 scales sit, and their value (|weights| below about 0.1-0.3)
 SCALES = {"Q4_0": ((0,), 0.002), "Q8_0": ((0,), 0.002), "Q4_K": ((0, 2), 1e-4),
-          "Q6_K": ((208,), 1e-5)}
+          "Q5_K": ((0, 2), 5e-5), "Q6_K": ((208,), 1e-5)}
 
 
 def _random_blocks(rng: np.random.Generator, rows: int, cols: int, qtype) -> np.ndarray:
@@ -50,20 +50,20 @@ def _random_blocks(rng: np.random.Generator, rows: int, cols: int, qtype) -> np.
 
 
 def _more_bits(layer: int, layers: int) -> bool:
-    """The layers whose attn_v and ffn_down llama.cpp's Q4_K_M stores in Q6_K."""
+    """The layers whose attn_v and ffn_down llama.cpp's Q4_K_M and Q5_K_M store in Q6_K."""
     return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
 
 
 def shaped_gguf(shape: str, qtype_name: str) -> Path:
-    """The file for `shape` with its matrices in `qtype_name` (Q4_0, Q8_0, Q4_K_M), written
-    if missing."""
+    """The file for `shape` with its matrices in `qtype_name` (Q4_0, Q8_0, Q4_K_M, Q5_K_M),
+    written if missing."""
     from gguf import GGMLQuantizationType, GGUFWriter
 
     from npu.load.gguf_header import read_header
     from npu.load.model import default_model_path
 
-    mixed = qtype_name == "Q4_K_M"
-    qtype = GGMLQuantizationType["Q4_K" if mixed else qtype_name]
+    mixed = qtype_name in ("Q4_K_M", "Q5_K_M")
+    qtype = GGMLQuantizationType[qtype_name[:4] if mixed else qtype_name]
     more = GGMLQuantizationType.Q6_K if mixed else qtype
     path = cache_dir() / "bench-gguf" / f"{shape}-{qtype_name}.gguf"
     if path.exists():

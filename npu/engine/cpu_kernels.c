@@ -629,18 +629,20 @@ static void rows_int(int type, const uint8_t *W, int64_t rb, const Act8 *a, int6
 
 
 /* -- rows interleaved (packed) -------------------------------------------------------------
- * With VNNI (vpdpbusd: four u8 x s8 products summed into each int32 lane), Q4_0, Q4_1 and
- * Q8_0 weights are repacked once, in groups of XR rows (XR = the lanes of the widest VNNI
- * vector: 16 with AVX512-VNNI, 8 with AVX-VNNI): per block of 32 columns, the XR rows' f16
- * scales (then Q4_1's XR f16 offsets), then their codes arranged so that lane r of a vector
- * holds 4 consecutive codes of row r. A token's 4 codes broadcast to the XR lanes, so one
- * instruction adds 4 products to each of XR rows, and a block's scales apply to XR rows at
- * once.
- *   Q4: 4 vectors; byte 4r + i of vector k = byte 4k + i of row r's nibbles (low nibble:
- *       code 4k + i, high: code 16 + 4k + i)
+ * With VNNI (vpdpbusd: four u8 x s8 products summed into each int32 lane), Q4_0, Q4_1, Q5_0,
+ * Q5_1 and Q8_0 weights are repacked once, in groups of XR rows (XR = the lanes of the widest
+ * VNNI vector: 16 with AVX512-VNNI, 8 with AVX-VNNI): per block of 32 columns, the XR rows'
+ * f16 scales (then Q4_1's / Q5_1's XR f16 offsets), then their codes arranged so that lane r
+ * of a vector holds 4 consecutive codes of row r. A token's 4 codes broadcast to the XR
+ * lanes, so one instruction adds 4 products to each of XR rows, and a block's scales apply to
+ * XR rows at once.
+ *   Q4, Q5: 4 vectors; byte 4r + i of vector k = byte 4k + i of row r's nibbles (low nibble:
+ *       code 4k + i, high: code 16 + 4k + i); Q5 then 1 vector of fifth bits: bit j of its
+ *       byte 4r + i is the fifth bit of code 4j + i of row r (the code whose nibble is in
+ *       the j-th vector of nibbles taken apart: low nibbles of vectors 0-3, then high ones)
  *   Q8_0: 8 vectors; byte 4r + i of vector k = code 4k + i of row r + 128 (unsigned)
- * A group-block is XR blocks' bytes (Q4_0 18 XR, Q4_1 20 XR, Q8_0 34 XR). Rows past N (the
- * last group) are zero. Per row and token the sum is exact in integers, (codes - offset) .
+ * A group-block is XR blocks' bytes (Q4_0 18 XR, Q4_1 20 XR, Q5_0 22 XR, Q5_1 24 XR, Q8_0
+ * 34 XR). Rows past N (the last group) are zero. Per row and token the sum is exact in integers, (codes - offset) .
  * qx, then one float multiply-add per block: the same operations for any number of tokens. */
 #if defined(__AVX2__) && defined(__F16C__) && defined(__AVX512VNNI__) && defined(__AVX512F__) && \
     !(defined(FK_PACK_ROWS) && FK_PACK_ROWS == 8) /* -DFK_PACK_ROWS=8: the 8-row build (tests) */
@@ -651,6 +653,8 @@ typedef __m512 xvf;
 #define X_LOADI(p) _mm512_loadu_si512((const void *)(p))
 #define X_AND _mm512_and_si512
 #define X_SRLI16 _mm512_srli_epi16
+#define X_SLLI16 _mm512_slli_epi16
+#define X_OR _mm512_or_si512
 #define X_SET1_8 _mm512_set1_epi8
 #define X_SET1_32 _mm512_set1_epi32
 #define X_ZEROI _mm512_setzero_si512
@@ -672,6 +676,8 @@ typedef __m256 xvf;
 #define X_LOADI(p) _mm256_loadu_si256((const __m256i *)(p))
 #define X_AND _mm256_and_si256
 #define X_SRLI16 _mm256_srli_epi16
+#define X_SLLI16 _mm256_slli_epi16
+#define X_OR _mm256_or_si256
 #define X_SET1_8 _mm256_set1_epi8
 #define X_SET1_32 _mm256_set1_epi32
 #define X_ZEROI _mm256_setzero_si256
@@ -692,8 +698,12 @@ typedef __m256 xvf;
 
 /* Bytes of one group-block (XR blocks of 32 columns); -1: no packed layout for the type. */
 static int64_t group_block_bytes(int type) {
-    return type == Q4_0 || type == Q4_1 || type == Q8_0 ? XR * fk_row_bytes(type, 32) : -1;
+    return is_integer(type) ? XR * fk_row_bytes(type, 32) : -1;
 }
+
+/* Q4_1 and Q5_1 have an offset per block after the scale; Q5_0 and Q5_1 fifth bits. */
+static inline int has_min(int type) { return type == Q4_1 || type == Q5_1; }
+static inline int has_fifth(int type) { return type == Q5_0 || type == Q5_1; }
 
 /* The rows in a group of this build's packed layout (0: this build has none). */
 int fk_packed_rows(void) { return HAVE_PACKED ? XR : 0; }
@@ -709,7 +719,7 @@ int64_t fk_packed_bytes(int type, int64_t N, int64_t K) {
  * `pack`, else out of it (then `block` is written and P only read). */
 static void move_block(int type, uint8_t *P, int64_t nb, int64_t n, int64_t b, uint8_t *block,
                        int pack) {
-    const int64_t r = n % XR, codes = (type == Q4_1 ? 4 : 2) * XR;
+    const int64_t r = n % XR, codes = (has_min(type) ? 4 : 2) * XR;
     uint8_t *g = P + ((n / XR) * nb + b) * group_block_bytes(type);
 #define MOVE(in_p, in_block, len) memcpy(pack ? (in_p) : (in_block), pack ? (in_block) : (in_p), len)
     MOVE(g + 2 * r, block, 2);
@@ -721,10 +731,24 @@ static void move_block(int type, uint8_t *P, int64_t nb, int64_t n, int64_t b, u
             }
         return;
     }
-    if (type == Q4_1) MOVE(g + 2 * XR + 2 * r, block + 2, 2);
-    uint8_t *nib = block + (type == Q4_1 ? 4 : 2);
+    if (has_min(type)) MOVE(g + 2 * XR + 2 * r, block + 2, 2);
+    uint8_t *nib = block + (has_min(type) ? 4 : 2) + (has_fifth(type) ? 4 : 0);
     for (int k = 0; k < 4; k++) MOVE(g + codes + 4 * XR * k + 4 * r, nib + 4 * k, 4);
 #undef MOVE
+    if (has_fifth(type)) { /* the block's u32 of fifth bits <-> bit j of byte i: code 4j + i */
+        uint8_t *h = g + codes + 16 * XR + 4 * r, *qh = block + (has_min(type) ? 4 : 2);
+        uint32_t bits = 0;
+        if (pack) memcpy(&bits, qh, 4);
+        for (int i = 0; i < 4; i++) {
+            uint8_t v = 0;
+            for (int j = 0; j < 8; j++) {
+                if (pack) v |= (uint8_t)(((bits >> (4 * j + i)) & 1u) << j);
+                else bits |= (uint32_t)((h[i] >> j) & 1u) << (4 * j + i);
+            }
+            if (pack) h[i] = v;
+        }
+        if (!pack) memcpy(qh, &bits, 4);
+    }
 }
 
 /* P = W [N, K] packed (fk_packed_bytes of room). */
@@ -774,15 +798,15 @@ static inline __attribute__((always_inline)) void
 tile_packed(const int type, const int RN, const uint8_t *G, const Act8 *a, int64_t t0,
             float *Y, int64_t N, int64_t n0) {
     const int64_t nb = a->nb, gbb = group_block_bytes(type);
-    const int64_t codes = (type == Q4_1 ? 4 : 2) * XR;
-    const int32_t offset = type == Q4_0 ? 8 : type == Q8_0 ? 128 : 0;
+    const int64_t codes = (has_min(type) ? 4 : 2) * XR;
+    const int32_t offset = type == Q4_0 ? 8 : type == Q5_0 ? 16 : type == Q8_0 ? 128 : 0;
     xvf acc[8];
 #pragma GCC unroll 8
     for (int t = 0; t < RN; t++) acc[t] = X_ZEROF();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *p = G + b * gbb;
         const xvf dw = X_SCALES(p);
-        const xvf mw = type == Q4_1 ? X_SCALES(p + 2 * XR) : X_ZEROF();
+        const xvf mw = has_min(type) ? X_SCALES(p + 2 * XR) : X_ZEROF();
         xvi c[8];
         if (type == Q8_0) {
 #pragma GCC unroll 8
@@ -794,6 +818,17 @@ tile_packed(const int type, const int RN, const uint8_t *G, const Act8 *a, int64
                 const xvi v = X_LOADI(p + codes + 4 * XR * k);
                 c[k] = X_AND(v, low4);
                 c[k + 4] = X_AND(X_SRLI16(v, 4), low4);
+            }
+            if (has_fifth(type)) { /* bit j of each byte of h -> bit 4 of c[j]'s byte */
+                const xvi h = X_LOADI(p + codes + 16 * XR), bit4 = X_SET1_8(16);
+                c[0] = X_OR(c[0], X_AND(X_SLLI16(h, 4), bit4));
+                c[1] = X_OR(c[1], X_AND(X_SLLI16(h, 3), bit4));
+                c[2] = X_OR(c[2], X_AND(X_SLLI16(h, 2), bit4));
+                c[3] = X_OR(c[3], X_AND(X_SLLI16(h, 1), bit4));
+                c[4] = X_OR(c[4], X_AND(h, bit4));
+                c[5] = X_OR(c[5], X_AND(X_SRLI16(h, 1), bit4));
+                c[6] = X_OR(c[6], X_AND(X_SRLI16(h, 2), bit4));
+                c[7] = X_OR(c[7], X_AND(X_SRLI16(h, 3), bit4));
             }
         }
         const int64_t at0 = act_at(a, t0, b); /* t0's block b; its tile's next tokens follow */
@@ -812,7 +847,7 @@ tile_packed(const int type, const int RN, const uint8_t *G, const Act8 *a, int64
             xvi s = X_ADDI(s0, s1);
             if (offset) s = X_SUBI(s, X_SET1_32(offset * a->qs[at]));
             acc[t] = X_FMA(X_CVT(s), X_MUL(dw, X_SET1F(a->d[at])), acc[t]);
-            if (type == Q4_1) acc[t] = X_FMA(mw, X_SET1F(a->s[at]), acc[t]);
+            if (has_min(type)) acc[t] = X_FMA(mw, X_SET1F(a->s[at]), acc[t]);
         }
     }
 #pragma GCC unroll 8
@@ -860,6 +895,8 @@ int fk_matmul_packed(int type, const uint8_t *P, int64_t N, int64_t K, const flo
             switch (type) {
             case Q4_0: groups_as(Q4_0, P, &a, g0, g1, t0, t1, Y, N); break;
             case Q4_1: groups_as(Q4_1, P, &a, g0, g1, t0, t1, Y, N); break;
+            case Q5_0: groups_as(Q5_0, P, &a, g0, g1, t0, t1, Y, N); break;
+            case Q5_1: groups_as(Q5_1, P, &a, g0, g1, t0, t1, Y, N); break;
             default: groups_as(Q8_0, P, &a, g0, g1, t0, t1, Y, N); break;
             }
         }

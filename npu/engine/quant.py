@@ -5,11 +5,12 @@ independent: concatenating matrices by rows, reordering rows (the Llama Q/K perm
 reading a few rows (embedding lookups) work on the bytes, never on a float copy.
 
 Formats: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 are held as they are (the CPU kernels
-compute them directly). The k-quants are converted at load (`to_native`, which reports the
-error it made): Q4_K to Q4_1 with its own 4-bit codes (a Q4_K sub-block of 32 values is a
-Q4_1 block whose scale and offset are products of the super-block's f16 factors and 6-bit
-integers, rounded here to f16), the others (Q2_K, Q3_K, Q5_K, Q6_K) to Q8_0. The numpy
-reference (`dequantize`) is gguf's own, the oracle for every other backend.
+compute them directly). The k-quants are converted at load (`to_native`, which reports a
+bound on the error it made): Q4_K and Q5_K to Q4_1 and Q5_1 with their own codes (a
+sub-block of 32 values is such a block whose scale and offset are products of the
+super-block's f16 factors and 6-bit integers, rounded here to f16), the others (Q2_K, Q3_K,
+Q6_K) to Q8_0. The numpy reference (`dequantize`) is gguf's own, the oracle for every other
+backend.
 """
 
 from __future__ import annotations
@@ -41,28 +42,40 @@ def row_bytes(qtype: QT, cols: int) -> int:
     return cols // block * size
 
 
-def q4_k_as_q4_1(data: np.ndarray) -> tuple[np.ndarray, float]:
-    """Q4_K rows (super-blocks of 256 values, 144 bytes: f16 d and dmin, twelve bytes of 6-bit
-    scales and mins for 8 sub-blocks of 32, then 4-bit codes: per 64 values 32 bytes whose
-    low nibbles are the first sub-block, high nibbles the second) as Q4_1 rows with the same
-    codes (blocks of 32, 20 bytes: f16 scale d * sc, f16 offset -dmin * m, then value i in
-    byte i's low nibble and value i + 16 in its high one), and a bound on the error: the f16
-    rounding of the scales and offsets (about 2^-12 of a value, against Q8_0's 2^-8),
-    relative to the largest value a block can hold. No value is computed."""
+# a k-quant held in the format of the same codes: (its super-block bytes, the format, the
+# format's block bytes, the codes' largest value)
+SAME_CODES = {QT.Q4_K: (144, QT.Q4_1, 20, 15), QT.Q5_K: (176, QT.Q5_1, 24, 31)}
+
+
+def k_quant_as_1(data: np.ndarray, qtype: QT) -> tuple[np.ndarray, float]:
+    """Q4_K or Q5_K rows as Q4_1 or Q5_1 rows with the same codes, and a bound on the error.
+
+    A super-block holds 256 values: f16 d and dmin, twelve bytes of 6-bit scales and mins
+    for its 8 sub-blocks of 32, (Q5_K: 32 bytes whose bit s of byte l is the fifth bit of
+    value l of sub-block s,) then 4-bit codes: per 64 values 32 bytes whose low nibbles are
+    the first sub-block, high nibbles the second. A sub-block is a Q4_1 / Q5_1 block (f16
+    scale d * sc, f16 offset -dmin * m, (Q5_1: a u32 whose bit i is value i's fifth bit,)
+    then value i in byte i's low nibble and value i + 16 in its high one). The f16 rounding
+    of the scales and offsets is the only error (about 2^-12 of a value, against Q8_0's
+    2^-8); the bound is relative to the largest value a block can hold. No value is
+    computed."""
+    size, _, block, _ = SAME_CODES[qtype]
     rows = data.shape[0]
-    b = np.ascontiguousarray(data).reshape(-1, 144)
-    out = np.empty((b.shape[0], 8 * 20), np.uint8)
+    b = np.ascontiguousarray(data).reshape(-1, size)
+    out = np.empty((b.shape[0], 8 * block), np.uint8)
     err = top = 0.0
     step = CONVERT_FLOATS // 256
     for at in range(0, b.shape[0], step):
-        e, t = _q4_k_blocks_as_q4_1(b[at : at + step], out[at : at + step])
+        e, t = _k_blocks_as_1(qtype, b[at : at + step], out[at : at + step])
         err, top = max(err, e), max(top, t)
     return out.reshape(rows, -1), err / (top or 1.0)
 
 
-def _q4_k_blocks_as_q4_1(b: np.ndarray, out: np.ndarray) -> tuple[float, float]:
-    """Super-blocks `b` [n, 144] into Q4_1 blocks `out` [n, 160]; returns the largest error
-    and the largest value a block can hold."""
+def _k_blocks_as_1(qtype: QT, b: np.ndarray, out: np.ndarray) -> tuple[float, float]:
+    """Super-blocks `b` [n, 144 | 176] into blocks `out` [n, 8 x (20 | 24)]; returns the
+    largest error and the largest value a block can hold."""
+    _, _, block, top_code = SAME_CODES[qtype]
+    five = qtype == QT.Q5_K
     n = b.shape[0]
     d = b[:, 0:2].copy().view(np.float16).astype(np.float32)
     dmin = b[:, 2:4].copy().view(np.float16).astype(np.float32)
@@ -75,18 +88,23 @@ def _q4_k_blocks_as_q4_1(b: np.ndarray, out: np.ndarray) -> tuple[float, float]:
     scale, offset = d * sc, -(dmin * mn)  # exact in float32, as llama.cpp computes them
     with np.errstate(over="ignore", invalid="ignore"):
         scale16, offset16 = scale.astype(np.float16), offset.astype(np.float16)
-        err = 15 * np.abs(scale16 - scale) + np.abs(offset16 - offset)
-        top = np.maximum(np.abs(offset), np.abs(offset + 15 * scale))
-    blocks = out.reshape(n, 4, 2, 20)  # per 64 values: the two Q4_1 blocks
+        err = top_code * np.abs(scale16 - scale) + np.abs(offset16 - offset)
+        top = np.maximum(np.abs(offset), np.abs(offset + top_code * scale))
+    blocks = out.reshape(n, 4, 2, block)  # per 64 values: two blocks
     blocks[:, :, :, 0:2] = scale16.reshape(n, 4, 2, 1).view(np.uint8)
     blocks[:, :, :, 2:4] = offset16.reshape(n, 4, 2, 1).view(np.uint8)
-    # byte i of a Q4_1 block holds values i and i + 16: per 64 values, with a = bytes 0-15
-    # and c = bytes 16-31 of the Q4_K codes, the first block is a's and c's low nibbles,
-    # the second their high ones
-    qs = b[:, 16:].reshape(n, 4, 2, 16)
+    if five:  # sub-block s's fifth bits: bit s of the 32 bytes, as a little-endian u32
+        qh = b[:, 16:48]
+        bits = (qh[:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1
+        blocks[:, :, :, 4:8] = np.packbits(bits, axis=-1, bitorder="little").reshape(n, 4, 2, 4)
+    # byte i of a block holds values i and i + 16: per 64 values, with a = bytes 0-15 and
+    # c = bytes 16-31 of the codes, the first block is a's and c's low nibbles, the second
+    # their high ones
+    qs = b[:, 48 if five else 16 :].reshape(n, 4, 2, 16)
     a, c = qs[:, :, 0], qs[:, :, 1]
-    blocks[:, :, 0, 4:] = (a & 15) | (c << 4)
-    blocks[:, :, 1, 4:] = (a >> 4) | (c & 0xF0)
+    nib = 8 if five else 4
+    blocks[:, :, 0, nib:] = (a & 15) | (c << 4)
+    blocks[:, :, 1, nib:] = (a >> 4) | (c & 0xF0)
     return float(err.max(initial=0.0)), float(top.max(initial=0.0))
 
 
@@ -144,9 +162,9 @@ class QMatrix:
         if self.qtype not in CONVERTED:
             raise ModelError(f"tensor type {self.qtype.name} is not supported (supported: "
                              f"{', '.join(sorted(t.name for t in NATIVE | CONVERTED))})")
-        if self.qtype == QT.Q4_K:
-            data, bound = q4_k_as_q4_1(self.data)
-            return QMatrix(QT.Q4_1, self.shape, data), bound
+        if self.qtype in SAME_CODES:
+            data, bound = k_quant_as_1(self.data, self.qtype)
+            return QMatrix(SAME_CODES[self.qtype][1], self.shape, data), bound
         rows, cols = self.shape
         out = np.empty((rows, row_bytes(QT.Q8_0, cols)), dtype=np.uint8)
         top = 0.0

@@ -64,12 +64,12 @@ def test_engine_on_gguf_matches_transformers(tmp_path: Path, tok_meta: dict, arc
     scale = np.abs(expected).max()
     for backend in ("cpu", "reference"):
         got = _teacher_forced(load_model(file, backend=backend), IDS)
-        # Q5_K and Q6_K are converted to Q8_0 at load: that conversion's error, not
-        # arithmetic's (Q4_K becomes Q4_1 with its own codes, its scales rounded to f16);
-        # the kernels round activations to 8 bits for the integer formats (as llama.cpp),
-        # the Q8_0 embedding that is also the head included
-        rounded = qtype in (QT.Q5_K, QT.Q6_K) or backend == "cpu"
-        tol = 2e-2 if rounded else 1e-3 if qtype == QT.Q4_K else 2e-4
+        # Q6_K is converted to Q8_0 at load: that conversion's error, not arithmetic's
+        # (Q4_K and Q5_K become Q4_1 and Q5_1 with their own codes, their scales rounded to
+        # f16); the kernels round activations to 8 bits for the integer formats (as
+        # llama.cpp), the Q8_0 embedding that is also the head included
+        rounded = qtype == QT.Q6_K or backend == "cpu"
+        tol = 2e-2 if rounded else 1e-3 if qtype in (QT.Q4_K, QT.Q5_K) else 2e-4
         err = np.abs(got - expected).max() / scale
         agree = (got.argmax(-1) == expected.argmax(-1)).mean()
         assert err <= tol, (backend, arch, qtype)
@@ -108,18 +108,21 @@ def test_weights_stay_in_their_block_format(tmp_path: Path, tok_meta: dict) -> N
     assert eng.weight_bytes < 2 * q4_bytes + eng.embed.matrix.nbytes + 10_000
 
 
-def test_q4_k_is_held_as_q4_1_with_its_own_codes(tmp_path: Path, tok_meta: dict) -> None:
-    """A Q4_K file's matrices take 5 bits a weight in memory (Q4_1), not Q8_0's 8.5, and hold
-    the file's values up to the f16 rounding of each block's scale and offset."""
+@pytest.mark.parametrize("qtype,held_as,bits", [(QT.Q4_K, QT.Q4_1, 5), (QT.Q5_K, QT.Q5_1, 6)])
+def test_q4_k_and_q5_k_are_held_with_their_own_codes(tmp_path: Path, tok_meta: dict,
+                                                      qtype: QT, held_as: QT, bits: int) -> None:
+    """A Q4_K (Q5_K) file's matrices take 5 (6) bits a weight in memory as Q4_1 (Q5_1), not
+    Q8_0's 8.5, and hold the file's values up to the f16 rounding of each block's scale and
+    offset."""
     from gguf import GGUFReader
 
-    file = write_random_gguf(tmp_path / "m.gguf", "llama", QT.Q4_K, tokenizer_meta=tok_meta,
+    file = write_random_gguf(tmp_path / "m.gguf", "llama", qtype, tokenizer_meta=tok_meta,
                              dims=(256, 512, 2, 1, 128, 2), embed_qtype=QT.Q8_0)
     down = next(t for t in GGUFReader(str(file)).tensors if t.name == "blk.0.ffn_down.weight")
-    assert QT(int(down.tensor_type)) == QT.Q4_K
-    expected = QMatrix(QT.Q4_K, (256, 512), np.array(down.data)).dequantize()
+    assert QT(int(down.tensor_type)) == qtype
+    expected = QMatrix(qtype, (256, 512), np.array(down.data)).dequantize()
     held = load_model(file, backend="reference").engine.layers[0].w_down.matrix
-    assert held.qtype == QT.Q4_1 and held.nbytes == 256 * 512 * 20 // 32
+    assert held.qtype == held_as and held.nbytes == 256 * 512 * bits // 8
     assert np.abs(held.dequantize() - expected).max() <= 2.0 ** -11 * np.abs(expected).max()
 
 
@@ -129,7 +132,7 @@ def test_k_quant_conversions_report_a_bound_on_their_error(qtype: QT) -> None:
 
     m = QMatrix(qtype, (40, 512), random_blocks(np.random.default_rng(1), 40, 512, qtype))
     out, bound = m.to_native()
-    assert out.qtype == (QT.Q4_1 if qtype == QT.Q4_K else QT.Q8_0)
+    assert out.qtype == {QT.Q4_K: QT.Q4_1, QT.Q5_K: QT.Q5_1, QT.Q6_K: QT.Q8_0}[qtype]
     values = m.dequantize()
     real = np.abs(out.dequantize() - values).max() / np.abs(values).max()
     assert real <= bound <= 1.5 * real

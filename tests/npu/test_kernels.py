@@ -45,7 +45,7 @@ def _matrix(rng: np.random.Generator, qtype: QT, rows: int, cols: int) -> QMatri
 
 # the formats with a packed layout where the CPU has VNNI (else none: PackedMatrix.of is None),
 # in groups of GROUP rows (16 with AVX512-VNNI, 8 with AVX-VNNI)
-PACKED = {QT.Q4_0, QT.Q4_1, QT.Q8_0}
+PACKED = {QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0}
 GROUP = LIB.fk_packed_rows() if LIB is not None else 0
 
 
@@ -97,9 +97,9 @@ def test_the_packed_layout_keeps_every_byte_and_every_sum(qtype: QT) -> None:
         assert np.array_equal(lin(x[t:t + 1])[0], together[t])
     assert np.array_equal(lin(x[4:9]), together[4:9])
     # each block's integer sum is exact: the float arithmetic on the rounded activations,
-    # but Q4_1's offsets, which meet the activations' sums rounded to f16 (llama.cpp's q8_1)
-    # as the unpacked product does
-    if qtype == QT.Q4_1:
+    # but Q4_1's and Q5_1's offsets, which meet the activations' sums rounded to f16
+    # (llama.cpp's q8_1) as the unpacked product does
+    if qtype in (QT.Q4_1, QT.Q5_1):
         want = LinearFactory("cpu", threads=2, pack=False).linear([m])(x)
     else:
         want = rounded_activations(x).astype(np.float64) @ m.dequantize().astype(np.float64).T
