@@ -11,8 +11,9 @@ decode's weight bytes per second against this machine's memory read bandwidth (a
 matrix-vector product over 1 GiB, measured in the same run).
 
 Files: the default SmolLM2-135M-Instruct (Q4_1), and random-weight Qwen3-0.6B- and
-Llama-3.1-8B-shaped files in Q4_0, Q8_0 and llama.cpp's Q4_K_M mix (bench/gguf_shapes.py
-writes them once into the cache directory; the 8B ones are 4.2, 8.5 and 4.9 GB).
+Llama-3.1-8B-shaped files in Q4_0, Q8_0 and llama.cpp's Q4_K_M mix, and a 0.6B one in its
+Q5_K_M mix (bench/gguf_shapes.py writes them once into the cache directory; the 8B ones
+are 4.2, 8.5 and 4.9 GB).
 
     .venv/bin/python bench/bench_peer.py                # every file (about 45 minutes)
     .venv/bin/python bench/bench_peer.py smollm2 qwen3-0.6b-Q4_0   # some of them
@@ -37,8 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-FILES = ("smollm2", "qwen3-0.6b-Q4_0", "qwen3-0.6b-Q8_0", "qwen3-0.6b-Q4_K_M", "llama-8b-Q4_0",
-         "llama-8b-Q8_0", "llama-8b-Q4_K_M")
+FILES = ("smollm2", "qwen3-0.6b-Q4_0", "qwen3-0.6b-Q8_0", "qwen3-0.6b-Q4_K_M",
+         "qwen3-0.6b-Q5_K_M", "llama-8b-Q4_0", "llama-8b-Q8_0", "llama-8b-Q4_K_M")
 BATCH = 8
 BATCH_SEQS = ["d"] + [f"d{i}" for i in range(1, BATCH)]  # "d" holds the prompt, forked
 # a pause before each measurement: the other side's threads (OpenMP's, llama.cpp's pool)
