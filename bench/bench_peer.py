@@ -58,6 +58,14 @@ def model_path(name: str) -> Path:
     return shaped_gguf(shape, qtype)
 
 
+def _shaped(name: str) -> bool:
+    """Whether `name` is a shape and format bench/gguf_shapes.py writes."""
+    from gguf_shapes import SCALES, SHAPES
+
+    shape, _, fmt = name.rpartition("-")
+    return shape in SHAPES and (fmt in SCALES or fmt in ("Q4_K_M", "Q5_K_M"))
+
+
 def tokens(n: int, seed: int) -> list[int]:
     """n token ids from the common part of the vocabularies (all files here have 49,152)."""
     return np.random.default_rng(seed).integers(1000, 40000, n).tolist()
@@ -339,9 +347,10 @@ def main() -> None:
     if args.quick:
         args.prompt, args.steps, args.prefill, args.rounds = 16, 4, 32, 1
     names = args.files or (["smollm2"] if args.quick else list(FILES))
-    unknown = set(names) - set(FILES)
+    unknown = [n for n in names if n not in FILES and not _shaped(n)]
     if unknown:
-        ap.error(f"unknown files {sorted(unknown)}; known: {', '.join(FILES)}")
+        ap.error(f"unknown files {unknown}; known: {', '.join(FILES)}, or any shape of "
+                 "bench/gguf_shapes.py with one of its formats (e.g. llama-8b-Q5_K_M)")
     peer = has_llama_cpp() and not args.quick
     bw = read_bandwidth(args.threads)
     print(f"threads {args.threads}; memory read bandwidth (GEMV over 1 GiB): {bw / 1e9:.1f} GB/s")
