@@ -642,8 +642,9 @@ static void rows_int(int type, const uint8_t *W, int64_t rb, const Act8 *a, int6
  *       the j-th vector of nibbles taken apart: low nibbles of vectors 0-3, then high ones)
  *   Q8_0: 8 vectors; byte 4r + i of vector k = code 4k + i of row r + 128 (unsigned)
  * A group-block is XR blocks' bytes (Q4_0 18 XR, Q4_1 20 XR, Q5_0 22 XR, Q5_1 24 XR, Q8_0
- * 34 XR). Rows past N (the last group) are zero. Per row and token the sum is exact in integers, (codes - offset) .
- * qx, then one float multiply-add per block: the same operations for any number of tokens. */
+ * 34 XR). Rows past N (the last group) are zero. Per row and token the sum is exact in
+ * integers, (codes - offset) . qx, then one float multiply-add per block: the same
+ * operations for any number of tokens. */
 #if defined(__AVX2__) && defined(__F16C__) && defined(__AVX512VNNI__) && defined(__AVX512F__) && \
     !(defined(FK_PACK_ROWS) && FK_PACK_ROWS == 8) /* -DFK_PACK_ROWS=8: the 8-row build (tests) */
 #define HAVE_PACKED 1
