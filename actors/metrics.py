@@ -48,7 +48,8 @@ SPECS: dict[str, MetricSpec] = {
     "flm_running_sequences": MetricSpec(
         "gauge", "Sequences a worker is decoding.", ("model", "replica")),
     "flm_waiting_requests": MetricSpec(
-        "gauge", "Requests a worker has admitted whose prompt is not prefilled yet.",
+        "gauge", "Requests a worker has admitted that wait: their prompt not prefilled yet, "
+        "or paused for KV cache room.",
         ("model", "replica")),
     "flm_preemptions_total": MetricSpec(
         "counter", "Requests paused because the KV cache could not hold every running "

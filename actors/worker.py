@@ -124,7 +124,7 @@ class Worker:
         self.error: BaseException | None = None
         self.active = 0
         self.running_seqs = 0  # sequences being decoded
-        self.waiting = 0  # admitted sessions whose prompt is not prefilled yet
+        self.waiting = 0  # admitted sessions that wait: prompt not prefilled yet, or paused
         self.requests = 0  # requests received, answered or not
         self.metrics = Metrics()
         self.started = time.time()
