@@ -3,11 +3,11 @@
     .venv/bin/python bench/bench_load.py [--quick] [shape:format ...]
 
 Default files: smollm2-135m (the default model), qwen3-0.6b:Q4_0 and llama-8b:Q4_0 (random
-weights of those shapes, bench/gguf_shapes.py; any of its formats, e.g. llama-8b:Q4_K_M). Each is loaded in a fresh process, which
-reports: load time; peak RSS while loading against (quantized weight bytes, the file's or
-as held if more (k-quants are converted), + the largest tensor in float32 + 300 MB; the KV
-cache is empty then); RSS after load against 1.2x the
-weights as held; decode tokens/s at batch 1 after a short prompt.
+weights of those shapes, bench/gguf_shapes.py; any of its formats, e.g. llama-8b:Q4_K_M).
+Each is loaded in a fresh process, which reports: load time; peak RSS while loading against
+(quantized weight bytes, the file's or as held if more (k-quants are converted), + the
+largest tensor in float32 + 300 MB; the KV cache is empty then); RSS after load against
+1.2x the weights as held; decode tokens/s at batch 1 after a short prompt.
 """
 
 from __future__ import annotations

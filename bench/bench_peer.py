@@ -60,10 +60,10 @@ def model_path(name: str) -> Path:
 
 def _shaped(name: str) -> bool:
     """Whether `name` is a shape and format bench/gguf_shapes.py writes."""
-    from gguf_shapes import SCALES, SHAPES
+    from gguf_shapes import FORMATS, SHAPES
 
     shape, _, fmt = name.rpartition("-")
-    return shape in SHAPES and (fmt in SCALES or fmt in ("Q4_K_M", "Q5_K_M"))
+    return shape in SHAPES and fmt in FORMATS
 
 
 def tokens(n: int, seed: int) -> list[int]:

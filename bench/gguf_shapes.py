@@ -5,10 +5,11 @@ Shapes: "qwen3-0.6b" (Qwen3-0.6B: 28 layers, hidden 1024, FFN 3072, 16 / 8 heads
 "llama-8b" (Llama-3.1-8B: 32 layers, hidden 4096, FFN 14336, 32 / 8 heads of 128), both with
 SmolLM2's tokenizer (49,152 tokens: the vocabulary is the only part not to scale). Blocks are
 random bytes with small finite scales, so writing 4 GB takes seconds, not a quantizer's
-minutes; the numbers are meaningless, the bytes moved per token are real. Formats: one type
-for every matrix (Q4_0 or Q8_0), or "Q4_K_M" / "Q5_K_M", llama.cpp's mixes of those names:
-Q4_K / Q5_K, with Q6_K for the output head and for attn_v and ffn_down in the layers
-llama.cpp gives more bits (the first and last eighth, and every third between).
+minutes; the numbers are meaningless, the bytes moved per token are real. Formats (FORMATS):
+one type for every matrix (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K), or "Q4_K_M" / "Q5_K_M",
+llama.cpp's mixes of those names: Q4_K / Q5_K, with Q6_K for the output head and for attn_v
+and ffn_down in the layers llama.cpp gives more bits (the first and last eighth, and every
+third between).
 
     .venv/bin/python bench/gguf_shapes.py llama-8b Q4_0     (prints the file's path)
 """
@@ -35,6 +36,9 @@ TOKENIZER_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.
 # where a block's f16 scales sit, and their value (|weights| below about 0.1-0.3)
 SCALES = {"Q4_0": ((0,), 0.002), "Q8_0": ((0,), 0.002), "Q4_K": ((0, 2), 1e-4),
           "Q5_K": ((0, 2), 5e-5), "Q6_K": ((208,), 1e-5)}
+# llama.cpp's mixes: their main type (Q6_K where they give more bits)
+MIXES = {"Q4_K_M": "Q4_K", "Q5_K_M": "Q5_K"}
+FORMATS = (*SCALES, *MIXES)
 
 
 def _random_blocks(rng: np.random.Generator, rows: int, cols: int, qtype) -> np.ndarray:
@@ -55,16 +59,15 @@ def _more_bits(layer: int, layers: int) -> bool:
 
 
 def shaped_gguf(shape: str, qtype_name: str) -> Path:
-    """The file for `shape` with its matrices in `qtype_name` (Q4_0, Q8_0, Q4_K_M, Q5_K_M),
-    written if missing."""
+    """The file for `shape` with its matrices in `qtype_name` (one of FORMATS), written if
+    missing."""
     from gguf import GGMLQuantizationType, GGUFWriter
 
     from npu.load.gguf_header import read_header
     from npu.load.model import default_model_path
 
-    mixed = qtype_name in ("Q4_K_M", "Q5_K_M")
-    qtype = GGMLQuantizationType[qtype_name[:4] if mixed else qtype_name]
-    more = GGMLQuantizationType.Q6_K if mixed else qtype
+    qtype = GGMLQuantizationType[MIXES.get(qtype_name, qtype_name)]
+    more = GGMLQuantizationType.Q6_K if qtype_name in MIXES else qtype
     path = cache_dir() / "bench-gguf" / f"{shape}-{qtype_name}.gguf"
     if path.exists():
         return path

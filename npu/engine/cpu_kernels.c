@@ -14,8 +14,8 @@
  *   Q5_1 7: f16 d, f16 m, u32 high bits, 16 bytes of nibbles: v = d * q + m
  *   Q8_0 8: f16 d, 32 int8: v = d * q
  * Nibbles: byte j holds element j (low) and element j + 16 (high).
- * Where the CPU has VNNI, Q4_0 / Q4_1 / Q8_0 matrices are repacked once in groups of 8 or 16
- * rows (fk_pack, "rows interleaved" below) and multiplied from that layout
+ * Where the CPU has VNNI, matrices in these five integer formats are repacked once in groups
+ * of 8 or 16 rows (fk_pack, "rows interleaved" below) and multiplied from that layout
  * (fk_matmul_packed).
  */
 #include <stdint.h>
@@ -395,15 +395,15 @@ static void quantize_rows(const float *X, int64_t T, int64_t K, Act8 *a) {
     }
 }
 
-/* X's rows rounded to 8 bits into a new `a` (act8_free frees it): token-major, or in tiles
- * of 8 tokens with the codes' integer sums too (`tiled`: the packed product's). 0, or -2
- * when memory ran out. */
 static void act8_free(Act8 *a) {
     free(a->q);
     free(a->d);
     free(a->qs);
 }
 
+/* X's rows rounded to 8 bits into a new `a` (act8_free frees it): token-major, or in tiles
+ * of 8 tokens with the codes' integer sums too (`tiled`: the packed product's). 0, or -2
+ * when memory ran out. */
 static int act8_quantize(const float *X, int64_t T, int64_t K, int tiled, Act8 *a) {
     const int64_t Tp = tiled ? (T + 7) / 8 * 8 : T, nb = K / 32;
     *a = (Act8){K, nb, (int8_t *)malloc((size_t)(Tp * K)),

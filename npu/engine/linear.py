@@ -106,8 +106,9 @@ class PackedMatrix:
     """A Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 matrix in the kernels' packed layout (cpu_kernels.c,
     "rows interleaved"): per block of 32 columns, a group of rows' scales side by side and
     their codes interleaved 4 by 4 (16 rows with AVX512-VNNI, 8 with AVX-VNNI; Q5's fifth
-    bits in one more vector), the layout their VNNI products read fastest. As many bytes as the blocks (the last group's rows padded);
-    `blocks()` gives back the file's layout byte for byte."""
+    bits in one more vector), the layout their VNNI products read fastest. As many bytes as
+    the blocks (the last group's rows padded); `blocks()` gives back the file's layout byte
+    for byte."""
 
     __slots__ = ("qtype", "shape", "data", "_lib")
     floats = None

@@ -244,11 +244,8 @@ def read_gguf(path: Path, *, progress: bool = True) -> GGUFModel:
     return GGUFModel(path, meta, cfg, tensors)
 
 
-def _read(path: Path, t: TensorInfo, f=None) -> np.ndarray:
-    """Tensor `t`'s bytes, read from `f` (the open file) or from `path`."""
-    if f is None:
-        with open(path, "rb") as f:
-            return _read(path, t, f)
+def _read(path: Path, t: TensorInfo, f) -> np.ndarray:
+    """Tensor `t`'s bytes, read from `f`, the file `path` open."""
     raw = np.empty(t.n_bytes, dtype=np.uint8)
     f.seek(t.data_offset)
     if f.readinto(raw) != raw.size:
@@ -265,7 +262,9 @@ def _qtype(path: Path, t: TensorInfo) -> QT:
 
 def _vector(path: Path, t: TensorInfo) -> np.ndarray:
     """A tensor read whole as a float32 vector (rope_freqs)."""
-    return QMatrix(_qtype(path, t), (1, int(np.prod(t.shape))), _read(path, t)).dequantize()[0]
+    with open(path, "rb") as f:
+        raw = _read(path, t, f)
+    return QMatrix(_qtype(path, t), (1, int(np.prod(t.shape))), raw).dequantize()[0]
 
 
 def _tensor(qtype: QT, shape: tuple[int, ...], raw: np.ndarray, arch: str, name: str,
