@@ -11,7 +11,8 @@ are dropped by their client after a random number of chunks.
 - One node (Ray started here): halfway, one worker replica's process gets SIGKILL.
 - Two nodes on this machine (`ray start --head` and `ray start --address=...`, each with
   {"NPU": 1}; `python -m deployments.launch` joining the cluster with configs/multi_npu.yaml's
-  app on simulated NPUs): halfway, the second node's raylet is stopped (SIGTERM).
+  app on simulated NPUs): halfway, once each node's worker has served a request, the
+  second node's raylet is stopped (SIGTERM); the load goes on for half a phase after that.
 Checks, each printed with its figures (exit 1 if one fails): no 5xx and no hung request
 (each ends within its deadline), no error event in a stream the loss did not cut; every
 stream the loss cut ends with an error event and [DONE] within 5 s; one node: Serve
@@ -28,6 +29,7 @@ import asyncio
 import json
 import os
 import random
+import secrets
 import shutil
 import signal
 import statistics
@@ -143,12 +145,19 @@ async def one_bad(client: httpx.AsyncClient, rng: random.Random, tally: Tally) -
         tally.outcomes[f"bad input answered {r.status_code}"] += 1
 
 
-async def client_loop(index: int, url: str, until: float, tally: Tally) -> None:
+class Until:
+    """When the clients stop starting requests (monotonic seconds); a phase may move it."""
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+
+
+async def client_loop(index: int, url: str, until: Until, tally: Tally) -> None:
     rng = random.Random(index)
     names = list(KINDS)
     async with httpx.AsyncClient(base_url=url, timeout=DEADLINE_S) as client:
         turn = 0
-        while time.monotonic() < until:
+        while time.monotonic() < until.at:
             turn += 1
             if turn % 5 == 0:
                 await one_bad(client, rng, tally)
@@ -285,7 +294,7 @@ def one_node(seconds: float, clients: int, cache: Path) -> list[tuple[str, bool]
     url = f"http://127.0.0.1:{port}"
     handle = serve.get_deployment_handle("worker-flm-tiny", app_name="flm")
     _all_workers(handle, 2)
-    asyncio.run(_run(url, clients, time.monotonic() + min(10.0, seconds / 4), Tally()))
+    asyncio.run(_run(url, clients, Until(time.monotonic() + min(10.0, seconds / 4)), Tally()))
     before = workers(handle, 2)  # after the warm-up: the RSS baseline
     replicas_before = serve_replicas()
     victim: dict = {}
@@ -308,7 +317,7 @@ def one_node(seconds: float, clients: int, cache: Path) -> list[tuple[str, bool]
             await asyncio.sleep(0.2)
 
     async def load() -> None:
-        until = time.monotonic() + seconds
+        until = Until(time.monotonic() + seconds)
         await asyncio.gather(killer(), *[client_loop(i, url, until, tally)
                                          for i in range(clients)])
 
@@ -353,7 +362,7 @@ def two_nodes(seconds: float, clients: int, cache: Path) -> list[tuple[str, bool
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env.update(serve_environ(env, private_ports=True), FLM_CACHE=str(cache),
-               RAY_AUTH_MODE="token")
+               RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=os.environ["RAY_AUTH_TOKEN"])
     cluster = Cluster(env, f"{cache}-ray-")
     launcher = None
     try:
@@ -379,27 +388,41 @@ def two_nodes(seconds: float, clients: int, cache: Path) -> list[tuple[str, bool
         tally, stop = Tally(), {}
         second = None
 
-        async def stopper() -> None:
+        async def stopper(until: Until) -> None:
             await asyncio.sleep(seconds / 2)
-            busy = await asyncio.to_thread(workers, handle, 2, 20)
+            # the stop waits until each worker has served (bounded): how many requests a
+            # slow machine makes in half a phase, and which replica the prefix router sends
+            # a conversation to, are not what this phase checks; the load then goes on for
+            # the phase's second half after the stop
+            wait_end = time.monotonic() + DEADLINE_S
+            while True:
+                busy = await asyncio.to_thread(workers, handle, 2, 20)
+                served = [w["requests"] for w in busy.values()]
+                if (len(served) == 2 and min(served) > 0) or time.monotonic() > wait_end:
+                    break
+                until.at = max(until.at, time.monotonic() + 1.0)  # the load goes on meanwhile
+                await asyncio.sleep(0.2)
             stop["requests"] = {r: w["requests"] for r, w in busy.items()}
             stop["active"] = sum(w["active"] for w in busy.values()
                                  if w["node"] == cluster.second_node)
             stop["at"] = time.monotonic()
+            until.at = max(until.at, stop["at"] + seconds / 2)
             os.kill(cluster.second_raylet, signal.SIGTERM)
 
         async def load() -> None:
-            until = time.monotonic() + seconds
-            await asyncio.gather(stopper(), *[client_loop(i, url, until, tally)
-                                              for i in range(clients)])
+            until = Until(time.monotonic() + seconds)
+            await asyncio.gather(stopper(until), *[client_loop(i, url, until, tally)
+                                                   for i in range(clients)])
 
+        began = time.monotonic()
         asyncio.run(load())
+        took = time.monotonic() - began
         after, idle = idle_workers(handle, 1)
         second = [r for r in before if r not in after]
         survivor = next((w for r, w in after.items() if r in before), None)
         served_after = survivor["requests"] - stop["requests"].get(survivor["replica"], 0) \
             if survivor else 0
-        report("two nodes, the second node's raylet stopped halfway", clients, seconds, tally)
+        report("two nodes, the second node's raylet stopped halfway", clients, took, tally)
         checks = [(f"one worker replica on each node ({len(nodes)} nodes)", len(nodes) == 2),
                   ("both took traffic before the stop: " + ", ".join(
                       str(n) for n in stop["requests"].values()),
@@ -473,6 +496,9 @@ def main() -> int:
     # before Ray is imported, which reads it then: the two-node phase joins a cluster, and
     # a process joining one sends Ray's token only in this mode
     os.environ.setdefault("RAY_AUTH_MODE", "token")
+    # this run's own token (every node and client of it reads the variable): nothing
+    # written to ~/.ray, and `ray start` finds one on a machine that never made one
+    os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
     checks: list[tuple[str, bool]] = []
     if args.nodes in ("1", "both"):
         checks += one_node(seconds, clients, cache)
@@ -489,7 +515,7 @@ def main() -> int:
     return 1
 
 
-async def _run(url: str, clients: int, until: float, tally: Tally) -> None:
+async def _run(url: str, clients: int, until: Until, tally: Tally) -> None:
     await asyncio.gather(*[client_loop(i, url, until, tally) for i in range(clients)])
 
 

@@ -4,6 +4,10 @@ compiler into the cache directory, loaded with ctypes.
 `kernels()` returns the loaded library or raises `KernelUnavailable` (no compiler, a failed
 build); callers fall back to the numpy reference then. The build is keyed by the source and
 the flags, so an edited source or another machine builds anew.
+
+`FLM_KERNEL_FLAGS` adds compiler flags to the build `kernels()` loads: with
+`FLM_KERNEL_FLAGS=-march=x86-64-v3` a machine with AVX-512 VNNI runs the AVX2 code paths (a
+later -march wins), as an AVX2-only CPU does; `make test` then checks those paths.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import hashlib
 import logging
 import os
 import shutil
+import shlex
 import subprocess
 import tempfile
 from functools import cache
@@ -70,10 +75,15 @@ def build(out_dir: Path | None = None, extra: tuple[str, ...] = ()) -> Path:
     return target
 
 
+def env_flags() -> tuple[str, ...]:
+    """The flags FLM_KERNEL_FLAGS adds to the build (none when unset)."""
+    return tuple(shlex.split(os.environ.get("FLM_KERNEL_FLAGS", "")))
+
+
 @cache
 def kernels() -> ctypes.CDLL:
-    """The loaded kernels (built on first use)."""
-    return load(build())
+    """The loaded kernels (built on first use, with FLM_KERNEL_FLAGS' flags added)."""
+    return load(build(extra=env_flags()))
 
 
 def load(path: Path) -> ctypes.CDLL:
@@ -125,4 +135,4 @@ def load(path: Path) -> ctypes.CDLL:
 
 
 if __name__ == "__main__":  # `make setup` builds them once, so a build error shows there
-    print(build())
+    print(build(extra=env_flags()))

@@ -266,3 +266,26 @@ def test_prompt_attention_kernel_is_numpys(cache, window: int) -> None:
     got = ops.attend_prompt(q, K, V, tables[1], 30, window, None, np.float32(0.25))
     want = ref.attend_prompt(q, K, V, tables[1], 30, window, None, np.float32(0.25))
     assert np.allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(GROUP == 0, reason="this CPU's own build is the AVX2 one (no VNNI), which "
+                                       "the other tests check")
+def test_the_avx2_build_computes_the_block_products_bit_for_bit(tmp_path) -> None:
+    """A CPU with AVX2 but no VNNI (x86-64-v3: many AMD EPYC and older Intel) has no packed
+    layout and multiplies the blocks as they are in the file: that build, made here with
+    -march=x86-64-v3, gives the same bits as this machine's own block product, for every
+    integer format, decode and prompt rows (`make test` with FLM_KERNEL_FLAGS=-march=x86-64-v3
+    runs the whole suite on it)."""
+    from npu.engine.cpu_kernels import build, load
+    from npu.engine.linear import Threads
+
+    lib2 = load(build(tmp_path, extra=("-march=x86-64-v3",)))
+    assert lib2.fk_packed_rows() == 0
+    rng = np.random.default_rng(9)
+    for qtype in sorted(INTEGER):
+        m = _matrix(rng, qtype, 37, 576)
+        assert PackedMatrix.of(m, lib2) is None
+        for T in ROWS:
+            x = rng.standard_normal((T, 576)).astype(np.float32) * 3
+            got = CpuLinear(m, Threads(2), lib2)(x)
+            assert np.array_equal(got, CpuLinear(m, Threads(2), LIB)(x)), (qtype.name, T)
