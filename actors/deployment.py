@@ -21,6 +21,21 @@ from chat import FormatKind
 log = logging.getLogger(__name__)
 
 
+def resolve_device(device: str, kernel_dir: str | None) -> str:
+    """"auto": "npu" when pyxrt sees an NPU (and there is a kernel directory), else "cpu";
+    "cpu" and "npu" as they are."""
+    if device != "auto":
+        return device
+    if not kernel_dir:
+        return "cpu"
+    try:
+        from npu.xrt import XRT
+
+        return "npu" if XRT().enumerate_devices() else "cpu"
+    except Exception:  # no pyxrt, no driver
+        return "cpu"
+
+
 def device_index(device: str) -> int | None:
     """This replica's NPU index from Ray (None on CPU)."""
     if device != "npu":

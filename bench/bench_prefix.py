@@ -167,7 +167,7 @@ def main() -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # no line per request
 
     from deployments.app import build_app
-    from deployments.serve_env import free_port, serve_environ
+    from deployments.launch.serve_env import free_port, serve_environ
 
     os.environ.update(serve_environ(os.environ, private_ports=True))  # as `make serve`
     port = free_port()

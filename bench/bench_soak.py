@@ -190,7 +190,7 @@ class Cluster:
     (every node's command line names it) and their descendants."""
 
     def __init__(self, env: dict[str, str], temp_prefix: str) -> None:
-        from deployments.serve_env import free_port
+        from deployments.launch.serve_env import free_port
 
         self.env = env
         self.temp = tempfile.mkdtemp(prefix=temp_prefix)
@@ -213,7 +213,7 @@ class Cluster:
         return [p for p in self.processes() if _comm(p) == "raylet"]
 
     def processes(self) -> list[int]:
-        from deployments.processes import ancestors, descendants, pids
+        from deployments.launch.processes import ancestors, descendants, pids
 
         roots = [p for p in pids() if self.temp.encode() in _cmdline(p)]
         return sorted(set(descendants(roots)) - ancestors())
@@ -281,7 +281,7 @@ def one_node(seconds: float, clients: int, cache: Path) -> list[tuple[str, bool]
     from ray import serve
 
     from deployments.app import build_app
-    from deployments.serve_env import free_port
+    from deployments.launch.serve_env import free_port
 
     port = free_port()
     ray.init(include_dashboard=False, log_to_driver=False,
@@ -357,7 +357,7 @@ def two_nodes(seconds: float, clients: int, cache: Path) -> list[tuple[str, bool
     import yaml
     from ray import serve
 
-    from deployments.serve_env import free_port, serve_environ
+    from deployments.launch.serve_env import free_port, serve_environ
     from npu.xrt.sim_kernels import make_kernel_dir
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
@@ -490,7 +490,7 @@ def main() -> int:
     clients = args.clients or (8 if args.quick else 64)
     cache = Path(tempfile.mkdtemp(prefix="flm-soak-"))
     os.environ["FLM_CACHE"] = str(cache)
-    from deployments.serve_env import serve_environ
+    from deployments.launch.serve_env import serve_environ
 
     os.environ.update(serve_environ(os.environ, private_ports=True))
     # before Ray is imported, which reads it then: the two-node phase joins a cluster, and

@@ -8,10 +8,10 @@ from typing import Annotated, Any, Literal
 import msgspec
 from ray.serve.config import RequestRouterConfig
 
-from actors.deployment import ModelWorker
-from deployments.ingress import make_ingress
+from actors.deployment import ModelWorker, resolve_device
 from deployments.metrics import MetricsHub
 from deployments.routing import router_config
+from deployments.server import make_ingress
 
 
 class ModelEntry(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -95,20 +95,6 @@ INGRESS_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
 HEAD_NODE = "node:__internal_head__"
 
 
-def _device(entry: ModelEntry) -> str:
-    """"auto": the NPUs pyxrt sees (with a kernel directory), else the CPU."""
-    if entry.device != "auto":
-        return entry.device
-    if not entry.kernel_dir:
-        return "cpu"
-    try:
-        from npu.xrt import XRT
-
-        return "npu" if XRT().enumerate_devices() else "cpu"
-    except Exception:  # no pyxrt, no driver
-        return "cpu"
-
-
 def build_app(args: dict[str, Any] | None = None):
     """The application for `args` (the `args:` of a Serve config).
 
@@ -121,7 +107,7 @@ def build_app(args: dict[str, Any] | None = None):
         "num_cpus": 0, "resources": {HEAD_NODE: 0.001}}).bind()
     workers = {}
     for m in cfg.models:
-        device = _device(m)
+        device = resolve_device(m.device, m.kernel_dir)
         actor: dict[str, Any] = {"num_cpus": 0}
         if device == "npu":
             actor["resources"] = {"NPU": 1}

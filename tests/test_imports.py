@@ -10,7 +10,23 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("chat", "npu", "actors", "deployments")
 # what each package may import of the others
 ALLOWED = {"chat": set(), "npu": set(), "actors": {"chat", "npu"},
-           "deployments": {"actors", "chat", "npu"}}
+           "deployments": {"actors", "chat"}}
+# inside deployments/, by folder (a top-level module is its own room): the shared request
+# path below the API surfaces, each surface a folder that reaches no other (but OpenAI's,
+# whose requests and replies Ollama's and Responses' are translated to), the server and the
+# app above them, the launcher apart (it starts processes; configs name the app by path)
+CORE = {"deployments.errors", "deployments.exchange", "deployments.ingress",
+        "deployments.metrics", "deployments.routing"}
+SURFACES = {"deployments.openai", "deployments.responses", "deployments.ollama"}
+DEPLOYMENTS = {
+    **{c: CORE for c in CORE},
+    "deployments.openai": CORE,
+    "deployments.responses": CORE | {"deployments.openai"},
+    "deployments.ollama": CORE | {"deployments.openai"},
+    "deployments.server": CORE | SURFACES,
+    "deployments.app": CORE | {"deployments.server"},
+    "deployments.launch": set(),
+}
 
 
 def _module_name(path: Path) -> str:
@@ -87,4 +103,19 @@ def test_packages_import_only_what_lies_below_them() -> None:
     bad = sorted(f"{m} -> {t}" for m, ts in _graph().items() for t in ts
                  if t.split(".")[0] != m.split(".")[0]
                  and t.split(".")[0] not in ALLOWED[m.split(".")[0]])
+    assert bad == []
+
+
+def _room(module: str) -> str:
+    return ".".join(module.split(".")[:2])
+
+
+def test_deployments_folders_import_only_what_lies_below_them() -> None:
+    """The request path below every API surface, surfaces apart, the launcher apart."""
+    graph = _graph()
+    rooms = {_room(m) for m in graph if m.startswith("deployments.")}
+    assert rooms <= set(DEPLOYMENTS), rooms - set(DEPLOYMENTS)
+    bad = sorted(f"{m} -> {t}" for m, ts in graph.items() if m.startswith("deployments.")
+                 for t in ts if t.startswith("deployments.") and _room(t) != _room(m)
+                 and _room(t) not in DEPLOYMENTS[_room(m)])
     assert bad == []

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from actors.events import Deltas, Finished, TokenLogprob, Usage, coalesce
 from chat import Delta
-from deployments.responses import ChoiceFold, chat_delta
+from deployments.openai.reply import ChoiceFold, chat_delta
 
 TEXT = st.text(alphabet="ab {}\"", max_size=4)
 DELTA = st.one_of(

@@ -23,7 +23,7 @@ def serve_url(tmp_path_factory):
     from ray import serve
 
     from deployments.app import build_app
-    from deployments.serve_env import free_port, serve_environ
+    from deployments.launch.serve_env import free_port, serve_environ
 
     # Ray's processes read these at start: serve as `make serve` does (HAProxy ingress)
     os.environ.update(serve_environ(os.environ, private_ports=True))

@@ -19,9 +19,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from deployments.launch import port_in_use
-from deployments.processes import RunProcesses
-from deployments.serve_env import free_port
+from deployments.launch.launcher import port_in_use
+from deployments.launch.processes import RunProcesses
+from deployments.launch.serve_env import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 STOP_S = 10.0

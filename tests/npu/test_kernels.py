@@ -74,7 +74,8 @@ def test_integer_formats_are_the_product_with_8_bit_activations(qtype: QT, cols:
         assert np.all(np.abs(got - exact) <= bound + 1e-3 * scale), (qtype.name, T)
 
 
-@pytest.mark.skipif(GROUP == 0, reason="this CPU has no VNNI: no packed layout")
+@pytest.mark.skipif(GROUP == 0, reason="this build has no VNNI (an AVX2-only CPU, or "
+                                       "FLM_KERNEL_FLAGS=-march=x86-64-v3): no packed layout")
 @pytest.mark.parametrize("qtype", sorted(PACKED), ids=lambda q: q.name)
 def test_the_packed_layout_keeps_every_byte_and_every_sum(qtype: QT) -> None:
     """Packed, the blocks come back byte for byte and the rows read the same; a token's
@@ -268,8 +269,8 @@ def test_prompt_attention_kernel_is_numpys(cache, window: int) -> None:
     assert np.allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.skipif(GROUP == 0, reason="this CPU's own build is the AVX2 one (no VNNI), which "
-                                       "the other tests check")
+@pytest.mark.skipif(GROUP == 0, reason="this build is the AVX2 one (no VNNI), which the "
+                                       "other tests check")
 def test_the_avx2_build_computes_the_block_products_bit_for_bit(tmp_path) -> None:
     """A CPU with AVX2 but no VNNI (x86-64-v3: many AMD EPYC and older Intel) has no packed
     layout and multiplies the blocks as they are in the file: that build, made here with

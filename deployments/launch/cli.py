@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from deployments import launch
+from deployments.launch import launcher
 
 NAMES = ("smollm2-135m", "flm-tiny")  # built-in models (no file to give)
 QUANTIZE = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "f16", "bf16")
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         path = Path(folder) / "serve.yaml"
         path.write_text(text)
-        return launch.main([str(path)])
+        return launcher.main([str(path)])
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

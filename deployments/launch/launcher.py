@@ -7,12 +7,12 @@ to `serve run`) it adds:
 - a busy API port is one line naming it, before Ray starts;
 - configs/serve.env's settings, and nothing listening beyond the API's host: for a
   loopback API, Ray in its single-host mode (every Ray server on 127.0.0.1) and Serve's
-  replica gRPC servers too (`deployments.loopback`); HAProxy's stats page and Prometheus
+  replica gRPC servers too (`deployments.launch.loopback`); HAProxy's stats page and Prometheus
   endpoint (which Serve binds on every interface) on free ports of the API's host, through
   `haproxy_loopback.sh`; HAProxy's files in a directory of this run's own;
 - a stop that leaves nothing behind: Ctrl-C, SIGTERM or SIGHUP (to this process or its
   whole group, also after `serve shutdown`) shuts Serve and Ray down, then ends every
-  process of the run still there (`deployments.processes`: HAProxy re-parented to init,
+  process of the run still there (`deployments.launch.processes`: HAProxy re-parented to init,
   Ray agents that outlive their raylet) and waits for the API's port to be free, all
   within STOP_S seconds.
 """
@@ -32,11 +32,11 @@ from pathlib import Path
 
 import yaml
 
-from deployments.loopback import LOOPBACK_ENV
-from deployments.processes import RUN_ID_VAR, RunProcesses
-from deployments.serve_env import serve_environ
+from deployments.launch.loopback import LOOPBACK_ENV
+from deployments.launch.processes import RUN_ID_VAR, RunProcesses
+from deployments.launch.serve_env import serve_environ
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = ROOT / "configs" / "flm.yaml"
 WRAPPER = Path(__file__).resolve().parent / "haproxy_loopback.sh"
 STOP_S = 10.0  # from the stop signal to every process gone and the port free
@@ -96,7 +96,7 @@ def _environment(host: str, run_id: str, private: str) -> dict[str, str]:
         # Ray's single-host mode (its default on macOS and Windows): every Ray process takes
         # 127.0.0.1 as the node's address, so its agents and metrics servers listen there
         env.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        env[LOOPBACK_ENV] = "1"  # and Serve's replica gRPC servers (deployments.loopback)
+        env[LOOPBACK_ENV] = "1"  # and Serve's replica gRPC servers (deployments.launch.loopback)
     if _joins_cluster():
         # Ray turns token authentication on for the clusters it starts, and a process that
         # joins one sends its token (~/.ray/auth_token) only when told to
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
 
         # the job's runtime_env is the default of every deployment `serve run` starts
         ray.init(namespace="serve", runtime_env={
-            "worker_process_setup_hook": "deployments.loopback.bind_replica_grpc_to_loopback"})
+            "worker_process_setup_hook": "deployments.launch.loopback.bind_replica_grpc_to_loopback"})
         stop.install()  # again: ray.init installs its own SIGTERM handler
         try:
             cli.main(["run", str(config)], prog_name="serve", standalone_mode=False)

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from actors.events import Deltas, Failed, Finished, Usage
 from chat import ChatMsg, Delta
-from deployments import responses_api as ra
+from deployments.responses import reply, request
+from deployments.responses.store import ResponseStore
 from deployments.errors import ApiError
 
 LIGHT = {"type": "function", "name": "light", "parameters": {
@@ -20,7 +21,7 @@ LIGHT = {"type": "function", "name": "light", "parameters": {
 
 def _request(**body):
     body = {"model": "m", "input": "hi", **body}
-    return ra.chat_request(ra.decode(json.dumps(body).encode()), [])
+    return request.chat_request(request.decode(json.dumps(body).encode()), [])
 
 
 def test_a_string_input_with_instructions() -> None:
@@ -70,9 +71,9 @@ def test_a_stored_conversation_comes_first() -> None:
                {"role": "assistant", "content": "", "tool_calls": [
                    {"id": "c1", "type": "function",
                     "function": {"name": "light", "arguments": "{}"}}]}]
-    req = ra.decode(json.dumps({"model": "m", "input": [
+    req = request.decode(json.dumps({"model": "m", "input": [
         {"type": "function_call_output", "call_id": "c1", "output": "on"}]}).encode())
-    greq, conversation = ra.chat_request(req, history)
+    greq, conversation = request.chat_request(req, history)
     assert conversation[:2] == history and conversation[2]["name"] == "light"
 
 
@@ -119,9 +120,9 @@ def _events(parts: list[tuple[str, str]], reason: str = "stop") -> list:
                   Usage(prompt_tokens=5, completion_tokens=len(evs))]
 
 
-def _builder() -> ra.ResponseBuilder:
-    req = ra.decode(b'{"model": "m", "input": "hi"}')
-    return ra.ResponseBuilder(ra.response_base(req, "resp_1"))
+def _builder() -> reply.ResponseBuilder:
+    req = request.decode(b'{"model": "m", "input": "hi"}')
+    return reply.ResponseBuilder(request.response_base(req, "resp_1"))
 
 
 def test_items_open_and_close_in_order() -> None:
@@ -202,7 +203,7 @@ def test_folding_the_stream_gives_the_final_output(parts) -> None:
 
 
 def test_the_store_keeps_a_bounded_recent_set() -> None:
-    store = ra.ResponseStore(max_items=2, ttl_s=3600)
+    store = ResponseStore(max_items=2, ttl_s=3600)
     for i in range(3):
         store.put({"id": f"resp_{i}"}, [{"role": "user", "content": str(i)}])
     with pytest.raises(ApiError) as err:
@@ -212,7 +213,7 @@ def test_the_store_keeps_a_bounded_recent_set() -> None:
     store.delete("resp_2")
     with pytest.raises(ApiError):
         store.get("resp_2")
-    expired = ra.ResponseStore(ttl_s=0.0)
+    expired = ResponseStore(ttl_s=0.0)
     expired.put({"id": "resp_x"}, [])
     with pytest.raises(ApiError):
         expired.get("resp_x")

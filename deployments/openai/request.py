@@ -1,7 +1,9 @@
-"""decode_request: a request body to its typed request, or a 400 naming the parameter;
-generate_request: a typed request to what the worker runs.
+"""OpenAI's chat and completion requests: `chat_call` and `completion_call` are the
+ingress's Calls for them. decode_request: a request body to its typed request, or a 400
+naming the parameter; generate_request: a typed request to what the worker runs (also for
+the other APIs, whose requests are translated to OpenAI's first).
 
-msgspec checks every field's type against `deployments.schemas` (its error path becomes
+msgspec checks every field's type against `deployments.openai.schemas` (its error path becomes
 the OpenAI `param`); then the rules types cannot say: the constraint options through the
 chat library (the same check the worker makes, so a bad tool is a 400 before any worker is
 asked), message content parts and tool calls, and the options that go together.
@@ -9,6 +11,7 @@ asked), message content parts and tool calls, and the options that go together.
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Any
 
@@ -17,7 +20,10 @@ import msgspec
 from actors.events import GenerateRequest
 from chat import ConstraintError, constraint_request_from_openai
 from deployments.errors import ApiError
-from deployments.schemas import CONSTRAINT_FIELDS, ChatRequest, CompletionRequest
+from deployments.exchange import Call
+from deployments.ingress import Ingress
+from deployments.openai.reply import ChatReply, CompletionReply
+from deployments.openai.schemas import CONSTRAINT_FIELDS, ChatRequest, CompletionRequest
 
 _DECODERS: dict[type, msgspec.json.Decoder] = {}
 _TYPES = {"chat": ChatRequest, "completion": CompletionRequest}
@@ -137,3 +143,29 @@ def generate_request(req: Any, raw: dict, kind: str, **extra: Any) -> GenerateRe
     return GenerateRequest(prompt=prompt, max_tokens=req.max_tokens or 16,
                            logprobs=req.logprobs is not None,
                            top_logprobs=req.logprobs or 0, **common)
+
+
+def chat_call(body: bytes, ingress: Ingress) -> Call:
+    """POST /v1/chat/completions's Call."""
+    req, raw = decode_request(body, "chat")
+    ingress.check_model(req.model)
+    greq = generate_request(req, raw, "chat")
+    return Call(model=req.model, request=greq, stream=bool(req.stream),
+                reply=ChatReply(_meta("chatcmpl-", greq, req.model), _include_usage(req)))
+
+
+def completion_call(body: bytes, ingress: Ingress) -> Call:
+    """POST /v1/completions's Call."""
+    req, raw = decode_request(body, "completion")
+    ingress.check_model(req.model)
+    greq = generate_request(req, raw, "completion")
+    return Call(model=req.model, request=greq, stream=bool(req.stream),
+                reply=CompletionReply(_meta("cmpl-", greq, req.model), _include_usage(req)))
+
+
+def _meta(prefix: str, greq: GenerateRequest, model: str) -> dict:
+    return {"id": prefix + greq.request_id, "created": int(time.time()), "model": model}
+
+
+def _include_usage(req: ChatRequest | CompletionRequest) -> bool:
+    return bool(req.stream and req.stream_options and req.stream_options.include_usage)

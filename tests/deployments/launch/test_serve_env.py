@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from deployments.serve_env import read_serve_env, serve_environ
+from deployments.launch.serve_env import read_serve_env, serve_environ
 
 
 def test_env_file_lines(tmp_path) -> None:
@@ -36,7 +36,7 @@ def test_the_environment_wins_and_side_ports_are_private() -> None:
 def test_a_port_is_handed_out_once_per_process(monkeypatch) -> None:
     """Side ports and the app's port are picked before Ray binds any of them: two picks
     must never be the same port, even when the random draw repeats."""
-    from deployments import serve_env
+    from deployments.launch import serve_env
 
     class FreeSocket:  # every port free, whatever this host has bound
         def __enter__(self):

@@ -7,7 +7,7 @@ import socket
 from collections.abc import Mapping
 from pathlib import Path
 
-SERVE_ENV_FILE = Path(__file__).resolve().parents[1] / "configs" / "serve.env"
+SERVE_ENV_FILE = Path(__file__).resolve().parents[2] / "configs" / "serve.env"
 
 
 def read_serve_env(path: Path = SERVE_ENV_FILE) -> dict[str, str]:

@@ -12,18 +12,19 @@ from hypothesis import strategies as st
 
 from actors.events import Deltas, Failed, Finished, Usage
 from chat import ChatMsg, Delta, ToolCall
-from deployments import ollama
+from deployments.ollama import reply as ollama_reply
+from deployments.ollama import request
 from deployments.errors import ApiError
 
 
 def _chat(**body):
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **body}
-    return ollama.chat_request(ollama.decode(json.dumps(body).encode(), ollama.ChatIn))
+    return request.chat_request(request.decode(json.dumps(body).encode(), request.ChatIn))
 
 
 def _generate(**body):
     body = {"model": "m", "prompt": "hi", **body}
-    return ollama.generate_request(ollama.decode(json.dumps(body).encode(), ollama.GenerateIn))
+    return request.generate_request(request.decode(json.dumps(body).encode(), request.GenerateIn))
 
 
 def test_options_become_the_sampling_fields() -> None:
@@ -122,15 +123,15 @@ def test_generate_refuses_what_it_cannot_do(body: dict, param: str) -> None:
 
 
 def test_model_names_take_the_latest_tag() -> None:
-    assert ollama.model_name("smollm2-135m:latest") == "smollm2-135m"
-    assert ollama.model_name("smollm2-135m") == "smollm2-135m"
-    assert ollama.model_name("a:q4") == "a:q4"
+    assert request.model_name("smollm2-135m:latest") == "smollm2-135m"
+    assert request.model_name("smollm2-135m") == "smollm2-135m"
+    assert request.model_name("a:q4") == "a:q4"
 
 
 def test_load_requests_answer_done() -> None:
-    body = ollama.load_reply("m", "chat", None)
+    body = ollama_reply.load_reply("m", "chat", None)
     assert body["done"] and body["done_reason"] == "load" and body["message"]["content"] == ""
-    assert ollama.load_reply("m", "generate", 0)["done_reason"] == "unload"
+    assert ollama_reply.load_reply("m", "generate", 0)["done_reason"] == "unload"
 
 
 # -- answers --------------------------------------------------------------------------------
@@ -161,7 +162,7 @@ def _fold_lines(lines: list[dict]) -> dict:
 
 
 def test_a_stream_is_lines_then_one_done_object() -> None:
-    reply = ollama.OllamaReply("m:latest", "chat", started=0.0)
+    reply = ollama_reply.OllamaReply("m:latest", "chat", started=0.0)
     lines = reply.add(_events(["Hel", "lo"], thinking=["hmm"]))
     assert [line["done"] for line in lines] == [False, False, False, True]
     assert lines[0]["message"] == {"role": "assistant", "content": "", "thinking": "hmm"}
@@ -177,7 +178,7 @@ def test_a_stream_is_lines_then_one_done_object() -> None:
 def test_tool_calls_come_whole_with_arguments_as_an_object() -> None:
     calls = [ToolCall(name="get", arguments='{"city": "Oslo"}', id="call_1"),
              ToolCall(name="get", arguments='{"city": "Rome"}', id="call_2")]
-    reply = ollama.OllamaReply("m", "chat", started=0.0)
+    reply = ollama_reply.OllamaReply("m", "chat", started=0.0)
     lines = reply.add(_events([], calls=calls, reason="tool_calls"))
     with_calls = [line for line in lines if line["message"].get("tool_calls")]
     assert len(with_calls) == 1
@@ -185,14 +186,14 @@ def test_tool_calls_come_whole_with_arguments_as_an_object() -> None:
     assert [c["function"]["arguments"] for c in got] == [{"city": "Oslo"}, {"city": "Rome"}]
     assert [c["function"]["index"] for c in got] == [0, 1]
     assert lines[-1]["done_reason"] == "stop"
-    whole = ollama.OllamaReply("m", "chat", started=0.0)
+    whole = ollama_reply.OllamaReply("m", "chat", started=0.0)
     whole.add(_events([], calls=calls, reason="tool_calls"))
     assert whole.final()["message"]["tool_calls"] == got
 
 
 def test_a_call_cut_by_the_token_limit_is_text() -> None:
     cut = [ToolCall(name="get", arguments='{"city": "Os', id="call_1")]
-    reply = ollama.OllamaReply("m", "chat", started=0.0)
+    reply = ollama_reply.OllamaReply("m", "chat", started=0.0)
     reply.add(_events([], calls=cut, reason="length"))
     final = reply.final()
     assert final["done_reason"] == "length"
@@ -203,8 +204,8 @@ def test_a_call_cut_by_the_token_limit_is_text() -> None:
 @given(st.lists(st.text(max_size=5), max_size=6), st.lists(st.text(max_size=5), max_size=3))
 def test_stream_and_whole_answers_agree(content: list[str], thinking: list[str]) -> None:
     events = _events(content, thinking)
-    streamed = ollama.OllamaReply("m", "chat", started=0.0).add(events)
-    whole = ollama.OllamaReply("m", "chat", started=0.0)
+    streamed = ollama_reply.OllamaReply("m", "chat", started=0.0).add(events)
+    whole = ollama_reply.OllamaReply("m", "chat", started=0.0)
     whole.add(events)
     final = whole.final()
     folded = _fold_lines(streamed)
@@ -215,13 +216,13 @@ def test_stream_and_whole_answers_agree(content: list[str], thinking: list[str])
 
 
 def test_generate_answers_carry_response_and_thinking() -> None:
-    reply = ollama.OllamaReply("m", "generate", started=0.0)
+    reply = ollama_reply.OllamaReply("m", "generate", started=0.0)
     lines = reply.add(_events(["4"], thinking=["2+2"]))
     assert lines[0]["thinking"] == "2+2" and lines[1]["response"] == "4"
     assert "message" not in lines[0]
     final = reply.final()
     assert final["response"] == "4" and final["thinking"] == "2+2"
-    raw = ollama.OllamaReply("m", "generate", started=0.0)
+    raw = ollama_reply.OllamaReply("m", "generate", started=0.0)
     raw.add([Deltas(index=0, text="once"), Deltas(index=0, text=" upon"),
              Finished(index=0, finish_reason="length", completion_tokens=2),
              Usage(prompt_tokens=1, completion_tokens=2)])
@@ -229,7 +230,7 @@ def test_generate_answers_carry_response_and_thinking() -> None:
 
 
 def test_a_worker_failure_is_an_error_line() -> None:
-    reply = ollama.OllamaReply("m", "chat", started=0.0)
+    reply = ollama_reply.OllamaReply("m", "chat", started=0.0)
     assert reply.add([Failed(message="boom")]) == [{"error": "boom"}]
     assert reply.error == "boom"
 
@@ -239,17 +240,17 @@ def test_model_listings() -> None:
             "architecture": "llama", "capabilities": ["completion", "tools"],
             "file_format": "gguf", "weight_bytes": 96_438_528, "parameters": 134_480_448,
             "quantization": "Q4_1", "template": "{{ messages }}"}
-    tag = ollama.tag("m", info)
+    tag = ollama_reply.tag("m", info)
     assert tag["name"] == tag["model"] == "m:latest" and tag["size"] == 96_438_528
     assert tag["details"]["parameter_size"] == "134M"
     assert tag["details"]["quantization_level"] == "Q4_1"
     assert tag["details"]["format"] == "gguf" and tag["modified_at"].startswith("2023-11-14")
-    show = ollama.show(info)
+    show = ollama_reply.show(info)
     assert show["model_info"]["llama.context_length"] == 8192
     assert show["model_info"]["general.architecture"] == "llama"
     assert show["capabilities"] == ["completion", "tools"]
     assert show["template"] == "{{ messages }}"
-    ps = ollama.ps_entry("m", info)
+    ps = ollama_reply.ps_entry("m", info)
     assert ps["context_length"] == 8192 and ps["size_vram"] == 0
     # every object is JSON (the ingress encodes them with msgspec)
     msgspec.json.encode([tag, show, ps])

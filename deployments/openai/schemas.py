@@ -2,7 +2,7 @@
 
 Unknown fields are ignored (clients send many); a JSON null reads as missing. Constraint
 options (tools, tool_choice, response_format, ...) are checked by the chat library on the
-worker, which knows the model, and first by `deployments.validate` with the same code.
+worker, which knows the model, and first by `deployments.openai.request` with the same code.
 """
 
 from __future__ import annotations

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deployments import cli
+from deployments.launch import cli
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _config(*argv: str) -> dict:

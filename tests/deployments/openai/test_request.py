@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from deployments.errors import ApiError
-from deployments.validate import decode_request
+from deployments.openai.request import decode_request
 
 TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather of a city.", "strict": True,

@@ -1,0 +1,54 @@
+"""What an API surface hands the ingress's one request path: a `Call` (the model, the typed
+request for its worker, how to answer) whose `Reply` turns the worker's events into that
+API's bytes, streamed or folded into one body.
+
+Each API sub-package (openai/, responses/, ollama/) builds its Calls in its `request`
+module and its Replies in its `reply` module; `deployments.ingress.Ingress.generate` runs
+every one of them the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from starlette.responses import Response
+
+from actors.events import GenerateRequest
+
+
+class Reply(Protocol):
+    """One request's answer in one API's shape.
+
+    Streamed: `lead()`, then `render(batch)` for each batch of the worker's events, then
+    `tail()`; `broken()` instead of the rest when the worker fails mid-stream. Not
+    streamed: `fold(batch)` for each batch, then `answer()` (which raises `ApiError` when
+    the events ended in a failure)."""
+
+    media_type: str
+    headers: dict[str, str]
+
+    def lead(self) -> bytes: ...
+
+    def render(self, batch: list) -> bytes: ...
+
+    def broken(self) -> bytes: ...
+
+    def tail(self) -> bytes: ...
+
+    def fold(self, batch: list) -> None: ...
+
+    def answer(self) -> Response: ...
+
+
+@dataclass
+class Call:
+    """A decoded, validated request: the served model's name, the worker's request, whether
+    to stream, and its reply. `now`: an answer given without the worker (Ollama's load
+    request); the rest is then unused."""
+
+    model: str = ""
+    request: GenerateRequest | None = None
+    reply: Reply | None = None
+    stream: bool = False
+    now: Response | None = None

@@ -1,0 +1,222 @@
+"""Ollama's answers: a request's events as NDJSON lines (streamed) or one object
+(`OllamaReply`), the answer to a load request, and the workers' model descriptions as
+/api/tags, /api/ps and /api/show list them."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+import msgspec
+from starlette.responses import Response
+
+from actors.events import Deltas, Failed, Finished, TokenLogprob, Usage
+from deployments.errors import ApiError
+from deployments.openai.reply import ChoiceFold
+
+LATEST = ":latest"  # the tag of every model here (`name` and `name:latest` are one)
+# created_at of /api/ps's far-away expiry: a model here is never unloaded
+NEVER = "2999-01-01T00:00:00Z"
+
+_encoder = msgspec.json.Encoder()
+
+
+def ndjson(objects: list[dict]) -> bytes:
+    """Objects as newline-delimited JSON (one line each)."""
+    return b"".join(_encoder.encode(o) + b"\n" for o in objects)
+
+
+def created_at() -> str:
+    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def load_reply(model: str, endpoint: str, keep_alive: Any) -> dict:
+    """The answer to a request with nothing to generate (Ollama's way to load a model)."""
+    reason = "unload" if keep_alive in (0, "0", "0s", "0m") else "load"
+    body: dict[str, Any] = {"model": model, "created_at": created_at()}
+    if endpoint == "chat":
+        body["message"] = {"role": "assistant", "content": ""}
+    else:
+        body["response"] = ""
+    return {**body, "done": True, "done_reason": reason}
+
+
+def _logprobs(items: list[TokenLogprob]) -> list[dict]:
+    return [{"token": t.token, "logprob": t.logprob, "bytes": t.bytes,
+             "top_logprobs": [{"token": s, "logprob": v, "bytes": b} for s, v, b in t.top]}
+            for t in items]
+
+
+def _tool_calls(calls: list[dict]) -> tuple[list[dict], str]:
+    """Ollama's tool calls (arguments as an object) from OpenAI's; a call whose arguments
+    are not a JSON object (cut by the token limit) comes back as text."""
+    out, text = [], ""
+    for i, c in enumerate(calls):
+        f = c["function"]
+        try:
+            args = json.loads(f["arguments"] or "{}")
+        except ValueError:
+            args = None
+        if isinstance(args, dict):
+            out.append({"id": c.get("id"), "function": {"index": i, "name": f["name"],
+                                                        "arguments": args}})
+        else:
+            text += f["arguments"]
+    return out, text
+
+
+def _done_reason(finish_reason: str | None) -> str:
+    return "length" if finish_reason == "length" else "stop"
+
+
+class OllamaReply:
+    """One request's answer in Ollama's shape, from the worker's events.
+
+    Args:
+        model: the name the client asked for (echoed in every object).
+        endpoint: "chat" (`message`) or "generate" (`response`).
+        started: `time.perf_counter()` when the request arrived (for the durations).
+    """
+
+    media_type = "application/x-ndjson"
+    headers: dict[str, str] = {}
+
+    def __init__(self, model: str, endpoint: str, started: float) -> None:
+        self.model, self.endpoint, self.started = model, endpoint, started
+        self.choice = ChoiceFold()
+        self.first_at: float | None = None
+        self.usage: Usage | None = None
+        self.error: str | None = None
+
+    def _object(self, content: str, thinking: str = "", calls: list | None = None,
+                logprobs: list | None = None, done: bool = False) -> dict:
+        body: dict[str, Any] = {"model": self.model, "created_at": created_at()}
+        if self.endpoint == "chat":
+            msg: dict[str, Any] = {"role": "assistant", "content": content}
+            if thinking:
+                msg["thinking"] = thinking
+            if calls:
+                msg["tool_calls"] = calls
+            body["message"] = msg
+        else:
+            body["response"] = content
+            if thinking:
+                body["thinking"] = thinking
+        if logprobs:
+            body["logprobs"] = logprobs
+        body["done"] = done
+        if done:
+            body.update(self._stats())
+        return body
+
+    def _stats(self) -> dict:
+        now = time.perf_counter()
+        first = self.first_at if self.first_at is not None else now
+        u = self.usage
+        return {"done_reason": _done_reason(self.choice.finish_reason),
+                "total_duration": int((now - self.started) * 1e9), "load_duration": 0,
+                "prompt_eval_count": u.prompt_tokens if u else 0,
+                "prompt_eval_duration": int((first - self.started) * 1e9),
+                "eval_count": u.completion_tokens if u else 0,
+                "eval_duration": int((now - first) * 1e9)}
+
+    def add(self, batch: list) -> list[dict]:
+        """Fold a batch of events; returns the stream objects they make."""
+        out = []
+        for ev in batch:
+            if isinstance(ev, Deltas):
+                if self.first_at is None:
+                    self.first_at = time.perf_counter()
+                self.choice.add(ev)
+                content = ev.text + "".join(d.text for d in ev.deltas if d.field == "content")
+                thinking = "".join(d.text for d in ev.deltas
+                                   if d.field == "reasoning_content")
+                logprobs = _logprobs(ev.logprobs) if ev.logprobs else None
+                if content or thinking or logprobs:
+                    out.append(self._object(content, thinking, logprobs=logprobs))
+            elif isinstance(ev, Finished):
+                if self.first_at is None:
+                    self.first_at = time.perf_counter()
+                self.choice.finish_reason = ev.finish_reason
+                self.choice.final = ev.message
+                if ev.index == 0 and self.endpoint == "chat" and ev.message is not None:
+                    calls, text = _tool_calls(self.choice.chat_message().get("tool_calls", []))
+                    if calls or text:  # Ollama sends a call whole, once it is complete
+                        out.append(self._object(text, calls=calls))
+            elif isinstance(ev, Usage):
+                self.usage = ev
+                out.append(self._object("", done=True))
+            elif isinstance(ev, Failed):
+                self.error = ev.message
+                out.append({"error": ev.message})
+        return out
+
+    # -- deployments.exchange.Reply ---------------------------------------------------
+    def lead(self) -> bytes:
+        return b""
+
+    def render(self, batch: list) -> bytes:
+        return ndjson(self.add(batch))
+
+    def broken(self) -> bytes:
+        return ndjson([{"error": "The model worker failed during the stream."}])
+
+    def tail(self) -> bytes:
+        return b""
+
+    def fold(self, batch: list) -> None:
+        self.add(batch)
+
+    def answer(self) -> Response:
+        if self.error is not None:
+            raise ApiError(503, self.error, type="server_error")
+        return Response(ndjson([self.final()]).rstrip(), media_type="application/json")
+
+    def final(self) -> dict:
+        """The whole answer as one object (`"stream": false`)."""
+        msg = self.choice.chat_message()
+        calls, text = _tool_calls(msg.get("tool_calls", []))
+        logprobs = _logprobs(self.choice.logprobs) if self.choice.logprobs else None
+        return self._object((msg.get("content") or "") + text,
+                            msg.get("reasoning_content") or "", calls, logprobs, done=True)
+
+
+def _details(info: dict) -> dict:
+    params = info.get("parameters") or 0
+    size = f"{params / 1e9:.1f}B" if params >= 1e9 else f"{params / 1e6:.0f}M"
+    arch = info.get("architecture") or ""
+    return {"parent_model": "", "format": info.get("file_format", ""), "family": arch,
+            "families": [arch] if arch else None, "parameter_size": size,
+            "quantization_level": info.get("quantization", "")}
+
+
+def _modified(info: dict) -> str:
+    return datetime.fromtimestamp(info.get("created", 0), timezone.utc).isoformat() \
+        .replace("+00:00", "Z")
+
+
+def tag(name: str, info: dict) -> dict:
+    """A model in /api/tags."""
+    return {"name": name + LATEST, "model": name + LATEST, "modified_at": _modified(info),
+            "size": info.get("weight_bytes", 0), "digest": "", "details": _details(info)}
+
+
+def ps_entry(name: str, info: dict) -> dict:
+    """A model in /api/ps: every served model is loaded, never unloaded."""
+    return {"name": name + LATEST, "model": name + LATEST,
+            "size": info.get("weight_bytes", 0), "digest": "", "details": _details(info),
+            "expires_at": NEVER, "size_vram": 0, "context_length": info.get("context_length")}
+
+
+def show(info: dict) -> dict:
+    """/api/show: details, model_info (architecture, context length) and capabilities."""
+    arch = info.get("architecture") or "unknown"
+    return {"license": "", "modelfile": "", "parameters": "",
+            "template": info.get("template", ""), "details": _details(info),
+            "model_info": {"general.architecture": arch,
+                           "general.parameter_count": info.get("parameters", 0),
+                           f"{arch}.context_length": info.get("context_length")},
+            "capabilities": info.get("capabilities", ["completion"]),
+            "modified_at": _modified(info)}

@@ -1,0 +1,265 @@
+"""Ollama's requests on the same pipeline: a body becomes OpenAI's request (then the same
+validation, worker request and constraints); `chat_call` and `generate_call` are the
+ingress's Calls for /api/chat and /api/generate.
+
+Errors are `ApiError`s whose `param` names Ollama's field (`options.num_predict`, `format`,
+...); the routes write them as `{"error": "..."}`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+import msgspec
+from starlette.responses import JSONResponse
+
+from actors.events import GenerateRequest
+from deployments.errors import ApiError
+from deployments.exchange import Call
+from deployments.ingress import Ingress
+from deployments.ollama.reply import LATEST, OllamaReply, load_reply
+from deployments.openai.request import convert_request, decode_json
+from deployments.openai.request import generate_request as openai_generate_request
+
+
+class Options(msgspec.Struct, kw_only=True):
+    """The Modelfile parameters a request may set; the others Ollama lists (num_gpu,
+    mirostat, ...) are accepted and have no effect here."""
+
+    num_predict: int | None = None
+    num_ctx: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    repeat_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+
+
+class ToolFunction(msgspec.Struct, kw_only=True):
+    name: str
+    arguments: dict | str = msgspec.field(default_factory=dict)
+
+
+class ToolCall(msgspec.Struct, kw_only=True):
+    function: ToolFunction
+    id: str | None = None
+
+
+class Message(msgspec.Struct, kw_only=True):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = None
+    thinking: str | None = None
+    images: list[Any] | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_name: str | None = None
+    tool_call_id: str | None = None
+
+
+class _Common(msgspec.Struct, kw_only=True):
+    model: str
+    stream: bool | None = None  # None: streamed, Ollama's default
+    format: Any = None
+    options: Options | None = None
+    think: bool | str | None = None
+    keep_alive: Any = None  # accepted: a model here stays loaded
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+
+
+class ChatIn(_Common, kw_only=True):
+    messages: list[Message] = msgspec.field(default_factory=list)
+    tools: list[Any] | None = None
+
+
+class GenerateIn(_Common, kw_only=True):
+    prompt: str = ""
+    system: str | None = None
+    suffix: str | None = None
+    template: str | None = None
+    context: list[int] | None = None
+    raw: bool = False
+    images: list[Any] | None = None
+
+
+class ShowIn(msgspec.Struct, kw_only=True):
+    model: str | None = None
+    name: str | None = None  # older clients
+
+
+# OpenAI's parameter -> the Ollama field it came from (for the errors' `param`)
+_PARAMS = {"max_tokens": "options.num_predict", "temperature": "options.temperature",
+           "top_p": "options.top_p", "top_k": "options.top_k", "min_p": "options.min_p",
+           "seed": "options.seed", "stop": "options.stop",
+           "repetition_penalty": "options.repeat_penalty",
+           "presence_penalty": "options.presence_penalty",
+           "frequency_penalty": "options.frequency_penalty", "response_format": "format",
+           "reasoning_effort": "think", "top_logprobs": "top_logprobs"}
+
+
+def _ollama_param(param: str | None) -> str | None:
+    if not param:
+        return param
+    for ours, theirs in _PARAMS.items():
+        if param == ours or param.startswith((ours + ".", ours + "[")):
+            return theirs + param[len(ours):] if theirs != "format" else "format"
+    return param
+
+
+def decode(body: bytes, kind: type) -> Any:
+    """A typed Ollama request; a 400 naming the field otherwise."""
+    return decode_json(body, kind)
+
+
+def model_name(name: str) -> str:
+    """A model's id from an Ollama name: the tag `latest` is the default one."""
+    return name[: -len(LATEST)] if name.endswith(LATEST) else name
+
+
+def _sampling(req: _Common) -> dict[str, Any]:
+    """The OpenAI fields of `req`'s options, thinking switch, format and logprobs."""
+    o = req.options or Options()
+    out: dict[str, Any] = {
+        "temperature": o.temperature, "top_p": o.top_p, "min_p": o.min_p, "seed": o.seed,
+        "top_k": None if o.top_k is None or o.top_k < 0 else o.top_k,
+        "stop": [o.stop] if isinstance(o.stop, str) else o.stop,
+        "repetition_penalty": o.repeat_penalty, "presence_penalty": o.presence_penalty,
+        "frequency_penalty": o.frequency_penalty,
+        # -1 (no limit) and -2 (until the context is full) both run to the context's end
+        "max_tokens": None if o.num_predict is None or o.num_predict < 0 else o.num_predict}
+    if isinstance(req.think, bool):
+        out["think"] = req.think
+    elif isinstance(req.think, str):
+        out["reasoning_effort"] = req.think
+    fmt = req.format
+    if fmt == "json":
+        out["response_format"] = {"type": "json_object"}
+    elif isinstance(fmt, dict):
+        out["response_format"] = {"type": "json_schema",
+                                  "json_schema": {"name": "format", "schema": fmt}}
+    elif fmt not in (None, ""):
+        raise ApiError(400, f"'format' is {fmt!r}; use \"json\" or a JSON schema object.",
+                       param="format")
+    if req.logprobs:
+        out["logprobs"] = True
+        out["top_logprobs"] = req.top_logprobs
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _context_limit(req: _Common) -> dict[str, Any]:
+    n = (req.options or Options()).num_ctx
+    if n is None:
+        return {}
+    if n < 1:
+        raise ApiError(400, f"'options.num_ctx' is {n}; it must be at least 1.",
+                       param="options.num_ctx")
+    return {"context_limit": n}
+
+
+def _openai(raw: dict, kind: str, extra: dict) -> GenerateRequest:
+    try:
+        req = convert_request(raw, kind)
+    except ApiError as err:
+        err.param = _ollama_param(err.param)
+        raise
+    return openai_generate_request(req, raw, kind, **extra)
+
+
+def _no_images(images: list | None, where: str) -> None:
+    if images:
+        raise ApiError(400, f"'{where}' holds images; this server's models read text only.",
+                       param=where)
+
+
+def _messages(messages: list[Message]) -> list[dict]:
+    out = []
+    for i, m in enumerate(messages):
+        _no_images(m.images, f"messages[{i}].images")
+        msg: dict[str, Any] = {"role": m.role, "content": m.content or ""}
+        if m.thinking:
+            msg["reasoning_content"] = m.thinking
+        if m.tool_calls:
+            msg["tool_calls"] = [{"id": c.id or f"call_{i}_{j}", "type": "function",
+                                  "function": {"name": c.function.name,
+                                               "arguments": c.function.arguments}}
+                                 for j, c in enumerate(m.tool_calls)]
+        if m.role == "tool":
+            if m.tool_name:
+                msg["name"] = m.tool_name
+            if m.tool_call_id:
+                msg["tool_call_id"] = m.tool_call_id
+        out.append(msg)
+    return out
+
+
+def chat_request(req: ChatIn) -> GenerateRequest:
+    """The worker's request for `/api/chat` (it has at least one message)."""
+    raw = {"model": req.model, "messages": _messages(req.messages), **_sampling(req)}
+    if req.tools:
+        raw["tools"] = req.tools
+    return _openai(raw, "chat", _context_limit(req))
+
+
+def generate_request(req: GenerateIn) -> GenerateRequest:
+    """The worker's request for `/api/generate`: the prompt (and system) in the model's
+    chat template, or as given with `raw`."""
+    _no_images(req.images, "images")
+    for field in ("suffix", "template"):
+        if getattr(req, field):
+            raise ApiError(400, f"'{field}' is not supported here: "
+                           + ("the models served here do not fill in the middle."
+                              if field == "suffix" else
+                              "prompts use the model's own chat template (or send "
+                              "'raw': true with the whole prompt)."), param=field)
+    if req.context:
+        raise ApiError(400, "'context' is not supported; send the conversation to "
+                            "/api/chat instead.", param="context")
+    sampling = _sampling(req)
+    if req.raw:
+        if "response_format" in sampling or "think" in sampling \
+                or "reasoning_effort" in sampling:
+            field = "format" if "response_format" in sampling else "think"
+            raise ApiError(400, f"'{field}' needs the model's chat template; it cannot be "
+                                "used with 'raw': true.", param=field)
+        raw = {"model": req.model, "prompt": req.prompt, **sampling}
+        greq = _openai(raw, "completion", _context_limit(req))
+        # /v1/completions' default of 16 tokens is OpenAI's; Ollama's is no limit
+        return msgspec.structs.replace(greq, max_tokens=sampling.get("max_tokens"))
+    messages = ([{"role": "system", "content": req.system}] if req.system else []) \
+        + [{"role": "user", "content": req.prompt}]
+    raw = {"model": req.model, "messages": messages, **sampling}
+    return _openai(raw, "chat", _context_limit(req))
+
+
+def served(ingress: Ingress, name: str) -> str:
+    """The served model a client's name means (`name:latest` is `name`); 404 in Ollama's
+    words when there is none."""
+    model = model_name(name)
+    if model not in ingress.streams:
+        raise ApiError(404, f"model '{name}' not found; see /api/tags.")
+    return model
+
+
+def chat_call(body: bytes, ingress: Ingress) -> Call:
+    """/api/chat's Call (no messages: Ollama's way to load a model, answered at once)."""
+    req = decode(body, ChatIn)
+    return _call(req, "chat", not req.messages, ingress)
+
+
+def generate_call(body: bytes, ingress: Ingress) -> Call:
+    """/api/generate's Call (no prompt and no system: a load request, answered at once)."""
+    req = decode(body, GenerateIn)
+    return _call(req, "generate", not req.prompt and not req.system, ingress)
+
+
+def _call(req: ChatIn | GenerateIn, endpoint: str, empty: bool, ingress: Ingress) -> Call:
+    model = served(ingress, req.model)
+    if empty:
+        return Call(now=JSONResponse(load_reply(req.model, endpoint, req.keep_alive)))
+    greq = chat_request(req) if endpoint == "chat" else generate_request(req)
+    return Call(model=model, request=greq, stream=req.stream is not False,
+                reply=OllamaReply(req.model, endpoint, time.perf_counter()))

@@ -1,0 +1,70 @@
+"""Ollama's routes: /api/chat and /api/generate through the ingress's one request path;
+the model listings (/api/tags, /api/ps, /api/show), /api/version and the root's "Ollama is
+running". Errors in Ollama's shape ({"error": "..."})."""
+
+# No `from __future__ import annotations`: FastAPI reads the handlers' annotations.
+
+from fastapi import APIRouter, Depends, Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+
+from deployments.errors import ollama_error_response
+from deployments.ingress import Ingress, current
+from deployments.ollama import reply
+from deployments.ollama.request import ShowIn, chat_call, decode, generate_call, served
+
+# The Ollama API version this server speaks (clients probe /api/version for features).
+OLLAMA_VERSION = "0.12.0"
+
+router = APIRouter()
+
+
+@router.api_route("/", methods=["GET", "HEAD"])
+async def root() -> Response:
+    return PlainTextResponse("Ollama is running")
+
+
+@router.get("/api/version")
+async def version() -> dict:
+    return {"version": OLLAMA_VERSION}
+
+
+@router.post("/api/chat")
+async def chat(request: Request, ingress: Ingress = Depends(current)) -> Response:
+    return await ingress.generate(request, "/api/chat", chat_call, ollama_error_response)
+
+
+@router.post("/api/generate")
+async def generate(request: Request, ingress: Ingress = Depends(current)) -> Response:
+    return await ingress.generate(request, "/api/generate", generate_call,
+                                  ollama_error_response)
+
+
+@router.get("/api/tags")
+async def tags(request: Request, ingress: Ingress = Depends(current)) -> Response:
+    return await _listing(request, ingress, reply.tag)
+
+
+@router.get("/api/ps")
+async def ps(request: Request, ingress: Ingress = Depends(current)) -> Response:
+    return await _listing(request, ingress, reply.ps_entry)
+
+
+async def _listing(request: Request, ingress: Ingress, entry) -> Response:
+    """Every model as `entry(name, info)` renders it, under "models"."""
+
+    async def run() -> Response:
+        ingress.authenticate(request)
+        infos = await ingress.infos()
+        return JSONResponse({"models": [entry(n, i) for n, i in infos.items()]})
+
+    return await ingress.respond(run, ollama_error_response)
+
+
+@router.post("/api/show")
+async def show(request: Request, ingress: Ingress = Depends(current)) -> Response:
+    async def run() -> Response:
+        req = decode(await ingress.body(request), ShowIn)
+        name = served(ingress, req.model or req.name or "")
+        return JSONResponse(reply.show(await ingress.info(name, verbose=True)))
+
+    return await ingress.respond(run, ollama_error_response)

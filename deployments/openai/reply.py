@@ -1,0 +1,245 @@
+"""OpenAI's answers: chat completion and completion chunks (SSE, then [DONE]) and their
+non-streamed fold into one body (`ChatReply`, `CompletionReply`: the ingress's replies),
+and the pieces other APIs reuse (`ChoiceFold`, `message_from`, `usage_body`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from starlette.responses import Response
+
+from actors.events import Deltas, Failed, Finished, TokenLogprob, Usage
+from chat import ChatMsg
+from deployments.errors import ApiError, error_body
+
+_encoder = msgspec.json.Encoder()
+DONE = b"data: [DONE]\n\n"
+
+
+def sse(obj: Any) -> bytes:
+    return b"data: " + _encoder.encode(obj) + b"\n\n"
+
+
+def usage_body(u: Usage) -> dict:
+    """OpenAI's `usage`: `prompt_tokens` is the whole prompt, of which
+    `prompt_tokens_details.cached_tokens` came from the KV cache."""
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "total_tokens": u.prompt_tokens + u.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
+
+
+def chat_delta(event: Deltas, *, first: bool) -> dict:
+    """The `delta` object of a chat chunk (several fields may grow in one event)."""
+    delta: dict[str, Any] = {"role": "assistant"} if first else {}
+    for d in event.deltas:
+        if d.field == "tool_call":
+            call: dict[str, Any] = {"index": d.index}
+            if d.name:
+                call.update(id=d.id, type="function",
+                            function={"name": d.name, "arguments": d.text})
+            else:
+                call["function"] = {"arguments": d.text}
+            delta.setdefault("tool_calls", []).append(call)
+        else:
+            delta[d.field] = delta.get(d.field, "") + d.text
+    return delta
+
+
+def chat_logprobs(items: list[TokenLogprob] | None) -> dict | None:
+    if items is None:
+        return None
+    return {"content": [{"token": t.token, "logprob": t.logprob, "bytes": t.bytes,
+                         "top_logprobs": [{"token": s, "logprob": v, "bytes": b}
+                                          for s, v, b in t.top]} for t in items]}
+
+
+def completion_logprobs(items: list[TokenLogprob] | None, offset: int) -> dict | None:
+    if items is None:
+        return None
+    offsets, pos = [], offset
+    for t in items:
+        offsets.append(pos)
+        pos += len(t.token)
+    return {"tokens": [t.token for t in items], "token_logprobs": [t.logprob for t in items],
+            "top_logprobs": [{s: v for s, v, _ in t.top} for t in items],
+            "text_offset": offsets}
+
+
+class ChoiceFold:
+    """A choice's final state, folded from its events exactly as a client folds chunks."""
+
+    def __init__(self) -> None:
+        self.reasoning: list[str] = []
+        self.content: list[str] = []
+        self.calls: dict[int, dict] = {}
+        self.logprobs: list[TokenLogprob] | None = None
+        self.finish_reason: str | None = None
+        self.final: ChatMsg | None = None
+
+    def add(self, event: Deltas) -> None:
+        for d in event.deltas:
+            if d.field == "reasoning_content":
+                self.reasoning.append(d.text)
+            elif d.field == "content":
+                self.content.append(d.text)
+            elif d.name:
+                self.calls[d.index] = {"id": d.id, "type": "function",
+                                       "function": {"name": d.name, "arguments": d.text}}
+            elif d.index in self.calls:
+                self.calls[d.index]["function"]["arguments"] += d.text
+        if event.text:
+            self.content.append(event.text)
+        if event.logprobs is not None:
+            self.logprobs = (self.logprobs or []) + list(event.logprobs)
+
+    def chat_message(self) -> dict:
+        if self.final is not None:
+            return message_from(self.final)
+        content = "".join(self.content)
+        msg: dict[str, Any] = {"role": "assistant",
+                               "content": content if content or not self.calls else None}
+        if self.reasoning:
+            msg["reasoning_content"] = "".join(self.reasoning)
+        if self.calls:
+            msg["tool_calls"] = [self.calls[i] for i in sorted(self.calls)]
+        return msg
+
+
+def message_from(msg: ChatMsg) -> dict:
+    """An OpenAI assistant message from a final parse."""
+    calls = [{"id": c.id, "type": "function",
+              "function": {"name": c.name, "arguments": c.arguments}} for c in msg.tool_calls]
+    out: dict[str, Any] = {"role": "assistant",
+                           "content": msg.content if msg.content or not calls else None}
+    if msg.reasoning_content:
+        out["reasoning_content"] = msg.reasoning_content
+    if calls:
+        out["tool_calls"] = calls
+    return out
+
+
+class _Reply:
+    """A chat completion's or a completion's answer (deployments.exchange.Reply).
+
+    Args:
+        meta: the body's fixed fields: id, created, model.
+        include_usage: streamed: every chunk carries `usage` (null), and a last chunk with
+            no choices carries the counts (`stream_options.include_usage`).
+    """
+
+    media_type = "text/event-stream"
+    headers = {"Cache-Control": "no-cache"}
+    chunk_object = final_object = ""
+
+    def __init__(self, meta: dict, include_usage: bool = False) -> None:
+        self.meta, self.include_usage = meta, include_usage
+        self.started: set[int] = set()  # choices that have sent a chunk
+        self.folds: dict[int, ChoiceFold] = {}
+        self.usage = usage_body(Usage(prompt_tokens=0, completion_tokens=0))
+
+    # the choice objects, per API
+    def delta_choice(self, ev: Deltas) -> dict:
+        raise NotImplementedError
+
+    def finish_choice(self, ev: Finished) -> dict:
+        raise NotImplementedError
+
+    def final_choice(self, index: int, fold: ChoiceFold) -> dict:
+        raise NotImplementedError
+
+    # -- streamed
+    def lead(self) -> bytes:
+        return b""
+
+    def render(self, batch: list) -> bytes:
+        return b"".join(self._chunks(batch))
+
+    def _chunk(self, choices: list, usage: dict | None = None) -> bytes:
+        body = {**self.meta, "object": self.chunk_object, "choices": choices}
+        if self.include_usage:
+            body["usage"] = usage
+        return sse(body)
+
+    def _chunks(self, batch: list):
+        for ev in batch:
+            if isinstance(ev, Deltas):
+                choice = self.delta_choice(ev)
+                self.started.add(ev.index)
+                yield self._chunk([choice])
+            elif isinstance(ev, Finished):
+                choice = self.finish_choice(ev)
+                self.started.add(ev.index)
+                yield self._chunk([choice])
+            elif isinstance(ev, Usage):
+                if self.include_usage:
+                    yield self._chunk([], usage_body(ev))
+            elif isinstance(ev, Failed):
+                yield sse(error_body(ev.message, type="server_error"))
+
+    def broken(self) -> bytes:
+        return sse(error_body("The model worker failed during the stream.",
+                              type="server_error"))
+
+    def tail(self) -> bytes:
+        return DONE
+
+    # -- not streamed
+    def fold(self, batch: list) -> None:
+        for ev in batch:
+            if isinstance(ev, Deltas):
+                self.folds.setdefault(ev.index, ChoiceFold()).add(ev)
+            elif isinstance(ev, Finished):
+                f = self.folds.setdefault(ev.index, ChoiceFold())
+                f.finish_reason = ev.finish_reason
+                f.final = ev.message
+            elif isinstance(ev, Usage):
+                self.usage = usage_body(ev)
+            elif isinstance(ev, Failed):
+                raise ApiError(503, ev.message, type="server_error")
+
+    def answer(self) -> Response:
+        choices = [self.final_choice(i, self.folds[i]) for i in sorted(self.folds)]
+        return Response(_encoder.encode({**self.meta, "object": self.final_object,
+                                         "choices": choices, "usage": self.usage}),
+                        media_type="application/json")
+
+
+class ChatReply(_Reply):
+    chunk_object, final_object = "chat.completion.chunk", "chat.completion"
+
+    def delta_choice(self, ev: Deltas) -> dict:
+        return {"index": ev.index, "delta": chat_delta(ev, first=ev.index not in self.started),
+                "logprobs": chat_logprobs(ev.logprobs), "finish_reason": None}
+
+    def finish_choice(self, ev: Finished) -> dict:
+        delta = {"role": "assistant"} if ev.index not in self.started else {}
+        return {"index": ev.index, "delta": delta, "logprobs": None,
+                "finish_reason": ev.finish_reason}
+
+    def final_choice(self, index: int, fold: ChoiceFold) -> dict:
+        return {"index": index, "message": fold.chat_message(),
+                "logprobs": chat_logprobs(fold.logprobs), "finish_reason": fold.finish_reason}
+
+
+class CompletionReply(_Reply):
+    chunk_object = final_object = "text_completion"
+
+    def __init__(self, meta: dict, include_usage: bool = False) -> None:
+        super().__init__(meta, include_usage)
+        self.offsets: dict[int, int] = {}  # each choice's text so far, in characters
+
+    def delta_choice(self, ev: Deltas) -> dict:
+        off = self.offsets.get(ev.index, 0)
+        self.offsets[ev.index] = off + len(ev.text)
+        return {"index": ev.index, "text": ev.text,
+                "logprobs": completion_logprobs(ev.logprobs, off), "finish_reason": None}
+
+    def finish_choice(self, ev: Finished) -> dict:
+        return {"index": ev.index, "text": "", "logprobs": None,
+                "finish_reason": ev.finish_reason}
+
+    def final_choice(self, index: int, fold: ChoiceFold) -> dict:
+        return {"index": index, "text": "".join(fold.content),
+                "logprobs": completion_logprobs(fold.logprobs, 0),
+                "finish_reason": fold.finish_reason}

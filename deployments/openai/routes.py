@@ -1,0 +1,49 @@
+"""OpenAI's routes: chat completions and completions through the ingress's one request
+path; the model list and model cards. Errors in OpenAI's shape."""
+
+# No `from __future__ import annotations`: FastAPI reads the handlers' annotations.
+
+from fastapi import APIRouter, Depends, Request
+from starlette.responses import JSONResponse, Response
+
+from deployments.errors import error_response
+from deployments.ingress import Ingress, current
+from deployments.openai.request import chat_call, completion_call
+
+router = APIRouter()
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request, ingress: Ingress = Depends(current)) -> Response:
+    return await ingress.generate(request, "/v1/chat/completions", chat_call, error_response)
+
+
+@router.post("/v1/completions")
+async def completions(request: Request, ingress: Ingress = Depends(current)) -> Response:
+    return await ingress.generate(request, "/v1/completions", completion_call, error_response)
+
+
+@router.get("/v1/models")
+async def models(request: Request, ingress: Ingress = Depends(current)) -> Response:
+    async def run() -> Response:
+        ingress.authenticate(request)
+        infos = await ingress.infos()
+        return JSONResponse({"object": "list",
+                             "data": [model_card(n, i) for n, i in infos.items()]})
+
+    return await ingress.respond(run, error_response)
+
+
+@router.get("/v1/models/{model_id:path}")
+async def model(model_id: str, request: Request, ingress: Ingress = Depends(current)) -> Response:
+    async def run() -> Response:
+        ingress.authenticate(request)
+        ingress.check_model(model_id)
+        return JSONResponse(model_card(model_id, await ingress.info(model_id)))
+
+    return await ingress.respond(run, error_response)
+
+
+def model_card(name: str, info: dict) -> dict:
+    return {"id": name, "object": "model", "created": info.get("created", 0),
+            "owned_by": "flm-serve", "context_length": info.get("context_length")}

@@ -1,0 +1,246 @@
+"""OpenAI's Responses requests on the same pipeline: a request becomes a chat request (then
+the same validation, worker request and constraints), with the conversation of
+`previous_response_id` before its input; `responses_call` is the ingress's Call for
+POST /v1/responses.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import Meta
+
+from actors.events import GenerateRequest
+from deployments.errors import ApiError
+from deployments.exchange import Call
+from deployments.ingress import Ingress
+from deployments.openai.request import convert_request, decode_json, generate_request
+from deployments.responses.reply import ResponseBuilder, ResponsesReply
+from deployments.responses.store import ResponseStore
+
+
+class TextIn(msgspec.Struct, kw_only=True):
+    format: dict | None = None
+
+
+class ReasoningIn(msgspec.Struct, kw_only=True):
+    effort: str | None = None
+    summary: Any = None  # accepted; the reasoning itself is returned, never a summary
+
+
+class ResponsesIn(msgspec.Struct, kw_only=True):
+    model: str
+    input: str | list[dict] = ""
+    instructions: str | None = None
+    tools: list[dict] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    text: TextIn | None = None
+    reasoning: ReasoningIn | None = None
+    max_output_tokens: Annotated[int, Meta(ge=1)] | None = None
+    temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Meta(gt=0.0, le=1.0)] | None = None
+    seed: int | None = None  # an extension (as in chat completions): same seed, same output
+    stream: bool | None = None
+    store: bool | None = None
+    previous_response_id: str | None = None
+    metadata: dict[str, str] | None = None
+    background: bool | None = None
+    user: str | None = None
+
+
+def decode(body: bytes) -> ResponsesIn:
+    """A typed Responses request; a 400 naming the field otherwise."""
+    return decode_json(body, ResponsesIn)
+
+
+# -- the request ------------------------------------------------------------------------------
+def _text(content: Any, where: str) -> str:
+    """A message's text: a string, or text parts (input_text / output_text / text)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ApiError(400, f"'{where}' must be a string or a list of content parts.",
+                       param=where)
+    out = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in ("input_text", "output_text", "text", "reasoning_text"):
+            raise ApiError(400, f"'{where}[{j}].type' is {kind!r}; this server's models read "
+                                "text only, so parts must be 'input_text' or 'output_text'.",
+                           param=f"{where}[{j}].type")
+        if not isinstance(part.get("text"), str):
+            raise ApiError(400, f"'{where}[{j}].text' must be a string.",
+                           param=f"{where}[{j}].text")
+        out.append(part["text"])
+    return "".join(out)
+
+
+def input_messages(items: str | list[dict], history: list[dict]) -> list[dict]:
+    """The chat messages of `history` (a stored conversation) followed by `items`."""
+    messages = [dict(m) for m in history]
+    if isinstance(items, str):
+        return messages + [{"role": "user", "content": items}]
+    names = {c["id"]: c["function"]["name"] for m in messages for c in m.get("tool_calls", [])}
+    reasoning = ""
+    for i, item in enumerate(items):
+        where = f"input[{i}]"
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "system", "developer", "assistant"):
+                raise ApiError(400, f"'{where}.role' is {role!r}; use user, system, developer "
+                                    "or assistant.", param=f"{where}.role")
+            msg = {"role": "system" if role == "developer" else role,
+                   "content": _text(item.get("content"), f"{where}.content")}
+            if role == "assistant" and reasoning:
+                msg["reasoning_content"], reasoning = reasoning, ""
+            messages.append(msg)
+        elif kind == "reasoning":
+            parts = item.get("content") or item.get("summary") or []
+            reasoning += _text(parts, f"{where}.content")
+        elif kind == "function_call":
+            for field in ("call_id", "name", "arguments"):
+                if not isinstance(item.get(field), str):
+                    raise ApiError(400, f"'{where}.{field}' must be a string.",
+                                   param=f"{where}.{field}")
+            call = {"id": item["call_id"], "type": "function",
+                    "function": {"name": item["name"], "arguments": item["arguments"]}}
+            names[item["call_id"]] = item["name"]
+            last = messages[-1] if messages else None
+            if last is None or last["role"] != "assistant":  # else: the same turn's calls
+                last = {"role": "assistant", "content": ""}
+                messages.append(last)
+            if reasoning:
+                last["reasoning_content"], reasoning = reasoning, ""
+            last.setdefault("tool_calls", []).append(call)
+        elif kind == "function_call_output":
+            call_id = item.get("call_id")
+            if call_id not in names:
+                raise ApiError(400, f"'{where}.call_id' is {call_id!r}, which no function_call "
+                                    "in the conversation has.", param=f"{where}.call_id")
+            output = item.get("output")
+            messages.append({"role": "tool", "tool_call_id": call_id, "name": names[call_id],
+                             "content": output if isinstance(output, str)
+                             else _text(output, f"{where}.output")})
+        else:
+            raise ApiError(400, f"'{where}.type' is {kind!r}; use message, function_call, "
+                                "function_call_output or reasoning.", param=f"{where}.type")
+    return messages
+
+
+def _tools(tools: list[dict] | None) -> list[dict] | None:
+    if not tools:
+        return None
+    out = []
+    for i, t in enumerate(tools):
+        if t.get("type") != "function":
+            raise ApiError(400, f"'tools[{i}].type' is {t.get('type')!r}; this server runs "
+                                "function tools only.", param=f"tools[{i}].type")
+        fn = {k: t[k] for k in ("name", "description", "parameters", "strict")
+              if t.get(k) is not None}
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def _tool_choice(choice: Any) -> Any:
+    if not isinstance(choice, dict):
+        return choice
+    if choice.get("type") == "function":
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    if choice.get("type") == "allowed_tools":
+        return {"type": "allowed_tools", "allowed_tools": {
+            "mode": choice.get("mode", "auto"),
+            "tools": [{"type": "function", "function": {"name": t.get("name")}}
+                      for t in choice.get("tools") or [] if isinstance(t, dict)]}}
+    return choice
+
+
+def _response_format(fmt: dict | None) -> dict | None:
+    if fmt is None:
+        return None
+    kind = fmt.get("type")
+    if kind == "json_schema":
+        schema = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
+        return {"type": "json_schema", "json_schema": schema}
+    return {"type": kind}
+
+
+# chat's parameter -> the Responses field it came from (for the errors' `param`)
+_PARAMS = {"max_tokens": "max_output_tokens", "response_format": "text.format",
+           "reasoning_effort": "reasoning.effort", "messages": "input"}
+
+
+def _param(param: str | None) -> str | None:
+    if not param:
+        return param
+    for ours, theirs in _PARAMS.items():
+        if param == ours or param.startswith((ours + ".", ours + "[")):
+            return theirs
+    if param.startswith("tools[") and ".function." in param:
+        return param.replace(".function.", ".", 1)
+    return param
+
+
+def chat_request(req: ResponsesIn, history: list[dict]) -> tuple[GenerateRequest, list[dict]]:
+    """The worker's request, and the conversation (without `instructions`) to store."""
+    if req.background:
+        raise ApiError(400, "'background' responses are not supported; use 'stream'.",
+                       param="background")
+    conversation = input_messages(req.input, history)
+    if not conversation:
+        raise ApiError(400, "'input' is empty.", param="input")
+    system = [{"role": "system", "content": req.instructions}] if req.instructions else []
+    raw: dict[str, Any] = {
+        "model": req.model, "messages": system + conversation, "tools": _tools(req.tools),
+        "tool_choice": _tool_choice(req.tool_choice),
+        "parallel_tool_calls": req.parallel_tool_calls,
+        "response_format": _response_format(req.text.format if req.text else None),
+        "reasoning_effort": req.reasoning.effort if req.reasoning else None,
+        "max_tokens": req.max_output_tokens, "temperature": req.temperature,
+        "top_p": req.top_p, "seed": req.seed}
+    raw = {k: v for k, v in raw.items() if v is not None}
+    try:
+        chat = convert_request(raw, "chat")
+    except ApiError as err:
+        err.param = _param(err.param)
+        raise
+    return generate_request(chat, raw, "chat"), conversation
+
+
+def response_base(req: ResponsesIn, response_id: str) -> dict:
+    """The fields of a response that its request decides."""
+    fmt = (req.text.format if req.text else None) or {"type": "text"}
+    return {"id": response_id, "object": "response", "created_at": int(time.time()),
+            "error": None, "instructions": req.instructions,
+            "max_output_tokens": req.max_output_tokens, "model": req.model,
+            "parallel_tool_calls": req.parallel_tool_calls is not False,
+            "previous_response_id": req.previous_response_id,
+            "reasoning": {"effort": req.reasoning.effort if req.reasoning else None,
+                          "summary": None},
+            "store": req.store is not False, "temperature": req.temperature,
+            "text": {"format": fmt}, "tool_choice": req.tool_choice or "auto",
+            "tools": req.tools or [], "top_p": req.top_p, "truncation": "disabled",
+            "user": req.user, "metadata": req.metadata or {}}
+
+
+def responses_call(body: bytes, ingress: Ingress) -> Call:
+    """POST /v1/responses's Call: the request with its stored conversation, answered by a
+    ResponsesReply that stores the finished response (unless `store: false`)."""
+    req = decode(body)
+    ingress.check_model(req.model)
+    store = ingress.state("responses", ResponseStore)
+    history: list[dict] = []
+    if req.previous_response_id:
+        try:
+            _, history = store.get(req.previous_response_id)
+        except ApiError as err:
+            err.param = "previous_response_id"
+            raise
+    greq, conversation = chat_request(req, history)
+    builder = ResponseBuilder(response_base(req, "resp_" + greq.request_id))
+    keep = store if req.store is not False else None
+    return Call(model=req.model, request=greq, stream=bool(req.stream),
+                reply=ResponsesReply(builder, keep, conversation))

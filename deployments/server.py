@@ -1,0 +1,77 @@
+"""The HTTP app and the Serve ingress deployment: every API's router in one route table,
+the server's own routes (/health, /metrics), CORS, and the routing errors (an unknown path
+or method) in the shape of the API the path belongs to.
+
+An API surface is a sub-package with a `routes.router`; adding one is a line in ROUTERS.
+"""
+
+# No `from __future__ import annotations`: FastAPI reads the handlers' annotations.
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from ray import serve
+from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
+from starlette.responses import Response
+
+from deployments.errors import ApiError, error_response, ollama_error_response
+from deployments.ingress import Ingress, current
+from deployments.metrics import render
+from deployments.ollama.routes import router as ollama_router
+from deployments.openai.routes import router as openai_router
+from deployments.responses.routes import router as responses_router
+
+server_router = APIRouter()
+
+
+@server_router.get("/health")
+async def health() -> dict:
+    return {"status": "ok"}
+
+
+@server_router.get("/metrics")
+async def metrics(request: Request, ingress: Ingress = Depends(current)) -> Response:
+    """Prometheus text of every replica's metrics (this one's as of now)."""
+    async def run() -> Response:
+        ingress.authenticate(request)
+        snapshot = ingress.metrics.snapshot()
+        text = (render([snapshot]) if ingress.hub is None
+                else await ingress.hub.text.remote(ingress.replica, snapshot))
+        return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return await ingress.respond(run, error_response)
+
+
+# the route table: each API surface's router (its paths are its own)
+ROUTERS = (server_router, openai_router, responses_router, ollama_router)
+
+
+async def _routing_error(request: Request, exc: HTTPException) -> Response:
+    """An unknown path (404) or method (405): the routing's errors, in OpenAI's shape
+    (Ollama's under /api/: its clients read `error` as a string)."""
+    path = request.url.path
+    ollama_route = path.startswith("/api/")
+    text = {404: f"Unknown path {path!r}; see " + ("/api/tags." if ollama_route
+                                                  else "/v1/models."),
+            405: f"{request.method} is not allowed on {path!r}."}
+    err = ApiError(exc.status_code, text.get(exc.status_code, exc.detail),
+                   headers=dict(exc.headers or {}))
+    return ollama_error_response(err) if ollama_route else error_response(err)
+
+
+def make_app(cors_origins: list[str] | None = None) -> FastAPI:
+    """The FastAPI app of every route (handlers find their Ingress through `current`)."""
+    app = FastAPI(title="flm-serve", docs_url=None, redoc_url=None)
+    if cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=cors_origins, allow_methods=["*"],
+                           allow_headers=["*"])
+    app.add_exception_handler(HTTPException, _routing_error)
+    for router in ROUTERS:
+        app.include_router(router)
+    return app
+
+
+def make_ingress(config: dict[str, Any]):
+    """The ingress deployment (not yet bound) for an app config's `cors_origins`."""
+    return serve.deployment(serve.ingress(make_app(config.get("cors_origins")))(Ingress))

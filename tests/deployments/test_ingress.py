@@ -1,0 +1,253 @@
+"""The ingress's one request path, without Ray: the real app (every API's routes) in front
+of an Ingress whose worker handle is a fake that plays a script of events, as Serve's
+handle would deliver them. What a client sees when the worker accepts, rejects, dies
+before answering (and is retried), is overloaded, or fails mid-stream; and that a client
+that goes away cancels the request on the worker."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from starlette.testclient import TestClient
+
+from actors.events import Accepted, Deltas, Finished, GenerateRequest, Rejected, Usage
+from chat import Delta
+from deployments.exchange import Call
+from deployments.ingress import Ingress, current
+from deployments.openai.reply import ChatReply
+from deployments.server import make_app
+
+
+class ActorDiedError(Exception):  # named as Ray's: the replica's actor is gone
+    pass
+
+
+class BackPressureError(Exception):  # named as Serve's: the queue is full
+    pass
+
+
+def _reply(text: str = "Hello") -> list[list]:
+    return [[Accepted(request_id="r", model="m", prompt_tokens=3),
+             Deltas(index=0, deltas=[Delta(field="content", text=text)])],
+            [Finished(index=0, finish_reason="stop", completion_tokens=1)],
+            [Usage(prompt_tokens=3, completion_tokens=1)]]
+
+
+class FakeStream:
+    """A request's stream as Serve's handle gives it: batches, then the end; `fail`: an
+    exception raised in place of the batch at that index."""
+
+    def __init__(self, batches: list, fail: dict[int, Exception] | None = None) -> None:
+        self.batches, self.fail, self.at = batches, fail or {}, 0
+        self.cancelled = False
+
+    def __aiter__(self) -> FakeStream:
+        return self
+
+    async def __anext__(self) -> list:
+        if self.at in self.fail:
+            raise self.fail[self.at]
+        if self.at >= len(self.batches):
+            raise StopAsyncIteration
+        self.at += 1
+        await asyncio.sleep(0)
+        return self.batches[self.at - 1]
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class _Method:
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def remote(self, *args):
+        return self.fn(*args)
+
+
+class FakeWorker:
+    """A worker deployment handle: each `generate` call takes the next stream of `plays`."""
+
+    def __init__(self, *plays: FakeStream) -> None:
+        self.plays = list(plays)
+        self.requests: list[GenerateRequest] = []
+        self.streams: list[FakeStream] = []
+        self.generate = _Method(self._generate)
+        self.info = _Method(self._info)
+
+    def options(self, **_: object) -> FakeWorker:
+        return self
+
+    def _generate(self, greq: GenerateRequest) -> FakeStream:
+        self.requests.append(greq)
+        stream = self.plays.pop(0)
+        self.streams.append(stream)
+        return stream
+
+    async def _info(self, verbose: bool = False) -> dict:
+        return {"id": "m", "created": 1, "context_length": 2048}
+
+
+def _client(worker: FakeWorker, **settings: object) -> tuple[TestClient, Ingress]:
+    ingress = Ingress({"m": worker}, dict(settings))
+    app = make_app()
+    app.dependency_overrides[current] = lambda: ingress
+    return TestClient(app), ingress
+
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "Hi"}]}
+
+
+def test_an_accepted_request_is_answered_whole_or_streamed() -> None:
+    worker = FakeWorker(FakeStream(_reply()), FakeStream(_reply()))
+    client, _ = _client(worker)
+    r = client.post("/v1/chat/completions", json=CHAT)
+    assert r.status_code == 200
+    body = r.json()
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": "Hello"}
+    assert body["usage"]["total_tokens"] == 4 and body["id"].startswith("chatcmpl-")
+    assert worker.requests[0].messages == CHAT["messages"]
+    r = client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    assert r.headers["content-type"].startswith("text/event-stream")
+    lines = [ln[6:] for ln in r.text.splitlines() if ln.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    chunks = [json.loads(ln) for ln in lines[:-1]]
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == "Hello"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def _text_of(path: str, r) -> str:
+    if path == "/v1/responses":
+        return r.json()["output"][0]["content"][0]["text"]
+    if path == "/api/chat":
+        return r.json()["message"]["content"]
+    return r.json()["response"]
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/responses", {"model": "m", "input": "Hi"}),
+    ("/api/chat", {**CHAT, "stream": False}),
+    ("/api/generate", {"model": "m", "prompt": "Hi", "stream": False}),
+])
+def test_every_api_folds_the_same_events_into_its_own_answer(path: str, body: dict) -> None:
+    client, _ = _client(FakeWorker(FakeStream(_reply())))
+    r = client.post(path, json=body)
+    assert r.status_code == 200 and _text_of(path, r) == "Hello"
+
+
+def test_a_rejected_request_is_an_error_in_the_apis_own_shape() -> None:
+    rejected = [[Rejected(status=400, message="Bad tool.", param="tools[0]")]]
+    worker = FakeWorker(FakeStream(rejected), FakeStream(rejected), FakeStream(rejected))
+    client, _ = _client(worker)
+    r = client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    assert r.status_code == 400  # before any byte of a 200 stream
+    assert r.json()["error"] == {"message": "Bad tool.", "type": "invalid_request_error",
+                                 "param": "tools[0]", "code": None}
+    r = client.post("/api/chat", json=CHAT)
+    assert r.status_code == 400 and r.json() == {"error": "Bad tool."}
+    r = client.post("/v1/responses", json={"model": "m", "input": "Hi"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools[0]"
+
+
+def test_a_worker_that_dies_before_answering_is_tried_again() -> None:
+    worker = FakeWorker(FakeStream([], {0: ActorDiedError()}), FakeStream(_reply("Again")))
+    client, _ = _client(worker)
+    r = client.post("/v1/chat/completions", json=CHAT)
+    assert r.status_code == 200
+    assert r.json()["choices"][0]["message"]["content"] == "Again"
+    assert len(worker.requests) == 2
+
+
+def test_workers_that_keep_dying_and_a_full_queue_are_503s_with_retry_after() -> None:
+    dead = [FakeStream([], {0: ActorDiedError()}) for _ in range(3)]
+    client, _ = _client(FakeWorker(*dead))
+    r = client.post("/v1/chat/completions", json=CHAT)
+    assert r.status_code == 503 and r.headers["retry-after"] == "1"
+    assert r.json()["error"]["type"] == "server_error"
+    client, _ = _client(FakeWorker(FakeStream([], {0: BackPressureError()})))
+    r = client.post("/api/generate", json={"model": "m", "prompt": "Hi"})
+    assert r.status_code == 503 and r.headers["retry-after"] == "1"
+    assert "busy" in r.json()["error"]
+
+
+def test_a_worker_lost_mid_stream_ends_the_stream_with_an_error() -> None:
+    batches = _reply()
+    worker = FakeWorker(FakeStream(batches, {1: ActorDiedError()}),
+                        FakeStream(batches, {1: ActorDiedError()}))
+    client, _ = _client(worker)
+    r = client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    lines = [ln[6:] for ln in r.text.splitlines() if ln.startswith("data: ")]
+    assert json.loads(lines[-2])["error"]["type"] == "server_error"
+    assert lines[-1] == "[DONE]"
+    r = client.post("/v1/chat/completions", json=CHAT)  # not streamed: a 503
+    assert r.status_code == 503 and r.headers["retry-after"] == "1"
+
+
+def test_a_client_that_goes_away_cancels_the_request_on_the_worker() -> None:
+    stream = FakeStream(_reply())
+    worker = FakeWorker(stream)
+    ingress = Ingress({"m": worker}, {})
+    greq = GenerateRequest(request_id="r", messages=CHAT["messages"])
+    call = Call(model="m", request=greq, stream=True,
+                reply=ChatReply({"id": "chatcmpl-r", "created": 0, "model": "m"}))
+
+    async def first_bytes_then_leave() -> bytes:
+        from deployments.metrics import RequestTrace
+
+        response = await ingress._answer(call, RequestTrace(ingress.metrics, "/x"))
+        body = response.body_iterator
+        first = await body.__anext__()
+        await body.aclose()  # what Starlette does when the client disconnects
+        return first
+
+    first = asyncio.run(first_bytes_then_leave())
+    assert first.startswith(b"data: ")
+    assert stream.cancelled
+    assert ingress.metrics.snapshot()["flm_client_disconnects_total"] == [[["/x"], 1.0]]
+
+
+@pytest.mark.parametrize("path,body,status", [
+    ("/v1/chat/completions", {"model": "nope", "messages": CHAT["messages"]}, 404),
+    ("/v1/chat/completions", {"model": "m", "messages": "Hi"}, 400),
+    ("/v1/completions", {"model": "m"}, 400),
+    ("/api/chat", {"model": "nope:latest", "messages": CHAT["messages"]}, 404),
+])
+def test_bad_input_is_answered_before_any_worker_is_asked(path: str, body: dict,
+                                                          status: int) -> None:
+    worker = FakeWorker()
+    client, _ = _client(worker)
+    r = client.post(path, json=body)
+    assert r.status_code == status and "error" in r.json()
+    assert worker.requests == []
+
+
+def test_the_api_key_and_the_size_limit_hold_on_every_route() -> None:
+    worker = FakeWorker()
+    client, _ = _client(worker, api_key="k", max_request_bytes=1000)
+    for method, path in [("post", "/v1/chat/completions"), ("get", "/v1/models"),
+                         ("post", "/api/chat"), ("get", "/api/tags"), ("get", "/metrics"),
+                         ("post", "/v1/responses")]:
+        r = getattr(client, method)(path, **({"json": CHAT} if method == "post" else {}))
+        assert r.status_code == 401, path
+    r = client.post("/v1/chat/completions", headers={"Authorization": "Bearer k"},
+                    json={**CHAT, "messages": [{"role": "user", "content": "x" * 2000}]})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+    r = client.get("/v1/models", headers={"Authorization": "Bearer k"})
+    assert r.json()["data"][0]["id"] == "m"
+    assert worker.requests == []
+
+
+def test_load_requests_and_listings_need_no_generation() -> None:
+    worker = FakeWorker()
+    client, _ = _client(worker)
+    r = client.post("/api/generate", json={"model": "m"})
+    assert r.json()["done_reason"] == "load"
+    assert client.get("/api/tags").json()["models"][0]["name"] == "m:latest"
+    assert client.get("/").text == "Ollama is running"
+    r = client.get("/v1/nothing")
+    assert r.status_code == 404 and r.json()["error"]["message"].startswith("Unknown path")
+    r = client.get("/api/nothing")
+    assert r.status_code == 404 and isinstance(r.json()["error"], str)
+    assert worker.requests == []
