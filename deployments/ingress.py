@@ -19,8 +19,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Annotated, Any
 
+from fastapi import Depends
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
@@ -56,6 +57,10 @@ def current() -> Ingress:
     from ray import serve
 
     return serve.get_replica_context().servable_object
+
+
+# a route handler's parameter `ingress: Current` is this replica's Ingress
+Current = Annotated["Ingress", Depends(current)]
 
 
 def _replica_id() -> str:

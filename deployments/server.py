@@ -9,14 +9,14 @@ An API surface is a sub-package with a `routes.router`; adding one is a line in 
 
 from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from ray import serve
 from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
 
 from deployments.errors import ApiError, error_response, ollama_error_response
-from deployments.ingress import Ingress, current
+from deployments.ingress import Current, Ingress
 from deployments.metrics import render
 from deployments.ollama.routes import router as ollama_router
 from deployments.openai.routes import router as openai_router
@@ -31,7 +31,7 @@ async def health() -> dict:
 
 
 @server_router.get("/metrics")
-async def metrics(request: Request, ingress: Ingress = Depends(current)) -> Response:
+async def metrics(request: Request, ingress: Current) -> Response:
     """Prometheus text of every replica's metrics (this one's as of now)."""
     async def run() -> Response:
         ingress.authenticate(request)

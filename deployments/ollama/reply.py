@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import time
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 from starlette.responses import Response
@@ -81,7 +81,7 @@ class OllamaReply:
     """
 
     media_type = "application/x-ndjson"
-    headers: dict[str, str] = {}
+    headers: ClassVar[dict[str, str]] = {}
 
     def __init__(self, model: str, endpoint: str, started: float) -> None:
         self.model, self.endpoint, self.started = model, endpoint, started

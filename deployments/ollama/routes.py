@@ -4,11 +4,11 @@ running". Errors in Ollama's shape ({"error": "..."})."""
 
 # No `from __future__ import annotations`: FastAPI reads the handlers' annotations.
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from deployments.errors import ollama_error_response
-from deployments.ingress import Ingress, current
+from deployments.ingress import Current, Ingress
 from deployments.ollama import reply
 from deployments.ollama.request import ShowIn, chat_call, decode, generate_call, served
 
@@ -29,23 +29,23 @@ async def version() -> dict:
 
 
 @router.post("/api/chat")
-async def chat(request: Request, ingress: Ingress = Depends(current)) -> Response:
+async def chat(request: Request, ingress: Current) -> Response:
     return await ingress.generate(request, "/api/chat", chat_call, ollama_error_response)
 
 
 @router.post("/api/generate")
-async def generate(request: Request, ingress: Ingress = Depends(current)) -> Response:
+async def generate(request: Request, ingress: Current) -> Response:
     return await ingress.generate(request, "/api/generate", generate_call,
                                   ollama_error_response)
 
 
 @router.get("/api/tags")
-async def tags(request: Request, ingress: Ingress = Depends(current)) -> Response:
+async def tags(request: Request, ingress: Current) -> Response:
     return await _listing(request, ingress, reply.tag)
 
 
 @router.get("/api/ps")
-async def ps(request: Request, ingress: Ingress = Depends(current)) -> Response:
+async def ps(request: Request, ingress: Current) -> Response:
     return await _listing(request, ingress, reply.ps_entry)
 
 
@@ -61,7 +61,7 @@ async def _listing(request: Request, ingress: Ingress, entry) -> Response:
 
 
 @router.post("/api/show")
-async def show(request: Request, ingress: Ingress = Depends(current)) -> Response:
+async def show(request: Request, ingress: Current) -> Response:
     async def run() -> Response:
         req = decode(await ingress.body(request), ShowIn)
         name = served(ingress, req.model or req.name or "")

@@ -4,7 +4,7 @@ and the pieces other APIs reuse (`ChoiceFold`, `message_from`, `usage_body`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 from starlette.responses import Response
@@ -129,7 +129,7 @@ class _Reply:
     """
 
     media_type = "text/event-stream"
-    headers = {"Cache-Control": "no-cache"}
+    headers: ClassVar[dict[str, str]] = {"Cache-Control": "no-cache"}
     chunk_object = final_object = ""
 
     def __init__(self, meta: dict, include_usage: bool = False) -> None:

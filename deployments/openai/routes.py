@@ -3,28 +3,28 @@ path; the model list and model cards. Errors in OpenAI's shape."""
 
 # No `from __future__ import annotations`: FastAPI reads the handlers' annotations.
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from deployments.errors import error_response
-from deployments.ingress import Ingress, current
+from deployments.ingress import Current
 from deployments.openai.request import chat_call, completion_call
 
 router = APIRouter()
 
 
 @router.post("/v1/chat/completions")
-async def chat_completions(request: Request, ingress: Ingress = Depends(current)) -> Response:
+async def chat_completions(request: Request, ingress: Current) -> Response:
     return await ingress.generate(request, "/v1/chat/completions", chat_call, error_response)
 
 
 @router.post("/v1/completions")
-async def completions(request: Request, ingress: Ingress = Depends(current)) -> Response:
+async def completions(request: Request, ingress: Current) -> Response:
     return await ingress.generate(request, "/v1/completions", completion_call, error_response)
 
 
 @router.get("/v1/models")
-async def models(request: Request, ingress: Ingress = Depends(current)) -> Response:
+async def models(request: Request, ingress: Current) -> Response:
     async def run() -> Response:
         ingress.authenticate(request)
         infos = await ingress.infos()
@@ -35,7 +35,7 @@ async def models(request: Request, ingress: Ingress = Depends(current)) -> Respo
 
 
 @router.get("/v1/models/{model_id:path}")
-async def model(model_id: str, request: Request, ingress: Ingress = Depends(current)) -> Response:
+async def model(model_id: str, request: Request, ingress: Current) -> Response:
     async def run() -> Response:
         ingress.authenticate(request)
         ingress.check_model(model_id)

@@ -6,7 +6,7 @@ ingress's reply over it, storing a finished response for `previous_response_id`.
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 from starlette.responses import JSONResponse, Response
@@ -188,7 +188,7 @@ class ResponsesReply:
     finished without an error, with `conversation` and the output as its history."""
 
     media_type = "text/event-stream"
-    headers = {"Cache-Control": "no-cache"}
+    headers: ClassVar[dict[str, str]] = {"Cache-Control": "no-cache"}
 
     def __init__(self, builder: ResponseBuilder, store: ResponseStore | None,
                  conversation: list[dict]) -> None:

@@ -3,11 +3,11 @@ GET and DELETE of a stored response. Errors in OpenAI's shape."""
 
 # No `from __future__ import annotations`: FastAPI reads the handlers' annotations.
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from deployments.errors import error_response
-from deployments.ingress import Ingress, current
+from deployments.ingress import Current
 from deployments.responses.request import responses_call
 from deployments.responses.store import ResponseStore
 
@@ -15,13 +15,13 @@ router = APIRouter()
 
 
 @router.post("/v1/responses")
-async def create(request: Request, ingress: Ingress = Depends(current)) -> Response:
+async def create(request: Request, ingress: Current) -> Response:
     return await ingress.generate(request, "/v1/responses", responses_call, error_response)
 
 
 @router.get("/v1/responses/{response_id}")
 async def get(response_id: str, request: Request,
-              ingress: Ingress = Depends(current)) -> Response:
+              ingress: Current) -> Response:
     async def run() -> Response:
         ingress.authenticate(request)
         return JSONResponse(ingress.state("responses", ResponseStore).get(response_id)[0])
@@ -31,7 +31,7 @@ async def get(response_id: str, request: Request,
 
 @router.delete("/v1/responses/{response_id}")
 async def delete(response_id: str, request: Request,
-                 ingress: Ingress = Depends(current)) -> Response:
+                 ingress: Current) -> Response:
     async def run() -> Response:
         ingress.authenticate(request)
         ingress.state("responses", ResponseStore).delete(response_id)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from actors.events import GenerateRequest
-from deployments.routing import PrefixRouter, routing_text, router_config
+from deployments.routing import PrefixRouter, router_config, routing_text
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
 

@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from actors.events import Deltas, Failed, Finished, Usage
 from chat import ChatMsg, Delta, ToolCall
+from deployments.errors import ApiError
 from deployments.ollama import reply as ollama_reply
 from deployments.ollama import request
-from deployments.errors import ApiError
 
 
 def _chat(**body):

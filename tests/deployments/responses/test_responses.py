@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from actors.events import Deltas, Failed, Finished, Usage
 from chat import ChatMsg, Delta
+from deployments.errors import ApiError
 from deployments.responses import reply, request
 from deployments.responses.store import ResponseStore
-from deployments.errors import ApiError
 
 LIGHT = {"type": "function", "name": "light", "parameters": {
     "type": "object", "properties": {"on": {"type": "boolean"}}}}
