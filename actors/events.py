@@ -1,25 +1,23 @@
-"""The worker's request: GenerateRequest, and the events its stream yields, in order:
-one Accepted or Rejected, then Deltas and Finished per choice, then Usage."""
+"""The worker's request, GenerateRequest (a chat or a completion, typed once at the
+ingress), and the events its stream yields, in order: one Accepted or Rejected, then Deltas
+and Finished per choice, then Usage."""
 
 from __future__ import annotations
 
-
 import msgspec
 
-from chat import ChatMsg, Delta
+from chat import ChatMsg, ConstraintRequest, Delta
 
 
-class GenerateRequest(msgspec.Struct, kw_only=True):
-    """What the ingress sends a worker (already shape-checked; values still validated)."""
+class _Generate(msgspec.Struct, kw_only=True):
+    """What every generating request carries: typed and validated at the ingress, in no
+    API's field names."""
 
     request_id: str
-    kind: str = "chat"  # "chat" | "completion"
-    messages: list[dict] = msgspec.field(default_factory=list)
-    prompt: str = ""
-    body: dict = msgspec.field(default_factory=dict)  # the OpenAI options, for constraints
     max_tokens: int | None = None
     n: int = 1
     stop: list[str] = msgspec.field(default_factory=list)
+    # sampling (None: the model's generation_config default)
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -31,8 +29,40 @@ class GenerateRequest(msgspec.Struct, kw_only=True):
     logprobs: bool = False
     top_logprobs: int = 0
     ignore_eos: bool = False
-    # a context smaller than the model's (Ollama's `num_ctx`): prompt and output within it
+    # a context smaller than the model's: prompt and output within it
     context_limit: int | None = None
+
+
+class ChatGenerate(_Generate, tag="chat"):
+    """A conversation for the model's chat template.
+
+    Attributes:
+        messages: the conversation (OpenAI's message shape, as chat templates read it).
+        constraint: what the output's shape must be (the tools it may call, whether it
+            must, the response format, whether reasoning is allowed), validated.
+        tools: the tool definitions as sent, for the template and for typing parsed
+            arguments (None: no tools).
+        thinking: the thinking switch the template gets as `enable_thinking` (None: the
+            template's own default).
+        template_kwargs: other variables for the template (a reasoning effort, a request's
+            own template variables).
+    """
+
+    messages: list[dict] = msgspec.field(default_factory=list)
+    constraint: ConstraintRequest = msgspec.field(default_factory=ConstraintRequest)
+    tools: list[dict] | None = None
+    thinking: bool | None = None
+    template_kwargs: dict = msgspec.field(default_factory=dict)
+
+
+class CompletionGenerate(_Generate, tag="completion"):
+    """A raw prompt, continued as it is (no template, no constraint, no parsing)."""
+
+    prompt: str = ""
+
+
+# What the ingress sends a worker; room for an embedding request beside these.
+GenerateRequest = ChatGenerate | CompletionGenerate
 
 
 class TokenLogprob(msgspec.Struct, array_like=True):

@@ -16,23 +16,22 @@ from typing import Any
 import numpy as np
 
 from actors.errors import RequestError
+from actors.events import ChatGenerate, Deltas, Event, Finished, GenerateRequest, TokenLogprob
 from actors.stops import StopMatcher
-from actors.events import Deltas, Event, Finished, GenerateRequest, TokenLogprob
 from chat import (
     ChatStream,
     ConstraintError,
     FormatSpec,
-    constraint_request_from_openai,
     format_prefill,
     make_constraint,
 )
-from chat.decode import mask_words, needs_grammar
+from chat.decode import mask_words
 from npu import Model, ModelError, Sampler, SamplingParams, logprobs
 
 log = logging.getLogger(__name__)
 _ids = itertools.count()
 PROMPT_TAIL_TOKENS = 32
-# template variables a request cannot override through chat_template_kwargs
+# template variables a request cannot override through its own template variables
 RESERVED_TEMPLATE_KEYS = frozenset({"messages", "tools", "add_generation_prompt", "bos_token",
                                     "eos_token", "_native"})
 
@@ -156,7 +155,8 @@ class Session:
             if constraint is not None:
                 constraint.start(prefill)
             stream = (ChatStream(spec, prefill=prefill, parse_tool_calls=parse_tool_calls,
-                                 tools=tools) if request.kind == "chat" else None)
+                                 tools=tools) if isinstance(request, ChatGenerate)
+                      else None)
             self.choices.append(Choice(self, i, sampler, constraint, stream))
 
     @property
@@ -166,6 +166,20 @@ class Session:
 
 def _pick(value, default):
     return default if value is None else value
+
+
+def _render(request: ChatGenerate, model: Model) -> tuple[str, bool, bool]:
+    """The prompt text of a chat request, whether the model thinks, whether its template
+    shows tools."""
+    creq = request.constraint
+    extra = {k: v for k, v in request.template_kwargs.items()
+             if k not in RESERVED_TEMPLATE_KEYS and k != "enable_thinking"}
+    try:
+        text = model.render(request.messages, creq.all_tools and request.tools,
+                            enable_thinking=request.thinking, **extra)
+    except ModelError as exc:
+        raise RequestError(str(exc), param="messages") from None
+    return text, model.thinking_enabled(request.thinking), model.tools_enabled()
 
 
 def context_limit(request: GenerateRequest, model: Model) -> int:
@@ -178,38 +192,13 @@ def build_session(request: GenerateRequest, model: Model, spec: FormatSpec,
     """Validate a request against the model and set it up.
 
     Raises:
-        RequestError: bad options (400) or a prompt over the context (400).
+        RequestError: what this model cannot do (400) or a prompt over the context (400).
     """
-    body = request.body
-    tools = body.get("tools") or None
-    if request.kind == "chat":
-        try:
-            creq = constraint_request_from_openai(body)
-        except ConstraintError as exc:
-            raise RequestError(exc.message, param=exc.param) from None
-        kwargs = {}
-        effort = body.get("reasoning_effort")
-        if effort is not None:
-            kwargs["reasoning_effort"] = effort
-        extra = {k: v for k, v in (body.get("chat_template_kwargs") or {}).items()
-                 if k not in RESERVED_TEMPLATE_KEYS}
-        enable_thinking = (body.get("chat_template_kwargs") or {}).get("enable_thinking")
-        if enable_thinking is None and (body.get("think") is False or effort == "none"):
-            enable_thinking = False
-        if enable_thinking is None and body.get("think") is True:
-            enable_thinking = True
-        try:
-            text = model.render(request.messages, creq.all_tools and tools,
-                                enable_thinking=enable_thinking,
-                                **{**{k: v for k, v in extra.items()
-                                      if k != "enable_thinking"}, **kwargs})
-        except ModelError as exc:
-            raise RequestError(str(exc), param="messages") from None
-        thinking = model.thinking_enabled(enable_thinking)
-        tools_enabled = model.tools_enabled()
+    chat = isinstance(request, ChatGenerate)
+    if chat:
+        text, thinking, tools_enabled = _render(request, model)
     else:
-        text = request.prompt
-        creq, thinking, tools_enabled = None, True, True
+        text, thinking, tools_enabled = request.prompt, True, True
     prompt_ids = model.prompt_ids(text)
     if not prompt_ids:
         prompt_ids = [model.tokenizer.bos_id] if model.tokenizer.bos_id is not None else []
@@ -218,36 +207,31 @@ def build_session(request: GenerateRequest, model: Model, spec: FormatSpec,
     limit = context_limit(request, model)
     if len(prompt_ids) >= limit:
         if limit < model.context_length:
-            what, param = "The requested context length (num_ctx)", "options.num_ctx"
+            what, param = "The requested context length", "context_limit"
         else:
             what = "This model's maximum context length"
-            param = "messages" if request.kind == "chat" else "prompt"
+            param = "messages" if chat else "prompt"
         raise RequestError(f"{what} is {limit} tokens; the prompt has {len(prompt_ids)}.",
                            param=param, code="context_length_exceeded")
     tail = model.tokenizer.decode(prompt_ids[-PROMPT_TAIL_TOKENS:], skip_special_tokens=False)
-    prefill = format_prefill(spec, tail) if request.kind == "chat" else ""
+    prefill = format_prefill(spec, tail) if chat else ""
     constraints: list[Any] = []
     parse_calls = False
-    if creq is not None:
+    if chat:
+        creq = request.constraint
         parse_calls = creq.parse_tool_calls and tools_enabled
-        try:
-            from chat.decode import effective_request
-
-            eff = effective_request(creq, tools_enabled=tools_enabled,
-                                    thinking_enabled=thinking)
+        try:  # one matcher per choice (the compiled grammar is cached); none: nothing to do
+            constraints = [make_constraint(spec, creq, grammar_engine,
+                                           request_id=request.request_id,
+                                           tools_enabled=tools_enabled,
+                                           thinking_enabled=thinking)
+                           for _ in range(request.n)]
         except ConstraintError as exc:
             raise RequestError(exc.message, param=exc.param) from None
-        if needs_grammar(spec, eff):
-            engine = grammar_engine()
-            # each choice gets its own matcher (the compiled grammar is cached); a grammar
-            # that cannot be built is a 400
-            try:
-                constraints = [make_constraint(spec, eff, engine, request_id=request.request_id)
-                               for _ in range(request.n)]
-            except ConstraintError as exc:
-                raise RequestError(exc.message, param=exc.param) from None
+        if constraints[0] is None:
+            constraints = []
     stops = list(request.stop)
-    if request.kind == "chat":
+    if chat:
         stops += [s for s in spec.extra_stops if model.tokenizer.id_of(s) is None]
     eos = set(model.eos_token_ids)
     for s in spec.extra_stops:
@@ -257,6 +241,7 @@ def build_session(request: GenerateRequest, model: Model, spec: FormatSpec,
     table = model.token_table
     at_start = all(not table[i] for i in prompt_ids)
     return Session(request, model, prompt_ids, spec=spec, prefill=prefill,
-                   constraints=constraints, parse_tool_calls=parse_calls, tools=tools,
+                   constraints=constraints, parse_tool_calls=parse_calls,
+                   tools=request.tools if chat else None,
                    stop_strings=stops, eos_ids=eos, at_start=at_start,
                    token_table=table)

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx  # noqa: E402
 
-from actors.events import Deltas, GenerateRequest  # noqa: E402
+from actors.events import CompletionGenerate, Deltas  # noqa: E402
 from actors.worker import Worker, blas_threads_for, set_blas_threads  # noqa: E402
 from npu import load_model  # noqa: E402
 from npu.load.tiny import build_tiny, ensure_tiny  # noqa: E402
@@ -45,8 +45,8 @@ MEDIUM = {"hidden_size": 768, "intermediate_size": 2304, "num_hidden_layers": 12
 
 async def in_process(worker: Worker, tokens: int) -> tuple[float, float]:
     """(seconds to first delta, tokens/s after it) for one request on the worker."""
-    req = GenerateRequest(request_id="b", kind="completion", prompt=PROMPT, max_tokens=tokens,
-                          seed=1, ignore_eos=True, temperature=1.0)
+    req = CompletionGenerate(request_id="b", prompt=PROMPT, max_tokens=tokens,
+                             seed=1, ignore_eos=True, temperature=1.0)
     t0 = time.perf_counter()
     first = None
     async for batch in worker.generate(req):
@@ -187,7 +187,7 @@ def main() -> int:
     from ray import serve
 
     from deployments.app import ModelEntry, build_app
-    from deployments.serve_env import free_port, serve_environ
+    from deployments.launch.serve_env import free_port, serve_environ
 
     if not args.python_proxy:  # serve as `make serve` does (configs/serve.env)
         os.environ.update(serve_environ(os.environ, private_ports=True))

@@ -8,6 +8,7 @@ or None: nothing to constrain, and the loop pays nothing.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import msgspec
@@ -216,7 +217,7 @@ class GrammarConstraint:
 def make_constraint(
     spec: FormatSpec,
     request: ConstraintRequest,
-    engine: Grammars | None,
+    engine: Grammars | Callable[[], Grammars] | None,
     *,
     request_id: str = "",
     tools_enabled: bool = True,
@@ -227,7 +228,8 @@ def make_constraint(
     Args:
         spec: the model's format.
         request: the normalised request options.
-        engine: the model's grammar engine; needed when `needs_grammar` says so.
+        engine: the model's grammar engine, or a function that makes it (called only when
+            the request needs one: a lazily built engine costs nothing otherwise).
         request_id: for the log line if the constraint has to give up.
         tools_enabled: False for a model whose template leaves the tools out of the prompt:
             `required` and a named function are refused, `auto` drops the tool grammar.
@@ -242,6 +244,7 @@ def make_constraint(
     if request.tool_choice == "none" and request.all_tools and request.response_format == "text":
         if engine is None or not spec.tool_start:
             return None
+        engine = _made(engine)
         token = engine.token_id(spec.tool_start)
         return TokenBanConstraint(token, engine.vocab_size) if token is not None else None
     tag = structural_tag(spec, request)
@@ -249,6 +252,7 @@ def make_constraint(
         return None
     if engine is None:
         raise ValueError("this request needs a grammar engine")
+    engine = _made(engine)
     param = "response_format.json_schema.schema" if request.json_schema else "tools"
     compiled = engine.compile(tag, param=param)
     with_reasoning = None
@@ -264,6 +268,11 @@ def make_constraint(
         skip_prefix="assistant" if spec.kind is FormatKind.HARMONY else "",
         request_id=request_id,
     )
+
+
+def _made(engine: Grammars | Callable[[], Grammars]) -> Grammars:
+    """The engine itself, made first when `make_constraint` was given its maker."""
+    return engine if hasattr(engine, "compile") else engine()
 
 
 def effective_request(

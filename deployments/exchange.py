@@ -9,7 +9,7 @@ every one of them the same way.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from starlette.responses import Response
@@ -45,10 +45,12 @@ class Reply(Protocol):
 class Call:
     """A decoded, validated request: the served model's name, the worker's request, whether
     to stream, and its reply. `now`: an answer given without the worker (Ollama's load
-    request); the rest is then unused."""
+    request); the rest is then unused. `params`: the API's names for the request fields
+    a worker's rejection may name (`context_limit` is Ollama's `options.num_ctx`)."""
 
     model: str = ""
     request: GenerateRequest | None = None
     reply: Reply | None = None
     stream: bool = False
     now: Response | None = None
+    params: dict[str, str] = field(default_factory=dict)

@@ -189,7 +189,7 @@ class Ingress:
     async def _answer(self, call: Call, trace: RequestTrace) -> Response:
         if call.now is not None:
             return call.now
-        gen, head = await self._open(call.model, call.request, trace)
+        gen, head = await self._open(call, trace)
         reply = call.reply
         if not call.stream:
             await self._drain(gen, head, reply.fold)
@@ -197,23 +197,25 @@ class Ingress:
         return StreamingResponse(self._stream(gen, head, reply), media_type=reply.media_type,
                                  headers=reply.headers)
 
-    async def _open(self, model: str, greq: GenerateRequest,
-                    trace: RequestTrace) -> tuple[_Traced, list]:
+    async def _open(self, call: Call, trace: RequestTrace) -> tuple[_Traced, list]:
         """The request's stream on `model`'s worker (each batch shown to `trace`) and what
         came after its Accepted.
 
         Raises:
-            ApiError: the worker rejected the request (its status), or answered out of
-                order (503).
+            ApiError: the worker rejected the request (its status; the field it names in
+                the API's words), or answered out of order (503).
         """
-        trace.model = model
-        gen, head = await self._start(self.streams[model], greq)
+        trace.model = call.model
+        gen, head = await self._start(self.streams[call.model], call.request)
         gen = _Traced(gen, trace)
         trace.saw(head)
         first = head[0] if head else None
         if isinstance(first, Rejected):
-            raise ApiError(first.status, first.message, param=first.param, code=first.code,
-                           type=first.type)
+            param, message = first.param, first.message
+            if param in call.params:  # named as the client sent it
+                param = call.params[param]
+                message = f"{message} ('{param}')"
+            raise ApiError(first.status, message, param=param, code=first.code, type=first.type)
         if not isinstance(first, Accepted):
             raise ApiError(503, "The model worker answered out of order.")
         return gen, head[1:]

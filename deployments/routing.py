@@ -27,7 +27,7 @@ from ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router i
 from ray.llm._internal.serve.routing_policies.prefix_aware.prefix_tree import PrefixTreeActor
 from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
 
-from actors.events import GenerateRequest
+from actors.events import ChatGenerate, GenerateRequest
 
 log = logging.getLogger(__name__)
 ROUTER = "deployments.routing:PrefixRouter"
@@ -35,10 +35,9 @@ ROUTER = "deployments.routing:PrefixRouter"
 
 def routing_text(request: GenerateRequest, messages_text) -> str:
     """The text a request's prompt starts with, as the router matches it (never empty)."""
-    if request.kind != "chat":
+    if not isinstance(request, ChatGenerate):
         return request.prompt or " "
-    tools = request.body.get("tools")
-    head = msgspec.json.encode(tools).decode() if tools else ""
+    head = msgspec.json.encode(request.tools).decode() if request.tools else ""
     return (head + messages_text(request.messages)) or " "
 
 

@@ -21,6 +21,7 @@ from deployments.ingress import Ingress
 from deployments.ollama.reply import LATEST, OllamaReply, load_reply
 from deployments.openai.request import convert_request, decode_json
 from deployments.openai.request import generate_request as openai_generate_request
+from deployments.openai.schemas import ChatRequest, CompletionRequest
 
 
 class Options(msgspec.Struct, kw_only=True):
@@ -160,13 +161,13 @@ def _context_limit(req: _Common) -> dict[str, Any]:
     return {"context_limit": n}
 
 
-def _openai(raw: dict, kind: str, extra: dict) -> GenerateRequest:
+def _openai(raw: dict, schema: type[ChatRequest | CompletionRequest],
+            extra: dict) -> GenerateRequest:
     try:
-        req = convert_request(raw, kind)
+        return openai_generate_request(convert_request(raw, schema), raw, **extra)
     except ApiError as err:
         err.param = _ollama_param(err.param)
         raise
-    return openai_generate_request(req, raw, kind, **extra)
 
 
 def _no_images(images: list | None, where: str) -> None:
@@ -201,7 +202,7 @@ def chat_request(req: ChatIn) -> GenerateRequest:
     raw = {"model": req.model, "messages": _messages(req.messages), **_sampling(req)}
     if req.tools:
         raw["tools"] = req.tools
-    return _openai(raw, "chat", _context_limit(req))
+    return _openai(raw, ChatRequest, _context_limit(req))
 
 
 def generate_request(req: GenerateIn) -> GenerateRequest:
@@ -226,13 +227,13 @@ def generate_request(req: GenerateIn) -> GenerateRequest:
             raise ApiError(400, f"'{field}' needs the model's chat template; it cannot be "
                                 "used with 'raw': true.", param=field)
         raw = {"model": req.model, "prompt": req.prompt, **sampling}
-        greq = _openai(raw, "completion", _context_limit(req))
+        greq = _openai(raw, CompletionRequest, _context_limit(req))
         # /v1/completions' default of 16 tokens is OpenAI's; Ollama's is no limit
         return msgspec.structs.replace(greq, max_tokens=sampling.get("max_tokens"))
     messages = ([{"role": "system", "content": req.system}] if req.system else []) \
         + [{"role": "user", "content": req.prompt}]
     raw = {"model": req.model, "messages": messages, **sampling}
-    return _openai(raw, "chat", _context_limit(req))
+    return _openai(raw, ChatRequest, _context_limit(req))
 
 
 def served(ingress: Ingress, name: str) -> str:
@@ -262,4 +263,5 @@ def _call(req: ChatIn | GenerateIn, endpoint: str, empty: bool, ingress: Ingress
         return Call(now=JSONResponse(load_reply(req.model, endpoint, req.keep_alive)))
     greq = chat_request(req) if endpoint == "chat" else generate_request(req)
     return Call(model=model, request=greq, stream=req.stream is not False,
-                reply=OllamaReply(req.model, endpoint, time.perf_counter()))
+                reply=OllamaReply(req.model, endpoint, time.perf_counter()),
+                params={"context_limit": "options.num_ctx"})

@@ -17,16 +17,16 @@ from typing import Any
 
 import msgspec
 
-from actors.events import GenerateRequest
+from actors.events import ChatGenerate, CompletionGenerate, GenerateRequest
 from chat import ConstraintError, constraint_request_from_openai
 from deployments.errors import ApiError
 from deployments.exchange import Call
 from deployments.ingress import Ingress
 from deployments.openai.reply import ChatReply, CompletionReply
-from deployments.openai.schemas import CONSTRAINT_FIELDS, ChatRequest, CompletionRequest
+from deployments.openai.schemas import ChatRequest, CompletionRequest
 
 _DECODERS: dict[type, msgspec.json.Decoder] = {}
-_TYPES = {"chat": ChatRequest, "completion": CompletionRequest}
+OpenAIRequest = ChatRequest | CompletionRequest
 
 
 def decode_json(body: bytes, kind: type) -> Any:
@@ -46,38 +46,38 @@ def decode_json(body: bytes, kind: type) -> Any:
         raise ApiError(400, f"The body is not valid JSON: {exc}") from None
 
 
-def decode_request(body: bytes, kind: str) -> tuple[Any, dict]:
+def decode_request(body: bytes, schema: type[OpenAIRequest]) -> tuple[OpenAIRequest, dict]:
     """The typed chat or completion request and the raw JSON object.
 
     Raises:
         ApiError: 400 with `param` set to the offending field's path.
     """
-    req = decode_json(body, _TYPES[kind])
+    req = decode_json(body, schema)
     raw = msgspec.json.decode(body)
-    _check(req, raw, kind)
+    _check(req)
     return req, raw
 
 
-def convert_request(raw: dict, kind: str) -> Any:
+def convert_request(raw: dict, schema: type[OpenAIRequest]) -> OpenAIRequest:
     """`decode_request` for a JSON object already decoded (another API's request, translated
     to OpenAI's): the same types and rules."""
     try:
-        req = msgspec.convert(raw, _TYPES[kind])
+        req = msgspec.convert(raw, schema)
     except msgspec.ValidationError as exc:
         raise ApiError(400, f"Invalid request: {exc}", param=_param_from(exc)) from None
-    _check(req, raw, kind)
+    _check(req)
     return req
 
 
-def _check(req: Any, raw: dict, kind: str) -> None:
+def _check(req: OpenAIRequest) -> None:
     if req.stream_options is not None and not req.stream:
         raise ApiError(400, "'stream_options' is only allowed with 'stream': true.",
                        param="stream_options")
-    if kind == "chat":
-        _check_chat(req, raw)
+    if isinstance(req, ChatRequest):
+        _check_chat(req)
 
 
-def _check_chat(req: ChatRequest, raw: dict) -> None:
+def _check_chat(req: ChatRequest) -> None:
     if req.top_logprobs and not req.logprobs:
         raise ApiError(400, "'top_logprobs' needs 'logprobs': true.", param="top_logprobs")
     for i, m in enumerate(req.messages):
@@ -95,10 +95,6 @@ def _check_chat(req: ChatRequest, raw: dict) -> None:
         if m.tool_calls and m.role != "assistant":
             raise ApiError(400, f"'{where}.tool_calls' is only allowed on assistant messages, "
                                 f"not on a {m.role!r} message.", param=f"{where}.tool_calls")
-    try:
-        constraint_request_from_openai(raw)
-    except ConstraintError as exc:
-        raise ApiError(400, exc.message, param=exc.param) from None
 
 
 def _param_from(err: msgspec.ValidationError) -> str | None:
@@ -114,51 +110,80 @@ def _param_from(err: msgspec.ValidationError) -> str | None:
     return path or None
 
 
-def generate_request(req: Any, raw: dict, kind: str, **extra: Any) -> GenerateRequest:
-    """The worker's request for a typed chat or completion request (`extra`: fields no
-    OpenAI request sets, as Ollama's `context_limit`)."""
+def generate_request(req: OpenAIRequest, raw: dict, **extra: Any) -> GenerateRequest:
+    """The worker's request for a typed chat or completion request: typed once, here
+    (`extra`: fields no OpenAI request sets, as Ollama's `context_limit`).
+
+    Raises:
+        ApiError: 400 for constraint options (tools, tool_choice, response_format, the
+            thinking switch) that are malformed or do not go together.
+    """
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     common = dict(
-        request_id=uuid.uuid4().hex, kind=kind, n=req.n or 1, stop=stop,
+        request_id=uuid.uuid4().hex, n=req.n or 1, stop=stop,
         temperature=req.temperature, top_p=req.top_p,
         top_k=None if req.top_k in (None, -1) else req.top_k, min_p=req.min_p,
         repetition_penalty=req.repetition_penalty,
         presence_penalty=req.presence_penalty or 0.0,
         frequency_penalty=req.frequency_penalty or 0.0, seed=req.seed,
         ignore_eos=bool(req.ignore_eos), **extra)
-    if kind == "chat":
-        messages = []
-        for m in req.messages:
-            msg = msgspec.to_builtins(m)
-            if msg.get("role") == "developer":
-                msg["role"] = "system"
-            if msg.get("reasoning") and not msg.get("reasoning_content"):
-                msg["reasoning_content"] = msg["reasoning"]
-            messages.append({k: v for k, v in msg.items() if v is not None})
-        return GenerateRequest(
-            messages=messages, body={k: raw.get(k) for k in CONSTRAINT_FIELDS},
-            max_tokens=req.max_completion_tokens or req.max_tokens,
-            logprobs=bool(req.logprobs), top_logprobs=req.top_logprobs or 0, **common)
-    prompt = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
-    return GenerateRequest(prompt=prompt, max_tokens=req.max_tokens or 16,
-                           logprobs=req.logprobs is not None,
-                           top_logprobs=req.logprobs or 0, **common)
+    if isinstance(req, CompletionRequest):
+        prompt = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
+        return CompletionGenerate(prompt=prompt, max_tokens=req.max_tokens or 16,
+                                  logprobs=req.logprobs is not None,
+                                  top_logprobs=req.logprobs or 0, **common)
+    try:
+        constraint = constraint_request_from_openai(raw)
+    except ConstraintError as exc:
+        raise ApiError(400, exc.message, param=exc.param) from None
+    messages = []
+    for m in req.messages:
+        msg = msgspec.to_builtins(m)
+        if msg.get("role") == "developer":
+            msg["role"] = "system"
+        if msg.get("reasoning") and not msg.get("reasoning_content"):
+            msg["reasoning_content"] = msg["reasoning"]
+        messages.append({k: v for k, v in msg.items() if v is not None})
+    thinking, template_kwargs = _thinking(raw)
+    return ChatGenerate(
+        messages=messages, constraint=constraint, tools=raw.get("tools") or None,
+        thinking=thinking, template_kwargs=template_kwargs,
+        max_tokens=req.max_completion_tokens or req.max_tokens,
+        logprobs=bool(req.logprobs), top_logprobs=req.top_logprobs or 0, **common)
+
+
+def _thinking(raw: dict) -> tuple[bool | None, dict]:
+    """The thinking switch and the template's other variables: `chat_template_kwargs`
+    (its `enable_thinking` first), then `think` (Ollama's, also accepted here) and
+    `reasoning_effort` ("none": off; any value also goes to the template, as gpt-oss's
+    reads it). Types were checked with the constraint options."""
+    kwargs = dict(raw.get("chat_template_kwargs") or {})
+    thinking = kwargs.pop("enable_thinking", None)
+    effort = raw.get("reasoning_effort")
+    if effort is not None:
+        kwargs["reasoning_effort"] = effort
+    think = raw.get("think")
+    if thinking is None and (think is False or effort == "none"):
+        thinking = False
+    if thinking is None and think is True:
+        thinking = True
+    return thinking, kwargs
 
 
 def chat_call(body: bytes, ingress: Ingress) -> Call:
     """POST /v1/chat/completions's Call."""
-    req, raw = decode_request(body, "chat")
+    req, raw = decode_request(body, ChatRequest)
     ingress.check_model(req.model)
-    greq = generate_request(req, raw, "chat")
+    greq = generate_request(req, raw)
     return Call(model=req.model, request=greq, stream=bool(req.stream),
                 reply=ChatReply(_meta("chatcmpl-", greq, req.model), _include_usage(req)))
 
 
 def completion_call(body: bytes, ingress: Ingress) -> Call:
     """POST /v1/completions's Call."""
-    req, raw = decode_request(body, "completion")
+    req, raw = decode_request(body, CompletionRequest)
     ingress.check_model(req.model)
-    greq = generate_request(req, raw, "completion")
+    greq = generate_request(req, raw)
     return Call(model=req.model, request=greq, stream=bool(req.stream),
                 reply=CompletionReply(_meta("cmpl-", greq, req.model), _include_usage(req)))
 

@@ -90,7 +90,3 @@ class CompletionRequest(SamplingFields, kw_only=True):
     logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
     echo: bool | None = None
     suffix: str | None = None
-
-
-CONSTRAINT_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "response_format", "think",
-                     "reasoning_effort", "chat_template_kwargs")

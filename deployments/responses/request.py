@@ -17,6 +17,7 @@ from deployments.errors import ApiError
 from deployments.exchange import Call
 from deployments.ingress import Ingress
 from deployments.openai.request import convert_request, decode_json, generate_request
+from deployments.openai.schemas import ChatRequest
 from deployments.responses.reply import ResponseBuilder, ResponsesReply
 from deployments.responses.store import ResponseStore
 
@@ -203,11 +204,10 @@ def chat_request(req: ResponsesIn, history: list[dict]) -> tuple[GenerateRequest
         "top_p": req.top_p, "seed": req.seed}
     raw = {k: v for k, v in raw.items() if v is not None}
     try:
-        chat = convert_request(raw, "chat")
+        return generate_request(convert_request(raw, ChatRequest), raw), conversation
     except ApiError as err:
         err.param = _param(err.param)
         raise
-    return generate_request(chat, raw, "chat"), conversation
 
 
 def response_base(req: ResponsesIn, response_id: str) -> dict:

@@ -9,8 +9,9 @@ import json
 
 import pytest
 
-from actors.events import Accepted, Deltas, Finished, GenerateRequest, Usage
+from actors.events import Accepted, ChatGenerate, Deltas, Finished, Usage
 from actors.worker import Worker
+from chat import constraint_request_from_openai
 from npu import load_model
 from tests.gpt_oss_model import LIGHT, build_gpt_oss
 
@@ -26,9 +27,14 @@ def worker(tmp_path_factory) -> Worker:
     w.close()
 
 
-def _run(worker: Worker, **kw) -> list:
-    req = GenerateRequest(request_id="g", messages=[{"role": "user", "content": "Lights?"}],
-                          **kw)
+def _run(worker: Worker, body: dict, **kw) -> list:
+    """A chat request as the ingress types it from OpenAI's options in `body`, with
+    reasoning_effort "none" (thinking off, and the template told so)."""
+    req = ChatGenerate(request_id="g", messages=[{"role": "user", "content": "Lights?"}],
+                       constraint=constraint_request_from_openai(
+                           {**body, "reasoning_effort": "none"}),
+                       tools=body.get("tools"), thinking=False,
+                       template_kwargs={"reasoning_effort": "none"}, **kw)
 
     async def run():
         return [ev async for batch in worker.generate(req) for ev in batch]
@@ -42,8 +48,7 @@ def test_detected_as_harmony(worker) -> None:
 
 def test_required_tool_call_parses_and_obeys_its_schema(worker) -> None:
     for seed in range(3):
-        events = _run(worker, body={"tools": [LIGHT], "tool_choice": "required",
-                                    "reasoning_effort": "none"},
+        events = _run(worker, body={"tools": [LIGHT], "tool_choice": "required"},
                       max_tokens=160, seed=seed)
         assert isinstance(events[0], Accepted) and isinstance(events[-1], Usage)
         finished = [e for e in events if isinstance(e, Finished)]

@@ -8,8 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from actors.events import Accepted, Deltas, Finished, GenerateRequest, Rejected, Usage
+from actors.events import (
+    Accepted,
+    ChatGenerate,
+    CompletionGenerate,
+    Deltas,
+    Finished,
+    GenerateRequest,
+    Rejected,
+    Usage,
+)
 from actors.worker import Worker
+from chat import constraint_request_from_openai
 from npu import load_model
 from npu.load.tiny import ensure_tiny
 
@@ -25,8 +35,21 @@ def worker(tmp_path_factory) -> Worker:
     w.close()
 
 
+def _chat(body: dict | None = None, **kw) -> ChatGenerate:
+    """A chat request as the ingress types it from OpenAI's options in `body`."""
+    body = body or {}
+    return ChatGenerate(request_id="t", **{"messages": MSG, **kw},
+                        constraint=constraint_request_from_openai(body),
+                        tools=body.get("tools"))
+
+
 async def _events(worker: Worker, **kw) -> list:
-    req = GenerateRequest(request_id="t", **{"messages": MSG, **kw})
+    req = _chat(**kw)
+    return [ev async for batch in worker.generate(req) for ev in batch]
+
+
+async def _complete(worker: Worker, **kw) -> list:
+    req = CompletionGenerate(request_id="t", **kw)
     return [ev async for batch in worker.generate(req) for ev in batch]
 
 
@@ -39,11 +62,11 @@ def test_events_come_in_order(worker) -> None:
 
 
 @pytest.mark.parametrize("kw,param", [
-    ({"body": {"tool_choice": "required"}}, "tool_choice"),
     ({"messages": [{"role": "user", "content": "x " * 5000}]}, "messages"),
+    ({"context_limit": 4}, "context_limit"),
 ])
 def test_bad_requests_are_rejected_first(worker, kw: dict, param: str) -> None:
-    req = GenerateRequest(request_id="t", **{"messages": MSG, **kw})
+    req = _chat(**kw)
 
     async def run():
         return [ev async for batch in worker.generate(req) for ev in batch]
@@ -63,8 +86,8 @@ def test_same_seed_same_output_and_n_choices(worker) -> None:
 
 
 def test_stop_string_ends_the_choice(worker) -> None:
-    events = asyncio.run(_events(worker, kind="completion", prompt="Numbers:", max_tokens=50,
-                                 seed=1, stop=[" "]))
+    events = asyncio.run(_complete(worker, prompt="Numbers:", max_tokens=50,
+                                   seed=1, stop=[" "]))
     text = "".join(e.text for e in events if isinstance(e, Deltas))
     fin = [e for e in events if isinstance(e, Finished)][0]
     assert " " not in text
@@ -73,7 +96,7 @@ def test_stop_string_ends_the_choice(worker) -> None:
 
 def test_cancelled_request_frees_its_sequence(worker) -> None:
     async def run():
-        req = GenerateRequest(request_id="c", messages=MSG, max_tokens=3000, seed=2,
+        req = ChatGenerate(request_id="c", messages=MSG, max_tokens=3000, seed=2,
                               ignore_eos=True)
         gen = worker.generate(req)
         async for batch in gen:
@@ -120,7 +143,7 @@ def test_a_request_cancelled_mid_prefill_leaves_its_blocks_cached(tmp_path, monk
     prompt = " ".join(f"w{i}" for i in range(800))  # about 2,200 tokens: 137 steps
 
     async def cancel_mid_prefill() -> int:
-        req = GenerateRequest(request_id="m", kind="completion", prompt=prompt, max_tokens=2)
+        req = CompletionGenerate(request_id="m", prompt=prompt, max_tokens=2)
         task = asyncio.create_task(_drain(w.generate(req)))
         while engine.kv_usage()["kv_blocks"] < 4:  # some chunks in
             assert not task.done()
@@ -137,7 +160,7 @@ def test_a_request_cancelled_mid_prefill_leaves_its_blocks_cached(tmp_path, monk
     cached = asyncio.run(cancel_mid_prefill())
     total = len(w.model.prompt_ids(prompt))
     assert engine.kv.held() == 0 and 4 <= cached < total // 16
-    again = asyncio.run(_events(w, kind="completion", prompt=prompt, max_tokens=2))
+    again = asyncio.run(_complete(w, prompt=prompt, max_tokens=2))
     assert again[-1].cached_tokens == cached * 16
     w.close()
 
@@ -148,8 +171,8 @@ def test_prompts_arriving_together_share_their_common_start(worker) -> None:
     start = " ".join(f"s{i}" for i in range(300))
 
     async def both():
-        reqs = [GenerateRequest(request_id=f"p{i}", kind="completion", prompt=f"{start} {i}",
-                                max_tokens=2) for i in range(2)]
+        reqs = [CompletionGenerate(request_id=f"p{i}", prompt=f"{start} {i}",
+                                   max_tokens=2) for i in range(2)]
 
         async def one(req):
             return [ev async for batch in worker.generate(req) for ev in batch]
@@ -168,7 +191,7 @@ def test_a_prompt_larger_than_the_kv_budget_is_a_503(tmp_path) -> None:
     events = asyncio.run(_events(w, messages=[{"role": "user", "content": "x " * 40}]))
     assert len(events) == 1 and isinstance(events[0], Rejected)
     assert events[0].status == 503 and "KV cache is full" in events[0].message
-    ok = asyncio.run(_events(w, kind="completion", prompt="Hi", max_tokens=3))
+    ok = asyncio.run(_complete(w, prompt="Hi", max_tokens=3))
     assert isinstance(ok[-1], Usage)  # the worker goes on
     w.close()
 
@@ -197,8 +220,8 @@ def test_when_decoding_runs_out_of_blocks_the_newest_request_waits(tmp_path,
     folder = ensure_tiny(tmp_path / "cache")
     model = lambda **kw: load_model(folder, quantize="q8_0", **kw)  # noqa: E731
     probe = model().engine.kv.block_bytes
-    reqs = [GenerateRequest(request_id=f"r{i}", kind="completion", prompt=f"{i} hello",
-                            max_tokens=38, seed=i, ignore_eos=True, n=1 + i)
+    reqs = [CompletionGenerate(request_id=f"r{i}", prompt=f"{i} hello",
+                               max_tokens=38, seed=i, ignore_eos=True, n=1 + i)
             for i in range(2)]
     alone = Worker(lambda: model())
     expected = [_texts(alone, [r])[0] for r in reqs]
@@ -216,8 +239,8 @@ def test_when_decoding_runs_out_of_blocks_the_newest_request_waits(tmp_path,
 
     from actors.events import Failed
 
-    too_long = GenerateRequest(request_id="x", kind="completion", prompt="hello",
-                               max_tokens=100, ignore_eos=True)
+    too_long = CompletionGenerate(request_id="x", prompt="hello",
+                                  max_tokens=100, ignore_eos=True)
     events = _texts(w, [too_long])[0]
     assert isinstance(events[-1], Failed) and "cannot go on" in events[-1].message
     assert isinstance(_texts(w, [reqs[0]])[0][-1], Usage)  # the worker goes on
@@ -255,8 +278,8 @@ def test_stream_interval_sends_events_together(tmp_path) -> None:
     w = Worker(lambda: load_model(folder), stream_interval_s=0.05)
 
     async def run():
-        req = GenerateRequest(request_id="i", kind="completion", prompt="The river",
-                              max_tokens=60, seed=1, ignore_eos=True)
+        req = CompletionGenerate(request_id="i", prompt="The river",
+                                 max_tokens=60, seed=1, ignore_eos=True)
         t0 = time.perf_counter()
         return [batch async for batch in w.generate(req)], time.perf_counter() - t0
 
@@ -276,8 +299,8 @@ def test_many_streams_share_a_message_budget(tmp_path) -> None:
     assert w.interval(8) == pytest.approx(0.4) and w.interval(1) == pytest.approx(0.05)
 
     async def one(i: int) -> list:
-        req = GenerateRequest(request_id=f"m{i}", kind="completion", prompt="The river",
-                              max_tokens=80, seed=i, ignore_eos=True)
+        req = CompletionGenerate(request_id=f"m{i}", prompt="The river",
+                                 max_tokens=80, seed=i, ignore_eos=True)
         return [batch async for batch in w.generate(req)]
 
     async def run():
@@ -300,8 +323,8 @@ def test_concurrent_requests_get_what_they_get_alone(worker) -> None:
     prompts = ["The river", "Once upon a time there was a small boat", "A", "Numbers: 1 2 3"]
 
     async def one(i: int) -> str:
-        req = GenerateRequest(request_id=f"c{i}", kind="completion", prompt=prompts[i % 4],
-                              max_tokens=24, seed=i, ignore_eos=True, temperature=0.8)
+        req = CompletionGenerate(request_id=f"c{i}", prompt=prompts[i % 4],
+                                 max_tokens=24, seed=i, ignore_eos=True, temperature=0.8)
         return "".join(e.text for b in [b async for b in worker.generate(req)] for e in b
                        if isinstance(e, Deltas))
 
@@ -328,8 +351,8 @@ def test_a_long_prompt_does_not_hold_up_short_ones(worker) -> None:
     order: list[str] = []
 
     async def one(name: str, prompt: str, tokens: int) -> None:
-        req = GenerateRequest(request_id=name, kind="completion", prompt=prompt,
-                              max_tokens=tokens, seed=1, ignore_eos=True)
+        req = CompletionGenerate(request_id=name, prompt=prompt,
+                                 max_tokens=tokens, seed=1, ignore_eos=True)
         async for batch in worker.generate(req):
             for ev in batch:
                 if isinstance(ev, (Deltas, Finished)):
@@ -373,7 +396,7 @@ def test_a_request_context_limit_bounds_prompt_and_output(worker) -> None:
     """Ollama's num_ctx: a prompt that does not fit is a 400 naming it; one that fits
     generates until the limit."""
     events = asyncio.run(_events(worker, context_limit=4, max_tokens=50))
-    assert isinstance(events[0], Rejected) and events[0].param == "options.num_ctx"
+    assert isinstance(events[0], Rejected) and events[0].param == "context_limit"
     events = asyncio.run(_events(worker, context_limit=40, max_tokens=100, ignore_eos=True,
                                  seed=1))
     usage = events[-1]

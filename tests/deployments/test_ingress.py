@@ -12,7 +12,15 @@ import json
 import pytest
 from starlette.testclient import TestClient
 
-from actors.events import Accepted, Deltas, Finished, GenerateRequest, Rejected, Usage
+from actors.events import (
+    Accepted,
+    ChatGenerate,
+    Deltas,
+    Finished,
+    GenerateRequest,
+    Rejected,
+    Usage,
+)
 from chat import Delta
 from deployments.exchange import Call
 from deployments.ingress import Ingress, current
@@ -189,7 +197,7 @@ def test_a_client_that_goes_away_cancels_the_request_on_the_worker() -> None:
     stream = FakeStream(_reply())
     worker = FakeWorker(stream)
     ingress = Ingress({"m": worker}, {})
-    greq = GenerateRequest(request_id="r", messages=CHAT["messages"])
+    greq = ChatGenerate(request_id="r", messages=CHAT["messages"])
     call = Call(model="m", request=greq, stream=True,
                 reply=ChatReply({"id": "chatcmpl-r", "created": 0, "model": "m"}))
 
@@ -251,3 +259,11 @@ def test_load_requests_and_listings_need_no_generation() -> None:
     r = client.get("/api/nothing")
     assert r.status_code == 404 and isinstance(r.json()["error"], str)
     assert worker.requests == []
+
+
+def test_a_field_the_worker_names_is_named_as_the_client_sent_it() -> None:
+    rejected = [[Rejected(status=400, message="The requested context length is 8 tokens; "
+                                              "the prompt has 36.", param="context_limit")]]
+    client, _ = _client(FakeWorker(FakeStream(rejected)))
+    r = client.post("/api/chat", json={**CHAT, "options": {"num_ctx": 8}})
+    assert r.status_code == 400 and "'options.num_ctx'" in r.json()["error"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from actors.events import GenerateRequest
+from actors.events import ChatGenerate, CompletionGenerate, GenerateRequest
 from deployments.routing import PrefixRouter, router_config, routing_text
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
@@ -18,22 +18,22 @@ def _text(req: GenerateRequest) -> str:
 def test_a_chat_request_is_matched_by_its_tools_then_its_messages() -> None:
     msgs = [{"role": "system", "content": "Be brief."},
             {"role": "user", "content": [{"type": "text", "text": "Hi"}]}]
-    plain = _text(GenerateRequest(request_id="a", messages=msgs))
-    with_tools = _text(GenerateRequest(request_id="b", messages=msgs, body={"tools": TOOLS}))
+    plain = _text(ChatGenerate(request_id="a", messages=msgs))
+    with_tools = _text(ChatGenerate(request_id="b", messages=msgs, tools=TOOLS))
     assert plain == "Be brief.Hi"
     assert with_tools.endswith(plain) and '"name":"f"' in with_tools
     # the next turn starts with the same text: its match is the whole earlier request
     longer = msgs + [{"role": "assistant", "content": "Hello."}]
-    assert _text(GenerateRequest(request_id="c", messages=longer)).startswith(plain)
+    assert _text(ChatGenerate(request_id="c", messages=longer)).startswith(plain)
 
 
 def test_completions_match_their_prompt_and_nothing_is_empty() -> None:
-    assert _text(GenerateRequest(request_id="a", kind="completion", prompt="abc")) == "abc"
-    assert _text(GenerateRequest(request_id="b", kind="completion", prompt="")) == " "
-    assert _text(GenerateRequest(request_id="c", messages=[])) == " "
+    assert _text(CompletionGenerate(request_id="a", prompt="abc")) == "abc"
+    assert _text(CompletionGenerate(request_id="b", prompt="")) == " "
+    assert _text(ChatGenerate(request_id="c", messages=[])) == " "
     router = PrefixRouter.__new__(PrefixRouter)
     assert router._extract_text_from_request(SimpleNamespace(args=("x",), kwargs={})) == " "
-    assert routing_text(GenerateRequest(request_id="d", kind="completion", prompt="p"),
+    assert routing_text(CompletionGenerate(request_id="d", prompt="p"),
                         str) == "p"
 
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.events import Deltas, Failed, Finished, Usage
+from actors.events import ChatGenerate, CompletionGenerate, Deltas, Failed, Finished, Usage
 from chat import ChatMsg, Delta, ToolCall
 from deployments.errors import ApiError
 from deployments.ollama import reply as ollama_reply
@@ -36,7 +36,7 @@ def test_options_become_the_sampling_fields() -> None:
         (7, 0.2, 0.9, 5, 0.1, 3)
     assert g.stop == ["END"] and g.repetition_penalty == 1.2
     assert (g.presence_penalty, g.frequency_penalty, g.context_limit) == (0.5, 0.25, 512)
-    assert g.kind == "chat" and g.messages == [{"role": "user", "content": "hi"}]
+    assert isinstance(g, ChatGenerate) and g.messages == [{"role": "user", "content": "hi"}]
 
 
 @pytest.mark.parametrize("n", [-1, -2])
@@ -45,14 +45,16 @@ def test_num_predict_below_zero_is_no_limit(n: int) -> None:
     assert _generate(raw=True, options={"num_predict": n}).max_tokens is None
 
 
-def test_format_and_think_become_the_constraint_fields() -> None:
-    assert _chat(format="json").body["response_format"] == {"type": "json_object"}
+def test_format_and_think_become_the_constraint_and_the_thinking_switch() -> None:
+    assert _chat(format="json").constraint.response_format == "json_object"
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
-    fmt = _chat(format=schema).body["response_format"]
-    assert fmt["type"] == "json_schema" and fmt["json_schema"]["schema"] == schema
-    assert _chat(format="").body["response_format"] is None
-    assert _chat(think=False).body["think"] is False
-    assert _chat(think="high").body["reasoning_effort"] == "high"
+    c = _chat(format=schema).constraint
+    assert c.response_format == "json_schema" and c.json_schema == schema
+    assert _chat(format="").constraint.response_format == "text"
+    off = _chat(think=False)
+    assert off.thinking is False and not off.constraint.allow_reasoning
+    high = _chat(think="high")
+    assert high.template_kwargs == {"reasoning_effort": "high"} and high.thinking is None
 
 
 def test_messages_in_ollamas_shape() -> None:
@@ -69,12 +71,14 @@ def test_messages_in_ollamas_shape() -> None:
     assert call["function"] == {"name": "get", "arguments": {"city": "Oslo"}}
     assert call["id"]
     assert tool == {"role": "tool", "content": "12C", "name": "get"}
-    assert g.body["tools"][0]["function"]["name"] == "get"
+    assert g.tools[0]["function"]["name"] == "get"
+    assert [t.name for t in g.constraint.tools] == ["get"]
 
 
 def test_an_empty_tool_list_is_no_tools() -> None:
     # the ollama client always sends "tools": []
-    assert _chat(tools=[]).body["tools"] is None
+    g = _chat(tools=[])
+    assert g.tools is None and g.constraint.tools == ()
 
 
 @pytest.mark.parametrize("body,param", [
@@ -101,10 +105,11 @@ def test_bad_requests_name_ollamas_field(body: dict, param: str) -> None:
 
 def test_generate_uses_the_chat_template_unless_raw() -> None:
     g = _generate(system="Be brief.")
-    assert g.kind == "chat" and g.messages == [{"role": "system", "content": "Be brief."},
-                                               {"role": "user", "content": "hi"}]
+    assert isinstance(g, ChatGenerate)
+    assert g.messages == [{"role": "system", "content": "Be brief."},
+                          {"role": "user", "content": "hi"}]
     raw = _generate(prompt="<|im_start|>user\nhi", raw=True)
-    assert raw.kind == "completion" and raw.prompt == "<|im_start|>user\nhi"
+    assert isinstance(raw, CompletionGenerate) and raw.prompt == "<|im_start|>user\nhi"
     assert raw.max_tokens is None  # Ollama's default: no limit (OpenAI's 16 is not used)
 
 

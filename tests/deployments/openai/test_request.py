@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 
 from deployments.errors import ApiError
-from deployments.openai.request import decode_request
+from actors.events import ChatGenerate, CompletionGenerate
+from deployments.openai.request import decode_request, generate_request
+from deployments.openai.schemas import ChatRequest, CompletionRequest
 
 TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather of a city.", "strict": True,
@@ -143,16 +145,22 @@ def _set(body: dict, path: str, value: Any) -> dict:
     return body
 
 
+SCHEMAS = {"chat": ChatRequest, "completion": CompletionRequest}
+
+
 def _error(body: dict, kind: str) -> ApiError:
+    """The ingress's typing of `body` (decode, then the worker's request) fails: how."""
     with pytest.raises(ApiError) as info:
-        decode_request(json.dumps(body).encode(), kind)
+        generate_request(*decode_request(json.dumps(body).encode(), SCHEMAS[kind]))
     return info.value
 
 
 @pytest.mark.parametrize("kind,body", [("chat", CHAT), ("completion", COMPLETION)])
 def test_the_full_request_is_accepted(kind: str, body: dict) -> None:
-    req, raw = decode_request(json.dumps(body).encode(), kind)
+    req, raw = decode_request(json.dumps(body).encode(), SCHEMAS[kind])
     assert raw == body and req.model == "m"
+    greq = generate_request(req, raw)
+    assert isinstance(greq, ChatGenerate if kind == "chat" else CompletionGenerate)
 
 
 @pytest.mark.parametrize("path,value,param", CHAT_CASES, ids=[f"{c[0]}={c[1]!r}"[:60]
@@ -187,6 +195,6 @@ def test_options_that_need_each_other() -> None:
 
 def test_not_json_and_not_an_object() -> None:
     with pytest.raises(ApiError) as info:
-        decode_request(b"{", "chat")
+        decode_request(b"{", ChatRequest)
     assert info.value.status == 400
     assert _error([CHAT], "chat").status == 400  # type: ignore[arg-type]

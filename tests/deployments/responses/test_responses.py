@@ -33,8 +33,8 @@ def test_a_string_input_with_instructions() -> None:
                              {"role": "user", "content": "hi"}]
     assert conversation == [{"role": "user", "content": "hi"}]  # instructions not kept
     assert (greq.max_tokens, greq.temperature, greq.top_p) == (9, 0.5, 0.9)
-    assert greq.body["reasoning_effort"] == "none"
-    assert greq.body["response_format"] == {"type": "json_object"}
+    assert greq.thinking is False and greq.template_kwargs == {"reasoning_effort": "none"}
+    assert greq.constraint.response_format == "json_object"
 
 
 def test_items_become_the_conversation() -> None:
@@ -62,8 +62,9 @@ def test_items_become_the_conversation() -> None:
     assert [c["id"] for c in m[2]["tool_calls"]] == ["c1", "c2"]  # one turn, two calls
     assert m[3] == {"role": "tool", "tool_call_id": "c1", "name": "light", "content": "on"}
     assert m[4]["content"] == "off"
-    assert greq.body["tools"][0]["function"]["name"] == "light"
-    assert greq.body["tool_choice"] == {"type": "function", "function": {"name": "light"}}
+    assert greq.tools[0]["function"]["name"] == "light"
+    c = greq.constraint
+    assert c.tool_choice == "required" and c.named == "light"
 
 
 def test_a_stored_conversation_comes_first() -> None:
