@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 
 from ray import serve
 
+from actors.config import WorkerConfig
 from actors.events import Event, GenerateRequest
 from actors.worker import Worker, blas_threads_for, set_blas_threads
 from chat import FormatKind
@@ -56,45 +57,37 @@ def _rss_bytes() -> int:
 
 @serve.deployment
 class ModelWorker:
-    def __init__(self, *, name: str, path: str, device: str = "cpu", max_batch: int = 8,
-                 kernel_dir: str | None = None, npu_mode: str = "auto",
-                 simulator_devices: list[str] | None = None,
-                 stream_interval_ms: float = 0.0, max_messages_per_s: float = 0.0,
-                 blas_threads: int | None = None, chat_template: str | None = None,
-                 quantize: str | None = None, kv_cache_bytes: int | None = None,
-                 prefix_cache: bool = True, metrics_hub=None):
+    def __init__(self, config: WorkerConfig, metrics_hub=None):
         from npu import load_model
 
-        self.name = name
+        self.name = name = config.name
+        device = config.device
         index = device_index(device)
         self.index = index
+        options = config.options()
         if device == "npu":
             from npu.xrt import XRT
 
-            if simulator_devices:  # testing: the pyxrt simulator stands in for the driver
+            if config.simulator_devices:  # testing: the simulator stands in for the driver
                 from npu.xrt.sim_kernels import simulator_for
 
-                xrt = XRT(simulator_for(kernel_dir, simulator_devices))
+                xrt = XRT(simulator_for(config.kernel_dir, config.simulator_devices))
             else:
                 xrt = XRT()
 
             def factory():
-                return load_model(path, "npu", name=name, kernel_dir=kernel_dir,
-                                  device_index=index or 0, xrt=xrt, npu_mode=npu_mode,
-                                  chat_template=chat_template, quantize=quantize,
-                                  kv_cache_bytes=kv_cache_bytes, prefix_cache=prefix_cache)
+                return load_model(config.path, "npu", options, name=name,
+                                  device_index=index or 0, xrt=xrt)
         else:
             def factory():
-                return load_model(path, "cpu", name=name, chat_template=chat_template,
-                                  quantize=quantize, kv_cache_bytes=kv_cache_bytes,
-                                  prefix_cache=prefix_cache)
-        self.worker = Worker(factory, max_batch=max_batch,
-                             stream_interval_s=stream_interval_ms / 1000,
-                             max_messages_per_s=max_messages_per_s)
+                return load_model(config.path, "cpu", options, name=name)
+        self.worker = Worker(factory, max_batch=config.max_batch,
+                             stream_interval_s=config.stream_interval_ms / 1000,
+                             max_messages_per_s=config.max_messages_per_s)
         engine = self.worker.model.engine
         # what /v1/models and Ollama's listings show of the weights (fixed: read once)
         self.weights = {"weight_bytes": engine.weight_bytes, **engine.weight_summary()}
-        threads = blas_threads_for(self.weights["weight_bytes"], blas_threads)
+        threads = blas_threads_for(self.weights["weight_bytes"], config.blas_threads)
         set_blas_threads(threads)
         engine.set_threads(threads)  # the compiled CPU kernels' threads
         self.metrics_hub = metrics_hub

@@ -1,18 +1,20 @@
 """npu: devices and models: loading, the numpy engine, tokenizer, templates and sampler."""
 
-from npu.load.config import ModelConfig, config_from_json
-from npu.errors import ContextLengthError, KVCacheFull, ModelError
-from npu.load.model import Model, load_model
 from npu.engine.numpy_engine import NumpyEngine
-from npu.sampler import Sampler, SamplingParams, logprobs
+from npu.errors import ContextLengthError, KVCacheFull, ModelError
+from npu.load.config import ModelConfig, config_from_json
+from npu.load.model import Model, load_model
+from npu.load.options import LoadOptions
 from npu.load.template import ChatTemplate, TemplateError
 from npu.load.tokenizer import Detokenizer, Tokenizer
+from npu.sampler import Sampler, SamplingParams, logprobs
 
 __all__ = [
     "ChatTemplate",
     "ContextLengthError",
     "Detokenizer",
     "KVCacheFull",
+    "LoadOptions",
     "Model",
     "ModelConfig",
     "ModelError",

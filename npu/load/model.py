@@ -12,15 +12,17 @@ import json
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 
-from npu.load.config import ModelConfig, config_from_json
-from npu.errors import ModelError
 from npu.engine.numpy_engine import NumpyEngine
-from npu.sampler import SamplingParams
+from npu.errors import ModelError
+from npu.load.config import ModelConfig, config_from_json
+from npu.load.options import LoadOptions
+from npu.load.safetensors import load_weights
 from npu.load.template import ChatTemplate
 from npu.load.tokenizer import Tokenizer
-from npu.load.safetensors import load_weights
+from npu.sampler import SamplingParams
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -144,7 +146,7 @@ BUILTIN_TEMPLATES = {"smollm2-135m": "smollm2_chat_template.jinja"}
 def _quantizer(quantize: str | None):
     """`keep` for load_weights: matrices into `quantize`'s block format, or left in their
     stored bf16/fp16; everything else float32."""
-    from npu.engine.quant import QUANTIZE, QMatrix, QT, row_bytes
+    from npu.engine.quant import QT, QUANTIZE, QMatrix, row_bytes
 
     if quantize is not None and quantize not in QUANTIZE:
         raise ModelError(f"quantize {quantize!r} is not one of {', '.join(QUANTIZE)}")
@@ -165,12 +167,9 @@ def _quantizer(quantize: str | None):
     return keep
 
 
-def load_model(path: str | Path, device: str = "cpu", *, name: str | None = None,
-               kernel_dir: str | Path | None = None, device_index: int = 0,
-               xrt: Any = None, chat_template: str | Path | None = None,
-               quantize: str | None = None, backend: str = "cpu",
-               kv_cache_bytes: int | None = None, prefix_cache: bool = True,
-               npu_mode: str = "auto") -> Model:
+def load_model(path: str | Path, device: str = "cpu", options: LoadOptions | None = None, *,
+               name: str | None = None, device_index: int = 0, xrt: Any = None,
+               **fields: Any) -> Model:
     """Load a model: a Hugging Face directory, a GGUF file (or a directory holding one),
     "flm-tiny" or "smollm2-135m".
 
@@ -180,22 +179,18 @@ def load_model(path: str | Path, device: str = "cpu", *, name: str | None = None
             own chat template that has tools).
         device: "cpu" (the CPU engine) or "npu" (the XRT engine: linear layers on the
             NPU's GEMM kernel).
-        kernel_dir: "npu": the kernel directory (npu1/ and/or npu2/, each with a version 2
-            manifest.json, its xclbins and instruction streams; see npu.xrt.manifest).
+        options: how the model is loaded and held (LoadOptions: chat template, quantize,
+            KV cache budget, prefix cache, the NPU's kernel directory and mode, backend).
+        name: the model's id (default: its file or directory name).
         device_index: "npu": which NPU.
         xrt: "npu": an `npu.xrt.XRT` (default: over the real pyxrt).
-        chat_template: a Jinja file that replaces the model's own chat template.
-        quantize: "q8_0", "q4_0", "q4_1", ...: a Hugging Face checkpoint's matrices are
-            quantized (round to nearest) as they load.
-        backend: the CPU engine's linear layers: "cpu" (compiled kernels) or "reference".
-        kv_cache_bytes: the KV cache's budget (default: eight full contexts, at most a
-            quarter of the host's memory).
-        prefix_cache: keep finished prompts' KV for later prompts that start alike.
-        npu_mode: "npu": "linear", "block", "layer" or "auto" (see npu.xrt.engine).
+        fields: LoadOptions' fields by name, over `options` (`load_model(p, quantize=...)`).
 
     Raises:
         ModelError: a missing or unsupported file, key, tensor or architecture, named.
     """
+    opts = msgspec.structs.replace(options or LoadOptions(), **fields)
+    chat_template, quantize, kernel_dir = opts.chat_template, opts.quantize, opts.kernel_dir
     if str(path) == "flm-tiny":
         from npu.load.tiny import ensure_tiny
 
@@ -234,11 +229,11 @@ def load_model(path: str | Path, device: str = "cpu", *, name: str | None = None
 
         engine = XRTEngine(config, weights, xrt=xrt or XRT(),
                            device_index=device_index, kernel_dir=Path(kernel_dir),
-                           mode=npu_mode, kv_cache_bytes=kv_cache_bytes,
-                           prefix_cache=prefix_cache)
+                           mode=opts.npu_mode, kv_cache_bytes=opts.kv_cache_bytes,
+                           prefix_cache=opts.prefix_cache)
     else:
-        engine = NumpyEngine(config, weights, backend=backend, kv_cache_bytes=kv_cache_bytes,
-                             prefix_cache=prefix_cache)
+        engine = NumpyEngine(config, weights, backend=opts.backend,
+                             kv_cache_bytes=opts.kv_cache_bytes, prefix_cache=opts.prefix_cache)
     if engine.vocab_size < tokenizer.size:
         raise ModelError(f"{folder}: the tokenizer has {tokenizer.size} tokens but the model "
                          f"only {engine.vocab_size} logits")
