@@ -128,9 +128,7 @@ class ModelWorker:
     def check_health(self) -> None:
         if not self.worker.healthy:
             raise RuntimeError(f"the decode loop has failed: {self.worker.error!r}")
-        check = getattr(self.worker.model.engine, "check_device", None)
-        if check is not None:
-            check()
+        self.worker.model.engine.check_device()
         if self.metrics_hub is not None:  # not awaited: a slow hub never fails a check
             self.metrics_hub.push.remote(self.replica,
                                          self.worker.metrics_snapshot(self.replica))

@@ -429,7 +429,7 @@ class Worker:
         outbox = outboxes.pop(session.id)
         outbox.pending = [Rejected(
             status=503, message=f"The KV cache is full: the prompt's {len(session.prompt_ids)} "
-            f"tokens do not fit in kv_cache_bytes ({self.model.engine.kv.max_blocks} blocks "
+            f"tokens do not fit in kv_cache_bytes ({self.model.engine.kv_max_blocks} blocks "
             "of 16 tokens) with what is running; retry later, or raise kv_cache_bytes.",
             type="server_error"), _End]
         return outbox

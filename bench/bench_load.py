@@ -35,7 +35,7 @@ def measure(spec: str, steps: int) -> dict:
     import numpy as np
     from npu import load_model
     from npu.load.gguf_header import read_header
-    from npu.load.model import default_model_path
+    from npu.load.loader import default_model_path
 
     if spec == "smollm2-135m":
         path = default_model_path()

@@ -49,7 +49,7 @@ SETTLE_S = 0.3
 
 def model_path(name: str) -> Path:
     if name == "smollm2":
-        from npu.load.model import default_model_path
+        from npu.load.loader import default_model_path
 
         return default_model_path()
     from gguf_shapes import shaped_gguf

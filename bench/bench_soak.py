@@ -358,6 +358,7 @@ def two_nodes(seconds: float, clients: int, cache: Path) -> list[tuple[str, bool
     from ray import serve
 
     from deployments.launch.serve_env import free_port, serve_environ
+    from npu.load.tiny import tiny_config
     from npu.xrt.sim_kernels import make_kernel_dir
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
@@ -371,7 +372,7 @@ def two_nodes(seconds: float, clients: int, cache: Path) -> list[tuple[str, bool
         config["http_options"] = {"host": "127.0.0.1", "port": port}
         model = config["applications"][0]["args"]["models"][0]
         model.update(name="flm-tiny", path="flm-tiny", replicas=2, max_batch=8,
-                     max_queued=clients, kernel_dir=str(make_kernel_dir(cache / "kernels")),
+                     max_queued=clients, kernel_dir=str(make_kernel_dir(cache / "kernels", [tiny_config()])),
                      simulator_devices=["RyzenAI-npu4"])
         path = cache / "two_nodes.yaml"
         path.write_text(yaml.safe_dump(config))

@@ -64,7 +64,7 @@ def shaped_gguf(shape: str, qtype_name: str) -> Path:
     from gguf import GGMLQuantizationType, GGUFWriter
 
     from npu.load.gguf_header import read_header
-    from npu.load.model import default_model_path
+    from npu.load.loader import default_model_path
 
     qtype = GGMLQuantizationType[MIXES.get(qtype_name, qtype_name)]
     more = GGMLQuantizationType.Q6_K if qtype_name in MIXES else qtype

@@ -1,5 +1,5 @@
 """Record the default model's greedy replies from transformers and llama.cpp into
-bench/fixtures/smollm2_greedy.json (tests/npu/test_gguf.py checks ours against it).
+bench/fixtures/smollm2_greedy.json (tests/npu/load/test_gguf.py checks ours against it).
 
     .venv/bin/python bench/record_greedy.py     (llama.cpp's replies need llama-cpp-python)
 
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from npu import load_model  # noqa: E402
-from npu.load.model import default_model_path  # noqa: E402
+from npu.load.loader import default_model_path  # noqa: E402
 
 PROMPTS = ["Write one sentence about cats.", "What is the capital of France?",
            "List three colors."]

@@ -18,6 +18,17 @@ ALLOWED = {"chat": set(), "npu": set(), "actors": {"chat", "npu"},
 CORE = {"deployments.errors", "deployments.exchange", "deployments.ingress",
         "deployments.metrics", "deployments.routing"}
 SURFACES = {"deployments.openai", "deployments.responses", "deployments.ollama"}
+# inside npu/, by folder: the model's config and the loaded Model at the top, shared by the
+# three jobs below them; the engine under the NPU's (whose engine extends the CPU's); loading
+# over both (it makes their engines); none of them reaches back up
+NPU_BASE = {"npu.errors", "npu.paths", "npu.config", "npu.sampler"}
+NPU = {
+    **{m: NPU_BASE for m in NPU_BASE},
+    "npu.model": NPU_BASE | {"npu.engine"},  # the Engine protocol it holds
+    "npu.engine": NPU_BASE,
+    "npu.xrt": NPU_BASE | {"npu.engine"},
+    "npu.load": NPU_BASE | {"npu.model", "npu.engine", "npu.xrt"},
+}
 DEPLOYMENTS = {
     **{c: CORE for c in CORE},
     "deployments.openai": CORE,
@@ -42,7 +53,7 @@ def _graph() -> dict[str, set[str]]:
     for name, path in modules.items():
         targets: set[str] = set()
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in _runtime_nodes(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
                 targets.update(a.name for a in node.names)
             elif isinstance(node, ast.ImportFrom):
@@ -55,6 +66,19 @@ def _graph() -> dict[str, set[str]]:
         # an import of a package or of a name inside a module is an edge to that module
         graph[name] = {t for t in targets if t in modules and t != name}
     return graph
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node that runs: all of them but the bodies of `if TYPE_CHECKING:` (imports
+    for annotations only)."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            todo.extend(node.orelse)
+            continue
+        todo.extend(ast.iter_child_nodes(node))
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -119,3 +143,29 @@ def test_deployments_folders_import_only_what_lies_below_them() -> None:
                  for t in ts if t.startswith("deployments.") and _room(t) != _room(m)
                  and _room(t) not in DEPLOYMENTS[_room(m)])
     assert bad == []
+
+
+def test_npu_folders_import_only_what_lies_below_them() -> None:
+    """config and Model on top of the engine, the NPU and loading; no folder circles."""
+    graph = _graph()
+    rooms = {_room(m) for m in graph if m.startswith("npu.")}
+    assert rooms <= set(NPU), rooms - set(NPU)
+    bad = sorted(f"{m} -> {t}" for m, ts in graph.items() if m.startswith("npu.")
+                 for t in ts if t.startswith("npu.") and _room(t) != _room(m)
+                 and _room(t) not in NPU[_room(m)])
+    assert bad == []
+
+
+def test_actors_use_an_engine_only_through_the_engine_protocol() -> None:
+    """Every `<...>.engine.<member>` in actors/ is a member of npu.engine.protocol.Engine."""
+    from npu.engine.protocol import Engine
+
+    members = {n for n in dir(Engine) if not n.startswith("_")}
+    used = set()
+    for path in (ROOT / "actors").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Attribute) and (
+                    getattr(node.value, "attr", None) == "engine"
+                    or getattr(node.value, "id", None) == "engine"):
+                used.add(node.attr)
+    assert used and used <= members, used - members

@@ -16,8 +16,8 @@ import ctypes
 import hashlib
 import logging
 import os
-import shutil
 import shlex
+import shutil
 import subprocess
 import tempfile
 from functools import cache

@@ -21,7 +21,7 @@ import logging
 import numpy as np
 
 from npu.engine.ops import KernelOps, NumpyOps
-from npu.engine.quant import INTEGER, QMatrix, QT, row_bytes
+from npu.engine.quant import INTEGER, QT, QMatrix, row_bytes
 
 log = logging.getLogger(__name__)
 

@@ -23,12 +23,13 @@ from typing import Any
 
 import numpy as np
 
+from npu.config import ModelConfig
 from npu.engine import rope as rope_mod
 from npu.engine.kv_cache import BlockPool, SeqBlocks
 from npu.engine.linear import Linear, LinearFactory, Threads
 from npu.engine.quant import INTEGER, QMatrix
+from npu.engine.roles import Roles, roles_for
 from npu.errors import ContextLengthError, ModelError
-from npu.load.config import ModelConfig
 
 log = logging.getLogger(__name__)
 PREFILL_CHUNK = 512
@@ -50,7 +51,7 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
     return np.where(x >= 0, 1.0, e) / (1.0 + e)
 
 
-class _Layer:
+class Layer:
     __slots__ = ("index", "kind", "norm_in", "norm_post_attn", "norm_pre_ff", "norm_post_ff",
                  "wqkv", "bqkv", "wo", "q_norm", "k_norm", "in_proj", "conv", "out_proj",
                  "w_gate_up", "w_down", "inv_freq", "window", "rope_scale", "bo", "sinks",
@@ -58,7 +59,7 @@ class _Layer:
                  "experts_down_b")
 
 
-class _Seq:
+class Seq:
     __slots__ = ("kv", "conv")
 
     def __init__(self, n_layers: int, kv: SeqBlocks | None = None) -> None:
@@ -68,6 +69,98 @@ class _Seq:
     @property
     def pos(self) -> int:
         return self.kv.pos
+
+
+class _Weights:
+    """A checkpoint's tensors taken by name (each taken once: the dict shrinks as the
+    engine takes them) as the engine holds them: norms (float32), small tensors, linear
+    layers in their block formats."""
+
+    def __init__(self, weights: dict[str, np.ndarray | QMatrix], linears: LinearFactory,
+                 roles: Roles, arch: str) -> None:
+        self.weights, self.linears, self.roles, self.arch = weights, linears, roles, arch
+
+    def pop(self, name: str) -> np.ndarray | QMatrix:
+        arr = self.weights.pop(name, None)
+        if arr is None:
+            raise ModelError(f"the weights lack tensor {name!r} (architecture {self.arch})")
+        return arr
+
+    def take(self, name: str) -> np.ndarray:
+        """A vector or small tensor, used as float32."""
+        arr = self.pop(name)
+        return arr.dequantize() if isinstance(arr, QMatrix) else arr
+
+    def mat(self, name: str) -> QMatrix:
+        arr = self.pop(name)
+        return arr if isinstance(arr, QMatrix) else QMatrix.from_float(arr)
+
+    def linear(self, *names: str) -> Linear:
+        return self.linears.linear([self.mat(n) for n in names])
+
+    def norm(self, name: str) -> np.ndarray:
+        w = self.take(name)
+        return np.ascontiguousarray(w + np.float32(1.0) if self.roles.norm_offset else w,
+                                    dtype=np.float32)
+
+
+def _layer(c: ModelConfig, i: int, w: _Weights, inv_cache: dict[tuple, np.ndarray]) -> Layer:
+    """Decoder layer i, its tensors taken from `w` by their roles."""
+    R, p = w.roles, f"model.layers.{i}."
+    L = Layer()
+    L.index = i
+    L.kind = c.layer_types[i]
+    L.window = c.sliding_window if L.kind == "sliding_attention" else 0
+    L.norm_in = w.norm(p + R.norm_in + ".weight")
+    L.norm_pre_ff = w.norm(p + R.norm_pre_ff + ".weight")
+    L.norm_post_attn = w.norm(p + R.norm_post_attn + ".weight") if R.norm_post_attn else None
+    L.norm_post_ff = w.norm(p + R.norm_post_ff + ".weight") if R.norm_post_ff else None
+    L.wqkv = L.bqkv = L.wo = L.q_norm = L.k_norm = None
+    L.in_proj = L.conv = L.out_proj = None
+    L.inv_freq = None
+    L.rope_scale = 1.0
+    L.bo = L.sinks = L.router_w = L.router_b = None
+    L.experts_gu = L.experts_gu_b = L.experts_down = L.experts_down_b = None
+    if L.kind == "conv":
+        L.in_proj = w.linear(p + "conv.in_proj.weight")
+        conv = w.take(p + "conv.conv.weight")
+        L.conv = np.ascontiguousarray(conv.reshape(conv.shape[0], conv.shape[-1]))
+        L.out_proj = w.linear(p + "conv.out_proj.weight")
+    else:
+        a = p + "self_attn."
+        L.wqkv = w.linear(*(a + n + "_proj.weight" for n in ("q", "k", "v")))
+        if c.attention_bias:
+            L.bqkv = np.concatenate([w.take(a + n + "_proj.bias") for n in ("q", "k", "v")])
+        L.wo = w.linear(a + R.attn_out + ".weight")
+        if c.arch == "gpt_oss":
+            L.bo = w.take(a + "o_proj.bias")
+        if c.attention_sinks:
+            L.sinks = w.take(a + "sinks").astype(np.float32)
+        if c.qk_norm:
+            L.q_norm = w.norm(a + R.q_norm + ".weight")
+            L.k_norm = w.norm(a + R.k_norm + ".weight")
+        r = c.rope_for(i)
+        key = (r, c.head_dim)
+        if key not in inv_cache:
+            inv_cache[key] = rope_mod.inv_freq(r, c.head_dim)
+        L.inv_freq = inv_cache[key]
+        L.rope_scale = rope_mod.attention_scale(r)
+    if c.num_experts:
+        m = p + "mlp."
+        if m + "experts.gate_up_proj_blocks" in w.weights:
+            raise ModelError("gpt-oss experts stored as MXFP4 blocks are not supported; "
+                             "dequantize the checkpoint to bf16/fp32 first")
+        L.router_w, L.router_b = w.take(m + "router.weight"), w.take(m + "router.bias")
+        L.experts_gu = w.take(m + "experts.gate_up_proj")  # [E, H, 2I], used as x @ W
+        L.experts_gu_b = w.take(m + "experts.gate_up_proj_bias")
+        L.experts_down = w.take(m + "experts.down_proj")  # [E, I, H]
+        L.experts_down_b = w.take(m + "experts.down_proj_bias")
+        L.w_gate_up = L.w_down = None
+    else:
+        f = p + R.mlp + "."
+        L.w_gate_up = w.linear(f + R.gate + ".weight", f + R.up + ".weight")
+        L.w_down = w.linear(f + R.down + ".weight")
+    return L
 
 
 class NumpyEngine:
@@ -93,116 +186,25 @@ class NumpyEngine:
         self.config = c = config
         self.vocab_size = c.vocab_size
         self.max_context = c.max_position
-        self._seqs: dict[object, _Seq] = {}
+        self._seqs: dict[object, Seq] = {}
         self.linears = LinearFactory(backend, threads or os.cpu_count() or 1)
         self.ops = self.linears.ops()
 
-        def pop(name: str) -> np.ndarray | QMatrix:
-            arr = weights.pop(name, None)
-            if arr is None:
-                raise ModelError(f"the weights lack tensor {name!r} (architecture {c.arch})")
-            return arr
-
-        def take(name: str) -> np.ndarray:
-            """A vector or small tensor, used as float32."""
-            arr = pop(name)
-            return arr.dequantize() if isinstance(arr, QMatrix) else arr
-
-        def mat(name: str) -> QMatrix:
-            arr = pop(name)
-            return arr if isinstance(arr, QMatrix) else QMatrix.from_float(arr)
-
-        def linear(*names: str) -> Linear:
-            return self.linears.linear([mat(n) for n in names])
-
-        gemma = c.arch == "gemma3"
-        lfm2 = c.arch == "lfm2"
-
-        def norm(name: str) -> np.ndarray:
-            w = take(name)
-            return np.ascontiguousarray(w + np.float32(1.0) if gemma else w, dtype=np.float32)
-
+        w = _Weights(weights, self.linears, roles_for(c.arch), c.arch)
         tied = "lm_head.weight" not in weights and c.tie_embeddings
-        self.embed = self.linears.embedding(mat("model.embed_tokens.weight"), head=tied)
-        self.embed_scale = np.float32(math.sqrt(c.hidden_size)) if gemma else None
-        self.final_norm = norm("model.embedding_norm.weight" if lfm2 else "model.norm.weight")
+        self.embed = self.linears.embedding(w.mat("model.embed_tokens.weight"), head=tied)
+        self.embed_scale = (np.float32(math.sqrt(c.hidden_size)) if w.roles.scaled_embedding
+                            else None)
+        self.final_norm = w.norm(w.roles.final_norm)
         if "lm_head.weight" in weights:
-            self.lm_head = linear("lm_head.weight")
+            self.lm_head = w.linear("lm_head.weight")
         elif tied:
             self.lm_head = self.linears.tied_head(self.embed)
         else:
             raise ModelError("the weights lack tensor 'lm_head.weight' and the config does "
                              "not tie it to the embeddings")
-        self.layers: list[_Layer] = []
         inv_cache: dict[tuple, np.ndarray] = {}
-        for i in range(c.num_layers):
-            p = f"model.layers.{i}."
-            L = _Layer()
-            L.index = i
-            L.kind = c.layer_types[i]
-            L.window = c.sliding_window if L.kind == "sliding_attention" else 0
-            if lfm2:
-                L.norm_in = norm(p + "operator_norm.weight")
-                L.norm_pre_ff = norm(p + "ffn_norm.weight")
-                L.norm_post_attn = L.norm_post_ff = None
-            else:
-                L.norm_in = norm(p + "input_layernorm.weight")
-                if gemma:
-                    L.norm_post_attn = norm(p + "post_attention_layernorm.weight")
-                    L.norm_pre_ff = norm(p + "pre_feedforward_layernorm.weight")
-                    L.norm_post_ff = norm(p + "post_feedforward_layernorm.weight")
-                else:
-                    L.norm_post_attn = L.norm_post_ff = None
-                    L.norm_pre_ff = norm(p + "post_attention_layernorm.weight")
-            L.wqkv = L.bqkv = L.wo = L.q_norm = L.k_norm = None
-            L.in_proj = L.conv = L.out_proj = None
-            L.inv_freq = None
-            L.rope_scale = 1.0
-            L.bo = L.sinks = L.router_w = L.router_b = None
-            L.experts_gu = L.experts_gu_b = L.experts_down = L.experts_down_b = None
-            if L.kind == "conv":
-                L.in_proj = linear(p + "conv.in_proj.weight")
-                conv = take(p + "conv.conv.weight")
-                L.conv = np.ascontiguousarray(conv.reshape(conv.shape[0], conv.shape[-1]))
-                L.out_proj = linear(p + "conv.out_proj.weight")
-            else:
-                a = p + "self_attn."
-                L.wqkv = linear(*(a + n + "_proj.weight" for n in ("q", "k", "v")))
-                if c.attention_bias:
-                    L.bqkv = np.concatenate([take(a + n + "_proj.bias") for n in ("q", "k", "v")])
-                L.wo = linear(a + ("out_proj.weight" if lfm2 else "o_proj.weight"))
-                if c.arch == "gpt_oss":
-                    L.bo = take(a + "o_proj.bias")
-                if c.attention_sinks:
-                    L.sinks = take(a + "sinks").astype(np.float32)
-                if c.qk_norm:
-                    qn, kn = ("q_layernorm", "k_layernorm") if lfm2 else ("q_norm", "k_norm")
-                    L.q_norm = norm(a + qn + ".weight")
-                    L.k_norm = norm(a + kn + ".weight")
-                r = c.rope_for(i)
-                key = (r, c.head_dim)
-                if key not in inv_cache:
-                    inv_cache[key] = rope_mod.inv_freq(r, c.head_dim)
-                L.inv_freq = inv_cache[key]
-                L.rope_scale = rope_mod.attention_scale(r)
-            if c.num_experts:
-                m = p + "mlp."
-                if m + "experts.gate_up_proj_blocks" in weights:
-                    raise ModelError("gpt-oss experts stored as MXFP4 blocks are not supported; "
-                                     "dequantize the checkpoint to bf16/fp32 first")
-                L.router_w, L.router_b = take(m + "router.weight"), take(m + "router.bias")
-                L.experts_gu = take(m + "experts.gate_up_proj")  # [E, H, 2I], used as x @ W
-                L.experts_gu_b = take(m + "experts.gate_up_proj_bias")
-                L.experts_down = take(m + "experts.down_proj")  # [E, I, H]
-                L.experts_down_b = take(m + "experts.down_proj_bias")
-                L.w_gate_up = L.w_down = None
-            else:
-                f = p + ("feed_forward." if lfm2 else "mlp.")
-                gate, up, down = (("w1", "w3", "w2") if lfm2 else
-                                  ("gate_proj", "up_proj", "down_proj"))
-                L.w_gate_up = linear(f + gate + ".weight", f + up + ".weight")
-                L.w_down = linear(f + down + ".weight")
-            self.layers.append(L)
+        self.layers: list[Layer] = [_layer(c, i, w, inv_cache) for i in range(c.num_layers)]
         self.activation = "silu" if c.activation == "silu" else "gelu_tanh"
         self.scale = np.float32(c.query_scale or c.head_dim ** -0.5)
         # the kernels' f16 cache for a model in integer formats (whose activations are
@@ -246,6 +248,14 @@ class NumpyEngine:
     def weight_bytes(self) -> int:
         """Bytes of the weights as held (a tied head and its embedding counted once)."""
         return sum(a.nbytes for a in self._weights())
+
+    @property
+    def kv_max_blocks(self) -> int:
+        """The most KV blocks the cache may hold."""
+        return self.kv.max_blocks
+
+    def check_device(self) -> None:
+        """The CPU is always there."""
 
     def weight_summary(self) -> dict[str, Any]:
         """`parameters`: the weights' values (norms and embedding included; a tied head
@@ -316,11 +326,11 @@ class NumpyEngine:
             self.kv.reserve(seq.kv, seq.pos + n)
         return self._forward(np.asarray(ids, dtype=np.int64), segments)
 
-    def _seq(self, seq_id: object) -> _Seq:
+    def _seq(self, seq_id: object) -> Seq:
         """The sequence `seq_id`, started (with no blocks yet) if it is new."""
         seq = self._seqs.get(seq_id)
         if seq is None:
-            seq = self._seqs[seq_id] = _Seq(len(self.layers))
+            seq = self._seqs[seq_id] = Seq(len(self.layers))
         return seq
 
     def decode(self, seq_ids: Sequence[object], tokens: Sequence[int]) -> np.ndarray:
@@ -358,7 +368,7 @@ class NumpyEngine:
         """Start `dst` as a copy of `src`'s state (n choices share one prefill: the full
         blocks are shared, the partial last one copied)."""
         seq = self._seqs[src]
-        new = _Seq(len(self.layers), self.kv.fork(seq.kv))
+        new = Seq(len(self.layers), self.kv.fork(seq.kv))
         new.conv = [None if a is None else a.copy() for a in seq.conv]
         self._seqs[dst] = new
 
@@ -377,14 +387,14 @@ class NumpyEngine:
         for reuse, bytes allocated."""
         return {"sequences": len(self._seqs), **self.kv.usage()}
 
-    def _check_room(self, seq: _Seq, n: int) -> None:
+    def _check_room(self, seq: Seq, n: int) -> None:
         if seq.pos + n > self.max_context:
             raise ContextLengthError(
                 f"{seq.pos + n} tokens exceed the model's context length of {self.max_context}",
                 limit=self.max_context, requested=seq.pos + n)
 
     # -- the forward pass -------------------------------------------------------------------
-    def _forward(self, ids: np.ndarray, segments: list[tuple[_Seq, int]]) -> np.ndarray:
+    def _forward(self, ids: np.ndarray, segments: list[tuple[Seq, int]]) -> np.ndarray:
         c = self.config
         x = self.embed(ids)
         if self.embed_scale is not None:
@@ -427,14 +437,14 @@ class NumpyEngine:
         last = self.ops.rms_norm(x[ends], self.final_norm, c.rms_eps)
         return np.ascontiguousarray(self._mm(last, None, "lm_head"), dtype=np.float32)
 
-    def _mm(self, x: np.ndarray, layer: _Layer | None, name: str) -> np.ndarray:
+    def _mm(self, x: np.ndarray, layer: Layer | None, name: str) -> np.ndarray:
         """x @ W.T for the named weight of a layer (or the lm_head): the one place a
         linear layer is computed (a `Linear` of the engine's backend), which other engines
         replace."""
         w = self.lm_head if layer is None else getattr(layer, name)
         return w(x)
 
-    def _attention(self, li: int, L: _Layer, h: np.ndarray, segments, tables,
+    def _attention(self, li: int, L: Layer, h: np.ndarray, segments, tables,
                    cos, sin) -> np.ndarray:
         """Self-attention of the forward's tokens; `tables`: the batch's block tables
         [B, n] when every segment is one token (decode), else one table per segment."""
@@ -461,11 +471,11 @@ class NumpyEngine:
             start += n
         return self._out_proj(L, out)
 
-    def _out_proj(self, L: _Layer, out: np.ndarray) -> np.ndarray:
+    def _out_proj(self, L: Layer, out: np.ndarray) -> np.ndarray:
         y = self._mm(out, L, "wo")
         return y + L.bo if L.bo is not None else y
 
-    def _experts(self, L: _Layer, h: np.ndarray) -> np.ndarray:
+    def _experts(self, L: Layer, h: np.ndarray) -> np.ndarray:
         """gpt-oss's mixture of experts: each token goes to its top-k experts by the router,
         weighted by the softmax of their router logits; each expert is a clamped SwiGLU
         (gate and up interleaved in its columns, `up + 1`)."""
@@ -487,7 +497,7 @@ class NumpyEngine:
             out[rows] += (y + L.experts_down_b[e]) * weights[rows, which][:, None]
         return out
 
-    def _conv(self, li: int, L: _Layer, h: np.ndarray, segments) -> np.ndarray:
+    def _conv(self, li: int, L: Layer, h: np.ndarray, segments) -> np.ndarray:
         H = self.config.hidden_size
         width = L.conv.shape[1]
         bcx = self._mm(h, L, "in_proj")

@@ -16,8 +16,8 @@ backend.
 from __future__ import annotations
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QT
-from gguf import quants
+from gguf import GGML_QUANT_SIZES, quants
+from gguf import GGMLQuantizationType as QT
 
 from npu.errors import ModelError
 

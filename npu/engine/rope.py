@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from npu.load.config import Rope
+from npu.config import Rope
 
 
 def inv_freq(rope: Rope, dim: int) -> np.ndarray:

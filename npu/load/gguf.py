@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from npu.engine.quant import QMatrix, QT
+from npu.engine.quant import QT, QMatrix
 from npu.errors import ModelError
 from npu.load.gguf_header import TensorInfo, read_header
 

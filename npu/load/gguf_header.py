@@ -20,7 +20,8 @@ from typing import Any
 
 import msgspec
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QT
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as QT
 
 # value type -> (struct format, numpy dtype) for the fixed-size ones
 _SCALARS = {0: ("<B", np.uint8), 1: ("<b", np.int8), 2: ("<H", np.uint16),

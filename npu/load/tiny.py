@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from npu.config import ModelConfig, config_from_json
 from npu.paths import cache_dir
 
 VERSION = "1"
@@ -50,8 +51,7 @@ def ensure_tiny(root: Path | None = None) -> Path:
 
 
 def _train_tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from tokenizers import AddedToken
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -64,6 +64,12 @@ def _train_tokenizer():
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL])
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in MARKERS])
     return tok
+
+
+def tiny_config(root: Path | None = None) -> ModelConfig:
+    """flm-tiny's config (the model made first if needed): what a simulated NPU's kernel
+    directory is built for (npu.xrt.sim_kernels.make_kernel_dir)."""
+    return config_from_json(json.loads((ensure_tiny(root) / "config.json").read_text()))
 
 
 def build_tiny(folder: Path, dims: dict | None = None) -> None:

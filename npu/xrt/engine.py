@@ -32,9 +32,9 @@ from typing import Any
 
 import numpy as np
 
+from npu.config import ModelConfig
 from npu.engine.kv_cache import BLOCK
-from npu.engine.numpy_engine import NumpyEngine, _Layer, _Seq
-from npu.load.config import ModelConfig
+from npu.engine.numpy_engine import Layer, NumpyEngine, Seq
 from npu.xrt import layer_pack, packing
 from npu.xrt.adapter import XRT, XRTError, generation_of
 from npu.xrt.kernels import LinearOps, OpKernel, pack_weight
@@ -146,7 +146,7 @@ class XRTEngine(NumpyEngine):
                 bos.append(bo)
             self._packs.append(bos)
 
-    def _pack(self, op: OpKernel, L: _Layer) -> np.ndarray:
+    def _pack(self, op: OpKernel, L: Layer) -> np.ndarray:
         c, d = self.config, self._dims
         layout, tn, tk = op.op.layout, op.op.granule["n"], op.op.granule["k"]
 
@@ -188,12 +188,12 @@ class XRTEngine(NumpyEngine):
             self._slots.pop(id(seq), None)
         super().release(seq_id)
 
-    def _mm(self, x: np.ndarray, layer: _Layer | None, name: str) -> np.ndarray:
+    def _mm(self, x: np.ndarray, layer: Layer | None, name: str) -> np.ndarray:
         key = (-1, name) if layer is None else (layer.index, name)
         return self.linear_ops.matmul(np.ascontiguousarray(x, dtype=np.float32),
                                       self._dev[key])
 
-    def _forward(self, ids: np.ndarray, segments: list[tuple[_Seq, int]]) -> np.ndarray:
+    def _forward(self, ids: np.ndarray, segments: list[tuple[Seq, int]]) -> np.ndarray:
         if self.mode == "linear":
             return super()._forward(ids, segments)
         x = self.embed(ids)
@@ -208,7 +208,7 @@ class XRTEngine(NumpyEngine):
         return np.ascontiguousarray(self._mm(last, None, "lm_head"), dtype=np.float32)
 
     # -- layers on the device --------------------------------------------------------------
-    def _slot(self, seq: _Seq) -> _Slot:
+    def _slot(self, seq: Seq) -> _Slot:
         slot = self._slots.get(id(seq))
         if slot is None:
             d, op = self._dims, self._ops[0]
@@ -229,7 +229,7 @@ class XRTEngine(NumpyEngine):
                                   for _ in self.layers])
         return have
 
-    def _upload_rows(self, seq: _Seq, slot: _Slot) -> None:
+    def _upload_rows(self, seq: Seq, slot: _Slot) -> None:
         """The host cache's rows [slot.rows, pos) of every layer to the device's cache."""
         start, stop = slot.rows, seq.pos
         if start >= stop:
@@ -254,7 +254,7 @@ class XRTEngine(NumpyEngine):
             raise XRTError(f"copy to the NPU failed: {exc}") from None
         slot.rows = stop
 
-    def _on_device(self, seq: _Seq, x: np.ndarray) -> np.ndarray:
+    def _on_device(self, seq: Seq, x: np.ndarray) -> np.ndarray:
         """The residual stream x [n, hidden] of the sequence's next n tokens through every
         layer on the device: tiles of the prompt shape's m rows, single rows where a tile
         would pass the device cache's end (or n is 1)."""
@@ -273,7 +273,7 @@ class XRTEngine(NumpyEngine):
         slot.rows = seq.pos + len(x)
         return out
 
-    def _tile(self, seq: _Seq, slot: _Slot, x: np.ndarray, pos: int, m: int) -> np.ndarray:
+    def _tile(self, seq: Seq, slot: _Slot, x: np.ndarray, pos: int, m: int) -> np.ndarray:
         """One launch per op and layer for the tokens at pos.. (x: their rows, at most m)."""
         d, op0 = self._dims, self._ops[0]
         x_bo, kvnew = self._io(slot, m)

@@ -7,7 +7,7 @@ dimensions of the layer ops for a Llama / Qwen3 model, or why the model cannot u
 
 from __future__ import annotations
 
-from npu.load.config import ModelConfig
+from npu.config import ModelConfig
 from npu.xrt.layer_pack import LayerDims
 
 LAYER_ARCHS = ("llama", "qwen3")

@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from npu.load.config import ModelConfig
+from npu.config import ModelConfig
 from npu.xrt import layer_pack, packing
 from npu.xrt.layer_pack import LayerDims
 from npu.xrt.manifest import ARGS, LAYER_OPS, Op, Shape, load_manifest
@@ -197,24 +197,20 @@ def simulator_for(kernel_dir: Path, devices: list[str], **kwargs: Any) -> Simula
     return sim
 
 
-def make_kernel_dir(folder: Path, configs: Sequence[ModelConfig] | None = None, *,
+def make_kernel_dir(folder: Path, configs: Sequence[ModelConfig], *,
                     generations: Sequence[str] = ("npu2",), weights: str = "q4g32",
                     ops: Sequence[str] = ("gemv", "gemm", "attn", "mlp", "layer"),
                     gemm_m: int = 32, granule_k: int = 64, granule_n: int = 32,
                     ctx: int = 2048, y: str = "f32", rounding: str = "conv_even",
                     round_per_k_tile: bool = False, xclbins: str = "one",
                     instr_format: str = "bin") -> Path:
-    """Write a simulator kernel directory built for the models `configs` (default: flm-tiny):
+    """Write a simulator kernel directory built for the models `configs` (flm-tiny's:
+    npu.load.tiny.tiny_config()):
     one sub-directory per generation with manifest.json, the xclbin(s) and one instruction
     stream per shape. `xclbins`: "one" puts every op in one xclbin (one hardware context),
     "per_op" gives each op its own. `instr_format` "elf": full ELFs instead, one instruction
     sequence (kernel) per shape."""
     folder = Path(folder)
-    if configs is None:
-        from npu.load.config import config_from_json
-        from npu.load.tiny import ensure_tiny
-
-        configs = [config_from_json(json.loads((ensure_tiny() / "config.json").read_text()))]
     layout = packing.LAYOUT_OF_DTYPE[weights]
     for gen in generations:
         out = folder / gen

@@ -255,10 +255,11 @@ def test_npu_fault_fails_the_stream_and_the_worker(tmp_path, fault: str, state: 
     request with an error event and marks the worker unhealthy (Serve replaces it)."""
     from actors.events import Failed
     from npu.xrt import XRT
+    from npu.load.tiny import tiny_config
     from npu.xrt.sim_kernels import make_kernel_dir, simulator_for
 
     folder = ensure_tiny(tmp_path / "cache")
-    kdir = make_kernel_dir(tmp_path / "kernel")
+    kdir = make_kernel_dir(tmp_path / "kernel", [tiny_config()])
     sim = simulator_for(kdir, ["RyzenAI-npu4"])
     w = Worker(lambda: load_model(folder, "npu", kernel_dir=kdir, xrt=XRT(sim)))
     ok = asyncio.run(_events(w, max_tokens=3, seed=1))

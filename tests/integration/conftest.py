@@ -44,9 +44,10 @@ def serve_url(tmp_path_factory):
     serve.run(build_app({"models": models, "max_request_bytes": 1 << 20}), name="flm",
               route_prefix="/")
     # two simulated NPUs: one worker replica each, claiming {"NPU": 1} from Ray
+    from npu.load.tiny import tiny_config
     from npu.xrt.sim_kernels import make_kernel_dir
 
-    kernels = make_kernel_dir(tmp_path_factory.mktemp("kernel"))
+    kernels = make_kernel_dir(tmp_path_factory.mktemp("kernel"), [tiny_config()])
     serve.run(build_app({"models": [{"name": "flm-tiny", "path": "flm-tiny", "device": "npu",
                                      "replicas": 2, "max_batch": 4,
                                      "kernel_dir": str(kernels),

@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType as QT
 from gguf import GGUFWriter, quants
 
 from npu.load.gguf_header import read_header
-from npu.load.model import default_model_path
+from npu.load.loader import default_model_path
 
 TOKENIZER_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens",
                   "tokenizer.ggml.token_type", "tokenizer.ggml.merges",

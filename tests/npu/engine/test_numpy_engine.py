@@ -230,3 +230,15 @@ def test_release_frees_and_unknown_sequence_is_an_error(oracle_models) -> None:
     with pytest.raises(KeyError):
         engine.decode(["z"], [1])
     engine.release("never-seen")
+
+
+def test_the_cpu_engine_is_an_engine(tmp_path) -> None:
+    """What the worker uses of an engine (npu.engine.protocol.Engine), the CPU engine has."""
+    from npu import load_model
+    from npu.engine.protocol import Engine
+    from npu.load.tiny import ensure_tiny
+
+    engine = load_model(ensure_tiny(tmp_path / "cache")).engine
+    assert isinstance(engine, Engine)
+    assert engine.kv_max_blocks > 0
+    engine.check_device()

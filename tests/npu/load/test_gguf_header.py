@@ -11,7 +11,7 @@ from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
 from npu.load import gguf_header
 from npu.load.gguf_header import read_header
-from npu.load.model import default_model_path
+from npu.load.loader import default_model_path
 
 
 def _theirs(path: Path) -> tuple[dict, list[tuple]]:

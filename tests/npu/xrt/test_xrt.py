@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from npu import ModelError, NumpyEngine, config_from_json, load_model
-from npu.load.model import _quantizer
+from npu.engine.protocol import Engine
+from npu.load.loader import _quantizer
 from npu.load.safetensors import load_weights
 from npu.xrt import XRT, XRTError, XRTUnavailable, generation_of, import_pyxrt
 from npu.xrt.engine import XRTEngine
@@ -221,6 +222,7 @@ def test_weights_stay_on_the_device(tiny, kdir) -> None:
     model = load_model(tiny, "npu", kernel_dir=kdir, npu_mode="linear",
                        xrt=XRT(simulator_for(kdir, ["npu4"])))
     eng = model.engine
+    assert isinstance(eng, Engine)
     assert all(L.w_gate_up is None for L in eng.layers) and eng.lm_head is None
     eng.prefill("x", [1, 2, 3])
     ops = eng.linear_ops

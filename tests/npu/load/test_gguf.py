@@ -139,7 +139,7 @@ def test_k_quant_conversions_report_a_bound_on_their_error(qtype: QT) -> None:
 
 
 def test_tokenizer_matches_transformers_on_smollm2(smollm2) -> None:
-    from npu.load.model import default_model_path
+    from npu.load.loader import default_model_path
 
     file = default_model_path()
     model = smollm2
@@ -187,7 +187,7 @@ def test_tokenizer_matches_qwen_hugging_face_tokenizer() -> None:
 
 
 def test_rendering_matches_apply_chat_template() -> None:
-    from npu.load.model import default_model_path
+    from npu.load.loader import default_model_path
 
     file = default_model_path()
     ref = transformers.AutoTokenizer.from_pretrained(str(file.parent), gguf_file=file.name)
@@ -271,7 +271,7 @@ def test_smollm2_greedy_replies_are_transformers_and_llama_cpps(smollm2) -> None
     rounding. Bounds measured on the AVX-512 VNNI and AVX2 paths (above); the first-token
     tie of the France prompt ("The" and "L", 0.08 apart in float32) is what makes the
     peers part."""
-    fixture = json.loads((Path(__file__).parents[2] / "bench" / "fixtures" /
+    fixture = json.loads((Path(__file__).parents[3] / "bench" / "fixtures" /
                           "smollm2_greedy.json").read_text())
     cases = fixture["cases"]
     assert [c["llama_cpp_agrees"] for c in cases] == [True, False, False]
@@ -435,7 +435,7 @@ def test_rope_freqs_tensor_scales_the_frequencies_as_llama3(tmp_path: Path,
                                                             tok_meta: dict) -> None:
     """Llama 3.1 GGUFs carry Llama 3's RoPE scaling as a rope_freqs tensor of divisors."""
     from npu.engine.rope import inv_freq
-    from npu.load.config import Rope
+    from npu.config import Rope
 
     llama3 = Rope(theta=10000.0, kind="llama3", factor=8.0, original_max_position=64)
     plain = inv_freq(Rope(theta=10000.0), 16)

@@ -1,0 +1,65 @@
+"""Engine: what every engine does for the worker above it (the CPU engine, NumpyEngine,
+and the NPU's, XRTEngine, which extends it). The worker uses these members and nothing
+else of an engine."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """Sequences by id, each with its own paged KV cache; logits as float32 arrays."""
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the weights as held."""
+
+    @property
+    def kv_max_blocks(self) -> int:
+        """The most KV blocks (16 tokens each) the cache may hold."""
+
+    def weight_summary(self) -> dict[str, Any]:
+        """What the weights are: parameter count, formats (for model listings)."""
+
+    def set_threads(self, n: int) -> None:
+        """Threads for the compiled kernels."""
+
+    def prefill(self, seq_id: object, ids: Sequence[int]) -> np.ndarray:
+        """Feed a new sequence's (or more of a sequence's) tokens; the last one's logits."""
+
+    def prefill_many(self, items: Sequence[tuple[object, Sequence[int]]]) -> np.ndarray:
+        """Several sequences' tokens in one pass; each one's last logits [B, V]."""
+
+    def decode(self, seq_ids: Sequence[object], tokens: Sequence[int]) -> np.ndarray:
+        """One token for each sequence; logits [B, V]."""
+
+    def reuse_prefix(self, seq_id: object, ids: Sequence[int]) -> int:
+        """Take the longest cached prefix of `ids` for a new sequence: tokens taken."""
+
+    def cached_prefix(self, ids: Sequence[int]) -> int:
+        """How many tokens of `ids` the cache holds (nothing taken)."""
+
+    def blocks_needed(self, items: Sequence[tuple[object, int]]) -> int:
+        """KV blocks the sequences need to grow by these many tokens each."""
+
+    def blocks_available(self) -> int:
+        """KV blocks free or evictable now."""
+
+    def fork(self, src: object, dst: object) -> None:
+        """A new sequence sharing `src`'s KV so far (n > 1 choices)."""
+
+    def release(self, seq_id: object) -> None:
+        """The sequence is done: its blocks go back (kept for reuse if caching)."""
+
+    def length(self, seq_id: object) -> int:
+        """Tokens the sequence holds."""
+
+    def kv_usage(self) -> dict[str, int]:
+        """Sequences, blocks and bytes of the KV cache now."""
+
+    def check_device(self) -> None:
+        """Raise if the device the engine runs on is gone (a health check)."""

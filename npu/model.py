@@ -1,0 +1,73 @@
+"""Model: a loaded model, what the layers above use of it: its tokenizer, chat template,
+engine and generation defaults (made by npu.load.load_model)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from npu.config import ModelConfig
+from npu.engine.protocol import Engine
+from npu.errors import ModelError
+from npu.sampler import SamplingParams
+
+if TYPE_CHECKING:  # for annotations only: load/ builds these and imports this module
+    from npu.load.template import ChatTemplate
+    from npu.load.tokenizer import Tokenizer
+
+
+class Model:
+    """A loaded model: tokenizer, chat template, engine and generation defaults."""
+
+    def __init__(self, *, name: str, path: Path, config: ModelConfig, tokenizer: Tokenizer,
+                 template: ChatTemplate | None, engine: Engine,
+                 eos_token_ids: tuple[int, ...],
+                 defaults: SamplingParams) -> None:
+        self.name = name
+        self.path = path
+        self.config = config
+        self.tokenizer = tokenizer
+        self.template = template
+        self.engine = engine
+        self.eos_token_ids = eos_token_ids
+        self.defaults = defaults
+
+    @property
+    def token_table(self) -> list[bytes]:
+        """The bytes each token decodes to, one entry per logit (built once)."""
+        table = getattr(self, "_token_table", None)
+        if table is None:
+            table = self._token_table = self.tokenizer.token_bytes(self.config.vocab_size)
+        return table
+
+    @property
+    def chat_template_source(self) -> str:
+        return self.template.source if self.template else ""
+
+    @property
+    def context_length(self) -> int:
+        return self.config.max_position
+
+    def render(self, messages: list[dict], tools: list[dict] | None = None, *,
+               enable_thinking: bool | None = None, add_generation_prompt: bool = True,
+               **kwargs: Any) -> str:
+        """The prompt text for a conversation (with the template's BOS, if it writes one)."""
+        if self.template is None:
+            raise ModelError(f"model {self.name} has no chat template: use /v1/completions")
+        return self.template.render(messages, tools, enable_thinking=enable_thinking,
+                                    add_generation_prompt=add_generation_prompt, **kwargs)
+
+    def prompt_ids(self, text: str) -> list[int]:
+        """Token ids of a prompt; BOS is added when the tokenizer wants it and the text does
+        not already start with it."""
+        tok = self.tokenizer
+        ids = tok.encode(text)
+        if tok.add_bos and tok.bos_id is not None and (not ids or ids[0] != tok.bos_id):
+            ids = [tok.bos_id] + ids
+        return ids
+
+    def thinking_enabled(self, enable_thinking: bool | None = None) -> bool:
+        return self.template.thinking_enabled(enable_thinking) if self.template else True
+
+    def tools_enabled(self) -> bool:
+        return self.template.tools_enabled() if self.template else False
