@@ -14,9 +14,10 @@ from collections.abc import AsyncIterator
 
 from ray import serve
 
+from actors.blas import blas_threads_for, set_blas_threads
 from actors.config import WorkerConfig
 from actors.events import Event, GenerateRequest
-from actors.worker import Worker, blas_threads_for, set_blas_threads
+from actors.worker import Worker
 from chat import FormatKind
 
 log = logging.getLogger(__name__)

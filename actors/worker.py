@@ -22,9 +22,7 @@ open streams to keep the worker's total message rate bounded.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
-import os
 import queue
 import sys
 import threading
@@ -35,7 +33,6 @@ from concurrent.futures import ThreadPoolExecutor
 from actors.errors import RequestError
 from actors.events import (
     Accepted,
-    Deltas,
     Event,
     Failed,
     GenerateRequest,
@@ -44,6 +41,7 @@ from actors.events import (
     coalesce,
 )
 from actors.metrics import Metrics
+from actors.outbox import End, Outbox, deliver
 from actors.session import Choice, Session, build_session
 from chat import GrammarEngine, detect_format
 from npu import KVCacheFull, Model
@@ -51,50 +49,6 @@ from npu.sampler import sample_rows
 
 log = logging.getLogger(__name__)
 PREFILL_CHUNK = 256
-# Weights up to this size stay in the CPU's caches: one BLAS thread computes them about as
-# fast as several, and leaves the other cores to the serving processes.
-CACHE_RESIDENT_BYTES = 32 << 20
-
-
-def blas_threads_for(weight_bytes: int, configured: int | None = None) -> int:
-    """BLAS threads for a worker: `configured`, else 1 for a model whose weights fit in
-    cache, else every core."""
-    if configured:
-        return configured
-    return 1 if weight_bytes <= CACHE_RESIDENT_BYTES else os.cpu_count() or 1
-
-
-def set_blas_threads(n: int) -> None:
-    """Set the process's BLAS thread count (OpenBLAS's setting is process-wide)."""
-    from threadpoolctl import threadpool_limits
-
-    threadpool_limits(limits=n, user_api="blas")
-
-
-class _End:
-    """Marks the end of a session's events."""
-
-
-class _Outbox:
-    """A session's events between the decode thread and its consumer's event loop."""
-
-    __slots__ = ("loop", "queue", "pending", "sent_at")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.queue: asyncio.Queue[list] = asyncio.Queue()
-        self.pending: list = []  # decode thread only
-        self.sent_at: float | None = None  # when the decode thread last handed events over
-
-    def put(self, event: object) -> None:
-        self.pending.append(event)
-
-
-def _hand_over(items: list[tuple[asyncio.Queue, list]]) -> None:
-    for q, events in items:
-        q.put_nowait(events)
-
-
 class Worker:
     """Holds a model and serves requests on it.
 
@@ -117,7 +71,7 @@ class Worker:
         self.max_messages_per_s = max_messages_per_s
         self._grammar: GrammarEngine | None = None
         self._grammar_lock = threading.Lock()
-        self._incoming: queue.Queue[tuple[Session, _Outbox]] = queue.Queue()
+        self._incoming: queue.Queue[tuple[Session, Outbox]] = queue.Queue()
         self._masks = ThreadPoolExecutor(1, thread_name_prefix="flm-masks")
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -183,7 +137,7 @@ class Worker:
             yield [Rejected(status=503, message="The model worker has failed.",
                             type="server_error")]
             return
-        outbox = _Outbox(asyncio.get_running_loop())
+        outbox = Outbox(asyncio.get_running_loop())
         # Accepted goes out with the first output (one message less before the first token)
         outbox.pending.append(Accepted(request_id=request.request_id, model=self.model.name,
                                        prompt_tokens=len(session.prompt_ids)))
@@ -194,7 +148,7 @@ class Worker:
                 batch = await outbox.queue.get()
                 while not outbox.queue.empty():  # a slow consumer gets larger messages
                     batch += outbox.queue.get_nowait()
-                end = bool(batch) and batch[-1] is _End
+                end = bool(batch) and batch[-1] is End
                 if end:
                     batch.pop()
                 if batch:
@@ -226,7 +180,7 @@ class Worker:
 
     # -- the decode loop ------------------------------------------------------------------------
     def _run(self) -> None:
-        outboxes: dict[int, _Outbox] = {}
+        outboxes: dict[int, Outbox] = {}
         waiting: list[Session] = []  # admitted, prompt not fully prefilled
         running: list[Session] = []
         paused: list[Session] = []  # running ones whose KV gave way to the others
@@ -266,32 +220,12 @@ class Worker:
                 outbox = outboxes.pop(session.id, None)
                 if outbox is not None:
                     outbox.put(Failed(message=f"The model worker failed: {exc}"))
-                    outbox.put(_End)
+                    outbox.put(End)
                     self._deliver({}, [outbox])
 
-    def _deliver(self, outboxes: dict[int, _Outbox], ended: list[_Outbox]) -> None:
-        """Hand over what is due (one call per event loop): ended streams, a stream's first
-        output, and streams whose interval has passed since their last output went out."""
-        now = time.monotonic()
-        wait = self.interval(len(outboxes))
-        due: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, list]]] = {}
-        for outbox in itertools.chain(ended, outboxes.values()):
-            pending = outbox.pending
-            if not pending:
-                continue
-            if outbox.sent_at is None:  # nothing shown yet: go as soon as there is output
-                if not (pending[-1] is _End or any(isinstance(e, Deltas) for e in pending)):
-                    continue
-            elif now - outbox.sent_at < wait and pending[-1] is not _End:
-                continue
-            due.setdefault(outbox.loop, []).append((outbox.queue, pending))
-            outbox.pending = []
-            outbox.sent_at = now
-        for loop, items in due.items():
-            try:
-                loop.call_soon_threadsafe(_hand_over, items)
-            except RuntimeError:  # that event loop is closed: nobody is listening
-                pass
+    def _deliver(self, outboxes: dict[int, Outbox], ended: list[Outbox]) -> None:
+        """Hand over what is due, at this many open streams' interval (actors.outbox)."""
+        deliver(outboxes, ended, self.interval(len(outboxes)))
 
     def _count(self, waiting: list[Session], running: list[Session],
                paused: list[Session]) -> None:
@@ -316,18 +250,18 @@ class Worker:
             if c.constraint is not None and c.constraint.gave_up:
                 self.metrics.inc("flm_constraint_giveups_total", self.model.name)
 
-    def _close(self, session: Session, outboxes: dict[int, _Outbox]) -> _Outbox:
+    def _close(self, session: Session, outboxes: dict[int, Outbox]) -> Outbox:
         """Free a finished session; its outbox ends with Usage (delivered at once)."""
         self._release(session)
         outbox = outboxes.pop(session.id)
         outbox.put(Usage(prompt_tokens=len(session.prompt_ids),
                          completion_tokens=sum(c.generated for c in session.choices),
                          cached_tokens=session.cached or 0))
-        outbox.put(_End)
+        outbox.put(End)
         return outbox
 
     def _prefill_step(self, waiting: list[Session], running: list[Session],
-                      outboxes: dict[int, _Outbox]) -> list[_Outbox]:
+                      outboxes: dict[int, Outbox]) -> list[Outbox]:
         """Prefill the oldest waiting prompt's next chunk and, in the same forward, the
         waiting prompts behind it that fit whole in the rest of the chunk budget and of
         the batch. The oldest prompt takes at least half the budget; the rest goes to
@@ -380,7 +314,7 @@ class Worker:
         except KVCacheFull:  # (the check above makes this a bug; answer it cleanly)
             log.exception("prefill ran out of KV blocks")
             return [self._reject_unfittable(head, waiting, outboxes)]
-        ended: list[_Outbox] = []
+        ended: list[Outbox] = []
         for row, (session, take) in enumerate(picked):
             session.prefilled += take
             if session.prefilled < len(session.prompt_ids):
@@ -400,7 +334,7 @@ class Worker:
         return ended
 
     def _decode_step(self, running: list[Session], paused: list[Session],
-                     outboxes: dict[int, _Outbox]) -> list[_Outbox]:
+                     outboxes: dict[int, Outbox]) -> list[Outbox]:
         """One token for every running choice; returns the outboxes of ended sessions."""
         ended = self._make_room(running, paused, outboxes)
         batch: list[Choice] = [c for s in running for c in s.choices if not c.done]
@@ -422,7 +356,7 @@ class Worker:
         return ended + [self._close(s, outboxes) for s in done]
 
     def _reject_unfittable(self, session: Session, waiting: list[Session],
-                           outboxes: dict[int, _Outbox]) -> _Outbox:
+                           outboxes: dict[int, Outbox]) -> Outbox:
         """`session`'s prompt cannot fit in the KV cache: it ends with a 503."""
         waiting.remove(session)
         self._release(session)
@@ -431,7 +365,7 @@ class Worker:
             status=503, message=f"The KV cache is full: the prompt's {len(session.prompt_ids)} "
             f"tokens do not fit in kv_cache_bytes ({self.model.engine.kv_max_blocks} blocks "
             "of 16 tokens) with what is running; retry later, or raise kv_cache_bytes.",
-            type="server_error"), _End]
+            type="server_error"), End]
         return outbox
 
     def _start(self, session: Session) -> None:
@@ -442,12 +376,12 @@ class Worker:
             session.prefilled = session.cached
 
     def _make_room(self, running: list[Session], paused: list[Session],
-                   outboxes: dict[int, _Outbox]) -> list[_Outbox]:
+                   outboxes: dict[int, Outbox]) -> list[Outbox]:
         """KV blocks for the step: while the running choices need more than the cache can
         give, the newest session is paused (its blocks go back to the cache), or, when it is
         the only one left, stops with an error; returns the outboxes of those stopped."""
         engine = self.model.engine
-        ended: list[_Outbox] = []
+        ended: list[Outbox] = []
         while running and engine.blocks_needed(
                 [(c.seq_id, 1) for s in running for c in s.choices if not c.done]) \
                 > engine.blocks_available():
@@ -465,7 +399,7 @@ class Worker:
         return ended
 
     def _resume_step(self, paused: list[Session], running: list[Session],
-                     outboxes: dict[int, _Outbox]) -> list[_Outbox]:
+                     outboxes: dict[int, Outbox]) -> list[Outbox]:
         """The oldest paused session goes on once its tokens fit beside a step of every
         running sequence: each live choice takes back what the cache holds of its prompt and
         output so far and recomputes the rest, then it runs again (its next token was
@@ -498,12 +432,12 @@ class Worker:
         running.append(session)
         return []
 
-    def _fail_for_room(self, session: Session, outboxes: dict[int, _Outbox]) -> _Outbox:
+    def _fail_for_room(self, session: Session, outboxes: dict[int, Outbox]) -> Outbox:
         """`session` cannot go on even alone in the KV cache: it ends with an error."""
         self._release(session)
         log.warning("KV cache full: request %s stopped", session.request.request_id)
         outbox = outboxes.pop(session.id)
         outbox.put(Failed(message="The KV cache is full (kv_cache_bytes): this request "
                           "cannot go on in it; retry it shorter, or raise kv_cache_bytes."))
-        outbox.put(_End)
+        outbox.put(End)
         return outbox

@@ -31,8 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx  # noqa: E402
 
+from actors.blas import blas_threads_for, set_blas_threads  # noqa: E402
 from actors.events import CompletionGenerate, Deltas  # noqa: E402
-from actors.worker import Worker, blas_threads_for, set_blas_threads  # noqa: E402
+from actors.worker import Worker  # noqa: E402
 from npu import load_model  # noqa: E402
 from npu.load.tiny import build_tiny, ensure_tiny  # noqa: E402
 

@@ -1,0 +1,81 @@
+"""A request set up on a model (build_session), without a worker: the prompt it renders,
+the constraint it gets, the choices, and what this model cannot do as a 400 naming the
+field."""
+
+from __future__ import annotations
+
+import pytest
+
+from actors.errors import RequestError
+from actors.events import ChatGenerate, CompletionGenerate
+from actors.session import build_session
+from chat import GrammarEngine, constraint_request_from_openai, detect_format
+from npu import load_model
+from npu.load.tiny import ensure_tiny
+
+TOOL = {"type": "function", "function": {"name": "say", "parameters": {
+    "type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}}}
+MSG = [{"role": "user", "content": "Hi"}]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return load_model(ensure_tiny(tmp_path_factory.mktemp("cache")))
+
+
+@pytest.fixture(scope="module")
+def spec(model):
+    return detect_format(model.chat_template_source, model.tokenizer.is_token)
+
+
+def _session(model, spec, request):
+    """The session, and how often the grammar engine was made (once at most: the worker
+    keeps the one it made, as this maker does)."""
+    made: list[GrammarEngine] = []
+
+    def engine() -> GrammarEngine:
+        if not made:
+            made.append(GrammarEngine(model.token_table, list(model.eos_token_ids)))
+        return made[0]
+
+    return build_session(request, model, spec, engine), made
+
+
+def test_a_chat_request_renders_its_tools_and_gets_a_grammar_only_when_constrained(
+        model, spec) -> None:
+    plain, made = _session(model, spec, ChatGenerate(request_id="a", messages=MSG))
+    assert not made and all(c.constraint is None for c in plain.choices)
+    body = {"tools": [TOOL], "tool_choice": "required"}
+    req = ChatGenerate(request_id="b", messages=MSG, n=2, tools=[TOOL],
+                       constraint=constraint_request_from_openai(body))
+    session, made = _session(model, spec, req)
+    assert len(made) == 1 and len(session.choices) == 2
+    assert all(c.constraint is not None and c.stream is not None for c in session.choices)
+    prompt = model.tokenizer.decode(session.prompt_ids, skip_special_tokens=False)
+    assert '"name": "say"' in prompt and len(session.prompt_ids) > len(plain.prompt_ids)
+
+
+def test_a_completion_is_its_prompt_as_it_is(model, spec) -> None:
+    session, made = _session(model, spec, CompletionGenerate(request_id="c", prompt="The sea"))
+    assert session.prompt_ids == model.prompt_ids("The sea")
+    assert not made and all(c.stream is None for c in session.choices)
+
+
+@pytest.mark.parametrize("request_,param", [
+    (ChatGenerate(request_id="d", messages=[{"role": "user", "content": "x " * 5000}]),
+     "messages"),
+    (CompletionGenerate(request_id="e", prompt="x " * 5000), "prompt"),
+    (ChatGenerate(request_id="f", messages=MSG, context_limit=3), "context_limit"),
+])
+def test_a_prompt_over_the_context_is_a_400_naming_the_field(model, spec, request_,
+                                                             param: str) -> None:
+    with pytest.raises(RequestError) as info:
+        _session(model, spec, request_)
+    assert info.value.status == 400 and info.value.param == param
+    assert info.value.code == "context_length_exceeded"
+
+
+def test_the_thinking_switch_reaches_the_template(model, spec) -> None:
+    on, _ = _session(model, spec, ChatGenerate(request_id="g", messages=MSG, thinking=True))
+    off, _ = _session(model, spec, ChatGenerate(request_id="h", messages=MSG, thinking=False))
+    assert on.prompt_ids != off.prompt_ids
