@@ -172,20 +172,21 @@ def _thinking(raw: dict) -> tuple[bool | None, dict]:
 
 def chat_call(body: bytes, ingress: Ingress) -> Call:
     """POST /v1/chat/completions's Call."""
-    req, raw = decode_request(body, ChatRequest)
-    ingress.check_model(req.model)
-    greq = generate_request(req, raw)
-    return Call(model=req.model, request=greq, stream=bool(req.stream),
-                reply=ChatReply(_meta("chatcmpl-", greq, req.model), _include_usage(req)))
+    return _call(body, ingress, ChatRequest, ChatReply, "chatcmpl-")
 
 
 def completion_call(body: bytes, ingress: Ingress) -> Call:
     """POST /v1/completions's Call."""
-    req, raw = decode_request(body, CompletionRequest)
+    return _call(body, ingress, CompletionRequest, CompletionReply, "cmpl-")
+
+
+def _call(body: bytes, ingress: Ingress, schema: type[OpenAIRequest],
+          reply: type[ChatReply | CompletionReply], prefix: str) -> Call:
+    req, raw = decode_request(body, schema)
     ingress.check_model(req.model)
     greq = generate_request(req, raw)
     return Call(model=req.model, request=greq, stream=bool(req.stream),
-                reply=CompletionReply(_meta("cmpl-", greq, req.model), _include_usage(req)))
+                reply=reply(_meta(prefix, greq, req.model), _include_usage(req)))
 
 
 def _meta(prefix: str, greq: GenerateRequest, model: str) -> dict:
