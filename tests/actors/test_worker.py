@@ -134,9 +134,9 @@ def test_a_repeated_prompt_is_served_from_the_prefix_cache(worker) -> None:
 def test_a_request_cancelled_mid_prefill_leaves_its_blocks_cached(tmp_path, monkeypatch) -> None:
     """Prefilled 16 tokens a step, a long prompt is cancelled while it is still being
     prefilled: nothing stays held, and the blocks it had filled serve the next request."""
-    from actors import worker as worker_mod
+    from actors import scheduler as scheduler_mod
 
-    monkeypatch.setattr(worker_mod, "PREFILL_CHUNK", 16)
+    monkeypatch.setattr(scheduler_mod, "PREFILL_CHUNK", 16)
     folder = ensure_tiny(tmp_path / "cache")
     w = Worker(lambda: load_model(folder))
     engine = w.model.engine
@@ -254,8 +254,8 @@ def test_npu_fault_fails_the_stream_and_the_worker(tmp_path, fault: str, state: 
     """A run that errors, never completes (its wait times out) or is aborted ends the
     request with an error event and marks the worker unhealthy (Serve replaces it)."""
     from actors.events import Failed
-    from npu.xrt import XRT
     from npu.load.tiny import tiny_config
+    from npu.xrt import XRT
     from npu.xrt.sim_kernels import make_kernel_dir, simulator_for
 
     folder = ensure_tiny(tmp_path / "cache")
@@ -341,7 +341,7 @@ def test_concurrent_requests_get_what_they_get_alone(worker) -> None:
 def test_a_long_prompt_does_not_hold_up_short_ones(worker) -> None:
     """A short request arriving behind a long prompt is prefilled in the long one's steps
     and finishes before the long one has its first token."""
-    from actors.worker import PREFILL_CHUNK
+    from actors.scheduler import PREFILL_CHUNK
 
     long_prompt = "The river runs down to the sea. " * 40
     n = len(worker.model.tokenizer.encode(long_prompt))
