@@ -85,6 +85,10 @@ class Simulator:
     ert_cmd_state = ert_cmd_state
     xrt_info_device = xrt_info_device
 
+    # Over 200 lines, on purpose: pyxrt's classes (device, xclbin, hw_context, bo, kernel,
+    # run, runlist) are made here, one set per Simulator and closed over its state, as the
+    # real module's are bound to one driver; code written against pyxrt then runs unchanged.
+    # (The NPU issue, 30, reworks this simulator against pyxrt.cpp: split it there.)
     def __init__(self, devices: list[str] | None = None, *, runlist: bool = True,
                  timing: TimingModel | None = None) -> None:
         self.device_names = list(devices if devices is not None else ["RyzenAI-npu4"])
