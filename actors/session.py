@@ -31,9 +31,10 @@ from npu import Model, ModelError, Sampler, SamplingParams, logprobs
 log = logging.getLogger(__name__)
 _ids = itertools.count()
 PROMPT_TAIL_TOKENS = 32
-# template variables a request cannot override through its own template variables
+# template variables a request cannot set through its own ones (the thinking switch is its
+# own field, passed as enable_thinking)
 RESERVED_TEMPLATE_KEYS = frozenset({"messages", "tools", "add_generation_prompt", "bos_token",
-                                    "eos_token", "_native"})
+                                    "eos_token", "_native", "enable_thinking"})
 
 
 class Choice:
@@ -173,7 +174,7 @@ def _render(request: ChatGenerate, model: Model) -> tuple[str, bool, bool]:
     shows tools."""
     creq = request.constraint
     extra = {k: v for k, v in request.template_kwargs.items()
-             if k not in RESERVED_TEMPLATE_KEYS and k != "enable_thinking"}
+             if k not in RESERVED_TEMPLATE_KEYS}
     try:
         text = model.render(request.messages, creq.all_tools and request.tools,
                             enable_thinking=request.thinking, **extra)
