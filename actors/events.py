@@ -76,6 +76,7 @@ class Accepted(msgspec.Struct, tag="accepted", tag_field="event"):
     request_id: str
     model: str
     prompt_tokens: int
+    load_s: float = 0.0  # seconds this request waited for its model to load (a library's)
 
 
 class Rejected(msgspec.Struct, tag="rejected", tag_field="event"):

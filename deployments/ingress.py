@@ -26,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from actors.events import Accepted, GenerateRequest, Rejected
+from actors.library import Library, model_key
 from actors.metrics import Metrics
 from deployments.errors import ApiError
 from deployments.exchange import Call, Reply
@@ -98,10 +99,13 @@ class Ingress:
         workers: each served model's worker deployment handle, by model name.
         settings: `api_key` (checked as a bearer token when set), `max_request_bytes`.
         hub: the MetricsHub deployment's handle (None: this replica's metrics alone).
+        library: the library worker deployment's handle, serving every model of
+            `settings["models_dir"]` (None: no library). A name the config serves itself
+            comes first.
     """
 
     def __init__(self, workers: dict[str, Any], settings: dict[str, Any],
-                 hub: Any = None) -> None:
+                 hub: Any = None, library: Any = None) -> None:
         self.hub = hub
         self.metrics = Metrics()
         self.replica = _replica_id()
@@ -111,6 +115,9 @@ class Ingress:
         self.api_key = settings.get("api_key")
         self.max_bytes = int(settings.get("max_request_bytes") or 4 << 20)
         self._state: dict[str, Any] = {}
+        self.library_handle = library
+        self.library = Library(settings["models_dir"]) if library is not None else None
+        self._library_streams: dict[str, Any] = {}
 
     def state(self, key: str, make: Callable[[], Any]) -> Any:
         """An API's own per-replica state (Responses' stored responses), made on first use."""
@@ -139,14 +146,89 @@ class Ingress:
                            code="request_too_large")
         return body
 
+    def resolve(self, name: str) -> str | None:
+        """The served model `name` means: a configured model by its exact name, else the
+        library's model of that name (`model_key`: any case, `:latest` or not); None."""
+        if name in self.streams:
+            return name
+        if self.library is not None:
+            key = model_key(name)
+            if key not in self.streams and self.library.get(key) is not None:
+                return key
+        return None
+
     def check_model(self, name: str) -> None:
-        if name not in self.streams:
+        if self.resolve(name) is None:
             raise ApiError(404, f"The model '{name}' does not exist; see /v1/models.",
                            param="model", code="model_not_found")
 
+    def stream(self, name: str) -> Any:
+        """The streaming handle for a served model (a library model's carries its id for
+        Serve's multiplexed routing)."""
+        handle = self.streams.get(name)
+        if handle is not None:
+            return handle
+        key = self.resolve(name)
+        if key is None or key in self.streams:
+            raise ApiError(404, f"The model '{name}' does not exist; see /v1/models.",
+                           param="model", code="model_not_found")
+        if key not in self._library_streams:
+            self._library_streams[key] = self.library_handle.options(
+                stream=True, _by_reference=False, multiplexed_model_id=key)
+        return self._library_streams[key]
+
+    def library_models(self) -> dict[str, dict]:
+        """The library's models not shadowed by a configured one, as descriptions."""
+        if self.library is None:
+            return {}
+        return {name: m.info() for name, m in self.library.models().items()
+                if name not in self.streams}
+
+    async def load(self, name: str, keep_alive_s: float | None) -> dict:
+        """Load (keep_alive 0: unload) a library model without a request: the worker's
+        `done_reason` and `load_s`.
+
+        Raises:
+            ApiError: the model is unknown (404) or cannot be served (422).
+        """
+        key = self.resolve(name)
+        if key is None or key in self.streams:
+            raise ApiError(404, f"The model '{name}' does not exist; see /v1/models.",
+                           param="model", code="model_not_found")
+        handle = self.library_handle.options(multiplexed_model_id=key)
+        out = await handle.load.remote(keep_alive_s)
+        rejected = out.get("rejected")
+        if rejected:
+            raise ApiError(rejected["status"], rejected["message"], param="model",
+                           code=rejected.get("code"))
+        return out
+
+    async def running(self) -> list[dict]:
+        """The library models loaded now (one replica's view), as descriptions."""
+        if self.library_handle is None:
+            return []
+        try:
+            return await self.library_handle.running.remote()
+        except Exception:
+            log.warning("the library worker did not answer /api/ps", exc_info=True)
+            return []
+
     async def info(self, name: str, verbose: bool = False) -> dict:
         """A model's description from one of its workers (a bare one when its workers are
-        all down: the model is still listed)."""
+        all down: the model is still listed); a library model's from its header."""
+        if name not in self.workers:
+            entry = self.library.get(name) if self.library is not None else None
+            if entry is None:
+                raise ApiError(404, f"The model '{name}' does not exist; see /v1/models.",
+                               param="model", code="model_not_found")
+            info = entry.info()
+            caps = ["completion"]
+            if "tools" in entry.chat_template:
+                caps.append("tools")
+            if "<think>" in entry.chat_template or "enable_thinking" in entry.chat_template:
+                caps.append("thinking")
+            return {**info, "capabilities": caps,
+                    **({"template": entry.chat_template} if verbose else {})}
         try:
             return await self.workers[name].info.remote(verbose)
         except Exception:
@@ -156,8 +238,10 @@ class Ingress:
             return {"id": name, "created": 0}
 
     async def infos(self) -> dict[str, dict]:
+        """Every served model's description: the configured ones, then the library's."""
         names = list(self.workers)
-        return dict(zip(names, await asyncio.gather(*(self.info(n) for n in names))))
+        infos = dict(zip(names, await asyncio.gather(*(self.info(n) for n in names))))
+        return {**infos, **self.library_models()}
 
     # -- the one request path ----------------------------------------------------------
     async def generate(self, request: Request, route: str,
@@ -189,6 +273,8 @@ class Ingress:
     async def _answer(self, call: Call, trace: RequestTrace) -> Response:
         if call.now is not None:
             return call.now
+        if call.later is not None:
+            return await call.later()
         gen, head = await self._open(call, trace)
         reply = call.reply
         if not call.stream:
@@ -206,7 +292,9 @@ class Ingress:
                 the API's words), or answered out of order (503).
         """
         trace.model = call.model
-        gen, head = await self._start(self.streams[call.model], call.request)
+        library = call.model not in self.streams
+        args = (call.keep_alive_s,) if library else ()
+        gen, head = await self._start(self.stream(call.model), call.request, *args)
         gen = _Traced(gen, trace)
         trace.saw(head)
         first = head[0] if head else None
@@ -218,16 +306,16 @@ class Ingress:
             raise ApiError(first.status, message, param=param, code=first.code, type=first.type)
         if not isinstance(first, Accepted):
             raise ApiError(503, "The model worker answered out of order.")
-        return gen, head[1:]
+        return gen, head  # the Accepted too: it says how long the model took to load
 
     @staticmethod
-    async def _start(handle: Any, greq: GenerateRequest) -> tuple[Any, list]:
+    async def _start(handle: Any, greq: GenerateRequest, *args: Any) -> tuple[Any, list]:
         """The request's stream and its first batch: [Rejected], or Accepted and what came
         with it. A worker that died before answering has produced nothing, so the request
         goes again, to a replica the router still believes alive."""
         attempts = START_ATTEMPTS
         while True:
-            gen = handle.generate.remote(greq)
+            gen = handle.generate.remote(greq, *args)
             try:
                 return gen, await gen.__anext__()
             except StopAsyncIteration:

@@ -15,6 +15,7 @@ import msgspec
 from starlette.responses import JSONResponse
 
 from actors.events import GenerateRequest
+from actors.keep_alive import keep_alive_seconds
 from deployments.errors import ApiError
 from deployments.exchange import Call
 from deployments.ingress import Ingress
@@ -67,7 +68,8 @@ class _Common(msgspec.Struct, kw_only=True):
     format: Any = None
     options: Options | None = None
     think: bool | str | None = None
-    keep_alive: Any = None  # accepted: a model here stays loaded
+    keep_alive: Any = None  # a library model's: seconds or a duration ("5m"); configured
+    # models stay loaded
     logprobs: bool | None = None
     top_logprobs: int | None = None
 
@@ -239,10 +241,18 @@ def generate_request(req: GenerateIn) -> GenerateRequest:
 def served(ingress: Ingress, name: str) -> str:
     """The served model a client's name means (`name:latest` is `name`); 404 in Ollama's
     words when there is none."""
-    model = model_name(name)
-    if model not in ingress.streams:
+    model = ingress.resolve(model_name(name)) or ingress.resolve(name)
+    if model is None:
         raise ApiError(404, f"model '{name}' not found; see /api/tags.")
     return model
+
+
+def keep_alive(req: _Common) -> float | None:
+    """The request's keep_alive in seconds (None: the server's default)."""
+    try:
+        return keep_alive_seconds(req.keep_alive)
+    except ValueError as exc:
+        raise ApiError(400, str(exc), param="keep_alive") from None
 
 
 def chat_call(body: bytes, ingress: Ingress) -> Call:
@@ -259,9 +269,23 @@ def generate_call(body: bytes, ingress: Ingress) -> Call:
 
 def _call(req: ChatIn | GenerateIn, endpoint: str, empty: bool, ingress: Ingress) -> Call:
     model = served(ingress, req.model)
-    if empty:
+    keep = keep_alive(req)
+    if empty and model in ingress.streams:  # configured models are always loaded
         return Call(now=JSONResponse(load_reply(req.model, endpoint, req.keep_alive)))
+    if empty:
+        return Call(later=lambda: _load(ingress, model, req.model, endpoint, keep))
     greq = chat_request(req) if endpoint == "chat" else generate_request(req)
     return Call(model=model, request=greq, stream=req.stream is not False,
                 reply=OllamaReply(req.model, endpoint, time.perf_counter()),
-                params={"context_limit": "options.num_ctx"})
+                params={"context_limit": "options.num_ctx"}, keep_alive_s=keep)
+
+
+async def _load(ingress: Ingress, model: str, asked: str, endpoint: str,
+                keep: float | None) -> JSONResponse:
+    """A library model's load request (keep_alive 0: its unload request)."""
+    started = time.perf_counter()
+    out = await ingress.load(model, keep)
+    body = load_reply(asked, endpoint, 0 if out["done_reason"] == "unload" else None)
+    body["total_duration"] = int((time.perf_counter() - started) * 1e9)
+    body["load_duration"] = int(out.get("load_s", 0.0) * 1e9)
+    return JSONResponse(body)

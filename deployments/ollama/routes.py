@@ -46,7 +46,15 @@ async def tags(request: Request, ingress: Current) -> Response:
 
 @router.get("/api/ps")
 async def ps(request: Request, ingress: Current) -> Response:
-    return await _listing(request, ingress, reply.ps_entry)
+    """The configured models (always loaded) and the library models loaded now."""
+    async def run() -> Response:
+        ingress.authenticate(request)
+        infos = await ingress.infos()
+        models = [reply.ps_entry(n, i) for n, i in infos.items() if not i.get("library")]
+        models += [reply.ps_entry(i["id"], i) for i in await ingress.running()]
+        return JSONResponse({"models": models})
+
+    return await ingress.respond(run, ollama_error_response)
 
 
 async def _listing(request: Request, ingress: Ingress, entry) -> Response:
