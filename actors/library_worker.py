@@ -38,6 +38,7 @@ from actors.config import WorkerConfig
 from actors.errors import RequestError
 from actors.events import Accepted, Event, GenerateRequest, Rejected
 from actors.library import Library, LibraryModel, model_key
+from actors.metrics import Metrics
 from actors.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,10 @@ class LibraryConfig(WorkerConfig, kw_only=True):
             max_num_models_per_replica); loading one more evicts the least recently used.
         keep_alive_s: how long a model stays loaded after its last request when the request
             does not say (Ollama's default, 5 minutes); `inf`: until evicted.
+        memory_budget: bytes of weights and KV cache one replica holds (None: three
+            quarters of the host's available memory when the replica starts); loading past
+            it first unloads the least recently used idle models; a model whose file alone
+            is larger is refused (507).
     """
 
     name: str = "library"
@@ -61,6 +66,49 @@ class LibraryConfig(WorkerConfig, kw_only=True):
     models_dir: str = ""
     max_loaded_models: int = 2
     keep_alive_s: float = 300.0
+    memory_budget: int | None = None
+
+
+def available_memory() -> int:
+    """The host's available memory in bytes (MemAvailable; 0 when unknown)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def room_for(need: int, held: list[tuple[str, int, bool]], budget: int) -> list[str]:
+    """The models to unload, least recently used first, so that `need` more bytes fit in
+    `budget`; `held`: (name, bytes, idle) from least to most recently used. A model with
+    requests in flight is never chosen.
+
+    Raises:
+        RequestError: 507 when `need` alone is over the budget, or the idle models cannot
+            make room (the message says how big the model is and what the budget is).
+    """
+    mb = 1 / 1e6
+    if need > budget:
+        raise RequestError(f"The model needs {need * mb:,.0f} MB and the worker's memory "
+                           f"budget is {budget * mb:,.0f} MB (memory_budget).", status=507,
+                           param="model", code="model_too_large", type="server_error")
+    used = sum(size for _, size, _ in held)
+    out = []
+    for name, size, idle in held:
+        if used + need <= budget:
+            break
+        if idle:
+            out.append(name)
+            used -= size
+    if used + need > budget:
+        raise RequestError(f"The model needs {need * mb:,.0f} MB; the worker's memory budget "
+                           f"is {budget * mb:,.0f} MB and {used * mb:,.0f} MB of it is held "
+                           "by models serving requests: retry shortly.", status=503,
+                           code="model_busy", type="server_error")
+    return out
 
 
 class HeldModel:
@@ -90,13 +138,22 @@ class HeldModel:
 
     def keep(self, seconds: float, on_expiry) -> None:
         """Expire `seconds` from now (inf: never); `on_expiry()` runs on this loop then."""
+        self.expires_at = time.time() + seconds if math.isfinite(seconds) else FOREVER
+        self.arm(on_expiry)
+
+    def arm(self, on_expiry) -> None:
+        """Run `on_expiry()` at `expires_at` (again: a timer may fire a little early)."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        self.expires_at = time.time() + seconds if math.isfinite(seconds) else FOREVER
-        if math.isfinite(seconds):
+        if math.isfinite(self.expires_at):
             loop = asyncio.get_running_loop()
-            self._timer = loop.call_later(max(seconds, 0.0), on_expiry)
+            left = max(self.expires_at - time.time(), 0.0)
+            self._timer = loop.call_later(left + 0.001, on_expiry)
+
+    def held_bytes(self) -> int:
+        """Weights and the KV cache allocated now."""
+        return self.weight_bytes + int(self.worker.model.engine.kv_usage().get("kv_bytes", 0))
 
     def expired(self) -> bool:
         return self.expires_at <= time.time()
@@ -127,6 +184,8 @@ class LibraryWorkerBase:
         replica = getattr(serve.get_replica_context(), "replica_id", None)
         self.replica = str(getattr(replica, "unique_id", replica))
         self.loads: dict[str, int] = {}  # loads per model on this replica
+        self.metrics = Metrics()
+        self.budget = config.memory_budget or available_memory() * 3 // 4 or 1 << 62
 
     async def held_model(self, name: str) -> HeldModel:  # replaced by library_worker()
         raise NotImplementedError
@@ -149,10 +208,12 @@ class LibraryWorkerBase:
         failed = self.failed.get(name)
         if failed and failed[0] == entry.digest:
             raise RequestError(failed[1], status=422, param="model", code="model_not_servable")
+        self._make_room(entry)
         started = time.perf_counter()
         try:
             worker = await asyncio.to_thread(self._worker, entry)
         except Exception as exc:  # ModelError and whatever a malformed file raises
+            self.metrics.inc("flm_model_loads_total", name, "failed")
             reason = (f"The model '{name}' cannot be served: {entry.path}: "
                       f"{type(exc).__name__}: {exc}")
             if exc.__class__.__name__ == "ModelError":
@@ -165,9 +226,27 @@ class LibraryWorkerBase:
         self.failed.pop(name, None)
         self.loaded[name] = held
         self.loads[name] = self.loads.get(name, 0) + 1
+        self.metrics.inc("flm_model_loads_total", name, "loaded")
+        self.metrics.observe("flm_model_load_seconds", name, value=held.load_s)
         log.info("loaded %s (%s, %.1f MB) in %.2f s", name, entry.path,
                  held.weight_bytes / 1e6, held.load_s)
         return held
+
+    def _make_room(self, entry: LibraryModel) -> None:
+        """Unload least recently used idle models until `entry` fits the memory budget
+        (its file's size stands for its weights until it is loaded).
+
+        Raises:
+            RequestError: 507, the model alone is over the budget; 503, the models serving
+                requests leave no room.
+        """
+        self._forget_evicted()
+        wrapper = self._serve_cache()
+        order = list(wrapper.models) if wrapper is not None else list(self.loaded)
+        held = [(n, self.loaded[n].held_bytes(), self.loaded[n].in_flight == 0)
+                for n in order if n in self.loaded]
+        for name in room_for(entry.size, held, self.budget):
+            self.unload(name, reason="evicted")
 
     def _worker(self, entry: LibraryModel) -> Worker:
         from npu import load_model
@@ -203,7 +282,7 @@ class LibraryWorkerBase:
         """Serve's multiplexer of this replica (None before its first load)."""
         return getattr(self, "__serve_multiplex_wrapper", None)
 
-    def unload(self, name: str) -> bool:
+    def unload(self, name: str, reason: str = "keep_alive") -> bool:
         """Unload `name` now (its worker stops once its requests end); False: not loaded."""
         held = self.loaded.pop(name, None)
         wrapper = self._serve_cache()
@@ -214,13 +293,18 @@ class LibraryWorkerBase:
         if held is None:
             return False
         held.__del__()
-        log.info("unloaded %s", name)
+        self.metrics.inc("flm_model_unloads_total", name, reason)
+        log.info("unloaded %s (%s)", name, reason)
         return True
 
     def _expire(self, name: str) -> None:
         held = self.loaded.get(name)
-        if held is not None and held.in_flight == 0 and held.expired():
-            self.unload(name)
+        if held is None or held.in_flight:  # gone, or its last request will look again
+            return
+        if not held.expired():  # the timer fired early, or keep_alive was extended
+            held.arm(lambda: self._expire(name))
+            return
+        self.unload(name)
 
     def _keep(self, held: HeldModel, keep_alive_s: float | None) -> None:
         seconds = self.config.keep_alive_s if keep_alive_s is None else keep_alive_s
@@ -235,6 +319,7 @@ class LibraryWorkerBase:
         """Drop the models Serve evicted from our own index."""
         for name in [n for n, h in self.loaded.items() if h.retired]:
             self.loaded.pop(name, None)
+            self.metrics.inc("flm_model_unloads_total", name, "evicted")
 
     # -- requests -------------------------------------------------------------------------
     async def generate(self, request: GenerateRequest,
@@ -291,6 +376,10 @@ class LibraryWorkerBase:
         return out
 
     def check_health(self) -> None:
+        self._forget_evicted()
+        if self.metrics_hub is not None:
+            self.metrics.set("flm_models_loaded", self.replica, value=len(self.loaded))
+            self.metrics_hub.push.remote(f"{self.replica}/library", self.metrics.snapshot())
         for held in list(self.loaded.values()):
             if not held.worker.healthy:
                 raise RuntimeError(f"{held.entry.name}: the decode loop has failed: "

@@ -157,8 +157,10 @@ def _library(cfg: AppConfig, hub: Any):
     n = str(lib.blas_threads or os.cpu_count() or 1)
     actor = {"num_cpus": 0, "runtime_env": {"env_vars": {
         "OPENBLAS_NUM_THREADS": n, "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n}}}
+    # each loaded model batches max_batch sequences; a few more for load, unload and /api/ps
+    ongoing = lib.max_batch * lib.max_loaded_models + 4
     return library_worker(lib.max_loaded_models).options(
-        name="worker-library", num_replicas=lib.replicas, max_ongoing_requests=lib.max_batch,
+        name="worker-library", num_replicas=lib.replicas, max_ongoing_requests=ongoing,
         max_queued_requests=lib.max_queued, ray_actor_options=actor,
         health_check_period_s=5, health_check_timeout_s=30,
     ).bind(config, metrics_hub=hub)

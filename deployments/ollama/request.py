@@ -94,6 +94,13 @@ class ShowIn(msgspec.Struct, kw_only=True):
     name: str | None = None  # older clients
 
 
+class PullIn(msgspec.Struct, kw_only=True):
+    model: str | None = None
+    name: str | None = None  # older clients
+    insecure: bool | None = None
+    stream: bool | None = None  # None: streamed, Ollama's default
+
+
 # OpenAI's parameter -> the Ollama field it came from (for the errors' `param`)
 _PARAMS = {"max_tokens": "options.num_predict", "temperature": "options.temperature",
            "top_p": "options.top_p", "top_k": "options.top_k", "min_p": "options.min_p",

@@ -7,10 +7,17 @@ running". Errors in Ollama's shape ({"error": "..."})."""
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from deployments.errors import ollama_error_response
+from deployments.errors import ApiError, ollama_error_response
 from deployments.ingress import Current, Ingress
 from deployments.ollama import reply
-from deployments.ollama.request import ShowIn, chat_call, decode, generate_call, served
+from deployments.ollama.request import (
+    PullIn,
+    ShowIn,
+    chat_call,
+    decode,
+    generate_call,
+    served,
+)
 
 # The Ollama API version this server speaks (clients probe /api/version for features).
 OLLAMA_VERSION = "0.12.0"
@@ -74,5 +81,32 @@ async def show(request: Request, ingress: Current) -> Response:
         req = decode(await ingress.body(request), ShowIn)
         name = served(ingress, req.model or req.name or "")
         return JSONResponse(reply.show(await ingress.info(name, verbose=True)))
+
+    return await ingress.respond(run, ollama_error_response)
+
+
+# what Ollama streams for a pull that has nothing left to download
+PULL_STATUSES = ("pulling manifest", "verifying sha256 digest", "writing manifest", "success")
+
+
+@router.post("/api/pull")
+async def pull(request: Request, ingress: Current) -> Response:
+    """A model that is served already: Ollama's statuses of a pull with nothing to fetch
+    (clients such as Open WebUI pull before use). Any other name: a 404 saying that models
+    come from files here, not from a registry."""
+    async def run() -> Response:
+        req = decode(await ingress.body(request), PullIn)
+        name = req.model or req.name or ""
+        try:
+            served(ingress, name)
+        except ApiError:
+            raise ApiError(404, f"model '{name}' is not here, and pulling from a registry is "
+                                "not available on this server: put the model's GGUF file "
+                                "(or Hugging Face directory) in its models_dir, where it "
+                                "shows up without a restart; see /api/tags.") from None
+        if req.stream is False:
+            return JSONResponse({"status": "success"})
+        return Response(reply.ndjson([{"status": s} for s in PULL_STATUSES]),
+                        media_type="application/x-ndjson")
 
     return await ingress.respond(run, ollama_error_response)

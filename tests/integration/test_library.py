@@ -1,7 +1,8 @@
 """A models_dir app through HTTP with the official `ollama` and `openai` clients: every
 model listed before any load, loaded on first use (once for requests at once), unloaded by
-keep_alive and past max_loaded_models, clear errors for files that cannot be served while
-the others serve, and a file dropped in later."""
+keep_alive and past max_loaded_models, clear errors for files that cannot be served
+(unreadable, unsupported, over the memory budget) while the others serve, and a file dropped
+in later."""
 
 from __future__ import annotations
 
@@ -124,6 +125,10 @@ def test_files_that_cannot_be_served_are_clear_errors_and_the_rest_serve(oc, ai)
     with pytest.raises(ollama.ResponseError) as missing:
         oc.chat(model="nothing-here", messages=HI)
     assert missing.value.status_code == 404
+    with pytest.raises(ollama.ResponseError) as huge:
+        oc.chat(model="huge", messages=HI)
+    assert huge.value.status_code == 507
+    assert "MB" in huge.value.error and "budget is 40 MB" in huge.value.error
     r = ai.chat.completions.create(model=LLAMA, messages=HI, max_tokens=2)
     assert r.usage.completion_tokens == 2
     with pytest.raises(ollama.ResponseError) as bad:
@@ -142,3 +147,15 @@ def test_a_file_dropped_in_later_shows_up_and_serves(oc, ai, library_dir) -> Non
     finally:
         (library_dir / "Late-Comer.gguf").unlink()
     assert "late-comer:latest" not in {m.model for m in oc.list().models}
+
+
+def test_pull_of_a_library_model_succeeds_and_of_another_says_where_models_come_from(
+        oc) -> None:
+    statuses = [p.status for p in oc.pull(f"{QWEN}:latest", stream=True)]
+    assert statuses[-1] == "success" and len(statuses) == 4
+    assert oc.pull(LLAMA).status == "success"
+    with pytest.raises(ollama.ResponseError) as err:
+        oc.pull("qwen9:72b")
+    assert err.value.status_code == 404 and "registry" in err.value.error
+    assert "models_dir" in err.value.error
+    assert _loaded(oc) == {}  # a pull loads nothing
