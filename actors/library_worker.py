@@ -16,7 +16,9 @@ module touches Serve's internals (`_serve_cache`).
 
 A model that cannot be served (unreadable header, unsupported architecture or tensor) is a
 `RequestError` naming the file and the reason (status 422), remembered until the file
-changes; the replica's other models keep serving.
+changes, and checked before Serve's loader runs (Serve evicts its LRU model before it calls
+the loader, so a known-bad name must not get that far); the replica's other models keep
+serving.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from actors.events import Accepted, Event, GenerateRequest, Rejected
 from actors.library import Library, LibraryModel, model_key
 from actors.metrics import Metrics
 from actors.worker import Worker
+from npu import ModelError
 
 log = logging.getLogger(__name__)
 
@@ -191,12 +194,13 @@ class LibraryWorkerBase:
         raise NotImplementedError
 
     # -- loading ------------------------------------------------------------------------
-    async def _load(self, name: str) -> HeldModel:
-        """The model `name`, loaded (in a thread: the replica's other models keep serving).
+    def _servable(self, name: str) -> LibraryModel:
+        """The library's entry for `name`, once nothing known stands in its way.
 
         Raises:
             RequestError: 404 for a name the library does not have; 422 for a model that
-                cannot be served, naming its file and the reason.
+                cannot be served, naming its file and the reason; 507 for one larger than
+                the memory budget by itself.
         """
         entry = self.library.get(name)
         if entry is None:
@@ -208,16 +212,25 @@ class LibraryWorkerBase:
         failed = self.failed.get(name)
         if failed and failed[0] == entry.digest:
             raise RequestError(failed[1], status=422, param="model", code="model_not_servable")
+        room_for(entry.size, [], self.budget)
+        return entry
+
+    async def _load(self, name: str) -> HeldModel:
+        """The model `name`, loaded (in a thread: the replica's other models keep serving).
+
+        Raises:
+            RequestError: as `_servable`; 422 when loading fails (the file and the reason).
+        """
+        entry = self._servable(name)
         self._make_room(entry)
         started = time.perf_counter()
         try:
             worker = await asyncio.to_thread(self._worker, entry)
         except Exception as exc:  # ModelError and whatever a malformed file raises
             self.metrics.inc("flm_model_loads_total", name, "failed")
-            reason = (f"The model '{name}' cannot be served: {entry.path}: "
-                      f"{type(exc).__name__}: {exc}")
-            if exc.__class__.__name__ == "ModelError":
-                reason = f"The model '{name}' cannot be served: {exc}"
+            reason = (f"The model '{name}' cannot be served: {exc}" if isinstance(
+                exc, ModelError) else f"The model '{name}' cannot be served: {entry.path}: "
+                f"{type(exc).__name__}: {exc}")
             log.warning("%s", reason)
             self.failed[name] = (entry.digest, reason)
             raise RequestError(reason, status=422, param="model",
@@ -270,6 +283,8 @@ class LibraryWorkerBase:
         """The held model for a request (entered) and the seconds this call spent loading it
         (0 when it was loaded already)."""
         known = name in self.loaded
+        if not known:  # Serve evicts before it calls the loader: refuse what cannot load
+            self._servable(name)
         held = await self.held_model(name)
         if held.retired:  # evicted between Serve's lookup and ours: load it again
             self.loaded.pop(name, None)

@@ -112,29 +112,34 @@ def test_a_short_keep_alive_expires(oc) -> None:
 
 
 def test_files_that_cannot_be_served_are_clear_errors_and_the_rest_serve(oc, ai) -> None:
+    with pytest.raises(ollama.ResponseError) as oerr:
+        oc.chat(model="mamba", messages=HI)  # its header reads; its load fails
+    assert oerr.value.status_code == 422
+    assert "mamba.gguf" in oerr.value.error and "'mamba' is not supported" in oerr.value.error
+    for name in (LLAMA, QWEN):
+        oc.chat(model=name, messages=[])
+    # known failures are refused before Serve's loader, which would evict a loaded model
     with pytest.raises(openai.UnprocessableEntityError) as err:
         ai.chat.completions.create(model="broken", messages=HI, max_tokens=2)
     assert "broken.gguf" in err.value.message and "magic" in err.value.message
-    with pytest.raises(ollama.ResponseError) as oerr:
-        oc.chat(model="mamba", messages=HI)
-    assert oerr.value.status_code == 422
-    assert "mamba.gguf" in oerr.value.error and "mamba" in oerr.value.error
     with pytest.raises(ollama.ResponseError) as lerr:
         oc.generate(model="mamba", prompt="")  # a load request says so too
-    assert lerr.value.status_code == 422
-    with pytest.raises(ollama.ResponseError) as missing:
-        oc.chat(model="nothing-here", messages=HI)
-    assert missing.value.status_code == 404
+    assert lerr.value.status_code == 422 and "mamba.gguf" in lerr.value.error
     with pytest.raises(ollama.ResponseError) as huge:
         oc.chat(model="huge", messages=HI)
     assert huge.value.status_code == 507
     assert "MB" in huge.value.error and "budget is 40 MB" in huge.value.error
+    with pytest.raises(ollama.ResponseError) as missing:
+        oc.chat(model="nothing-here", messages=HI)
+    assert missing.value.status_code == 404
+    assert set(_loaded(oc)) == {f"{LLAMA}:latest", f"{QWEN}:latest"}
     r = ai.chat.completions.create(model=LLAMA, messages=HI, max_tokens=2)
     assert r.usage.completion_tokens == 2
     with pytest.raises(ollama.ResponseError) as bad:
         oc.chat(model=LLAMA, messages=HI, keep_alive="soon")
     assert bad.value.status_code == 400 and "keep_alive" in bad.value.error
-    oc.chat(model=LLAMA, messages=[], keep_alive=0)
+    for name in (LLAMA, QWEN):
+        oc.chat(model=name, messages=[], keep_alive=0)
 
 
 def test_a_file_dropped_in_later_shows_up_and_serves(oc, ai, library_dir) -> None:
@@ -159,3 +164,23 @@ def test_pull_of_a_library_model_succeeds_and_of_another_says_where_models_come_
     assert err.value.status_code == 404 and "registry" in err.value.error
     assert "models_dir" in err.value.error
     assert _loaded(oc) == {}  # a pull loads nothing
+
+
+def test_loads_and_unloads_reach_the_metrics(serve_url, library_dir, oc) -> None:
+    import httpx
+
+    oc.generate(model=GEMMA, prompt="")
+    oc.generate(model=GEMMA, prompt="", keep_alive=0)
+    with pytest.raises(ollama.ResponseError):
+        oc.chat(model="mamba", messages=HI)
+    want = f'flm_model_loads_total{{model="{GEMMA}",outcome="loaded"}}'
+    deadline, text = time.monotonic() + 30, ""
+    while time.monotonic() < deadline:  # the workers push their metrics every 5 s
+        text = httpx.get(serve_url + LIBRARY_PREFIX + "/metrics").text
+        if want in text and "flm_model_unloads_total" in text:
+            break
+        time.sleep(0.5)
+    assert want in text and 'outcome="failed"' in text
+    assert f'flm_model_unloads_total{{model="{GEMMA}",reason="keep_alive"}}' in text
+    assert f'flm_model_unloads_total{{model="{QWEN}",reason="evicted"}}' in text  # past N
+    assert "flm_model_load_seconds_count" in text and "flm_models_loaded" in text
