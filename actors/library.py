@@ -28,6 +28,8 @@ from typing import Any
 
 import msgspec
 
+from actors.aliases import AliasStore
+from actors.errors import RequestError
 from npu.load.gguf_header import read_header
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,7 @@ class LibraryModel(msgspec.Struct, frozen=True, kw_only=True):
         context_length: the trained context (None: not stated).
         chat_template: the template the file carries ("" when none, or not a GGUF file).
         error: why the model cannot be read ("" when it can).
+        alias_of: for an alias (/api/copy), the model it stands for ("" otherwise).
     """
 
     name: str
@@ -74,6 +77,7 @@ class LibraryModel(msgspec.Struct, frozen=True, kw_only=True):
     context_length: int | None = None
     chat_template: str = ""
     error: str = ""
+    alias_of: str = ""
 
     def info(self) -> dict[str, Any]:
         """The model as the APIs' listings read a model description (see ModelWorker.info)."""
@@ -246,6 +250,7 @@ class Library:
         self.root = Path(root).expanduser()
         self._cache: dict[str, tuple[tuple, LibraryModel]] = {}
         self.conflicts: list[str] = []
+        self.aliases = AliasStore(self.root)
 
     def models(self) -> dict[str, LibraryModel]:
         """Every model of the folder now, by name (sorted)."""
@@ -271,7 +276,62 @@ class Library:
             cache[key] = (stamp, model)
             out[f.name] = model
         self._cache = cache
+        for alias, target in self.aliases.read().items():  # a file's own name comes first
+            if target in out and alias not in out and not out[target].alias_of:
+                out[alias] = msgspec.structs.replace(out[target], name=alias, alias_of=target)
         return out
+
+    def copy(self, source: str, destination: str) -> str:
+        """Make `destination` an alias of the model `source` means (Ollama's /api/copy);
+        returns the alias's name.
+
+        Raises:
+            RequestError: 404 for an unknown source; 400 for a destination that is a file's
+                model or not a name.
+        """
+        models = self.models()
+        target = models.get(model_key(source))
+        if target is None:
+            raise RequestError(f"model '{source}' not found; see /api/tags.", status=404,
+                               param="source", code="model_not_found")
+        name = model_key(destination)
+        if not re.fullmatch(r"[a-z0-9][a-z0-9._-]*(:[a-z0-9._-]+)?", name):
+            raise RequestError(f"'{destination}' is not a model name (letters, digits, '.', "
+                               "'_', '-', and one ':tag').", param="destination")
+        existing = models.get(name)
+        if existing is not None and not existing.alias_of:
+            raise RequestError(f"'{destination}' is the model of {existing.path}; choose "
+                               "another name.", param="destination")
+        self.aliases.set(name, target.alias_of or target.name)
+        return name
+
+    def delete(self, name: str, *, allow_files: bool) -> LibraryModel:
+        """Remove an alias, or (with `allow_files`) a GGUF model's files; the entry removed.
+
+        Raises:
+            RequestError: 404 for an unknown name; 403 for a file's model when deleting
+                files is not allowed; 400 for a Hugging Face directory.
+        """
+        entry = self.models().get(model_key(name))
+        if entry is None:
+            raise RequestError(f"model '{name}' not found; see /api/tags.", status=404,
+                               param="model", code="model_not_found")
+        if entry.alias_of:
+            self.aliases.remove(entry.name)
+            return entry
+        if not allow_files:
+            raise RequestError(f"'{name}' is the file {entry.path}; this server deletes "
+                               "files only when its config says allow_delete: true.",
+                               status=403, param="model")
+        if entry.format != "gguf":
+            raise RequestError(f"'{name}' is the directory {entry.path}; delete it yourself.",
+                               param="model")
+        for alias, target in self.aliases.read().items():
+            if target == entry.name:
+                self.aliases.remove(alias)
+        for f in entry.files:
+            Path(f).unlink(missing_ok=True)
+        return entry
 
     def get(self, name: str) -> LibraryModel | None:
         """The model a client's name means (`model_key`), or None."""

@@ -61,12 +61,15 @@ class AppConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         library: how the folder's models are served.
         keep_alive: how long a library model stays loaded after its last request when the
             request does not say (Ollama's `keep_alive`: "5m", seconds, -1 for ever).
+        allow_delete: Ollama's /api/delete may delete a library model's GGUF files (off:
+            it removes aliases only).
     """
 
     models: list[ModelEntry] | None = None
     models_dir: str | None = None
     library: LibraryEntry = msgspec.field(default_factory=LibraryEntry)
     keep_alive: str | float = "5m"
+    allow_delete: bool = False
     api_key: str | None = None
     cors_origins: list[str] = msgspec.field(default_factory=list)
     max_request_bytes: int = 4 << 20
@@ -123,6 +126,7 @@ def build_app(args: dict[str, Any] | None = None):
     if cfg.models_dir:
         library = _library(cfg, hub)
         settings["models_dir"] = cfg.models_dir
+        settings["allow_delete"] = cfg.allow_delete
     ingress = make_ingress({"cors_origins": cfg.cors_origins})
     # The ingress runs on the head node, where the configs put the HTTP entry (proxy_location
     # HeadOnly): losing another node then loses only its workers, whose streams end with an

@@ -25,6 +25,7 @@ from fastapi import Depends
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from actors.errors import RequestError
 from actors.events import Accepted, GenerateRequest, Rejected
 from actors.library import Library, model_key
 from actors.metrics import Metrics
@@ -117,6 +118,7 @@ class Ingress:
         self._state: dict[str, Any] = {}
         self.library_handle = library
         self.library = Library(settings["models_dir"]) if library is not None else None
+        self.allow_delete = bool(settings.get("allow_delete"))
         self._library_streams: dict[str, Any] = {}
 
     def state(self, key: str, make: Callable[[], Any]) -> Any:
@@ -172,10 +174,27 @@ class Ingress:
         if key is None or key in self.streams:
             raise ApiError(404, f"The model '{name}' does not exist; see /v1/models.",
                            param="model", code="model_not_found")
-        if key not in self._library_streams:
-            self._library_streams[key] = self.library_handle.options(
-                stream=True, _by_reference=False, multiplexed_model_id=key)
-        return self._library_streams[key]
+        target = self._library_target(key)
+        if target not in self._library_streams:
+            self._library_streams[target] = self.library_handle.options(
+                stream=True, _by_reference=False, multiplexed_model_id=target)
+        return self._library_streams[target]
+
+    def _library_target(self, key: str) -> str:
+        """The library model a name is loaded as (an alias's model: one load for both)."""
+        entry = self.library.get(key) if self.library is not None else None
+        return (entry.alias_of or entry.name) if entry is not None else key
+
+    def edit_library(self, edit: Callable[[Any], Any]) -> Any:
+        """`edit(library)` (an alias made or removed, a file deleted), its RequestError an
+        ApiError; a 400 when this app has no models_dir."""
+        if self.library is None:
+            raise ApiError(400, "This server has no models_dir: its models are the ones its "
+                                "config names.")
+        try:
+            return edit(self.library)
+        except RequestError as exc:
+            raise ApiError(exc.status, exc.message, param=exc.param, code=exc.code) from None
 
     def library_models(self) -> dict[str, dict]:
         """The library's models not shadowed by a configured one, as descriptions."""
@@ -195,7 +214,7 @@ class Ingress:
         if key is None or key in self.streams:
             raise ApiError(404, f"The model '{name}' does not exist; see /v1/models.",
                            param="model", code="model_not_found")
-        handle = self.library_handle.options(multiplexed_model_id=key)
+        handle = self.library_handle.options(multiplexed_model_id=self._library_target(key))
         out = await handle.load.remote(keep_alive_s)
         rejected = out.get("rejected")
         if rejected:

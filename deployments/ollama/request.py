@@ -94,6 +94,16 @@ class ShowIn(msgspec.Struct, kw_only=True):
     name: str | None = None  # older clients
 
 
+class CopyIn(msgspec.Struct, kw_only=True):
+    source: str
+    destination: str
+
+
+class DeleteIn(msgspec.Struct, kw_only=True):
+    model: str | None = None
+    name: str | None = None  # older clients
+
+
 class PullIn(msgspec.Struct, kw_only=True):
     model: str | None = None
     name: str | None = None  # older clients

@@ -1,6 +1,7 @@
 """Ollama's routes: /api/chat and /api/generate through the ingress's one request path;
-the model listings (/api/tags, /api/ps, /api/show), /api/version and the root's "Ollama is
-running". Errors in Ollama's shape ({"error": "..."})."""
+the model listings (/api/tags, /api/ps, /api/show), a models_dir library's /api/pull,
+/api/copy and /api/delete, /api/version and the root's "Ollama is running". Errors in
+Ollama's shape ({"error": "..."})."""
 
 # No `from __future__ import annotations`: FastAPI reads the handlers' annotations.
 
@@ -11,6 +12,8 @@ from deployments.errors import ApiError, ollama_error_response
 from deployments.ingress import Current, Ingress
 from deployments.ollama import reply
 from deployments.ollama.request import (
+    CopyIn,
+    DeleteIn,
     PullIn,
     ShowIn,
     chat_call,
@@ -108,5 +111,30 @@ async def pull(request: Request, ingress: Current) -> Response:
             return JSONResponse({"status": "success"})
         return Response(reply.ndjson([{"status": s} for s in PULL_STATUSES]),
                         media_type="application/x-ndjson")
+
+    return await ingress.respond(run, ollama_error_response)
+
+
+@router.post("/api/copy")
+async def copy(request: Request, ingress: Current) -> Response:
+    """`destination` becomes another name of the library model `source` (kept in the
+    folder's alias file: it survives a restart)."""
+    async def run() -> Response:
+        req = decode(await ingress.body(request), CopyIn)
+        ingress.edit_library(lambda lib: lib.copy(req.source, req.destination))
+        return Response(status_code=200)
+
+    return await ingress.respond(run, ollama_error_response)
+
+
+@router.delete("/api/delete")
+async def delete(request: Request, ingress: Current) -> Response:
+    """Remove an alias; a library model's GGUF files only when the config allows it."""
+    async def run() -> Response:
+        req = decode(await ingress.body(request), DeleteIn)
+        name = req.model or req.name or ""
+        allow = ingress.allow_delete
+        ingress.edit_library(lambda lib: lib.delete(name, allow_files=allow))
+        return Response(status_code=200)
 
     return await ingress.respond(run, ollama_error_response)

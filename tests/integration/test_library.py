@@ -182,5 +182,23 @@ def test_loads_and_unloads_reach_the_metrics(serve_url, library_dir, oc) -> None
         time.sleep(0.5)
     assert want in text and 'outcome="failed"' in text
     assert f'flm_model_unloads_total{{model="{GEMMA}",reason="keep_alive"}}' in text
-    assert f'flm_model_unloads_total{{model="{QWEN}",reason="evicted"}}' in text  # past N
+    assert f'flm_model_unloads_total{{model="{LLAMA}",reason="evicted"}}' in text  # past N
     assert "flm_model_load_seconds_count" in text and "flm_models_loaded" in text
+
+
+def test_copy_makes_an_alias_served_by_the_same_load_and_delete_removes_it(oc) -> None:
+    oc.copy(LLAMA, "My-Llama:v1")
+    assert "my-llama:v1" in {m.model for m in oc.list().models}
+    r = oc.chat(model="my-llama:v1", messages=HI, options={"num_predict": 2})
+    assert r.eval_count == 2 and r.model == "my-llama:v1"
+    oc.chat(model=LLAMA, messages=HI, options={"num_predict": 1})
+    assert set(_loaded(oc)) == {f"{LLAMA}:latest"}  # one load serves both names
+    oc.delete("my-llama:v1")
+    assert "my-llama:v1" not in {m.model for m in oc.list().models}
+    with pytest.raises(ollama.ResponseError) as err:
+        oc.delete(LLAMA)  # a file: only with allow_delete
+    assert err.value.status_code == 403 and "allow_delete" in err.value.error
+    with pytest.raises(ollama.ResponseError) as missing:
+        oc.copy("nothing-here", "x")
+    assert missing.value.status_code == 404
+    oc.chat(model=LLAMA, messages=[], keep_alive=0)
