@@ -28,7 +28,7 @@ from typing import Any
 
 import msgspec
 
-from actors.aliases import AliasStore
+from actors.aliases import Alias, AliasStore
 from actors.errors import RequestError
 from npu.load.gguf_header import read_header
 
@@ -62,6 +62,8 @@ class LibraryModel(msgspec.Struct, frozen=True, kw_only=True):
         chat_template: the template the file carries ("" when none, or not a GGUF file).
         error: why the model cannot be read ("" when it can).
         alias_of: for an alias (/api/copy), the model it stands for ("" otherwise).
+        system: a variant's system prompt (/api/create; None: the request's own).
+        options: a variant's Modelfile parameters (defaults of its requests).
     """
 
     name: str
@@ -78,6 +80,8 @@ class LibraryModel(msgspec.Struct, frozen=True, kw_only=True):
     chat_template: str = ""
     error: str = ""
     alias_of: str = ""
+    system: str | None = None
+    options: dict[str, Any] = msgspec.field(default_factory=dict)
 
     def info(self) -> dict[str, Any]:
         """The model as the APIs' listings read a model description (see ModelWorker.info)."""
@@ -276,14 +280,18 @@ class Library:
             cache[key] = (stamp, model)
             out[f.name] = model
         self._cache = cache
-        for alias, target in self.aliases.read().items():  # a file's own name comes first
-            if target in out and alias not in out and not out[target].alias_of:
-                out[alias] = msgspec.structs.replace(out[target], name=alias, alias_of=target)
+        for alias, a in self.aliases.read().items():  # a file's own name comes first
+            if a.model in out and alias not in out and not out[a.model].alias_of:
+                out[alias] = msgspec.structs.replace(out[a.model], name=alias,
+                                                     alias_of=a.model, system=a.system,
+                                                     options=dict(a.parameters))
         return out
 
-    def copy(self, source: str, destination: str) -> str:
-        """Make `destination` an alias of the model `source` means (Ollama's /api/copy);
-        returns the alias's name.
+    def copy(self, source: str, destination: str, *, system: str | None = None,
+             parameters: dict[str, Any] | None = None) -> str:
+        """Make `destination` an alias of the model `source` means (Ollama's /api/copy; a
+        variant's defaults come along), or, with `system` or `parameters`, a variant with
+        those defaults over the source's (/api/create); returns the alias's name.
 
         Raises:
             RequestError: 404 for an unknown source; 400 for a destination that is a file's
@@ -302,7 +310,10 @@ class Library:
         if existing is not None and not existing.alias_of:
             raise RequestError(f"'{destination}' is the model of {existing.path}; choose "
                                "another name.", param="destination")
-        self.aliases.set(name, target.alias_of or target.name)
+        self.aliases.set(name, Alias(
+            model=target.alias_of or target.name,
+            system=system if system is not None else target.system,
+            parameters={**target.options, **(parameters or {})}))
         return name
 
     def delete(self, name: str, *, allow_files: bool) -> LibraryModel:
@@ -326,8 +337,8 @@ class Library:
         if entry.format != "gguf":
             raise RequestError(f"'{name}' is the directory {entry.path}; delete it yourself.",
                                param="model")
-        for alias, target in self.aliases.read().items():
-            if target == entry.name:
+        for alias, a in self.aliases.read().items():
+            if a.model == entry.name:
                 self.aliases.remove(alias)
         for f in entry.files:
             Path(f).unlink(missing_ok=True)

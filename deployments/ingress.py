@@ -196,6 +196,16 @@ class Ingress:
         except RequestError as exc:
             raise ApiError(exc.status, exc.message, param=exc.param, code=exc.code) from None
 
+    def variant(self, name: str) -> tuple[str | None, dict[str, Any]] | None:
+        """A library variant's defaults (system prompt, Ollama's parameters); None for any
+        other model."""
+        if self.library is None or name in self.streams:
+            return None
+        entry = self.library.get(name)
+        if entry is None or (entry.system is None and not entry.options):
+            return None
+        return entry.system, entry.options
+
     def library_models(self) -> dict[str, dict]:
         """The library's models not shadowed by a configured one, as descriptions."""
         if self.library is None:

@@ -20,7 +20,12 @@ from deployments.errors import ApiError
 from deployments.exchange import Call
 from deployments.ingress import Ingress
 from deployments.ollama.reply import LATEST, OllamaReply, load_reply
-from deployments.openai.request import convert_request, decode_json
+from deployments.openai.request import (
+    VARIANT_FIELDS,
+    convert_request,
+    decode_json,
+    with_defaults,
+)
 from deployments.openai.request import generate_request as openai_generate_request
 from deployments.openai.schemas import ChatRequest, CompletionRequest
 
@@ -104,6 +109,51 @@ class DeleteIn(msgspec.Struct, kw_only=True):
     name: str | None = None  # older clients
 
 
+class CreateIn(msgspec.Struct, kw_only=True):
+    """/api/create: a variant of a library model (`from`) with its own system prompt and
+    parameters; the rest of Ollama's fields are refused by name."""
+
+    model: str | None = None
+    name: str | None = None  # older clients
+    from_: str | None = msgspec.field(default=None, name="from")
+    system: str | None = None
+    parameters: dict[str, Any] | None = None
+    template: str | None = None
+    modelfile: str | None = None
+    files: dict[str, Any] | None = None
+    adapters: dict[str, Any] | None = None
+    quantize: str | None = None
+    license: Any = None
+    messages: list[Any] | None = None
+    stream: bool | None = None
+
+
+def variant_parameters(req: CreateIn) -> dict[str, Any]:
+    """A create request's parameters, checked; a 400 naming what cannot be made here."""
+    for field, why in (("modelfile", "send 'from', 'system' and 'parameters' instead"),
+                       ("files", "models come from the models_dir folder"),
+                       ("adapters", "adapters are not supported"),
+                       ("quantize", "a GGUF file keeps its own formats"),
+                       ("template", "a variant keeps its model's chat template"),
+                       ("messages", "a variant holds no conversation")):
+        if getattr(req, field):
+            raise ApiError(400, f"'{field}' is not supported here: {why}.", param=field)
+    if not req.from_:
+        raise ApiError(400, "'from' is required: the library model the variant is made "
+                            "from.", param="from")
+    params = dict(req.parameters or {})
+    unknown = sorted(set(params) - set(VARIANT_FIELDS))
+    if unknown:
+        raise ApiError(400, f"'parameters.{unknown[0]}' is not supported here (supported: "
+                            f"{', '.join(sorted(VARIANT_FIELDS))}).",
+                       param=f"parameters.{unknown[0]}")
+    try:
+        msgspec.convert({k: v for k, v in params.items()}, Options)
+    except msgspec.ValidationError as exc:
+        raise ApiError(400, f"parameters: {exc}", param="parameters") from None
+    return params
+
+
 class PullIn(msgspec.Struct, kw_only=True):
     model: str | None = None
     name: str | None = None  # older clients
@@ -181,7 +231,9 @@ def _context_limit(req: _Common) -> dict[str, Any]:
 
 
 def _openai(raw: dict, schema: type[ChatRequest | CompletionRequest],
-            extra: dict) -> GenerateRequest:
+            extra: dict, variant: tuple | None = None) -> GenerateRequest:
+    if variant is not None:  # a library variant's defaults (/api/create)
+        raw = with_defaults(raw, *variant)
     try:
         return openai_generate_request(convert_request(raw, schema), raw, **extra)
     except ApiError as err:
@@ -216,15 +268,16 @@ def _messages(messages: list[Message]) -> list[dict]:
     return out
 
 
-def chat_request(req: ChatIn) -> GenerateRequest:
-    """The worker's request for `/api/chat` (it has at least one message)."""
+def chat_request(req: ChatIn, variant: tuple | None = None) -> GenerateRequest:
+    """The worker's request for `/api/chat` (it has at least one message); `variant`: a
+    library variant's (system prompt, parameters)."""
     raw = {"model": req.model, "messages": _messages(req.messages), **_sampling(req)}
     if req.tools:
         raw["tools"] = req.tools
-    return _openai(raw, ChatRequest, _context_limit(req))
+    return _openai(raw, ChatRequest, _context_limit(req), variant)
 
 
-def generate_request(req: GenerateIn) -> GenerateRequest:
+def generate_request(req: GenerateIn, variant: tuple | None = None) -> GenerateRequest:
     """The worker's request for `/api/generate`: the prompt (and system) in the model's
     chat template, or as given with `raw`."""
     _no_images(req.images, "images")
@@ -246,13 +299,14 @@ def generate_request(req: GenerateIn) -> GenerateRequest:
             raise ApiError(400, f"'{field}' needs the model's chat template; it cannot be "
                                 "used with 'raw': true.", param=field)
         raw = {"model": req.model, "prompt": req.prompt, **sampling}
-        greq = _openai(raw, CompletionRequest, _context_limit(req))
+        greq = _openai(raw, CompletionRequest, _context_limit(req),
+                       (None, variant[1]) if variant else None)
         # /v1/completions' default of 16 tokens is OpenAI's; Ollama's is no limit
         return msgspec.structs.replace(greq, max_tokens=sampling.get("max_tokens"))
     messages = ([{"role": "system", "content": req.system}] if req.system else []) \
         + [{"role": "user", "content": req.prompt}]
     raw = {"model": req.model, "messages": messages, **sampling}
-    return _openai(raw, ChatRequest, _context_limit(req))
+    return _openai(raw, ChatRequest, _context_limit(req), variant)
 
 
 def served(ingress: Ingress, name: str) -> str:
@@ -291,7 +345,9 @@ def _call(req: ChatIn | GenerateIn, endpoint: str, empty: bool, ingress: Ingress
         return Call(now=JSONResponse(load_reply(req.model, endpoint, req.keep_alive)))
     if empty:
         return Call(later=lambda: _load(ingress, model, req.model, endpoint, keep))
-    greq = chat_request(req) if endpoint == "chat" else generate_request(req)
+    variant = ingress.variant(model)
+    greq = (chat_request(req, variant) if endpoint == "chat"
+            else generate_request(req, variant))
     return Call(model=model, request=greq, stream=req.stream is not False,
                 reply=OllamaReply(req.model, endpoint, time.perf_counter()),
                 params={"context_limit": "options.num_ctx"}, keep_alive_s=keep)

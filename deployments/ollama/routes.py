@@ -13,6 +13,7 @@ from deployments.ingress import Current, Ingress
 from deployments.ollama import reply
 from deployments.ollama.request import (
     CopyIn,
+    CreateIn,
     DeleteIn,
     PullIn,
     ShowIn,
@@ -20,6 +21,7 @@ from deployments.ollama.request import (
     decode,
     generate_call,
     served,
+    variant_parameters,
 )
 
 # The Ollama API version this server speaks (clients probe /api/version for features).
@@ -123,6 +125,25 @@ async def copy(request: Request, ingress: Current) -> Response:
         req = decode(await ingress.body(request), CopyIn)
         ingress.edit_library(lambda lib: lib.copy(req.source, req.destination))
         return Response(status_code=200)
+
+    return await ingress.respond(run, ollama_error_response)
+
+
+@router.post("/api/create")
+async def create(request: Request, ingress: Current) -> Response:
+    """A variant of a library model: `from` with its own system prompt and parameters
+    (Ollama's Modelfile SYSTEM and PARAMETER), kept beside the aliases."""
+    async def run() -> Response:
+        req = decode(await ingress.body(request), CreateIn)
+        name = req.model or req.name or ""
+        params = variant_parameters(req)
+        ingress.edit_library(lambda lib: lib.copy(req.from_ or "", name, system=req.system,
+                                                  parameters=params))
+        if req.stream is False:
+            return JSONResponse({"status": "success"})
+        return Response(reply.ndjson([{"status": "using existing layer"},
+                                      {"status": "writing manifest"}, {"status": "success"}]),
+                        media_type="application/x-ndjson")
 
     return await ingress.respond(run, ollama_error_response)
 

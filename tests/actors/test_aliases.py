@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import actors.aliases as aliases_module
-from actors.aliases import FILE_NAME, AliasStore
+from actors.aliases import FILE_NAME, Alias, AliasStore
 from actors.errors import RequestError
 from actors.library import Library
 from tests.actors.test_library import write_gguf
@@ -16,14 +16,15 @@ from tests.actors.test_library import write_gguf
 
 def test_aliases_persist_in_the_folder_and_are_re_read_when_changed(tmp_path: Path) -> None:
     a = AliasStore(tmp_path)
-    a.set("mine", "qwen3")
+    a.set("mine", Alias(model="qwen3", system="Be brief.", parameters={"temperature": 0}))
     assert (tmp_path / FILE_NAME).exists()
     b = AliasStore(tmp_path)  # another replica, or after a restart
-    assert b.read() == {"mine": "qwen3"}
-    a.set("other", "llama")
-    assert b.read() == {"mine": "qwen3", "other": "llama"}
+    assert b.read() == {"mine": Alias(model="qwen3", system="Be brief.",
+                                      parameters={"temperature": 0})}
+    a.set("other", Alias(model="llama"))
+    assert set(b.read()) == {"mine", "other"}
     assert b.remove("mine") and not b.remove("mine")
-    assert a.read() == {"other": "llama"}
+    assert a.read() == {"other": Alias(model="llama")}
 
 
 def test_a_read_only_folder_keeps_its_aliases_in_the_cache(tmp_path: Path, monkeypatch) -> None:
@@ -31,14 +32,16 @@ def test_a_read_only_folder_keeps_its_aliases_in_the_cache(tmp_path: Path, monke
     folder.mkdir()
     monkeypatch.setenv("FLM_CACHE", str(cache))
     monkeypatch.setattr(aliases_module.os, "access", lambda p, mode: False)
-    AliasStore(folder).set("x", "y")
+    AliasStore(folder).set("x", Alias(model="y"))
     assert not (folder / FILE_NAME).exists() and len(list(cache.glob("aliases-*.json"))) == 1
-    assert AliasStore(folder).read() == {"x": "y"}
+    assert AliasStore(folder).read() == {"x": Alias(model="y")}
 
 
 def test_an_unreadable_alias_file_means_no_aliases(tmp_path: Path) -> None:
     (tmp_path / FILE_NAME).write_text("{not json")
     assert AliasStore(tmp_path).read() == {}
+    (tmp_path / FILE_NAME).write_text('{"aliases": {"a": "b", "c": {"model": "d"}}}')
+    assert AliasStore(tmp_path).read() == {"a": Alias(model="b"), "c": Alias(model="d")}
 
 
 @pytest.fixture()
@@ -55,6 +58,18 @@ def test_an_alias_is_listed_as_its_model_and_survives_a_restart(lib: Library) ->
     assert again["assistant:v2"].path == again["qwen3-4b"].path
     lib.copy("assistant:v2", "second")  # an alias of an alias names the model
     assert lib.models()["second"].alias_of == "qwen3-4b"
+
+
+def test_a_variant_carries_its_defaults_over_its_sources(lib: Library) -> None:
+    lib.copy("qwen3-4b", "terse", system="Answer in one word.",
+             parameters={"temperature": 0.2, "num_predict": 8})
+    lib.copy("terse", "terse-hot", parameters={"temperature": 1.5})
+    m = Library(lib.root).models()
+    assert (m["terse"].system, m["terse"].options) == (
+        "Answer in one word.", {"temperature": 0.2, "num_predict": 8})
+    assert m["terse-hot"].alias_of == "qwen3-4b" and m["terse-hot"].system == "Answer in one word."
+    assert m["terse-hot"].options == {"temperature": 1.5, "num_predict": 8}
+    assert m["qwen3-4b"].system is None and m["qwen3-4b"].options == {}
 
 
 @pytest.mark.parametrize("source,destination,status,text", [

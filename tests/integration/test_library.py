@@ -202,3 +202,22 @@ def test_copy_makes_an_alias_served_by_the_same_load_and_delete_removes_it(oc) -
         oc.copy("nothing-here", "x")
     assert missing.value.status_code == 404
     oc.chat(model=LLAMA, messages=[], keep_alive=0)
+
+
+def test_create_makes_a_variant_with_its_own_system_prompt_and_parameters(oc, ai) -> None:
+    oc.create(model="terse", from_=LLAMA, system="You answer in one word, always.",
+              parameters={"num_predict": 3, "temperature": 0})
+    base = oc.chat(model=LLAMA, messages=HI, options={"num_predict": 1})
+    r = oc.chat(model="terse", messages=HI)
+    assert r.eval_count == 3  # the variant's num_predict
+    assert r.prompt_eval_count > base.prompt_eval_count  # its system prompt is in
+    again = ai.chat.completions.create(model="terse", messages=HI)
+    assert again.usage.completion_tokens == 3 and again.choices[0].message.content == (
+        oc.chat(model="terse", messages=HI).message.content)  # temperature 0 on both APIs
+    own = oc.chat(model="terse", messages=HI, options={"num_predict": 1})
+    assert own.eval_count == 1  # a request's own options win
+    with pytest.raises(ollama.ResponseError) as err:
+        oc.create(model="x", from_=LLAMA, template="{{ .Prompt }}")
+    assert err.value.status_code == 400 and "template" in err.value.error
+    oc.delete("terse")
+    oc.chat(model=LLAMA, messages=[], keep_alive=0)
