@@ -166,11 +166,9 @@ class HeldModel:
         lock = getattr(self, "_lock", None)
         if lock is None:
             return
-        with lock:
+        with lock:  # (its expiry timer may still fire: it finds the model gone)
             self.retired = True
             close = self.in_flight == 0
-        if self._timer is not None:
-            self._timer.cancel()
         if close:
             self.worker.close()
 
@@ -282,7 +280,7 @@ class LibraryWorkerBase:
     async def _acquire(self, name: str) -> tuple[HeldModel, float]:
         """The held model for a request (entered) and the seconds this call spent loading it
         (0 when it was loaded already)."""
-        known = name in self.loaded
+        known = name in self.loaded and not self.loaded[name].retired
         if not known:  # Serve evicts before it calls the loader: refuse what cannot load
             self._servable(name)
         held = await self.held_model(name)

@@ -105,10 +105,12 @@ async def pull(request: Request, ingress: Current) -> Response:
         try:
             served(ingress, name)
         except ApiError:
-            raise ApiError(404, f"model '{name}' is not here, and pulling from a registry is "
-                                "not available on this server: put the model's GGUF file "
-                                "(or Hugging Face directory) in its models_dir, where it "
-                                "shows up without a restart; see /api/tags.") from None
+            where = ("put the model's GGUF file (or Hugging Face directory) in its "
+                     "models_dir, where it shows up without a restart" if ingress.library is not None
+                     else "it serves the models its config names")
+            raise ApiError(404, f"/api/pull: model '{name}' is not here, and pulling from a "
+                                f"registry is not available on this server: {where}; see "
+                                "/api/tags.") from None
         if req.stream is False:
             return JSONResponse({"status": "success"})
         return Response(reply.ndjson([{"status": s} for s in PULL_STATUSES]),
