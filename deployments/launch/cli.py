@@ -1,4 +1,5 @@
-"""flm-serve: serve one model without writing a config, as `llama-server -m FILE` does.
+"""flm-serve: serve one model, or a folder of them, without writing a config, as
+`llama-server -m FILE` (or `ollama serve`) does.
 
     flm-serve serve [PATH_OR_NAME] [--models-dir DIR] [--name ID] [--host H] [--port P]
                     [--replicas N] [--max-loaded-models N] [--keep-alive DURATION]
@@ -6,8 +7,9 @@
                     [--npu-mode auto|linear|block|layer] [...]
 
 It writes the same Serve config as configs/*.yaml (one app, `deployments.app:build_app`,
-one model and/or a folder of models loaded on first use) into a private file and runs it through `deployments.launch`, with its clean
-start and stop. A model path that cannot be served is one line before Ray starts.
+one model and/or a folder of models loaded on first use) into a private file and runs it
+through `deployments.launch`, with its clean start and stop. A model path that cannot be
+served is one line before Ray starts.
 """
 
 from __future__ import annotations

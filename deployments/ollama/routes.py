@@ -105,9 +105,9 @@ async def pull(request: Request, ingress: Current) -> Response:
         try:
             served(ingress, name)
         except ApiError:
-            where = ("put the model's GGUF file (or Hugging Face directory) in its "
-                     "models_dir, where it shows up without a restart" if ingress.library is not None
-                     else "it serves the models its config names")
+            where = ("it serves the models its config names" if ingress.library is None
+                     else "put the model's GGUF file (or Hugging Face directory) in its "
+                          "models_dir, where it shows up without a restart")
             raise ApiError(404, f"/api/pull: model '{name}' is not here, and pulling from a "
                                 f"registry is not available on this server: {where}; see "
                                 "/api/tags.") from None
