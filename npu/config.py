@@ -20,6 +20,9 @@ ARCHITECTURES = {
     "Lfm2ForCausalLM": "lfm2",
     "GptOssForCausalLM": "gpt_oss",
 }
+# encoders: embedding models without a generation head (npu.engine.encoder)
+ENCODER_ARCHITECTURES = {"BertModel": "bert", "NomicBertModel": "nomic_bert"}
+ENCODERS = frozenset(ENCODER_ARCHITECTURES.values())
 
 
 class Rope(msgspec.Struct, frozen=True, kw_only=True):
