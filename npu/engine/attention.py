@@ -1,4 +1,5 @@
-"""attend_packed: self-attention of packed inputs over their own keys and values only (no KV
+"""embed_inputs and attend_packed: the checked, packed token lists of an `embed` call, and
+self-attention of packed inputs over their own keys and values only (no KV
 cache): causal for a decoder's `embed`, bidirectional for an encoder. It runs on the engine's
 ops (the compiled attention kernel where built), each input on its own, so a row's result
 does not depend on the rest of the batch."""
@@ -11,6 +12,28 @@ import numpy as np
 
 from npu.engine.kv_cache import BLOCK
 from npu.engine.ops import NumpyOps
+from npu.errors import ContextLengthError
+
+
+def embed_inputs(items: Sequence[Sequence[int]], context: int,
+                 vocab: int) -> tuple[list[int], np.ndarray]:
+    """The lengths of `items` and their ids packed one after another (int64).
+
+    Raises:
+        ValueError: an item is empty, or has an id outside 0 .. vocab - 1.
+        ContextLengthError: an item is longer than `context`.
+    """
+    lengths = [len(item) for item in items]
+    for n in lengths:
+        if n == 0:
+            raise ValueError("embed needs at least one token per input")
+        if n > context:
+            raise ContextLengthError(f"{n} tokens exceed the model's context length of "
+                                     f"{context}", limit=context, requested=n)
+    ids = np.asarray([t for item in items for t in item], dtype=np.int64)
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab):
+        raise ValueError(f"token ids must be in 0..{vocab - 1}")
+    return lengths, ids
 
 
 def _blocks(x: np.ndarray, nkv: int, dim: int) -> np.ndarray:

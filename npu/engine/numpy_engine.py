@@ -26,7 +26,7 @@ import numpy as np
 
 from npu.config import ModelConfig
 from npu.engine import rope as rope_mod
-from npu.engine.attention import attend_packed
+from npu.engine.attention import attend_packed, embed_inputs
 from npu.engine.kv_cache import BlockPool, SeqBlocks
 from npu.engine.linear import Linear, LinearFactory, Threads
 from npu.engine.pooling import Pooling, pool
@@ -404,11 +404,10 @@ class NumpyEngine:
         is in the batch (bit for bit with integer block formats).
 
         Raises:
-            ValueError: a list is empty.
+            ValueError: a list is empty, or has an id outside the vocabulary.
             ContextLengthError: a list is longer than the model's context.
         """
-        lengths = self._embed_lengths(items)
-        ids = np.asarray([t for item in items for t in item], dtype=np.int64)
+        lengths, ids = embed_inputs(items, self.max_context, self.vocab_size)
         segments = [(Seq(len(self.layers)), n) for n in lengths]  # scratch: never cached
         positions = np.concatenate([np.arange(n) for n in lengths])
         x = self._embed_hidden(ids, segments, positions)
@@ -425,16 +424,6 @@ class NumpyEngine:
 
         return self._layers(ids, segments, positions, attention)
 
-    def _embed_lengths(self, items: Sequence[Sequence[int]]) -> list[int]:
-        lengths = [len(item) for item in items]
-        for n in lengths:
-            if n == 0:
-                raise ValueError("embed needs at least one token per input")
-            if n > self.max_context:
-                raise ContextLengthError(
-                    f"{n} tokens exceed the model's context length of {self.max_context}",
-                    limit=self.max_context, requested=n)
-        return lengths
 
     @property
     def embedding_dims(self) -> int:

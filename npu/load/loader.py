@@ -16,7 +16,8 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from npu.config import config_from_json
+from npu.config import ENCODERS, config_from_json
+from npu.engine.encoder import EncoderEngine
 from npu.engine.numpy_engine import NumpyEngine
 from npu.errors import ModelError
 from npu.load.options import LoadOptions
@@ -169,8 +170,14 @@ def load_model(path: str | Path, device: str = "cpu", options: LoadOptions | Non
         except OSError as exc:
             raise ModelError(f"chat_template {chat_template}: {exc.strerror}") from None
     bos, eos = tokenizer.bos_token, tokenizer.eos_token
-    template = ChatTemplate(source, bos_token=bos or "", eos_token=eos or "") if source else None
-    if device == "npu":
+    encoder = config.arch in ENCODERS
+    template = (ChatTemplate(source, bos_token=bos or "", eos_token=eos or "")
+                if source and not encoder else None)
+    if encoder:
+        if device != "cpu":
+            raise ModelError(f"{folder}: {config.arch} (an encoder) runs on the CPU only")
+        engine = EncoderEngine(config, weights, backend=opts.backend, pooling=pooling)
+    elif device == "npu":
         from npu.xrt import XRT
         from npu.xrt.engine import XRTEngine
 
