@@ -16,10 +16,12 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from npu.config import config_from_json
+from npu.config import ENCODERS, config_from_json
+from npu.engine.encoder import EncoderEngine
 from npu.engine.numpy_engine import NumpyEngine
 from npu.errors import ModelError
 from npu.load.options import LoadOptions
+from npu.load.pooling import pooling_from_directory, pooling_from_gguf
 from npu.load.safetensors import load_weights
 from npu.load.template import ChatTemplate
 from npu.load.tokenizer import Tokenizer
@@ -161,25 +163,32 @@ def load_model(path: str | Path, device: str = "cpu", options: LoadOptions | Non
     else:
         raise ModelError(f"model path {folder} does not exist (a model directory or a .gguf "
                          "file)")
-    config, tokenizer, source, eos_ids, defaults, weights = parts
+    config, tokenizer, source, eos_ids, defaults, weights, pooling = parts
     if chat_template is not None:
         try:
             source = Path(chat_template).read_text(encoding="utf-8")
         except OSError as exc:
             raise ModelError(f"chat_template {chat_template}: {exc.strerror}") from None
     bos, eos = tokenizer.bos_token, tokenizer.eos_token
-    template = ChatTemplate(source, bos_token=bos or "", eos_token=eos or "") if source else None
-    if device == "npu":
+    encoder = config.arch in ENCODERS
+    template = (ChatTemplate(source, bos_token=bos or "", eos_token=eos or "")
+                if source and not encoder else None)
+    if encoder:
+        if device != "cpu":
+            raise ModelError(f"{folder}: {config.arch} (an encoder) runs on the CPU only")
+        engine = EncoderEngine(config, weights, backend=opts.backend, pooling=pooling)
+    elif device == "npu":
         from npu.xrt import XRT
         from npu.xrt.engine import XRTEngine
 
         engine = XRTEngine(config, weights, xrt=xrt or XRT(),
                            device_index=device_index, kernel_dir=Path(kernel_dir),
                            mode=opts.npu_mode, kv_cache_bytes=opts.kv_cache_bytes,
-                           prefix_cache=opts.prefix_cache)
+                           prefix_cache=opts.prefix_cache, pooling=pooling)
     else:
         engine = NumpyEngine(config, weights, backend=opts.backend,
-                             kv_cache_bytes=opts.kv_cache_bytes, prefix_cache=opts.prefix_cache)
+                             kv_cache_bytes=opts.kv_cache_bytes, prefix_cache=opts.prefix_cache,
+                             pooling=pooling)
     if engine.vocab_size < tokenizer.size:
         raise ModelError(f"{folder}: the tokenizer has {tokenizer.size} tokens but the model "
                          f"only {engine.vocab_size} logits")
@@ -230,11 +239,13 @@ def _from_gguf(file: Path):
                           eos_token=token("eos_token_id"), unk_token=token("unknown_token_id"),
                           pad_token=token("padding_token_id"),
                           add_bos=bool(meta.get("tokenizer.ggml.add_bos_token",
-                                                model_kind == "llama")))
+                                                model_kind == "llama")),
+                          add_eos=bool(meta.get("tokenizer.ggml.add_eos_token", False)))
     eos_ids = _eos_ids(meta.get("tokenizer.ggml.eos_token_id"),
                        meta.get("tokenizer.ggml.eot_token_id"),
                        meta.get("tokenizer.ggml.eom_token_id"))
-    return config, tokenizer, g.chat_template, eos_ids, SamplingParams(), g.tensors
+    return (config, tokenizer, g.chat_template, eos_ids, SamplingParams(), g.tensors,
+            pooling_from_gguf(meta, file))
 
 
 def _from_directory(folder: Path, quantize: str | None):
@@ -251,7 +262,8 @@ def _from_directory(folder: Path, quantize: str | None):
     tokenizer = Tokenizer(tok_path, bos_token=bos, eos_token=eos,
                           unk_token=_token_text(tok_config.get("unk_token")),
                           pad_token=_token_text(tok_config.get("pad_token")),
-                          add_bos=bool(tok_config.get("add_bos_token", False)))
+                          add_bos=bool(tok_config.get("add_bos_token", False)),
+                          add_eos=bool(tok_config.get("add_eos_token", False)))
     source = _template_source(folder, tok_config)
     gen = _read_json(folder / "generation_config.json")
     eos_ids = _eos_ids(gen.get("eos_token_id"), config.eos_token_ids, tokenizer.eos_id)
@@ -261,7 +273,8 @@ def _from_directory(folder: Path, quantize: str | None):
         min_p=float(gen.get("min_p") or 0.0),
         repetition_penalty=float(gen.get("repetition_penalty") or 1.0))
     weights = load_weights(folder, keep=_quantizer(quantize))
-    return config, tokenizer, source, eos_ids, defaults, weights
+    return (config, tokenizer, source, eos_ids, defaults, weights,
+            pooling_from_directory(folder))
 
 
 __all__ = ["Model", "load_model"]
