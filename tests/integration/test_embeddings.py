@@ -77,3 +77,20 @@ def test_ollama_embed_and_embeddings(oa, oc) -> None:
     with pytest.raises(ollama.ResponseError) as exc:
         oc.embed(model=SMOL, input="word " * 100, truncate=False, options={"num_ctx": 16})
     assert exc.value.status_code == 400 and "16" in exc.value.error
+
+
+def test_an_encoder_embeds_and_refuses_to_chat(oa, oc) -> None:
+    r = oa.embeddings.create(model="bert-tiny", input=["the cat", "the cat", "a dog ran"],
+                             encoding_format="float")
+    m = _matrix(r.data)
+    assert m.shape == (3, 64) and np.allclose(np.linalg.norm(m, axis=1), 1, atol=1e-5)
+    np.testing.assert_array_equal(m[0], m[1])  # same input, same vector in one batch
+    assert r.usage.prompt_tokens == 6 + 6 + 9  # [CLS] and [SEP] around each input's pieces
+    assert oc.show("bert-tiny").capabilities == ["embedding"]
+    with pytest.raises(openai.BadRequestError) as exc:
+        oa.chat.completions.create(model="bert-tiny", messages=[{"role": "user",
+                                                                 "content": "hi"}])
+    assert "embedding model" in exc.value.message and exc.value.param == "model"
+    with pytest.raises(ollama.ResponseError) as exc:
+        oc.generate(model="bert-tiny", prompt="hi")
+    assert exc.value.status_code == 400
