@@ -24,9 +24,11 @@ log = logging.getLogger(__name__)
 # the most tokens one embedding forward takes when no stream is decoding (bounds the
 # activations' memory: tokens x the model's widest layer, in float32)
 MAX_STEP_TOKENS = 4096
-# with streams decoding, an embedding step may take this share of a decode step's time per
-# decode step (the streams then keep about 1 / (1 + share) of their pace)
+# with streams decoding, embedding steps take this share of the decode steps' time (the
+# streams then keep about 1 / (1 + share) of their pace), and at most this much time saved
+# up (seconds) for one step
 STREAM_SHARE = 0.3
+MAX_CREDIT_S = 0.1
 
 
 class EmbedJob:
@@ -109,20 +111,30 @@ class Embedder:
     def __init__(self, model: Model) -> None:
         self.model = model
         self.tokens_per_s = 0.0  # measured: tokens one second of embedding forwards takes
+        # seconds of embedding the decode steps so far have earned (STREAM_SHARE of theirs)
+        self.credit = 0.0
 
-    def budget(self, decode_step_s: float | None) -> int:
-        """Tokens for the next step: all it may take when no stream decodes, else what
-        fits in STREAM_SHARE of a decode step (at least one input)."""
-        if decode_step_s is None or not self.tokens_per_s:
-            return MAX_STEP_TOKENS if decode_step_s is None else 1
-        return max(1, min(MAX_STEP_TOKENS, int(self.tokens_per_s * STREAM_SHARE
-                                               * decode_step_s)))
+    def earn(self, decode_s: float) -> None:
+        """A decode step took `decode_s` while embeddings waited: their share of it."""
+        self.credit = min(MAX_CREDIT_S, self.credit + STREAM_SHARE * decode_s)
 
-    def step(self, jobs: list[EmbedJob], decode_step_s: float | None) -> list[Outbox]:
+    def ready(self, streaming: bool) -> bool:
+        """Whether an embedding step may run now: always when no stream decodes, else once
+        the decode steps have earned time for it."""
+        return not streaming or self.credit > 0
+
+    def budget(self, streaming: bool) -> int:
+        """Tokens for the next step: all it may take when no stream decodes, else what the
+        earned time takes at the measured rate (at least one input)."""
+        if not streaming:
+            return MAX_STEP_TOKENS
+        return max(1, min(MAX_STEP_TOKENS, int(self.tokens_per_s * self.credit)))
+
+    def step(self, jobs: list[EmbedJob], streaming: bool) -> list[Outbox]:
         """Embed the oldest jobs' next inputs, as many as the budget takes (the first one
         whatever its length), in one forward; returns the outboxes of the jobs that
-        ended."""
-        budget = self.budget(decode_step_s)
+        ended. Beside decoding streams, the step's time is paid from the credit."""
+        budget = self.budget(streaming)
         picked: list[tuple[EmbedJob, int]] = []
         items: list[list[int]] = []
         taken = 0
@@ -149,6 +161,7 @@ class Embedder:
                 job.outbox.put(End)
             return [job.outbox for job in failed]
         elapsed = time.perf_counter() - t0
+        self.credit = self.credit - elapsed if streaming else 0.0
         if elapsed > 0:
             rate = taken / elapsed
             self.tokens_per_s = rate if not self.tokens_per_s else \

@@ -216,7 +216,6 @@ class Worker:
         running: list[Session] = []
         paused: list[Session] = []  # running ones whose KV gave way to the others
         embeds: list[EmbedJob] = []
-        decode_s: float | None = None  # a decode step's time, lately
         sched = self.scheduler
 
         def hand(ended: list[Outbox]) -> None:
@@ -257,11 +256,12 @@ class Worker:
                 if running:
                     t0 = time.perf_counter()
                     ended = sched.decode_step(running, paused, outboxes)
-                    took = time.perf_counter() - t0
-                    decode_s = took if decode_s is None else 0.8 * decode_s + 0.2 * took
+                    if embeds:
+                        self.embedder.earn(time.perf_counter() - t0)
                     hand(ended)
-                if embeds:  # between decode steps, within a share of one when streams run
-                    hand(self.embedder.step(embeds, decode_s if running else None))
+                # between decode steps, in a bounded share of their time when streams run
+                if embeds and self.embedder.ready(bool(running)):
+                    hand(self.embedder.step(embeds, bool(running)))
         except BaseException as exc:  # the worker is broken: tell every stream
             log.exception("decode loop failed")
             self.error = exc

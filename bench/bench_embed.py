@@ -5,7 +5,8 @@
    (SmolLM2-135M, Q4_1: a decoder, mean pooling) and on a random BERT-base-shaped encoder
    (12 layers, 768 wide, Q8_0 and F32). Beside each, in the same run where installed:
    llama.cpp's embedding on the same GGUF (llama-cpp-python `Llama(embedding=True).embed`)
-   and sentence-transformers on the same BERT shape (the peers are for bench/ only).
+   and sentence-transformers' forward (transformers' BertModel in torch, mean pooling) on
+   the same BERT shape (the peers are for bench/ only).
 2. A stream beside embeddings: one chat's decode rate alone, then while requests of 256
    inputs keep the worker's embedding queue full: the ratio (target >= 0.7: the worker
    gives embedding steps a bounded share of the decode loop, actors.embedding).
@@ -29,7 +30,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from actors.events import ChatGenerate, Deltas, EmbedGenerate, Embeddings  # noqa: E402
+from actors.events import (  # noqa: E402
+    CompletionGenerate,
+    Deltas,
+    EmbedGenerate,
+    Embeddings,
+    Finished,
+)
 from actors.worker import Worker  # noqa: E402
 from npu import LoadOptions, load_model  # noqa: E402
 
@@ -51,11 +58,15 @@ async def embed(worker: Worker, items: list) -> np.ndarray:
 def throughput(worker: Worker, batch: int, tokens: int, rounds: int) -> float:
     """Input tokens per second, requests of `batch` inputs one after another."""
     vocab = worker.model.config.vocab_size
-    asyncio.run(embed(worker, inputs(1, tokens, vocab, 0)))  # warm
-    t0 = time.perf_counter()
-    for r in range(rounds):
-        asyncio.run(embed(worker, inputs(batch, tokens, vocab, r)))
-    return rounds * batch * tokens / (time.perf_counter() - t0)
+
+    async def run() -> float:
+        await embed(worker, inputs(batch, tokens, vocab, 0))  # warm
+        t0 = time.perf_counter()
+        for r in range(rounds):
+            await embed(worker, inputs(batch, tokens, vocab, r + 1))
+        return rounds * batch * tokens / (time.perf_counter() - t0)
+
+    return asyncio.run(run())
 
 
 def llama_cpp_rate(path: Path, batch: int, tokens: int, rounds: int) -> float | None:
@@ -75,15 +86,17 @@ def llama_cpp_rate(path: Path, batch: int, tokens: int, rounds: int) -> float | 
 
 def sentence_transformers_rate(folder: Path, batch: int, tokens: int,
                                rounds: int) -> float | None:
+    """What sentence-transformers runs for a BERT model with mean pooling: transformers'
+    BertModel forward in torch, then the mean (its own package is not needed for that)."""
     try:
         import torch
         from transformers import AutoModel
     except ImportError:
         return None
-    try:
-        import sentence_transformers  # noqa: F401
-    except ImportError:
-        return None
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    torch.set_num_threads(os.cpu_count() or 1)
     model = AutoModel.from_pretrained(folder).eval()
     vocab = model.config.vocab_size
 
@@ -101,10 +114,10 @@ def sentence_transformers_rate(folder: Path, batch: int, tokens: int,
 
 def stream_rate(worker: Worker, tokens: int, embed_batch: int, embed_tokens: int,
                 beside: bool) -> float:
-    """Decode tokens per second of one chat stream (after its first token), alone or with
+    """Decode tokens per second of one stream (after its first token), alone or with
     embedding requests of `embed_batch` inputs queued one after another all along."""
-    chat = ChatGenerate(request_id="s", messages=[{"role": "user", "content": "Tell a story."}],
-                        max_tokens=tokens, ignore_eos=True, temperature=0)
+    story = CompletionGenerate(request_id="s", prompt="Once upon a time", max_tokens=tokens,
+                               ignore_eos=True, temperature=0)
     vocab = worker.model.config.vocab_size
 
     async def run() -> float:
@@ -119,18 +132,18 @@ def stream_rate(worker: Worker, tokens: int, embed_batch: int, embed_tokens: int
                 embedded += embed_batch
                 r += 1
 
-        times: list[float] = []
+        first = last = 0.0
         side = asyncio.create_task(keep_embedding()) if beside else None
-        async for batch in worker.generate(chat):
-            for ev in batch:
-                if isinstance(ev, Deltas):
-                    times.append(time.perf_counter())
+        async for batch in worker.generate(story):
+            if any(isinstance(ev, (Deltas, Finished)) for ev in batch):
+                last = time.perf_counter()
+                first = first or last
         stop.set()
         if side is not None:
             await side
             assert embedded > 0, "no embedding ran beside the stream"
-        # each Deltas event is a token here (the worker sends them as they come)
-        return (len(times) - 1) / (times[-1] - times[0])
+        # the first token came with the prompt; the rest are decode steps
+        return (tokens - 1) / (last - first)
 
     return asyncio.run(run())
 
@@ -144,12 +157,12 @@ def main() -> None:
 
     if args.quick:
         decoder, tokens, batches, rounds, stream_tokens = "flm-tiny", 32, (1, 8), 2, 48
-        bert = build_bert(cache / "bert", hidden=64, layers=2, heads=4, intermediate=128,
-                          vocab=512, seed=0)
+        bert = build_bert(cache / "bert")
     else:
         decoder, tokens, batches, rounds, stream_tokens = "smollm2-135m", 128, (1, 32, 256), 2, 96
-        bert = build_bert(cache / "bert", hidden=768, layers=12, heads=12, intermediate=3072,
-                          vocab=30522, seed=0)
+        bert = build_bert(cache / "bert", dims={  # BERT-base's shape
+            "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+            "intermediate_size": 3072, "max_position_embeddings": 512})
     print(f"inputs of {tokens} tokens; {os.cpu_count()} cores")
     print(f"{'model':34s} {'batch':>5s} {'flm tok/s':>10s} {'peer tok/s':>10s} {'ratio':>6s}")
     dec = Worker(lambda: load_model(decoder, name=decoder), max_batch=4)
@@ -161,13 +174,13 @@ def main() -> None:
         print(f"{decoder + ' (llama.cpp)':34s} {b:5d} {ours:10.0f} "
               f"{peer or float('nan'):10.0f} {ratio}  ratio (ours / peer)")
     for quant in ("Q8_0", "F32"):  # the encoder held in each block format
-        enc = Worker(lambda q=quant: load_model(bert, LoadOptions(quantize=q.lower() if q != "F32" else None), name="bert"),
-                     max_batch=4)
+        options = LoadOptions(quantize=None if quant == "F32" else quant.lower())
+        enc = Worker(lambda o=options: load_model(bert, "cpu", o, name="bert"), max_batch=4)
         for b in batches:
             ours = throughput(enc, b, tokens, rounds)
             peer = sentence_transformers_rate(bert, b, tokens, rounds)
             ratio = f"{ours / peer:6.2f}" if peer else "   n/a"
-            print(f"{'bert ' + quant + ' (sentence-transformers)':34s} {b:5d} {ours:10.0f} "
+            print(f"{'bert ' + quant + ' (torch)':34s} {b:5d} {ours:10.0f} "
                   f"{peer or float('nan'):10.0f} {ratio}  ratio (ours / peer)")
         enc.close()
     alone = stream_rate(dec, stream_tokens, batches[-1], tokens, beside=False)

@@ -51,25 +51,28 @@ def _tokenizer():
     return tok
 
 
-def build_bert(folder: Path, *, pooling: str | None = "mean", seed: int = 0) -> Path:
+def build_bert(folder: Path, *, pooling: str | None = "mean", seed: int = 0,
+               dims: dict | None = None) -> Path:
     """Write the model into `folder` (created) and return it. `pooling`: the
     sentence-transformers Pooling module's mode ("mean", "cls", ...; None: no
-    sentence-transformers files, the plain BertModel)."""
+    sentence-transformers files, the plain BertModel); `dims`: sizes other than DIMS's
+    (BERT-base's for the benchmark)."""
     from safetensors.numpy import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
     tok = _tokenizer()
     tok.save(str(folder / "tokenizer.json"))
     vocab = tok.get_vocab_size(with_added_tokens=True)
-    H, I, L = DIMS["hidden_size"], DIMS["intermediate_size"], DIMS["num_hidden_layers"]
+    D = {**DIMS, **(dims or {})}
+    H, I, L = D["hidden_size"], D["intermediate_size"], D["num_hidden_layers"]
     config = {"architectures": ["BertModel"], "model_type": "bert", "vocab_size": vocab,
               "hidden_act": "gelu", "layer_norm_eps": 1e-12, "pad_token_id": 0,
-              "position_embedding_type": "absolute", **DIMS}
+              "position_embedding_type": "absolute", **D}
     (folder / "config.json").write_text(json.dumps(config))
     (folder / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "BertTokenizer", "do_lower_case": True, "unk_token": "[UNK]",
         "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
-        "mask_token": "[MASK]", "model_max_length": DIMS["max_position_embeddings"]}))
+        "mask_token": "[MASK]", "model_max_length": D["max_position_embeddings"]}))
     rng = np.random.default_rng(seed)
 
     def mat(*shape: int, scale: float | None = None) -> np.ndarray:
@@ -82,8 +85,8 @@ def build_bert(folder: Path, *, pooling: str | None = "mean", seed: int = 0) -> 
 
     e = "embeddings."
     w = {e + "word_embeddings.weight": mat(vocab, H, scale=1.0),
-         e + "position_embeddings.weight": mat(DIMS["max_position_embeddings"], H, scale=0.5),
-         e + "token_type_embeddings.weight": mat(DIMS["type_vocab_size"], H, scale=0.5)}
+         e + "position_embeddings.weight": mat(D["max_position_embeddings"], H, scale=0.5),
+         e + "token_type_embeddings.weight": mat(D["type_vocab_size"], H, scale=0.5)}
     norm(e + "LayerNorm")
     for i in range(L):
         p = f"encoder.layer.{i}."

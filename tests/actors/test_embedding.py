@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from actors.embedding import MAX_STEP_TOKENS, Embedder, finish
+from actors.embedding import MAX_STEP_TOKENS, STREAM_SHARE, Embedder, finish
 from actors.events import (
     Accepted,
     ChatGenerate,
@@ -114,13 +114,18 @@ def test_embedding_leaves_the_kv_cache_and_running_chats_alone(worker) -> None:
     assert worker.model.engine.kv_usage() == before
 
 
-def test_budget_bounds_a_step_beside_decoding() -> None:
+def test_embedding_beside_streams_takes_its_share_of_their_time() -> None:
     e = Embedder(model=None)
-    assert e.budget(None) == MAX_STEP_TOKENS  # nothing decodes: the largest step
-    assert e.budget(0.01) == 1  # not measured yet: one input
+    assert e.ready(False) and e.budget(False) == MAX_STEP_TOKENS  # nothing decodes
+    assert not e.ready(True)  # no decode step has paid for one yet
+    e.earn(0.01)
+    assert e.ready(True) and e.credit == pytest.approx(STREAM_SHARE * 0.01)
+    assert e.budget(True) == 1  # no rate measured yet: one input
     e.tokens_per_s = 100_000.0
-    assert e.budget(0.01) == int(100_000 * 0.3 * 0.01)
-    assert e.budget(10.0) == MAX_STEP_TOKENS
+    assert e.budget(True) == int(100_000 * STREAM_SHARE * 0.01)
+    for _ in range(1000):
+        e.earn(1.0)
+    assert e.budget(True) == MAX_STEP_TOKENS  # what is saved up is bounded
 
 
 def test_finish_normalizes_and_keeps_zero() -> None:
