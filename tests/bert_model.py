@@ -172,9 +172,10 @@ def _phantom(token: str) -> str:
 def write_bert_gguf(folder: Path, path: Path, qtype=None, *, pooling: str | None = "mean",
                     add_bos_eos: bool = True) -> Path:
     """`build_bert`'s model (`folder`) as a `bert` (or `nomic-bert`) GGUF file: llama.cpp's
-    tensor names and metadata, its vocabulary in phantom-space form with token types, matrices in `qtype`
-    (gguf's GGMLQuantizationType; default F32; the embeddings stay F32 as the converter
-    keeps them)."""
+    tensor names and metadata, its vocabulary in phantom-space form with token types,
+    matrices in `qtype` (gguf's GGMLQuantizationType; default F32); the embedding tables
+    stay F32 (llama.cpp's converter keeps position_embd and token_types F32; token_embd is
+    kept so here too)."""
     from gguf import GGMLQuantizationType as QT
     from gguf import GGUFWriter, quants
     from safetensors.numpy import load_file
