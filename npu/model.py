@@ -91,18 +91,31 @@ class Model:
         sentence-transformers Dense layer's output)."""
         return self.engine.embedding_dims
 
-    def embedding_ids(self, text: str) -> list[int]:
+    def embedding_ids(self, text: str, *, limit: int | None = None) -> list[int]:
         """Token ids of one input to embed, with the special tokens the model's tokenizer
         adds around a text: its post-processor's ([CLS] ... [SEP] for BERT, BOS for Llama 3),
         BOS when the tokenizer adds it and the text does not start with it, EOS appended when
         the tokenizer says add_eos (Qwen3-Embedding's `<|endoftext|>`, which last-token
-        pooling reads)."""
+        pooling reads).
+
+        Args:
+            limit: the most ids (the context, for Ollama's `truncate`): the text's tokens are
+                cut at the end, the special tokens kept around what is left.
+        """
         tok = self.tokenizer
-        ids = tok.encode_for_embedding(text)
-        if tok.add_bos and tok.bos_id is not None and (not ids or ids[0] != tok.bos_id):
-            ids = [tok.bos_id] + ids
-        if tok.add_eos and tok.eos_id is not None and (not ids or ids[-1] != tok.eos_id):
-            ids = ids + [tok.eos_id]
+
+        def around(ids: list[int]) -> list[int]:
+            if tok.add_bos and tok.bos_id is not None and (not ids or ids[0] != tok.bos_id):
+                ids = [tok.bos_id] + ids
+            if tok.add_eos and tok.eos_id is not None and (not ids or ids[-1] != tok.eos_id):
+                ids = ids + [tok.eos_id]
+            return ids
+
+        processed = tok.encode_for_embedding(text)
+        ids = around(processed)
+        if limit is not None and len(ids) > limit:  # again, with room for what `around` adds
+            added = len(ids) - len(processed)
+            ids = around(tok.encode_for_embedding(text, room=max(0, limit - added)))[:limit]
         return ids
 
     def thinking_enabled(self, enable_thinking: bool | None = None) -> bool:

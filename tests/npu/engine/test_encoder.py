@@ -61,6 +61,7 @@ def test_bert_gguf_tokenizes_and_embeds_as_transformers(bert, tmp_path: Path, mo
     model = load_model(file)
     assert model.kind == "encoder" and model.pooling == mode and model.template is None
     assert [model.embedding_ids(t) for t in TEXTS] == bert["ids"]
+    assert model.embedding_ids(TEXTS[2], limit=6) == bert["ids"][2][:5] + bert["ids"][2][-1:]
     assert cosine(model.engine.embed(bert["ids"]), bert["refs"][mode]).min() >= floor
 
 
@@ -167,3 +168,11 @@ def test_nomic_bert_embeddings_match_its_forward(nomic, tmp_path: Path, source: 
     assert [model.embedding_ids(t) for t in TEXTS] == nomic["ids"]
     got = model.engine.embed(nomic["ids"])
     assert cosine(got, nomic["ref"]).min() >= floor
+
+
+def test_embedding_ids_cut_the_text_to_a_limit_and_keep_cls_and_sep(bert) -> None:
+    model = load_model(bert["folders"]["mean"])
+    full = model.embedding_ids(TEXTS[2])
+    cut = model.embedding_ids(TEXTS[2], limit=6)
+    assert cut == full[:5] + full[-1:] and len(cut) == 6
+    assert model.embedding_ids(TEXTS[2], limit=len(full) + 5) == full

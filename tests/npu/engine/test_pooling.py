@@ -124,6 +124,8 @@ def test_qwen3_last_token_embedding_ids_end_with_eos(models) -> None:
     assert model.pooling == "last" and model.kind == "decoder" and model.generates
     assert model.embedding_dims == 64
     assert all(item[-1] == model.tokenizer.eos_id for item in ids)
+    cut = model.embedding_ids(TEXTS[1], limit=5)  # the text cut, its EOS kept
+    assert cut == ids[1][:4] + ids[1][-1:]
     assert load_model(models["llama"][0]).embedding_dims == 32  # its Dense layer's output
 
 
