@@ -426,7 +426,6 @@ class NumpyEngine:
 
         return self._layers(ids, segments, positions, attention)
 
-
     @property
     def embedding_dims(self) -> int:
         """The width of `embed`'s vectors."""

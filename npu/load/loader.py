@@ -201,7 +201,7 @@ def load_model(path: str | Path, device: str = "cpu", options: LoadOptions | Non
     where = gguf_file or folder
     return Model(name=name or (where.stem if gguf_file else folder.name), path=where,
                  config=config, tokenizer=tokenizer, template=template, engine=engine,
-                 eos_token_ids=tuple(eos_ids), defaults=defaults)
+                 eos_token_ids=tuple(eos_ids), defaults=defaults, pooling=pooling)
 
 
 def _return_freed_memory() -> None:
