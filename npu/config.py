@@ -229,9 +229,9 @@ def _encoder_config(raw: dict[str, Any], arch: str) -> ModelConfig:
                          f"{raw['position_embedding_type']!r} is not supported (absolute)")
     if nomic and (float(key("rotary_emb_fraction", default=1.0)) != 1.0
                   or key("rotary_emb_interleaved", default=False)
-                  or key("prenorm", default=False)):
+                  or key("prenorm", default=False) or key("moe_every_n_layers", default=0)):
         raise ModelError("config.json: nomic-bert with a partial or interleaved rotary "
-                         "embedding, or pre-norm layers, is not supported")
+                         "embedding, pre-norm layers or experts is not supported")
     theta = float(key("rotary_emb_base", default=10000.0))
     return ModelConfig(
         arch=arch,

@@ -52,11 +52,13 @@ def _tokenizer():
 
 
 def build_bert(folder: Path, *, pooling: str | None = "mean", seed: int = 0,
-               dims: dict | None = None) -> Path:
+               nomic: bool = False, dims: dict | None = None) -> Path:
     """Write the model into `folder` (created) and return it. `pooling`: the
     sentence-transformers Pooling module's mode ("mean", "cls", ...; None: no
-    sentence-transformers files, the plain BertModel); `dims`: sizes other than DIMS's
-    (BERT-base's for the benchmark)."""
+    sentence-transformers files, the plain BertModel). `nomic`: a NomicBertModel instead
+    (nomic-embed-text's layout: fused Wqkv, rotary positions, SwiGLU, no biases in the
+    layers' projections; its config in nomic's GPT-2 style keys). `dims`: sizes other than
+    DIMS's (BERT-base's for the benchmark)."""
     from safetensors.numpy import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -65,9 +67,19 @@ def build_bert(folder: Path, *, pooling: str | None = "mean", seed: int = 0,
     vocab = tok.get_vocab_size(with_added_tokens=True)
     D = {**DIMS, **(dims or {})}
     H, I, L = D["hidden_size"], D["intermediate_size"], D["num_hidden_layers"]
-    config = {"architectures": ["BertModel"], "model_type": "bert", "vocab_size": vocab,
-              "hidden_act": "gelu", "layer_norm_eps": 1e-12, "pad_token_id": 0,
-              "position_embedding_type": "absolute", **D}
+    if nomic:
+        config = {"architectures": ["NomicBertModel"], "model_type": "nomic_bert",
+                  "vocab_size": vocab, "n_embd": H, "n_head": D["num_attention_heads"],
+                  "n_layer": L, "n_inner": I, "n_positions": D["max_position_embeddings"],
+                  "activation_function": "swiglu", "layer_norm_epsilon": 1e-12,
+                  "rotary_emb_base": 1000, "rotary_emb_fraction": 1.0,
+                  "rotary_emb_interleaved": False, "prenorm": False, "qkv_proj_bias": False,
+                  "mlp_fc1_bias": False, "mlp_fc2_bias": False,
+                  "type_vocab_size": D["type_vocab_size"]}
+    else:
+        config = {"architectures": ["BertModel"], "model_type": "bert", "vocab_size": vocab,
+                  "hidden_act": "gelu", "layer_norm_eps": 1e-12, "pad_token_id": 0,
+                  "position_embedding_type": "absolute", **D}
     (folder / "config.json").write_text(json.dumps(config))
     (folder / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "BertTokenizer", "do_lower_case": True, "unk_token": "[UNK]",
@@ -85,32 +97,45 @@ def build_bert(folder: Path, *, pooling: str | None = "mean", seed: int = 0,
 
     e = "embeddings."
     w = {e + "word_embeddings.weight": mat(vocab, H, scale=1.0),
-         e + "position_embeddings.weight": mat(D["max_position_embeddings"], H, scale=0.5),
          e + "token_type_embeddings.weight": mat(D["type_vocab_size"], H, scale=0.5)}
-    norm(e + "LayerNorm")
-    for i in range(L):
-        p = f"encoder.layer.{i}."
-        for n in ("query", "key", "value"):
-            w[p + f"attention.self.{n}.weight"] = mat(H, H, scale=2 * H ** -0.5)
-            w[p + f"attention.self.{n}.bias"] = mat(H, scale=0.1)
-        w[p + "attention.output.dense.weight"], w[p + "attention.output.dense.bias"] = \
-            mat(H, H), mat(H, scale=0.1)
-        norm(p + "attention.output.LayerNorm")
-        w[p + "intermediate.dense.weight"], w[p + "intermediate.dense.bias"] = \
-            mat(I, H), mat(I, scale=0.1)
-        w[p + "output.dense.weight"], w[p + "output.dense.bias"] = mat(H, I), mat(H, scale=0.1)
-        norm(p + "output.LayerNorm")
-    w["pooler.dense.weight"], w["pooler.dense.bias"] = mat(H, H), mat(H, scale=0.1)
+    if nomic:
+        norm("emb_ln")
+        for i in range(L):
+            p = f"encoder.layers.{i}."
+            w[p + "attn.Wqkv.weight"] = mat(3 * H, H, scale=2 * H ** -0.5)
+            w[p + "attn.out_proj.weight"] = mat(H, H)
+            norm(p + "norm1")
+            w[p + "mlp.fc11.weight"], w[p + "mlp.fc12.weight"] = mat(I, H), mat(I, H)
+            w[p + "mlp.fc2.weight"] = mat(H, I)
+            norm(p + "norm2")
+    else:
+        w[e + "position_embeddings.weight"] = mat(D["max_position_embeddings"], H,
+                                                  scale=0.5)
+        norm(e + "LayerNorm")
+        for i in range(L):
+            p = f"encoder.layer.{i}."
+            for n in ("query", "key", "value"):
+                w[p + f"attention.self.{n}.weight"] = mat(H, H, scale=2 * H ** -0.5)
+                w[p + f"attention.self.{n}.bias"] = mat(H, scale=0.1)
+            w[p + "attention.output.dense.weight"] = mat(H, H)
+            w[p + "attention.output.dense.bias"] = mat(H, scale=0.1)
+            norm(p + "attention.output.LayerNorm")
+            w[p + "intermediate.dense.weight"] = mat(I, H)
+            w[p + "intermediate.dense.bias"] = mat(I, scale=0.1)
+            w[p + "output.dense.weight"], w[p + "output.dense.bias"] = mat(H, I), mat(H,
+                                                                                  scale=0.1)
+            norm(p + "output.LayerNorm")
+        w["pooler.dense.weight"], w["pooler.dense.bias"] = mat(H, H), mat(H, scale=0.1)
     save_file(w, str(folder / "model.safetensors"))
     if pooling is not None:
-        _sentence_transformers(folder, pooling)
+        _sentence_transformers(folder, pooling, H)
     return folder
 
 
-def _sentence_transformers(folder: Path, pooling: str) -> None:
+def _sentence_transformers(folder: Path, pooling: str, width: int) -> None:
     (folder / "1_Pooling").mkdir(exist_ok=True)
     (folder / "1_Pooling" / "config.json").write_text(json.dumps({
-        "word_embedding_dimension": DIMS["hidden_size"],
+        "word_embedding_dimension": width,
         **{key: mode == pooling for mode, key in POOLING_KEYS.items()},
         "pooling_mode_mean_sqrt_len_tokens": False, "pooling_mode_weightedmean_tokens": False,
         "include_prompt": True}))
@@ -126,12 +151,16 @@ def _sentence_transformers(folder: Path, pooling: str) -> None:
 _GGUF_NAMES = {"embeddings.word_embeddings": "token_embd",
                "embeddings.position_embeddings": "position_embd",
                "embeddings.token_type_embeddings": "token_types",
-               "embeddings.LayerNorm": "token_embd_norm"}
+               "embeddings.LayerNorm": "token_embd_norm", "emb_ln": "token_embd_norm"}
 _GGUF_LAYER = {"attention.self.query": "attn_q", "attention.self.key": "attn_k",
                "attention.self.value": "attn_v", "attention.output.dense": "attn_output",
                "attention.output.LayerNorm": "attn_output_norm",
                "intermediate.dense": "ffn_up", "output.dense": "ffn_down",
-               "output.LayerNorm": "layer_output_norm"}
+               "output.LayerNorm": "layer_output_norm",
+               # nomic-bert
+               "attn.Wqkv": "attn_qkv", "attn.out_proj": "attn_output",
+               "norm1": "attn_output_norm", "mlp.fc11": "ffn_up", "mlp.fc12": "ffn_gate",
+               "mlp.fc2": "ffn_down", "norm2": "layer_output_norm"}
 GGUF_POOLING = {"mean": 1, "cls": 2, "last": 3}
 
 
@@ -144,24 +173,33 @@ def _phantom(token: str) -> str:
 
 def write_bert_gguf(folder: Path, path: Path, qtype=None, *, pooling: str | None = "mean",
                     add_bos_eos: bool = True) -> Path:
-    """`build_bert`'s model (`folder`) as a `bert` GGUF file: llama.cpp's tensor names and
-    metadata, its vocabulary in phantom-space form with token types, matrices in `qtype`
-    (gguf's GGMLQuantizationType; default F32; the embeddings stay F32 as the converter
-    keeps them)."""
+    """`build_bert`'s model (`folder`) as a `bert` (or `nomic-bert`) GGUF file: llama.cpp's
+    tensor names and metadata, its vocabulary in phantom-space form with token types,
+    matrices in `qtype` (gguf's GGMLQuantizationType; default F32); the embedding tables
+    stay F32 (llama.cpp's converter keeps position_embd and token_types F32; token_embd is
+    kept so here too)."""
     from gguf import GGMLQuantizationType as QT
     from gguf import GGUFWriter, quants
     from safetensors.numpy import load_file
 
     qtype = qtype or QT.F32
     cfg = json.loads((folder / "config.json").read_text())
+    arch = "nomic-bert" if cfg["architectures"] == ["NomicBertModel"] else "bert"
+    if arch == "nomic-bert":
+        cfg = {"max_position_embeddings": cfg["n_positions"], "hidden_size": cfg["n_embd"],
+               "intermediate_size": cfg["n_inner"], "num_hidden_layers": cfg["n_layer"],
+               "num_attention_heads": cfg["n_head"], "layer_norm_eps": cfg["layer_norm_epsilon"],
+               "type_vocab_size": cfg["type_vocab_size"], "rope": cfg["rotary_emb_base"]}
     doc = json.loads((folder / "tokenizer.json").read_text())
     vocab = doc["model"]["vocab"]
     tokens = [""] * len(vocab)
     for t, i in vocab.items():
         tokens[i] = t
     special = {a["id"] for a in doc["added_tokens"] if a["special"]}
-    w = GGUFWriter(str(path), "bert")
-    w.add_name("random-bert")
+    w = GGUFWriter(str(path), arch)
+    w.add_name(f"random-{arch}")
+    if "rope" in cfg:
+        w.add_rope_freq_base(float(cfg["rope"]))
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
     w.add_feed_forward_length(cfg["intermediate_size"])
@@ -170,7 +208,7 @@ def write_bert_gguf(folder: Path, path: Path, qtype=None, *, pooling: str | None
     w.add_layer_norm_eps(cfg["layer_norm_eps"])
     w.add_causal_attention(False)
     if pooling is not None:
-        w.add_uint32("bert.pooling_type", GGUF_POOLING[pooling])
+        w.add_uint32(f"{arch}.pooling_type", GGUF_POOLING[pooling])
     w.add_tokenizer_model("bert")
     w.add_token_list([_phantom(t) for t in tokens])
     w.add_token_types([3 if i in special else 1 for i in range(len(tokens))])
@@ -187,7 +225,7 @@ def write_bert_gguf(folder: Path, path: Path, qtype=None, *, pooling: str | None
         if base in _GGUF_NAMES:
             gname = f"{_GGUF_NAMES[base]}.{suffix}"
         else:
-            _, _, i, rest = base.split(".", 3)
+            _, _, i, rest = base.split(".", 3)  # encoder.layer(s).{i}.rest
             gname = f"blk.{i}.{_GGUF_LAYER[rest]}.{suffix}"
         if a.ndim == 2 and qtype != QT.F32 and base not in _GGUF_NAMES:
             w.add_tensor(gname, quants.quantize(a, qtype), raw_dtype=qtype)

@@ -244,6 +244,8 @@ class EncoderEngine:
             ValueError: a list is empty, or has an id outside the vocabulary.
             ContextLengthError: a list is longer than the model's context.
         """
+        if not items:
+            return np.zeros((0, self.embedding_dims), dtype=np.float32)
         lengths, ids = embed_inputs(items, self.max_context, self.vocab_size)
         positions = np.concatenate([np.arange(n) for n in lengths])
         return pool(self._hidden(ids, positions, lengths), lengths, self.pooling)

@@ -407,6 +407,8 @@ class NumpyEngine:
             ValueError: a list is empty, or has an id outside the vocabulary.
             ContextLengthError: a list is longer than the model's context.
         """
+        if not items:
+            return np.zeros((0, self.embedding_dims), dtype=np.float32)
         lengths, ids = embed_inputs(items, self.max_context, self.vocab_size)
         segments = [(Seq(len(self.layers)), n) for n in lengths]  # scratch: never cached
         positions = np.concatenate([np.arange(n) for n in lengths])
@@ -423,7 +425,6 @@ class NumpyEngine:
             return self._attention_local(L, h, [n for _, n in segments], cos, sin)
 
         return self._layers(ids, segments, positions, attention)
-
 
     @property
     def embedding_dims(self) -> int:

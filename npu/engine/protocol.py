@@ -76,7 +76,8 @@ class Engine(Protocol):
         integer block formats).
 
         Raises:
-            ValueError: a list is empty.
+            ValueError: a list is empty, or has an id outside the vocabulary (an empty
+                `items` is no error: an array [0, dims]).
             ContextLengthError: a list is longer than the model's context.
             ModelError: the engine cannot embed (an NPU mode without cache-free attention).
         """

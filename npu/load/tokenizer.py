@@ -90,10 +90,15 @@ class Tokenizer:
         """Token ids of `text` (special-token text becomes those tokens; no BOS added)."""
         return self._tok.encode(text, add_special_tokens=False).ids
 
-    def encode_for_embedding(self, text: str) -> list[int]:
+    def encode_for_embedding(self, text: str, *, room: int | None = None) -> list[int]:
         """Token ids of `text` with the special tokens the tokenizer's post-processor adds
-        around one input ([CLS] ... [SEP] for BERT; none when it has no post-processor)."""
-        return self._tok.encode(text, add_special_tokens=True).ids
+        around one input ([CLS] ... [SEP] for BERT; none when it has no post-processor).
+        `room`: the most ids to return; the text's own tokens are cut at the end to fit,
+        the special tokens kept."""
+        enc = self._tok.encode(text, add_special_tokens=False)
+        if room is not None:
+            enc.truncate(max(0, room - self._tok.num_special_tokens_to_add(False)))
+        return self._tok.post_process(enc).ids
 
     def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)

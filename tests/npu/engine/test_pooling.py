@@ -124,6 +124,8 @@ def test_qwen3_last_token_embedding_ids_end_with_eos(models) -> None:
     assert model.pooling == "last" and model.kind == "decoder" and model.generates
     assert model.embedding_dims == 64
     assert all(item[-1] == model.tokenizer.eos_id for item in ids)
+    cut = model.embedding_ids(TEXTS[1], limit=5)  # the text cut, its EOS kept
+    assert cut == ids[1][:4] + ids[1][-1:]
     assert load_model(models["llama"][0]).embedding_dims == 32  # its Dense layer's output
 
 
@@ -189,3 +191,45 @@ def test_embed_refuses_empty_and_overlong_inputs(models) -> None:
     assert info.value.limit == CONTEXT and info.value.requested == CONTEXT + 1
     assert engine.kv_usage()["sequences"] == 0
     assert engine.embed([[3] * CONTEXT]).shape == (1, 64)
+
+
+# the other decoders' own paths in `embed`: Gemma 3's sliding window and scaled embedding,
+# LFM2's convolutions (state per input, thrown away), gpt-oss's attention sinks and experts
+OTHER_DECODERS = {
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        hidden_size=48, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=24, sliding_window=5, query_pre_attn_scalar=16,
+        layer_types=["sliding_attention", "full_attention"])),
+    "lfm2": ("Lfm2Config", "Lfm2ForCausalLM", dict(
+        hidden_size=48, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, conv_L_cache=3, layer_types=["conv", "full_attention"])),
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", dict(
+        hidden_size=48, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=12, num_local_experts=4, num_experts_per_tok=2,
+        sliding_window=5, layer_types=["sliding_attention", "full_attention"],
+        tie_word_embeddings=False)),
+}
+
+
+@pytest.mark.parametrize("name", list(OTHER_DECODERS))
+def test_other_decoders_embed_their_hidden_states(tmp_path: Path, name: str) -> None:
+    from npu import NumpyEngine, config_from_json
+    from npu.load.safetensors import load_weights
+
+    cfg_cls, model_cls, kwargs = OTHER_DECODERS[name]
+    torch.manual_seed(3)
+    cfg = getattr(transformers, cfg_cls)(vocab_size=128, max_position_embeddings=CONTEXT,
+                                         initializer_range=0.2, **kwargs)
+    cfg._attn_implementation = "eager"
+    model = getattr(transformers, model_cls)(cfg).eval()
+    model.save_pretrained(tmp_path)
+    items = [[3, 17, 99, 5, 64, 8, 8, 120, 33, 2, 77, 41], [9], [5, 6, 7, 100, 101, 1, 2]]
+    with torch.no_grad():
+        ref = np.stack([model.model(torch.tensor([i])).last_hidden_state[0].numpy().mean(0)
+                        for i in items])
+    config = config_from_json(json.loads((tmp_path / "config.json").read_text()))
+    engine = NumpyEngine(config, load_weights(tmp_path, progress=False))
+    got = engine.embed(items)
+    assert cosine(got, ref).min() >= 0.9999
+    assert np.allclose(got[1], engine.embed([items[1]])[0], atol=1e-5)
+    assert engine.kv_usage()["sequences"] == 0 and engine.embed([]).shape == (0, 48)
