@@ -72,8 +72,9 @@ def build_embedding(request: EmbedGenerate, model: Model) -> EmbedJob:
     vocab = model.config.vocab_size
     ids: list[list[int]] = []
     for i, item in enumerate(request.inputs):
-        if isinstance(item, str):
-            tokens = model.embedding_ids(item) if item else []
+        if isinstance(item, str):  # cut (special tokens kept) when truncating
+            tokens = model.embedding_ids(item, limit=limit if request.truncate else None) \
+                if item else []
         else:
             bad = next((t for t in item if not 0 <= t < vocab), None)
             if bad is not None:
