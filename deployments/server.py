@@ -15,6 +15,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
 
+from deployments.embeddings.routes import router as embeddings_router
 from deployments.errors import ApiError, error_response, ollama_error_response
 from deployments.ingress import Current, Ingress
 from deployments.metrics import render
@@ -44,7 +45,7 @@ async def metrics(request: Request, ingress: Current) -> Response:
 
 
 # the route table: each API surface's router (its paths are its own)
-ROUTERS = (server_router, openai_router, responses_router, ollama_router)
+ROUTERS = (server_router, openai_router, responses_router, ollama_router, embeddings_router)
 
 
 async def _routing_error(request: Request, exc: HTTPException) -> Response:

@@ -19,7 +19,8 @@ ALLOWED = {"chat": set(), "npu": set(), "actors": {"chat", "npu"},
 # app above them, the launcher apart (it starts processes; configs name the app by path)
 CORE = {"deployments.errors", "deployments.exchange", "deployments.ingress",
         "deployments.metrics", "deployments.routing"}
-SURFACES = {"deployments.openai", "deployments.responses", "deployments.ollama"}
+SURFACES = {"deployments.openai", "deployments.responses", "deployments.ollama",
+            "deployments.embeddings"}
 # inside npu/, by folder: the model's config and the loaded Model at the top, shared by the
 # three jobs below them; the engine under the NPU's (whose engine extends the CPU's); loading
 # over both (it makes their engines); none of them reaches back up
@@ -36,6 +37,8 @@ DEPLOYMENTS = {
     "deployments.openai": CORE,
     "deployments.responses": CORE | {"deployments.openai"},
     "deployments.ollama": CORE | {"deployments.openai"},
+    # OpenAI's and Ollama's embedding shapes: their request decoding and model names
+    "deployments.embeddings": CORE | {"deployments.openai", "deployments.ollama"},
     "deployments.server": CORE | SURFACES,
     "deployments.app": CORE | {"deployments.server"},
     "deployments.launch": set(),
