@@ -221,3 +221,9 @@ def test_create_makes_a_variant_with_its_own_system_prompt_and_parameters(oc, ai
     assert err.value.status_code == 400 and "template" in err.value.error
     oc.delete("terse")
     oc.chat(model=LLAMA, messages=[], keep_alive=0)
+
+
+def test_embed_loads_a_library_model_and_keep_alive_0_unloads_it_after(oc) -> None:
+    r = oc.embed(model=QWEN, input=["hi", "there"], keep_alive=0)
+    assert len(r.embeddings) == 2 and len(r.embeddings[0]) > 0
+    assert f"{QWEN}:latest" not in _loaded(oc)
