@@ -18,7 +18,7 @@ ALLOWED = {"chat": set(), "npu": set(), "actors": {"chat", "npu"},
 # whose requests and replies Ollama's and Responses' are translated to), the server and the
 # app above them, the launcher apart (it starts processes; configs name the app by path)
 CORE = {"deployments.errors", "deployments.exchange", "deployments.ingress",
-        "deployments.metrics", "deployments.routing"}
+        "deployments.library", "deployments.metrics", "deployments.routing"}
 SURFACES = {"deployments.openai", "deployments.responses", "deployments.ollama",
             "deployments.embeddings"}
 # inside npu/, by folder: the model's config and the loaded Model at the top, shared by the
