@@ -7,7 +7,7 @@ the replica reads the id with `serve.get_multiplexed_model_id()`. `held_model(na
 `@serve.multiplexed(max_num_models_per_replica=N)` loader: Serve keeps the loaded models in
 LRU order, serialises loads behind one lock (so requests for a model being loaded wait for
 that one load, and never start a second) and, past N, evicts the least recently used model
-by calling its `__del__` (run in a thread). As read in ray/serve/multiplex.py (Ray 2.5x):
+by calling its `__del__` (run in a thread). As read in ray/serve/multiplex.py (Ray 2.60):
 eviction does not look at requests in flight, so `HeldModel.__del__` only retires the model
 and its Worker stops when its last request ends. Serve offers no unload by id; keep-alive
 expiry and `keep_alive: 0` pop the model from the multiplexer's own cache
