@@ -192,7 +192,7 @@ class LibraryWorkerBase:
         raise NotImplementedError
 
     # -- loading ------------------------------------------------------------------------
-    def _servable(self, name: str) -> LibraryModel:
+    async def _servable(self, name: str) -> LibraryModel:
         """The library's entry for `name`, once nothing known stands in its way.
 
         Raises:
@@ -200,7 +200,7 @@ class LibraryWorkerBase:
                 cannot be served, naming its file and the reason; 507 for one larger than
                 the memory budget by itself.
         """
-        entry = self.library.get(name)
+        entry = await asyncio.to_thread(self.library.get, name)  # a new header: off the loop
         if entry is None:
             raise RequestError(f"The model '{name}' is not in the library; see /v1/models.",
                                status=404, param="model", code="model_not_found")
@@ -219,7 +219,7 @@ class LibraryWorkerBase:
         Raises:
             RequestError: as `_servable`; 422 when loading fails (the file and the reason).
         """
-        entry = self._servable(name)
+        entry = await self._servable(name)
         self._make_room(entry)
         started = time.perf_counter()
         try:
@@ -282,7 +282,7 @@ class LibraryWorkerBase:
         (0 when it was loaded already)."""
         known = name in self.loaded and not self.loaded[name].retired
         if not known:  # Serve evicts before it calls the loader: refuse what cannot load
-            self._servable(name)
+            await self._servable(name)
         held = await self.held_model(name)
         if held.retired:  # evicted between Serve's lookup and ours: load it again
             self.loaded.pop(name, None)

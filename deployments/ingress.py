@@ -169,7 +169,7 @@ class Ingress(LibraryFront):
         """Every served model's description: the configured ones, then the library's."""
         names = list(self.workers)
         infos = dict(zip(names, await asyncio.gather(*(self.info(n) for n in names))))
-        return {**infos, **self.library_models()}
+        return {**infos, **(await self.library_models())}
 
     # -- the one request path ----------------------------------------------------------
     async def generate(self, request: Request, route: str,

@@ -8,6 +8,7 @@ The Ingress extends it; it reads the Ingress's `streams` (the configured models 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -88,12 +89,13 @@ class LibraryFront:
             return None
         return entry.system, entry.options
 
-    def library_models(self) -> dict[str, dict]:
-        """The library's models not shadowed by a configured one, as descriptions."""
+    async def library_models(self) -> dict[str, dict]:
+        """The library's models not shadowed by a configured one, as descriptions (the
+        folder scanned in a thread: a new file's header is read then, off the loop)."""
         if self.library is None:
             return {}
-        return {name: m.info() for name, m in self.library.models().items()
-                if name not in self.streams}
+        models = await asyncio.to_thread(self.library.models)
+        return {name: m.info() for name, m in models.items() if name not in self.streams}
 
     async def load(self, name: str, keep_alive_s: float | None) -> dict:
         """Load (keep_alive 0: unload) a library model without a request: the worker's
