@@ -97,7 +97,7 @@ class OutputFormat(msgspec.Struct, kw_only=True):
 
 class OutputConfig(msgspec.Struct, kw_only=True):
     format: OutputFormat | None = None
-    effort: Literal["low", "medium", "high", "max"] | None = None
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
 
 
 class CountIn(msgspec.Struct, kw_only=True):
@@ -264,7 +264,7 @@ def _thinking(req: CountIn) -> tuple[bool | None, str | None]:
     the reasoning effort the template gets (`output_config.effort`, else from the budget:
     templates such as gpt-oss's read low, medium or high)."""
     effort = req.output_config.effort if req.output_config else None
-    effort = "high" if effort == "max" else effort
+    effort = "high" if effort in ("xhigh", "max") else effort
     t = req.thinking
     if t is None or t.type == "adaptive":
         return None, effort
