@@ -85,7 +85,7 @@ class ToolChoice(msgspec.Struct, kw_only=True):
 
 
 class Thinking(msgspec.Struct, kw_only=True):
-    type: Literal["enabled", "adaptive", "disabled"]
+    type: Literal["enabled", "adaptive", "between_tools", "disabled"]
     budget_tokens: int | None = None
     display: Literal["summarized", "omitted"] | None = None
 
@@ -260,13 +260,14 @@ def _tool_choice(choice: ToolChoice | None) -> tuple[Any, bool | None]:
 
 
 def _thinking(req: CountIn) -> tuple[bool | None, str | None]:
-    """The thinking switch (None: the template's default, as `adaptive` leaves it) and
-    the reasoning effort the template gets (`output_config.effort`, else from the budget:
-    templates such as gpt-oss's read low, medium or high)."""
+    """The thinking switch (None: the template's default, as `adaptive` and
+    `between_tools` leave it: the model decides) and the reasoning effort the template
+    gets (`output_config.effort`, else from the budget: templates such as gpt-oss's read
+    low, medium or high). The budget is not a cap: nothing cuts reasoning short here."""
     effort = req.output_config.effort if req.output_config else None
     effort = "high" if effort in ("xhigh", "max") else effort
     t = req.thinking
-    if t is None or t.type == "adaptive":
+    if t is None or t.type in ("adaptive", "between_tools"):
         return None, effort
     if t.type == "disabled":
         return False, effort

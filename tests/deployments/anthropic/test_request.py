@@ -98,6 +98,7 @@ def test_output_config_format_is_a_json_schema_constraint() -> None:
     ({"type": "enabled", "budget_tokens": 32000}, "low", (True, "low", True)),
     ({"type": "adaptive"}, None, (None, None, True)),
     ({"type": "adaptive"}, "max", (None, "high", True)),
+    ({"type": "between_tools"}, None, (None, None, True)),
     ({"type": "disabled"}, None, (False, None, False)),
     (None, "medium", (None, "medium", True)),
 ])
