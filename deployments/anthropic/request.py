@@ -283,11 +283,12 @@ def _thinking(req: CountIn) -> tuple[bool | None, str | None]:
     return True, effort
 
 
-# OpenAI's parameter (as the chat library names it) -> Anthropic's, in order
+# OpenAI's names (as the chat library's errors use them) -> Anthropic's, in order
 _PARAMS = ((".function.parameters", ".input_schema"), (".function.", "."),
            ("response_format.json_schema.schema", "output_config.format.schema"),
            ("response_format", "output_config.format"),
-           ("parallel_tool_calls", "tool_choice.disable_parallel_tool_use"))
+           ("parallel_tool_calls", "tool_choice.disable_parallel_tool_use"),
+           ("is 'required' but", "is 'any' but"))
 
 
 def _anthropic(text: str) -> str:

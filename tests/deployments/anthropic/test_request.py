@@ -113,6 +113,16 @@ def test_thinking_and_effort(thinking, effort, expect) -> None:
             greq.constraint.allow_reasoning) == expect
 
 
+def test_errors_use_anthropics_names() -> None:
+    with pytest.raises(ApiError) as err:
+        _request(tool_choice={"type": "any"})
+    assert err.value.message == "'tool_choice' is 'any' but the request has no 'tools'."
+    with pytest.raises(ApiError) as err:
+        _request(tools=[{"name": "f", "input_schema": {"type": "object", "required": 3}}])
+    assert err.value.param == "tools[0].input_schema.required"
+    assert "'tools[0].input_schema.required'" in err.value.message
+
+
 def test_count_tokens_needs_no_max_tokens() -> None:
     body = {"model": "m", "messages": HI, "tools": [WEATHER]}
     greq = request.chat_request(request.decode(json.dumps(body).encode(), request.CountIn))
