@@ -299,6 +299,9 @@ class Ingress:
             gen = handle.generate.remote(greq)
             try:
                 return gen, await gen.__anext__()
+            except asyncio.CancelledError:  # the client went away before the first event
+                gen.cancel()
+                raise
             except StopAsyncIteration:
                 raise ApiError(503, "The model worker closed the request.") from None
             except Exception as exc:

@@ -358,3 +358,23 @@ def test_without_keep_alive_a_stream_sends_only_its_events() -> None:
 
     chunks = asyncio.run(run())
     assert b"Hello" in chunks[0] and KEEP_ALIVE not in chunks
+
+
+def test_a_client_that_leaves_before_the_first_event_cancels_the_request() -> None:
+    gate = asyncio.Event()
+    ingress, call = _keep_alive_call(_reply(), {0: gate})
+    stream = ingress.workers["m"].plays[0]
+
+    async def ping_then_leave() -> bytes:
+        from deployments.metrics import RequestTrace
+
+        response = await ingress._answer(call, RequestTrace(ingress.metrics, "/x"))
+        body = response.body_iterator
+        first = await body.__anext__()
+        await body.aclose()
+        await asyncio.sleep(0)  # (the cancelled request's own task runs its handler)
+        assert stream.cancelled  # now, not when asyncio.run cancels what is left
+        return first
+
+    assert asyncio.run(ping_then_leave()) == KEEP_ALIVE
+    assert ingress.metrics.snapshot()["flm_client_disconnects_total"] == [[["/x"], 1.0]]
