@@ -113,15 +113,16 @@ class ModelWorker:
 
         m = self.worker.model
         spec = self.worker.spec
-        capabilities = ["completion"]
-        if spec.kind is not FormatKind.CONTENT_ONLY and m.tools_enabled():
+        capabilities = ["completion"] if m.generates else ["embedding"]
+        if m.generates and spec.kind is not FormatKind.CONTENT_ONLY and m.tools_enabled():
             capabilities.append("tools")
-        if spec.reasoning:
+        if m.generates and spec.reasoning:
             capabilities.append("thinking")
         extra = {"template": m.chat_template_source} if template else {}
         return {"id": self.name, "created": int(self.worker.started),
                 "context_length": m.context_length, "format": spec.kind.value,
                 "architecture": m.config.arch, "capabilities": capabilities,
+                "embedding_length": m.embedding_dims, "pooling": m.pooling,
                 "file_format": "gguf" if m.path.suffix == ".gguf" else "safetensors",
                 **self.weights, **extra,
                 "active": self.worker.active, "requests": self.worker.requests,

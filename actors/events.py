@@ -1,6 +1,6 @@
-"""The worker's request, GenerateRequest (a chat or a completion, typed once at the
-ingress), and the events its stream yields, in order: one Accepted or Rejected, then Deltas
-and Finished per choice, then Usage."""
+"""The worker's request, GenerateRequest (a chat, a completion or an embedding, typed once
+at the ingress), and the events its stream yields, in order: one Accepted or Rejected, then
+Deltas and Finished per choice (an embedding: one Embeddings), then Usage."""
 
 from __future__ import annotations
 
@@ -61,8 +61,27 @@ class CompletionGenerate(_Generate, tag="completion"):
     prompt: str = ""
 
 
-# What the ingress sends a worker; room for an embedding request beside these.
-GenerateRequest = ChatGenerate | CompletionGenerate
+class EmbedGenerate(msgspec.Struct, kw_only=True, tag="embed"):
+    """Inputs to embed: each one's pooled vector, L2-normalized.
+
+    Attributes:
+        inputs: texts (tokenized as the model does for embedding) or token ids.
+        truncate: an input longer than the context is cut to it (else the request is
+            refused, naming the input's index).
+        dimensions: keep the first this many of each vector, then normalize again
+            (Matryoshka); None: all of them.
+        context_limit: a context smaller than the model's, for each input.
+    """
+
+    request_id: str
+    inputs: list[str | list[int]] = msgspec.field(default_factory=list)
+    truncate: bool = False
+    dimensions: int | None = None
+    context_limit: int | None = None
+
+
+# What the ingress sends a worker.
+GenerateRequest = ChatGenerate | CompletionGenerate | EmbedGenerate
 
 
 class TokenLogprob(msgspec.Struct, array_like=True):
@@ -111,13 +130,23 @@ class Usage(msgspec.Struct, tag="usage", tag_field="event"):
     cached_tokens: int = 0  # of the prompt, taken from the KV cache (not computed)
 
 
+class Embeddings(msgspec.Struct, tag="embeddings", tag_field="event"):
+    """An embedding request's vectors: `vectors` is float32 little-endian, row-major
+    [len(tokens), dims]; `tokens`: each input's token count (as embedded)."""
+
+    vectors: bytes
+    dims: int
+    tokens: list[int]
+
+
 class Failed(msgspec.Struct, tag="failed", tag_field="event"):
     message: str
 
 
-Event = Accepted | Rejected | Deltas | Finished | Usage | Failed
+Event = Accepted | Rejected | Deltas | Finished | Embeddings | Usage | Failed
 
-__all__ = ["Accepted", "Deltas", "Event", "Failed", "Finished", "GenerateRequest", "Rejected",
+__all__ = ["Accepted", "ChatGenerate", "CompletionGenerate", "Deltas", "EmbedGenerate",
+           "Embeddings", "Event", "Failed", "Finished", "GenerateRequest", "Rejected",
            "TokenLogprob", "Usage", "coalesce"]
 
 

@@ -25,10 +25,12 @@ import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from actors.embedding import EmbedJob, Embedder, build_embedding
 from actors.errors import RequestError
 from actors.events import (
     Accepted,
     ChatGenerate,
+    EmbedGenerate,
     Event,
     Failed,
     GenerateRequest,
@@ -65,7 +67,7 @@ class Worker:
         self.max_messages_per_s = max_messages_per_s
         self._grammar: GrammarEngine | None = None
         self._grammar_lock = threading.Lock()
-        self._incoming: queue.Queue[tuple[Session, Outbox]] = queue.Queue()
+        self._incoming: queue.Queue[tuple[Session | EmbedJob, Outbox]] = queue.Queue()
         self._masks = ThreadPoolExecutor(1, thread_name_prefix="flm-masks")
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -76,8 +78,10 @@ class Worker:
         self.requests = 0  # requests received, answered or not
         self.metrics = Metrics()
         self.scheduler = Scheduler(self.model, self.metrics, max_batch, self._masks)
+        self.embedder = Embedder(self.model)
         self.started = time.time()
-        self.model.token_table  # noqa: B018  (built now, not on a request)
+        if self.model.generates:
+            self.model.token_table  # noqa: B018  (built now, not on a request)
         log.info("Chat format: %s%s", self.spec.kind.value,
                  " with reasoning" if self.spec.reasoning else "")
 
@@ -116,6 +120,15 @@ class Worker:
         worker breaks). A batch holds every event that was ready, so a slow consumer gets
         fewer, larger messages."""
         self.requests += 1
+        if isinstance(request, EmbedGenerate):
+            async for batch in self._embed(request):
+                yield batch
+            return
+        if not self.model.generates:
+            yield [Rejected(status=400, param="model", message=(
+                f"The model '{self.model.name}' is an embedding model ({self.model.kind}): "
+                "it serves embeddings (/v1/embeddings, /api/embed), not generation."))]
+            return
         try:
             session = await asyncio.to_thread(build_session, request, self.model, self.spec,
                                               self.grammar_engine)
@@ -136,8 +149,32 @@ class Worker:
         # Accepted goes out with the first output (one message less before the first token)
         outbox.pending.append(Accepted(request_id=request.request_id, model=self.model.name,
                                        prompt_tokens=len(session.prompt_ids)))
+        async for batch in self._submit(session, outbox):
+            yield batch
+
+    async def _embed(self, request: EmbedGenerate) -> AsyncIterator[list[Event]]:
+        """An embedding request's events: Rejected, or Accepted, Embeddings and Usage."""
+        try:
+            job = await asyncio.to_thread(build_embedding, request, self.model)
+        except RequestError as exc:
+            yield [Rejected(status=exc.status, message=exc.message, param=exc.param,
+                            code=exc.code, type=exc.type)]
+            return
+        if self.error is not None:
+            yield [Rejected(status=503, message="The model worker has failed.",
+                            type="server_error")]
+            return
+        job.outbox = outbox = Outbox(asyncio.get_running_loop())
+        outbox.pending.append(job.accepted(self.model.name))
+        async for batch in self._submit(job, outbox):
+            yield batch
+
+    async def _submit(self, item: Session | EmbedJob,
+                      outbox: Outbox) -> AsyncIterator[list[Event]]:
+        """Hand `item` to the decode thread and yield its events as they are delivered;
+        a consumer that goes away cancels it."""
         self._ensure_thread()
-        self._incoming.put((session, outbox))
+        self._incoming.put((item, outbox))
         try:
             while True:
                 batch = await outbox.queue.get()
@@ -151,7 +188,7 @@ class Worker:
                 if end:
                     return
         finally:
-            session.cancelled = True  # the decode thread frees it at its next step
+            item.cancelled = True  # the decode thread frees it at its next step
 
     async def count_tokens(self, request: ChatGenerate) -> Accepted | Rejected:
         """What `generate`'s first event would say of `request`'s prompt (its token count,
@@ -189,41 +226,58 @@ class Worker:
         waiting: list[Session] = []  # admitted, prompt not fully prefilled
         running: list[Session] = []
         paused: list[Session] = []  # running ones whose KV gave way to the others
+        embeds: list[EmbedJob] = []
         sched = self.scheduler
+
+        def hand(ended: list[Outbox]) -> None:
+            # the gauges first: a client that sees its request end sees it counted out
+            self._count(waiting, running, paused, embeds)
+            self._deliver(outboxes, ended)
+
         # A decode step holds the GIL in short bursts; a smaller switch interval lets the
         # event loop thread forward events promptly.
         sys.setswitchinterval(0.001)
         try:
             while not self._stop.is_set():
                 # admit what has arrived; when idle, wait a little for the next request
-                block = not waiting and not running and not paused
+                block = not waiting and not running and not paused and not embeds
                 try:
                     while True:
                         if block:
-                            session, outbox = self._incoming.get(timeout=0.05)
+                            item, outbox = self._incoming.get(timeout=0.05)
                             block = False
                         else:
-                            session, outbox = self._incoming.get_nowait()
-                        outboxes[session.id] = outbox
-                        waiting.append(session)
+                            item, outbox = self._incoming.get_nowait()
+                        if isinstance(item, EmbedJob):
+                            embeds.append(item)
+                            continue
+                        outboxes[item.id] = outbox
+                        waiting.append(item)
                 except queue.Empty:
                     pass
                 sched.drop_cancelled((waiting, running, paused), outboxes)
-                self._count(waiting, running, paused)
-                if not waiting and not running and not paused:
+                embeds[:] = [j for j in embeds if not j.cancelled]
+                self._count(waiting, running, paused, embeds)
+                if not waiting and not running and not paused and not embeds:
                     continue
                 if paused:  # they go on before new prompts start
-                    self._deliver(outboxes, sched.resume_step(paused, running, outboxes))
+                    hand(sched.resume_step(paused, running, outboxes))
                 elif waiting:  # a first token goes out before the decode step
-                    self._deliver(outboxes, sched.prefill_step(waiting, running, outboxes))
+                    hand(sched.prefill_step(waiting, running, outboxes))
                 if running:
-                    self._deliver(outboxes, sched.decode_step(running, paused, outboxes))
-                self._count(waiting, running, paused)
+                    t0 = time.perf_counter()
+                    ended = sched.decode_step(running, paused, outboxes)
+                    if embeds:
+                        self.embedder.earn(time.perf_counter() - t0)
+                    hand(ended)
+                # between decode steps, in a bounded share of their time when streams run
+                if embeds and self.embedder.ready(bool(running)):
+                    hand(self.embedder.step(embeds, bool(running)))
         except BaseException as exc:  # the worker is broken: tell every stream
             log.exception("decode loop failed")
             self.error = exc
-            for session in waiting + running + paused:
-                outbox = outboxes.pop(session.id, None)
+            broken = [outboxes.pop(s.id, None) for s in waiting + running + paused]
+            for outbox in broken + [j.outbox for j in embeds]:
                 if outbox is not None:
                     outbox.put(Failed(message=f"The model worker failed: {exc}"))
                     outbox.put(End)
@@ -234,7 +288,7 @@ class Worker:
         deliver(outboxes, ended, self.interval(len(outboxes)))
 
     def _count(self, waiting: list[Session], running: list[Session],
-               paused: list[Session]) -> None:
-        self.active = len(running) + len(waiting) + len(paused)
-        self.waiting = len(waiting) + len(paused)
+               paused: list[Session], embeds: list[EmbedJob]) -> None:
+        self.active = len(running) + len(waiting) + len(paused) + len(embeds)
+        self.waiting = len(waiting) + len(paused) + len(embeds)
         self.running_seqs = Scheduler.running_seqs(running)

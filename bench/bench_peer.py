@@ -129,7 +129,7 @@ class Ours:
         self.args = args
         self.eng = eng = load_model(path).engine
         eng.set_threads(args.threads)
-        embed = eng.embed.matrix
+        embed = eng.embed_tokens.matrix
         # bytes a decode step reads: every weight but the embedding (one row of it), unless
         # the head is the embedding itself
         tied = eng.lm_head.matrix is embed

@@ -27,16 +27,19 @@ from ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router i
 from ray.llm._internal.serve.routing_policies.prefix_aware.prefix_tree import PrefixTreeActor
 from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
 
-from actors.events import ChatGenerate, GenerateRequest
+from actors.events import ChatGenerate, CompletionGenerate, GenerateRequest
 
 log = logging.getLogger(__name__)
 ROUTER = "deployments.routing:PrefixRouter"
 
 
 def routing_text(request: GenerateRequest, messages_text) -> str:
-    """The text a request's prompt starts with, as the router matches it (never empty)."""
-    if not isinstance(request, ChatGenerate):
+    """The text a request's prompt starts with, as the router matches it (never empty; an
+    embedding's is nothing the KV cache holds: it goes by load)."""
+    if isinstance(request, CompletionGenerate):
         return request.prompt or " "
+    if not isinstance(request, ChatGenerate):
+        return " "
     head = msgspec.json.encode(request.tools).decode() if request.tools else ""
     return (head + messages_text(request.messages)) or " "
 

@@ -16,6 +16,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
 
 from deployments.anthropic.routes import router as anthropic_router
+from deployments.embeddings.routes import router as embeddings_router
 from deployments.errors import (
     ApiError,
     anthropic_error_response,
@@ -50,7 +51,8 @@ async def metrics(request: Request, ingress: Current) -> Response:
 
 
 # the route table: each API surface's router (its paths are its own)
-ROUTERS = (server_router, openai_router, responses_router, ollama_router, anthropic_router)
+ROUTERS = (server_router, openai_router, responses_router, ollama_router, embeddings_router,
+           anthropic_router)
 
 
 async def _routing_error(request: Request, exc: HTTPException) -> Response:

@@ -20,6 +20,9 @@ ARCHITECTURES = {
     "Lfm2ForCausalLM": "lfm2",
     "GptOssForCausalLM": "gpt_oss",
 }
+# encoders: embedding models without a generation head (npu.engine.encoder)
+ENCODER_ARCHITECTURES = {"BertModel": "bert", "NomicBertModel": "nomic_bert"}
+ENCODERS = frozenset(ENCODER_ARCHITECTURES.values())
 
 
 class Rope(msgspec.Struct, frozen=True, kw_only=True):
@@ -67,6 +70,10 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     attention_sinks: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    # encoders (BERT family): token-type embeddings, learned absolute positions (BERT) or
+    # rotary ones (nomic-bert); `rms_eps` is then their LayerNorms' epsilon
+    type_vocab_size: int = 0
+    absolute_positions: bool = False
 
     def rope_for(self, layer: int) -> Rope:
         kind = self.layer_types[layer]
@@ -111,9 +118,13 @@ def config_from_json(raw: dict[str, Any]) -> ModelConfig:
         ModelError: the architecture is not supported, or a required key is missing.
     """
     archs = raw.get("architectures") or []
+    encoder = next((ENCODER_ARCHITECTURES[a] for a in archs if a in ENCODER_ARCHITECTURES),
+                   None)
+    if encoder is not None:
+        return _encoder_config(raw, encoder)
     arch = next((ARCHITECTURES[a] for a in archs if a in ARCHITECTURES), None)
     if arch is None:
-        known = ", ".join(sorted(ARCHITECTURES))
+        known = ", ".join(sorted({**ARCHITECTURES, **ENCODER_ARCHITECTURES}))
         raise ModelError(f"config.json: architecture {archs or raw.get('model_type')!r} is not "
                          f"supported (supported: {known})")
     try:
@@ -190,4 +201,54 @@ def config_from_json(raw: dict[str, Any]) -> ModelConfig:
         attention_sinks=arch == "gpt_oss",
         bos_token_id=raw.get("bos_token_id"),
         eos_token_ids=_ids(raw.get("eos_token_id")),
+    )
+
+
+def _encoder_config(raw: dict[str, Any], arch: str) -> ModelConfig:
+    """A BERT-family config.json: BertModel's keys, or NomicBertModel's (GPT-2 style names:
+    n_embd, n_head, n_layer, n_inner, n_positions, rotary_emb_base)."""
+
+    def key(*names: str, default: Any = ...) -> Any:
+        for n in names:
+            if raw.get(n) is not None:
+                return raw[n]
+        if default is ...:
+            raise ModelError(f"config.json: missing key {names[0]!r}")
+        return default
+
+    hidden = int(key("hidden_size", "n_embd"))
+    heads = int(key("num_attention_heads", "n_head"))
+    layers = int(key("num_hidden_layers", "n_layer"))
+    nomic = arch == "nomic_bert"
+    activation = str(key("hidden_act", "activation_function", default="gelu"))
+    if activation not in (("swiglu",) if nomic else ("gelu",)):
+        raise ModelError(f"config.json: activation {activation!r} is not supported for {arch} "
+                         f"({'swiglu' if nomic else 'gelu'})")
+    if not nomic and key("position_embedding_type", default="absolute") != "absolute":
+        raise ModelError("config.json: BERT position_embedding_type "
+                         f"{raw['position_embedding_type']!r} is not supported (absolute)")
+    if nomic and (float(key("rotary_emb_fraction", default=1.0)) != 1.0
+                  or key("rotary_emb_interleaved", default=False)
+                  or key("prenorm", default=False) or key("moe_every_n_layers", default=0)):
+        raise ModelError("config.json: nomic-bert with a partial or interleaved rotary "
+                         "embedding, pre-norm layers or experts is not supported")
+    theta = float(key("rotary_emb_base", default=10000.0))
+    return ModelConfig(
+        arch=arch,
+        vocab_size=int(key("vocab_size")),
+        hidden_size=hidden,
+        intermediate_size=int(key("intermediate_size", "n_inner", default=4 * hidden)),
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=heads,
+        head_dim=hidden // heads,
+        rms_eps=float(key("layer_norm_eps", "layer_norm_epsilon", default=1e-12)),
+        max_position=int(key("max_position_embeddings", "n_positions", default=512)),
+        tie_embeddings=False,
+        layer_types=("full_attention",) * layers,
+        rope={"default": Rope(theta=theta)},
+        attention_bias=True,
+        activation="silu" if nomic else "gelu",
+        type_vocab_size=int(key("type_vocab_size", default=0)),
+        absolute_positions=not nomic,
     )

@@ -1,12 +1,13 @@
 """Model: a loaded model, what the layers above use of it: its tokenizer, chat template,
-engine and generation defaults (made by npu.load.load_model)."""
+engine, generation defaults and embedding facts (made by npu.load.load_model)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from npu.config import ModelConfig
+from npu.config import ENCODERS, ModelConfig
+from npu.engine.pooling import Pooling
 from npu.engine.protocol import Engine
 from npu.errors import ModelError
 from npu.sampler import SamplingParams
@@ -17,12 +18,13 @@ if TYPE_CHECKING:  # for annotations only: load/ builds these and imports this m
 
 
 class Model:
-    """A loaded model: tokenizer, chat template, engine and generation defaults."""
+    """A loaded model: tokenizer, chat template, engine, generation defaults and pooling (the
+    engine's: it pools in `embed`)."""
 
     def __init__(self, *, name: str, path: Path, config: ModelConfig, tokenizer: Tokenizer,
                  template: ChatTemplate | None, engine: Engine,
                  eos_token_ids: tuple[int, ...],
-                 defaults: SamplingParams) -> None:
+                 defaults: SamplingParams, pooling: Pooling | None = None) -> None:
         self.name = name
         self.path = path
         self.config = config
@@ -31,6 +33,7 @@ class Model:
         self.engine = engine
         self.eos_token_ids = eos_token_ids
         self.defaults = defaults
+        self._pooling = pooling or Pooling()  # the engine's own (it pools in `embed`)
 
     @property
     def token_table(self) -> list[bytes]:
@@ -52,6 +55,9 @@ class Model:
                enable_thinking: bool | None = None, add_generation_prompt: bool = True,
                **kwargs: Any) -> str:
         """The prompt text for a conversation (with the template's BOS, if it writes one)."""
+        if not self.generates:
+            raise ModelError(f"model {self.name} is an embedding model ({self.kind}): it "
+                             "serves embeddings only")
         if self.template is None:
             raise ModelError(f"model {self.name} has no chat template: use /v1/completions")
         return self.template.render(messages, tools, enable_thinking=enable_thinking,
@@ -64,6 +70,55 @@ class Model:
         ids = tok.encode(text)
         if tok.add_bos and tok.bos_id is not None and (not ids or ids[0] != tok.bos_id):
             ids = [tok.bos_id] + ids
+        return ids
+
+    @property
+    def kind(self) -> str:
+        """"decoder" (generates and embeds) or "encoder" (a BERT-family model: embeds
+        only), for listings and for the error a generation request on an encoder gets."""
+        return "encoder" if self.config.arch in ENCODERS else "decoder"
+
+    @property
+    def generates(self) -> bool:
+        """Whether chat and completions can run on the model (an encoder cannot)."""
+        return self.kind == "decoder"
+
+    @property
+    def pooling(self) -> str:
+        """How `engine.embed` pools a token list: "mean", "cls", "last" or "max"."""
+        return self._pooling.mode
+
+    @property
+    def embedding_dims(self) -> int:
+        """The width of `engine.embed`'s vectors (the hidden size, or the last
+        sentence-transformers Dense layer's output)."""
+        return self._pooling.dims(self.config.hidden_size)
+
+    def embedding_ids(self, text: str, *, limit: int | None = None) -> list[int]:
+        """Token ids of one input to embed, with the special tokens the model's tokenizer
+        adds around a text: its post-processor's ([CLS] ... [SEP] for BERT, BOS for Llama 3),
+        BOS when the tokenizer adds it and the text does not start with it, EOS appended when
+        the tokenizer says add_eos (Qwen3-Embedding's `<|endoftext|>`, which last-token
+        pooling reads).
+
+        Args:
+            limit: the most ids (the context, for Ollama's `truncate`): the text's tokens are
+                cut at the end, the special tokens kept around what is left.
+        """
+        tok = self.tokenizer
+
+        def around(ids: list[int]) -> list[int]:
+            if tok.add_bos and tok.bos_id is not None and (not ids or ids[0] != tok.bos_id):
+                ids = [tok.bos_id] + ids
+            if tok.add_eos and tok.eos_id is not None and (not ids or ids[-1] != tok.eos_id):
+                ids = ids + [tok.eos_id]
+            return ids
+
+        processed = tok.encode_for_embedding(text)
+        ids = around(processed)
+        if limit is not None and len(ids) > limit:  # again, with room for what `around` adds
+            added = len(ids) - len(processed)
+            ids = around(tok.encode_for_embedding(text, room=max(0, limit - added)))[:limit]
         return ids
 
     def thinking_enabled(self, enable_thinking: bool | None = None) -> bool:

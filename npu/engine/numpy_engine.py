@@ -1,5 +1,6 @@
 """NumpyEngine: the CPU engine for Llama, Qwen2/3, Gemma 3, LFM2 and gpt-oss (experts stored
-unquantized). Activations are float32; every linear layer is a `Linear` (npu.engine.linear)
+unquantized), for generation and for embeddings (`embed`: pooled hidden states, without the
+KV cache). Activations are float32; every linear layer is a `Linear` (npu.engine.linear)
 over a weight held in its block format (F32, F16, BF16, Q8_0, Q4_0, ...), on the compiled
 kernels or the numpy reference.
 
@@ -25,8 +26,10 @@ import numpy as np
 
 from npu.config import ModelConfig
 from npu.engine import rope as rope_mod
+from npu.engine.attention import attend_packed, embed_inputs
 from npu.engine.kv_cache import BlockPool, SeqBlocks
 from npu.engine.linear import Linear, LinearFactory, Threads
+from npu.engine.pooling import Pooling, pool
 from npu.engine.quant import INTEGER, QMatrix
 from npu.engine.roles import Roles, roles_for
 from npu.errors import ContextLengthError, ModelError
@@ -178,12 +181,16 @@ class NumpyEngine:
         kv_cache_bytes: the KV cache's budget (default: `default_kv_budget`).
         prefix_cache: keep finished prompts' KV for later ones that start alike (models with
             state outside the KV, LFM2's convolutions, never do).
+        pooling: how `embed` pools a token list's hidden states (default: mean).
     """
 
     def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray | QMatrix], *,
                  backend: str = "cpu", threads: int | None = None,
-                 kv_cache_bytes: int | None = None, prefix_cache: bool = True) -> None:
+                 kv_cache_bytes: int | None = None, prefix_cache: bool = True,
+                 pooling: Pooling | None = None) -> None:
         self.config = c = config
+        self.pooling = pooling or Pooling()
+        self.pooling.dims(c.hidden_size)  # a Dense layer of the wrong width fails here
         self.vocab_size = c.vocab_size
         self.max_context = c.max_position
         self._seqs: dict[object, Seq] = {}
@@ -192,14 +199,14 @@ class NumpyEngine:
 
         w = _Weights(weights, self.linears, roles_for(c.arch), c.arch)
         tied = "lm_head.weight" not in weights and c.tie_embeddings
-        self.embed = self.linears.embedding(w.mat("model.embed_tokens.weight"), head=tied)
+        self.embed_tokens = self.linears.embedding(w.mat("model.embed_tokens.weight"), head=tied)
         self.embed_scale = (np.float32(math.sqrt(c.hidden_size)) if w.roles.scaled_embedding
                             else None)
         self.final_norm = w.norm(w.roles.final_norm)
         if "lm_head.weight" in weights:
             self.lm_head = w.linear("lm_head.weight")
         elif tied:
-            self.lm_head = self.linears.tied_head(self.embed)
+            self.lm_head = self.linears.tied_head(self.embed_tokens)
         else:
             raise ModelError("the weights lack tensor 'lm_head.weight' and the config does "
                              "not tie it to the embeddings")
@@ -235,8 +242,8 @@ class NumpyEngine:
 
     def _weights(self) -> list:
         """The weights as held (a tied head and its embedding listed once)."""
-        arrays = [self.embed.matrix, self.final_norm]
-        if self.lm_head is not None and self.lm_head.matrix is not self.embed.matrix:
+        arrays = [self.embed_tokens.matrix, self.final_norm]
+        if self.lm_head is not None and self.lm_head.matrix is not self.embed_tokens.matrix:
             arrays.append(self.lm_head)
         for L in self.layers:
             arrays += [a for a in (L.wqkv, L.wo, L.in_proj, L.conv, L.out_proj, L.w_gate_up,
@@ -269,7 +276,7 @@ class NumpyEngine:
                 count += size
                 m = getattr(p, "matrix", p)
                 name = getattr(getattr(m, "qtype", None), "name", None)
-                if name is not None and a is not self.embed.matrix:
+                if name is not None and a is not self.embed_tokens.matrix:
                     by_format[name] = by_format.get(name, 0) + size
         quant = max(by_format, key=by_format.get) if by_format else "F32"
         return {"parameters": count, "quantization": quant}
@@ -387,6 +394,43 @@ class NumpyEngine:
         for reuse, bytes allocated."""
         return {"sequences": len(self._seqs), **self.kv.usage()}
 
+    def embed(self, items: Sequence[Sequence[int]]) -> np.ndarray:
+        """Embedding vectors of several token lists in one forward: float32
+        [len(items), dims], each row the pooled last hidden states of one list (after the
+        final norm and the pooling's Dense layers; not normalized).
+
+        Causal attention, over each list's own tokens only: the KV cache is not read,
+        written or evicted, and no sequence is left behind. A row is the same whatever else
+        is in the batch (bit for bit with integer block formats).
+
+        Raises:
+            ValueError: a list is empty, or has an id outside the vocabulary.
+            ContextLengthError: a list is longer than the model's context.
+        """
+        if not items:
+            return np.zeros((0, self.embedding_dims), dtype=np.float32)
+        lengths, ids = embed_inputs(items, self.max_context, self.vocab_size)
+        segments = [(Seq(len(self.layers)), n) for n in lengths]  # scratch: never cached
+        positions = np.concatenate([np.arange(n) for n in lengths])
+        x = self._embed_hidden(ids, segments, positions)
+        x = self.ops.rms_norm(x, self.final_norm, self.config.rms_eps)
+        return pool(x, lengths, self.pooling)
+
+    def _embed_hidden(self, ids: np.ndarray, segments: list[tuple[Seq, int]],
+                      positions: np.ndarray) -> np.ndarray:
+        """The last layer's hidden states of `embed`'s packed inputs (an engine that runs
+        its layers elsewhere replaces this)."""
+
+        def attention(li: int, L: Layer, h: np.ndarray, cos, sin) -> np.ndarray:
+            return self._attention_local(L, h, [n for _, n in segments], cos, sin)
+
+        return self._layers(ids, segments, positions, attention)
+
+    @property
+    def embedding_dims(self) -> int:
+        """The width of `embed`'s vectors."""
+        return self.pooling.dims(self.config.hidden_size)
+
     def _check_room(self, seq: Seq, n: int) -> None:
         if seq.pos + n > self.max_context:
             raise ContextLengthError(
@@ -395,10 +439,6 @@ class NumpyEngine:
 
     # -- the forward pass -------------------------------------------------------------------
     def _forward(self, ids: np.ndarray, segments: list[tuple[Seq, int]]) -> np.ndarray:
-        c = self.config
-        x = self.embed(ids)
-        if self.embed_scale is not None:
-            x = x * self.embed_scale
         positions = np.concatenate([np.arange(s.pos, s.pos + n) for s, n in segments])
         decoding = len(segments) == len(ids)  # one token per sequence: batched attention
         if not self.kv.layers:
@@ -407,6 +447,28 @@ class NumpyEngine:
             tables = self.kv.tables([s.kv for s, _ in segments])
         else:
             tables = [np.asarray(s.kv.table, dtype=np.int64) for s, _ in segments]
+
+        def attention(li: int, L: Layer, h: np.ndarray, cos, sin) -> np.ndarray:
+            return self._attention(li, L, h, segments, tables, cos, sin)
+
+        x = self._layers(ids, segments, positions, attention)
+        start = 0
+        for seq, n in segments:
+            self.kv.written(seq.kv, ids[start : start + n])
+            start += n
+        ends = np.cumsum([n for _, n in segments]) - 1
+        last = self.ops.rms_norm(x[ends], self.final_norm, self.config.rms_eps)
+        return np.ascontiguousarray(self._mm(last, None, "lm_head"), dtype=np.float32)
+
+    def _layers(self, ids: np.ndarray, segments: list[tuple[Seq, int]], positions: np.ndarray,
+                attention) -> np.ndarray:
+        """The hidden states [T, H] after the last layer (before the final norm) of the
+        packed tokens `ids` at `positions`; `attention(li, L, h, cos, sin)` is a layer's
+        self-attention (over the KV cache, or over the forward's own tokens for `embed`)."""
+        c = self.config
+        x = self.embed_tokens(ids)
+        if self.embed_scale is not None:
+            x = x * self.embed_scale
         rope_tables: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         for li, L in enumerate(self.layers):
             h = self.ops.rms_norm(x, L.norm_in, c.rms_eps)
@@ -416,7 +478,7 @@ class NumpyEngine:
                 key = (id(L.inv_freq), L.rope_scale)
                 if key not in rope_tables:
                     rope_tables[key] = rope_mod.cos_sin(L.inv_freq, positions, L.rope_scale)
-                h = self._attention(li, L, h, segments, tables, *rope_tables[key])
+                h = attention(li, L, h, *rope_tables[key])
             if L.norm_post_attn is not None:
                 h = self.ops.rms_norm(h, L.norm_post_attn, c.rms_eps)
             x = x + h
@@ -429,13 +491,7 @@ class NumpyEngine:
             if L.norm_post_ff is not None:
                 h = self.ops.rms_norm(h, L.norm_post_ff, c.rms_eps)
             x = x + h
-        start = 0
-        for seq, n in segments:
-            self.kv.written(seq.kv, ids[start : start + n])
-            start += n
-        ends = np.cumsum([n for _, n in segments]) - 1
-        last = self.ops.rms_norm(x[ends], self.final_norm, c.rms_eps)
-        return np.ascontiguousarray(self._mm(last, None, "lm_head"), dtype=np.float32)
+        return x
 
     def _mm(self, x: np.ndarray, layer: Layer | None, name: str) -> np.ndarray:
         """x @ W.T for the named weight of a layer (or the lm_head): the one place a
@@ -469,6 +525,20 @@ class NumpyEngine:
             out[start : start + n] = self.ops.attend_prompt(
                 q[start : start + n], K, V, table, seq.pos, L.window, L.sinks, self.scale)
             start += n
+        return self._out_proj(L, out)
+
+    def _attention_local(self, L: Layer, h: np.ndarray, lengths: Sequence[int], cos,
+                         sin) -> np.ndarray:
+        """Causal self-attention of packed inputs (lengths tokens each, from position 0)
+        over their own keys and values only: no KV cache (for `embed`)."""
+        c = self.config
+        qkv = self._mm(h, L, "wqkv")
+        if L.bqkv is not None:
+            qkv = qkv + L.bqkv
+        qkv = self.ops.qk_rope(qkv, c.num_heads, c.num_kv_heads, L.q_norm, L.k_norm, c.rms_eps,
+                               cos, sin)
+        out = attend_packed(self.ops, qkv, c.num_heads, c.num_kv_heads, c.head_dim, lengths,
+                            causal=True, window=L.window, sinks=L.sinks, scale=self.scale)
         return self._out_proj(L, out)
 
     def _out_proj(self, L: Layer, out: np.ndarray) -> np.ndarray:

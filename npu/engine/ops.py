@@ -24,7 +24,29 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
                                     * (x + np.float32(0.044715) * x * x * x)))
 
 
-ACTIVATIONS = {"silu": silu, "gelu_tanh": gelu_tanh}
+def erf(x: np.ndarray) -> np.ndarray:
+    """The error function to float32 precision (Abramowitz and Stegun 7.1.26, |error| below
+    1.5e-7; numpy has none)."""
+    a = np.abs(x)
+    t = 1.0 / (1.0 + np.float32(0.3275911) * a)
+    poly = t * (np.float32(0.254829592) + t * (np.float32(-0.284496736) + t * (
+        np.float32(1.421413741) + t * (np.float32(-1.453152027) + t * np.float32(1.061405429)))))
+    return np.copysign(1.0 - poly * np.exp(-a * a), x).astype(np.float32, copy=False)
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """GELU with the error function (BERT's "gelu"), not the tanh approximation."""
+    return 0.5 * x * (1.0 + erf(x * np.float32(math.sqrt(0.5))))
+
+
+ACTIVATIONS = {"silu": silu, "gelu_tanh": gelu_tanh, "gelu": gelu}
+
+
+def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
+    """LayerNorm over the last axis (BERT's norms: centred, then scaled and shifted)."""
+    centred = x - x.mean(axis=-1, keepdims=True)
+    var = np.mean(np.square(centred), axis=-1, keepdims=True)
+    return centred / np.sqrt(var + np.float32(eps)) * w + b
 
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:

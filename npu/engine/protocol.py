@@ -1,5 +1,6 @@
 """Engine: what every engine does for the worker above it (the CPU engine, NumpyEngine,
-and the NPU's, XRTEngine, which extends it). The worker uses these members and nothing
+the NPU's, XRTEngine, which extends it, and the encoder engine, EncoderEngine, which only
+embeds: its generation members raise ModelError). The worker uses these members and nothing
 else of an engine."""
 
 from __future__ import annotations
@@ -63,3 +64,20 @@ class Engine(Protocol):
 
     def check_device(self) -> None:
         """Raise if the device the engine runs on is gone (a health check)."""
+
+    def embed(self, items: Sequence[Sequence[int]]) -> np.ndarray:
+        """Embedding vectors of token lists, all in one forward (one pass over the weights):
+        float32 [len(items), dims], row i the model's pooled vector for items[i] (after the
+        final norm and any sentence-transformers Dense layers), not normalized.
+
+        Causal attention for a decoder, bidirectional for an encoder, each list over its own
+        tokens only: the KV cache is neither read, written nor evicted, and no sequence is
+        left behind. A row is the same whatever else is in the batch (bit for bit with
+        integer block formats).
+
+        Raises:
+            ValueError: a list is empty, or has an id outside the vocabulary (an empty
+                `items` is no error: an array [0, dims]).
+            ContextLengthError: a list is longer than the model's context.
+            ModelError: the engine cannot embed (an NPU mode without cache-free attention).
+        """

@@ -29,7 +29,9 @@ log = logging.getLogger(__name__)
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "gemma3": "Gemma3ForCausalLM",
-                 "lfm2": "Lfm2ForCausalLM"}
+                 "lfm2": "Lfm2ForCausalLM", "bert": "BertModel",
+                 "nomic-bert": "NomicBertModel"}
+ENCODERS = frozenset({"bert", "nomic-bert"})
 # the ones whose attn_q / attn_k rows llama.cpp's converter permutes for ggml's RoPE
 PERMUTED = frozenset({"llama"})
 
@@ -56,8 +58,40 @@ _LAYER_ARCH = {
 }
 
 
+# the encoders' names (npu.engine.encoder's roles), without the .weight / .bias suffix
+_ENCODER_GLOBAL = {"token_embd": "embeddings.word_embeddings",
+                   "token_types": "embeddings.token_type_embeddings",
+                   "position_embd": "embeddings.position_embeddings"}
+_ENCODER = {
+    "bert": ("encoder.layer", {"token_embd_norm": "embeddings.LayerNorm"}, {
+        "attn_q": "attention.self.query", "attn_k": "attention.self.key",
+        "attn_v": "attention.self.value", "attn_output": "attention.output.dense",
+        "attn_output_norm": "attention.output.LayerNorm", "ffn_up": "intermediate.dense",
+        "ffn_down": "output.dense", "layer_output_norm": "output.LayerNorm"}),
+    "nomic-bert": ("encoder.layers", {"token_embd_norm": "emb_ln"}, {
+        "attn_qkv": "attn.Wqkv", "attn_output": "attn.out_proj", "attn_output_norm": "norm1",
+        "ffn_up": "mlp.fc11", "ffn_gate": "mlp.fc12", "ffn_down": "mlp.fc2",
+        "layer_output_norm": "norm2"}),
+}
+
+
+def _encoder_name(arch: str, name: str) -> str | None:
+    layers, globals_, per_layer = _ENCODER[arch]
+    parts = name.split(".")
+    base, suffix = ".".join(parts[:-1]), parts[-1]
+    mapped = _ENCODER_GLOBAL.get(base) or globals_.get(base)
+    if mapped:
+        return f"{mapped}.{suffix}"
+    if parts[0] != "blk" or len(parts) < 4:
+        return None
+    mapped = per_layer.get(".".join(parts[2:-1]))
+    return f"{layers}.{parts[1]}.{mapped}.{suffix}" if mapped else None
+
+
 def hf_name(arch: str, name: str) -> str | None:
     """The Hugging Face name of a GGUF tensor name (None: not one the engine uses)."""
+    if arch in ENCODERS:
+        return _encoder_name(arch, name)
     if name in _GLOBAL:
         return _GLOBAL[name]
     parts = name.split(".")
@@ -96,6 +130,8 @@ def config_from_gguf(meta: dict[str, Any], tensor_names: set[str], path: Path,
             raise ModelError(f"{path}: metadata {arch}.{name} is missing")
         return value
 
+    if arch in ENCODERS:
+        return _encoder_config(arch, key, meta, tensor_names, embed_rows)
     heads = int(key("attention.head_count"))
     hidden = int(key("embedding_length"))
     kv = key("attention.head_count_kv", heads)
@@ -148,10 +184,35 @@ def config_from_gguf(meta: dict[str, Any], tensor_names: set[str], path: Path,
     return cfg
 
 
+def _encoder_config(arch: str, key, meta: dict[str, Any], tensor_names: set[str],
+                    embed_rows: int | None) -> dict[str, Any]:
+    """A BertModel / NomicBertModel config.json dict from a bert / nomic-bert file."""
+    types = meta.get("tokenizer.ggml.token_type_count")
+    cfg: dict[str, Any] = {
+        "architectures": [ARCHITECTURES[arch]],
+        "hidden_size": int(key("embedding_length")),
+        "intermediate_size": int(key("feed_forward_length")),
+        "num_hidden_layers": int(key("block_count")),
+        "num_attention_heads": int(key("attention.head_count")),
+        "layer_norm_eps": float(key("attention.layer_norm_epsilon", 1e-12)),
+        "max_position_embeddings": int(key("context_length", 512)),
+        "vocab_size": int(len(meta.get("tokenizer.ggml.tokens") or ()) or embed_rows),
+        "type_vocab_size": int(types if types is not None else
+                               2 if "token_types.weight" in tensor_names else 0),
+    }
+    if arch == "nomic-bert":
+        cfg["activation_function"] = "swiglu"
+        cfg["rotary_emb_base"] = float(key("rope.freq_base", 10000.0))
+    else:
+        cfg["hidden_act"] = "gelu"
+    return cfg
+
+
 def _expected_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     """The shape each kind of tensor must have, by GGUF name pattern (layer-free)."""
     H, I = cfg["hidden_size"], cfg["intermediate_size"]
-    nq, nkv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    nq = cfg["num_attention_heads"]
+    nkv, hd = cfg.get("num_key_value_heads", nq), cfg.get("head_dim", H // nq)
     V = cfg["vocab_size"]
     return {"token_embd.weight": (V, H), "output.weight": (V, H), "output_norm.weight": (H,),
             "token_embd_norm.weight": (H,),
@@ -163,7 +224,10 @@ def _expected_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
             "post_attention_norm.weight": (H,), "post_ffw_norm.weight": (H,),
             "ffn_gate.weight": (I, H), "ffn_up.weight": (I, H), "ffn_down.weight": (H, I),
             "shortconv.in_proj.weight": (3 * H, H), "shortconv.out_proj.weight": (H, H),
-            "shortconv.conv.weight": (H, cfg.get("conv_L_cache", 3))}
+            "shortconv.conv.weight": (H, cfg.get("conv_L_cache", 3)),
+            "attn_qkv.weight": (3 * H, H), "attn_qkv.bias": (3 * H,),
+            "position_embd.weight": (cfg["max_position_embeddings"], H),
+            "token_types.weight": (cfg.get("type_vocab_size", 0), H)}
 
 
 class _Progress:

@@ -5,12 +5,18 @@
   `tokenizer.ggml.pre` names (the one the vocabulary's merges were learned with);
 - "llama": SentencePiece-style BPE with byte fallback; merges from the file, or derived from
   the vocabulary ordered by the tokens' `scores`.
+- "bert": WordPiece (BERT-family encoders). llama.cpp's converter stores the vocabulary in
+  "phantom space" form: a word-initial piece as "\u2581piece", a continuation ("##piece") as
+  "piece", bracketed specials ("[CLS]") as they are; undone here. The normalizer lowercases,
+  as llama.cpp's WPM tokenizer does (the file does not say whether the model was cased), and
+  the post-processor writes [CLS] ... [SEP] (`bos_token_id`, `seperator_token_id`).
 Tokens whose `token_type` is control (3) are special added tokens, user-defined (4) plain
 added tokens, both matched whole in text.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from npu.errors import ModelError
@@ -117,5 +123,59 @@ def tokenizer_json(meta: dict[str, Any], path: str = "the GGUF file") -> dict[st
                           "continuing_subword_prefix": None, "end_of_word_suffix": None,
                           "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
                           "vocab": {t: i for i, t in enumerate(tokens)}, "merges": merges}}
+    if model == "bert":
+        return _wordpiece(meta, tokens, types, path)
     raise ModelError(f"{path}: tokenizer model {model!r} is not supported (supported: gpt2, "
-                     "llama)")
+                     "llama, bert)")
+
+
+def _wordpiece_piece(token: str) -> str:
+    """A GGUF "phantom space" token as WordPiece spells it."""
+    if token.startswith("\u2581"):
+        return token[1:]
+    if token.startswith("[") and token.endswith("]"):
+        return token
+    return "##" + token
+
+
+def _wordpiece(meta: dict[str, Any], tokens: list[str], types: list[int],
+               path: str) -> dict[str, Any]:
+    """A BERT tokenizer.json document built with `tokenizers`' own WordPiece model,
+    BertNormalizer, BertPreTokenizer and TemplateProcessing."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from tokenizers.processors import TemplateProcessing
+
+    vocab: dict[str, int] = {}
+    for i, t in enumerate(tokens):
+        vocab.setdefault(_wordpiece_piece(t), i)
+    # the pieces as tokens[] spells them after undoing the phantom space (specials unchanged)
+    pieces = {i: p for p, i in vocab.items()}
+
+    def token(key: str, default: str) -> str | None:
+        i = meta.get(f"tokenizer.ggml.{key}")
+        if isinstance(i, int) and i in pieces:
+            return pieces[i]
+        return default if default in vocab else None
+
+    unk = token("unknown_token_id", "[UNK]")
+    cls, sep = token("bos_token_id", "[CLS]"), token("seperator_token_id", "[SEP]")
+    sep = sep or token("eos_token_id", "[SEP]")
+    if unk is None or cls is None or sep is None:
+        raise ModelError(f"{path}: a bert tokenizer needs its [UNK], [CLS] and [SEP] tokens")
+    tok = Tokenizer(models.WordPiece(vocab, unk_token=unk, continuing_subword_prefix="##",
+                                     max_input_chars_per_word=100))
+    tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
+                                                strip_accents=None, lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=True)
+    specials = [pieces[i] for i, kind in enumerate(types) if kind == CONTROL and i in pieces]
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for t in dict.fromkeys([unk, cls, sep, *specials])])
+    first = [cls] if meta.get("tokenizer.ggml.add_bos_token", True) else []
+    last = [sep] if meta.get("tokenizer.ggml.add_sep_token",
+                             meta.get("tokenizer.ggml.add_eos_token", True)) else []
+    tok.post_processor = TemplateProcessing(
+        single=" ".join([*first, "$A:0", *last]),
+        pair=" ".join([*first, "$A:0", *last, "$B:1", *[f"{t}:1" for t in last]]),
+        special_tokens=[(t, vocab[t]) for t in dict.fromkeys([*first, *last])])
+    return json.loads(tok.to_str())

@@ -46,11 +46,13 @@ class Tokenizer:
         path: tokenizer.json, or its document (a GGUF file's tokenizer, built in memory).
         bos_token / eos_token / unk_token / pad_token: from tokenizer_config.json.
         add_bos: prepend BOS when the template does not write it.
+        add_eos: append EOS to an input to embed (tokenizer_config's `add_eos_token`, GGUF's
+            `tokenizer.ggml.add_eos_token`: Qwen3-Embedding, whose last token is pooled).
     """
 
     def __init__(self, path: Path | dict, *, bos_token: str | None = None, eos_token: str | None = None,
                  unk_token: str | None = None, pad_token: str | None = None,
-                 add_bos: bool = False) -> None:
+                 add_bos: bool = False, add_eos: bool = False) -> None:
         from tokenizers import Tokenizer as HFTokenizer
 
         try:
@@ -65,7 +67,7 @@ class Tokenizer:
             raise ModelError(f"{where}: cannot be read as a tokenizer.json ({exc})") from None
         self.bos_token, self.eos_token = bos_token, eos_token
         self.unk_token, self.pad_token = unk_token, pad_token
-        self.add_bos = add_bos
+        self.add_bos, self.add_eos = add_bos, add_eos
         self._vocab = self._tok.get_vocab(with_added_tokens=True)
         self.size = max(self._vocab.values()) + 1
         # the parts read later (not the vocabulary and merges: tens of MB of Python objects)
@@ -87,6 +89,16 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         """Token ids of `text` (special-token text becomes those tokens; no BOS added)."""
         return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_for_embedding(self, text: str, *, room: int | None = None) -> list[int]:
+        """Token ids of `text` with the special tokens the tokenizer's post-processor adds
+        around one input ([CLS] ... [SEP] for BERT; none when it has no post-processor).
+        `room`: the most ids to return; the text's own tokens are cut at the end to fit,
+        the special tokens kept."""
+        enc = self._tok.encode(text, add_special_tokens=False)
+        if room is not None:
+            enc.truncate(max(0, room - self._tok.num_special_tokens_to_add(False)))
+        return self._tok.post_process(enc).ids
 
     def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -35,6 +35,8 @@ import numpy as np
 from npu.config import ModelConfig
 from npu.engine.kv_cache import BLOCK
 from npu.engine.numpy_engine import Layer, NumpyEngine, Seq
+from npu.engine.pooling import Pooling
+from npu.errors import ModelError
 from npu.xrt import layer_pack, packing
 from npu.xrt.adapter import XRT, XRTError, generation_of
 from npu.xrt.kernels import LinearOps, OpKernel, pack_weight
@@ -60,11 +62,12 @@ class _Slot:
 class XRTEngine(NumpyEngine):
     def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray], *, xrt: XRT,
                  device_index: int, kernel_dir: Path, mode: str = "auto",
-                 kv_cache_bytes: int | None = None, prefix_cache: bool = True) -> None:
+                 kv_cache_bytes: int | None = None, prefix_cache: bool = True,
+                 pooling: Pooling | None = None) -> None:
         if mode not in MODES:
             raise XRTError(f"npu mode {mode!r} is not one of {', '.join(MODES)}")
         super().__init__(config, weights, kv_cache_bytes=kv_cache_bytes,
-                         prefix_cache=prefix_cache)
+                         prefix_cache=prefix_cache, pooling=pooling)
         self.xrt, self.device_index = xrt, device_index
         name = str(xrt.device(device_index).get_info(xrt.x.xrt_info_device.name))
         folder = generation_dir(Path(kernel_dir), generation_of(name), name)
@@ -196,7 +199,7 @@ class XRTEngine(NumpyEngine):
     def _forward(self, ids: np.ndarray, segments: list[tuple[Seq, int]]) -> np.ndarray:
         if self.mode == "linear":
             return super()._forward(ids, segments)
-        x = self.embed(ids)
+        x = self.embed_tokens(ids)
         start = 0
         ends = []
         for seq, n in segments:
@@ -206,6 +209,17 @@ class XRTEngine(NumpyEngine):
             ends.append(start - 1)
         last = self.ops.rms_norm(x[ends], self.final_norm, self.config.rms_eps)
         return np.ascontiguousarray(self._mm(last, None, "lm_head"), dtype=np.float32)
+
+    def _embed_hidden(self, ids: np.ndarray, segments: list[tuple[Seq, int]],
+                      positions: np.ndarray) -> np.ndarray:
+        """"linear" mode: `embed`'s layers as the CPU runs them, their products on the NPU.
+        The fused modes' kernels attend over the device's KV cache only (no cache-free
+        attention): no embeddings there."""
+        if self.mode != "linear":
+            raise ModelError(f"embeddings on the NPU need npu_mode 'linear' (this engine runs "
+                             f"in {self.mode!r} mode, whose kernels attend over the device's "
+                             "KV cache only)")
+        return super()._embed_hidden(ids, segments, positions)
 
     # -- layers on the device --------------------------------------------------------------
     def _slot(self, seq: Seq) -> _Slot:

@@ -1,5 +1,6 @@
 """One Ray Serve instance for the whole test run: flm-tiny on two replicas, a random gpt-oss
-(harmony format), and the real stories260K model when ../shared is there."""
+(harmony format), a random BERT encoder (embeddings only), the default model, and the real
+stories260K model when ../shared is there."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.bert_model import build_bert
 from tests.gpt_oss_model import build_gpt_oss
 from tests.shared import SHARED
 
@@ -41,6 +43,8 @@ def serve_url(tmp_path_factory):
     build_gpt_oss(gpt_oss, Path(cache))
     models.append({"name": "tiny-gpt-oss", "path": str(gpt_oss), "max_batch": 2})
     models.append({"name": "smollm2-135m", "path": "smollm2-135m", "max_batch": 4})
+    bert = build_bert(tmp_path_factory.mktemp("bert") / "model")  # random BERT encoder
+    models.append({"name": "bert-tiny", "path": str(bert), "max_batch": 2})
     serve.run(build_app({"models": models, "max_request_bytes": 1 << 20}), name="flm",
               route_prefix="/")
     # two simulated NPUs: one worker replica each, claiming {"NPU": 1} from Ray

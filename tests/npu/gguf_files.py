@@ -179,3 +179,55 @@ def write_random_gguf(path: Path, arch: str, qtype: QT = QT.Q8_0, *, seed: int =
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+# Hugging Face names -> llama.cpp's, for the decoders `write_gguf_from_hf` converts
+_HF_TO_GGUF = {"embed_tokens": "token_embd", "norm": "output_norm", "lm_head": "output",
+               "q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v",
+               "o_proj": "attn_output", "q_norm": "attn_q_norm", "k_norm": "attn_k_norm",
+               "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down",
+               "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+
+
+def write_gguf_from_hf(folder: Path, path: Path, arch: str, qtype: QT, tokenizer_meta: dict,
+                       extra_meta: dict | None = None) -> Path:
+    """A Llama or Qwen3 Hugging Face checkpoint (`folder`, float32 safetensors) written as
+    llama.cpp's converter writes it: its names, Llama's attn_q / attn_k rows permuted for
+    ggml's RoPE, matrices in `qtype` (the embedding too), vectors F32."""
+    import json
+
+    from safetensors.numpy import load_file
+
+    cfg = json.loads((folder / "config.json").read_text())
+    heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    theta = (cfg.get("rope_parameters") or {}).get("rope_theta") or cfg.get("rope_theta", 1e4)
+    w = GGUFWriter(str(path), arch)
+    for key, value in {"block_count": cfg["num_hidden_layers"],
+                       "context_length": cfg["max_position_embeddings"],
+                       "embedding_length": cfg["hidden_size"],
+                       "feed_forward_length": cfg["intermediate_size"],
+                       "attention.head_count": heads, "attention.head_count_kv": kv,
+                       "attention.key_length": hd, "attention.value_length": hd,
+                       "rope.freq_base": float(theta),
+                       "attention.layer_norm_rms_epsilon": float(cfg["rms_norm_eps"]),
+                       }.items():
+        _add_meta(w, f"{arch}.{key}", value)
+    for key, value in {**tokenizer_meta, **(extra_meta or {})}.items():
+        _add_meta(w, key, value)
+    for name, a in load_file(str(folder / "model.safetensors")).items():
+        parts = name.split(".")
+        kind = _HF_TO_GGUF[parts[-2]]
+        gname = f"blk.{parts[2]}.{kind}.weight" if parts[1] == "layers" else f"{kind}.weight"
+        if arch == "llama" and kind in ("attn_q", "attn_k"):  # halves -> adjacent pairs
+            n = heads if kind == "attn_q" else kv
+            a = a.reshape(n, 2, a.shape[0] // n // 2, a.shape[1]).swapaxes(1, 2).reshape(a.shape)
+        if a.ndim == 2 and qtype != QT.F32:
+            w.add_tensor(gname, quants.quantize(a, qtype), raw_dtype=qtype)
+        else:
+            w.add_tensor(gname, np.ascontiguousarray(a, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

@@ -102,10 +102,10 @@ def test_weights_stay_in_their_block_format(tmp_path: Path, tok_meta: dict) -> N
     layer = eng.layers[0]
     assert layer.wqkv.matrix.qtype == QT.Q4_0 and layer.w_down.matrix.qtype == QT.Q4_0
     # the tied head is the embedding's blocks, not a copy
-    assert eng.lm_head.matrix is eng.embed.matrix
+    assert eng.lm_head.matrix is eng.embed_tokens.matrix
     H, F = 64, 128
     q4_bytes = (4 * 16 * H * 2 + 2 * 2 * 16 * H + 3 * F * H) * 18 // 32  # per layer
-    assert eng.weight_bytes < 2 * q4_bytes + eng.embed.matrix.nbytes + 10_000
+    assert eng.weight_bytes < 2 * q4_bytes + eng.embed_tokens.matrix.nbytes + 10_000
 
 
 @pytest.mark.parametrize("qtype,held_as,bits", [(QT.Q4_K, QT.Q4_1, 5), (QT.Q5_K, QT.Q5_1, 6)])

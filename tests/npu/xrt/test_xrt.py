@@ -70,6 +70,25 @@ def test_modes_match_the_cpu_engine_and_count_launches(tiny, kdir, mode, per_lay
     assert sim.clock.launches - before == per_layer * cfg.num_layers + 1
 
 
+def test_linear_mode_embeds_as_the_cpu_engine_and_fused_modes_refuse(tiny, kdir) -> None:
+    cfg = _config(tiny)
+    items = [[5, 9, 14, 3], [7, 22, 40, 11, 17, 2]]
+    ref = NumpyEngine(cfg, load_weights(tiny, progress=False), backend="reference")
+    want = ref.embed(items)
+    for mode in ("linear", "layer"):
+        npu = XRTEngine(cfg, load_weights(tiny, progress=False),
+                        xrt=XRT(simulator_for(kdir, ["RyzenAI-npu4"])), device_index=0,
+                        kernel_dir=kdir, mode=mode)
+        if mode == "linear":
+            got = npu.embed(items)
+            cos = (got * want).sum(-1) / np.linalg.norm(got, axis=-1) / np.linalg.norm(want,
+                                                                                      axis=-1)
+            assert cos.min() > 0.999  # bf16 products against float32
+        else:
+            with pytest.raises(ModelError, match="npu_mode 'linear'"):
+                npu.embed(items)
+
+
 def test_prompts_run_in_tiles_on_the_layer_ops(tiny, kdir) -> None:
     """A prompt goes through the layer op 32 rows a launch (one row at a time where a tile
     would pass the device cache's end); its logits agree with the linear ops'; the layer

@@ -1,0 +1,194 @@
+"""Embeddings: throughput, and what they cost a stream decoding beside them, side by side.
+
+1. Throughput through the worker (actors.worker.Worker, no Ray: what a replica runs):
+   inputs of 128 tokens in requests of 1, 32 and 256 inputs, on the default model's GGUF
+   (SmolLM2-135M, Q4_1: a decoder, mean pooling) and on a random BERT-base-shaped encoder
+   (12 layers, 768 wide, Q8_0 and F32). Beside each, in the same run where installed:
+   llama.cpp's embedding on the same GGUF (llama-cpp-python `Llama(embedding=True).embed`)
+   and sentence-transformers' forward (transformers' BertModel in torch, mean pooling) on
+   the same BERT shape (the peers are for bench/ only).
+2. A stream beside embeddings: one chat's decode rate alone, then while requests of 256
+   inputs keep the worker's embedding queue full: the ratio (target >= 0.7: the worker
+   gives embedding steps a bounded share of the decode loop, actors.embedding).
+
+    .venv/bin/python bench/bench_embed.py            # full (a few minutes)
+    .venv/bin/python bench/bench_embed.py --quick    # flm-tiny and a tiny encoder (CI)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from actors.events import (  # noqa: E402
+    CompletionGenerate,
+    Deltas,
+    EmbedGenerate,
+    Embeddings,
+    Finished,
+)
+from actors.worker import Worker  # noqa: E402
+from npu import LoadOptions, load_model  # noqa: E402
+
+
+def inputs(n: int, tokens: int, vocab: int, seed: int) -> list[list[int]]:
+    """`n` token-id inputs of `tokens` tokens each (ids from the middle of the vocabulary:
+    no special tokens)."""
+    rng = np.random.default_rng(seed)
+    return [rng.integers(vocab // 4, vocab // 2, size=tokens).tolist() for _ in range(n)]
+
+
+async def embed(worker: Worker, items: list) -> np.ndarray:
+    req = EmbedGenerate(request_id="b", inputs=items)
+    events = [e async for batch in worker.generate(req) for e in batch]
+    emb = next(e for e in events if isinstance(e, Embeddings))
+    return np.frombuffer(emb.vectors, dtype="<f4").reshape(len(items), emb.dims)
+
+
+def throughput(worker: Worker, batch: int, tokens: int, rounds: int) -> float:
+    """Input tokens per second, requests of `batch` inputs one after another."""
+    vocab = worker.model.config.vocab_size
+
+    async def run() -> float:
+        await embed(worker, inputs(batch, tokens, vocab, 0))  # warm
+        t0 = time.perf_counter()
+        for r in range(rounds):
+            await embed(worker, inputs(batch, tokens, vocab, r + 1))
+        return rounds * batch * tokens / (time.perf_counter() - t0)
+
+    return asyncio.run(run())
+
+
+def llama_cpp_rate(path: Path, batch: int, tokens: int, rounds: int) -> float | None:
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return None
+    llm = Llama(str(path), embedding=True, n_ctx=max(512, tokens * 2), n_batch=4096,
+                n_ubatch=4096, n_threads=os.cpu_count(), verbose=False)
+    vocab = llm.n_vocab()
+    llm.embed(inputs(1, tokens, vocab, 0))
+    t0 = time.perf_counter()
+    for r in range(rounds):
+        llm.embed(inputs(batch, tokens, vocab, r))
+    return rounds * batch * tokens / (time.perf_counter() - t0)
+
+
+def sentence_transformers_rate(folder: Path, batch: int, tokens: int,
+                               rounds: int) -> float | None:
+    """What sentence-transformers runs for a BERT model with mean pooling: transformers'
+    BertModel forward in torch, then the mean (its own package is not needed for that)."""
+    try:
+        import torch
+        from transformers import AutoModel
+    except ImportError:
+        return None
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    torch.set_num_threads(os.cpu_count() or 1)
+    model = AutoModel.from_pretrained(folder).eval()
+    vocab = model.config.vocab_size
+
+    def run(r: int) -> None:
+        ids = torch.tensor(inputs(batch, tokens, vocab, r))
+        with torch.no_grad():
+            model(input_ids=ids).last_hidden_state.mean(dim=1)
+
+    run(0)
+    t0 = time.perf_counter()
+    for r in range(rounds):
+        run(r)
+    return rounds * batch * tokens / (time.perf_counter() - t0)
+
+
+def stream_rate(worker: Worker, tokens: int, embed_batch: int, embed_tokens: int,
+                beside: bool) -> float:
+    """Decode tokens per second of one stream (after its first token), alone or with
+    embedding requests of `embed_batch` inputs queued one after another all along."""
+    story = CompletionGenerate(request_id="s", prompt="Once upon a time", max_tokens=tokens,
+                               ignore_eos=True, temperature=0)
+    vocab = worker.model.config.vocab_size
+
+    async def run() -> float:
+        stop = asyncio.Event()
+        embedded = 0
+
+        async def keep_embedding() -> None:
+            nonlocal embedded
+            r = 0
+            while not stop.is_set():
+                await embed(worker, inputs(embed_batch, embed_tokens, vocab, r))
+                embedded += embed_batch
+                r += 1
+
+        first = last = 0.0
+        side = asyncio.create_task(keep_embedding()) if beside else None
+        async for batch in worker.generate(story):
+            if any(isinstance(ev, (Deltas, Finished)) for ev in batch):
+                last = time.perf_counter()
+                first = first or last
+        stop.set()
+        if side is not None:
+            await side
+            assert embedded > 0, "no embedding ran beside the stream"
+        # the first token came with the prompt; the rest are decode steps
+        return (tokens - 1) / (last - first)
+
+    return asyncio.run(run())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="tiny models, few rounds (CI)")
+    args = ap.parse_args()
+    cache = Path(tempfile.mkdtemp(prefix="flm-bench-embed-"))
+    from tests.bert_model import build_bert
+
+    if args.quick:
+        decoder, tokens, batches, rounds, stream_tokens = "flm-tiny", 32, (1, 8), 2, 48
+        bert = build_bert(cache / "bert")
+    else:
+        decoder, tokens, batches, rounds, stream_tokens = "smollm2-135m", 128, (1, 32, 256), 2, 96
+        bert = build_bert(cache / "bert", dims={  # BERT-base's shape
+            "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
+            "intermediate_size": 3072, "max_position_embeddings": 512})
+    print(f"inputs of {tokens} tokens; {os.cpu_count()} cores")
+    print(f"{'model':34s} {'batch':>5s} {'flm tok/s':>10s} {'peer tok/s':>10s} {'ratio':>6s}")
+    dec = Worker(lambda: load_model(decoder, name=decoder), max_batch=4)
+    gguf = dec.model.path
+    for b in batches:
+        ours = throughput(dec, b, tokens, rounds)
+        peer = llama_cpp_rate(gguf, b, tokens, rounds) if gguf.suffix == ".gguf" else None
+        ratio = f"{ours / peer:6.2f}" if peer else "   n/a"
+        print(f"{decoder + ' (llama.cpp)':34s} {b:5d} {ours:10.0f} "
+              f"{peer or float('nan'):10.0f} {ratio}  ratio (ours / peer)")
+    for quant in ("Q8_0", "F32"):  # the encoder held in each block format
+        options = LoadOptions(quantize=None if quant == "F32" else quant.lower())
+        enc = Worker(lambda o=options: load_model(bert, "cpu", o, name="bert"), max_batch=4)
+        for b in batches:
+            ours = throughput(enc, b, tokens, rounds)
+            peer = sentence_transformers_rate(bert, b, tokens, rounds)
+            ratio = f"{ours / peer:6.2f}" if peer else "   n/a"
+            print(f"{'bert ' + quant + ' (torch)':34s} {b:5d} {ours:10.0f} "
+                  f"{peer or float('nan'):10.0f} {ratio}  ratio (ours / peer)")
+        enc.close()
+    alone = stream_rate(dec, stream_tokens, batches[-1], tokens, beside=False)
+    beside = stream_rate(dec, stream_tokens, batches[-1], tokens, beside=True)
+    print(f"stream decode alone {alone:.1f} tok/s, beside embeddings {beside:.1f} tok/s: "
+          f"ratio {beside / alone:.2f} (target >= 0.7)")
+    dec.close()
+
+
+if __name__ == "__main__":
+    main()

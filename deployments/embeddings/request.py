@@ -1,0 +1,145 @@
+"""Embedding requests in OpenAI's and Ollama's shapes: each route's Call, with the inputs
+checked here (their types, sizes and options) and against the model by the worker (token
+counts, the context, dimensions).
+
+OpenAI's `input` is a string, a list of strings, a list of token ids or a list of lists of
+token ids (one type per request); Ollama's is a string or a list of strings (`/api/embed`)
+or a `prompt` (the older `/api/embeddings`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Literal
+
+import msgspec
+
+from actors.events import EmbedGenerate
+from deployments.embeddings.reply import OllamaEmbedReply, OpenAIEmbedReply
+from deployments.errors import ApiError
+from deployments.exchange import Call
+from deployments.ingress import Ingress
+from deployments.ollama.request import Options, decode, served
+from deployments.openai.request import decode_json
+
+# the most inputs one request may carry (OpenAI's own limit)
+MAX_INPUTS = 2048
+
+
+class OpenAIEmbedIn(msgspec.Struct, kw_only=True):
+    model: str
+    input: Any
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None
+
+
+class EmbedIn(msgspec.Struct, kw_only=True):
+    """Ollama's /api/embed."""
+
+    model: str
+    input: str | list[str] = msgspec.field(default_factory=list)
+    truncate: bool = True
+    dimensions: int | None = None
+    options: Options | None = None
+    keep_alive: str | int | float | None = None
+
+
+class EmbeddingsIn(msgspec.Struct, kw_only=True):
+    """Ollama's older /api/embeddings."""
+
+    model: str
+    prompt: str = ""
+    options: Options | None = None
+    keep_alive: str | int | float | None = None
+
+
+def _inputs(value: Any) -> list[str | list[int]]:
+    """OpenAI's `input` as a list of texts or of token id lists; a 400 naming it when it
+    is none of its four forms."""
+    def bad(why: str) -> ApiError:
+        return ApiError(400, f"'input' {why}: it must be a string, a list of strings, a list "
+                        "of token ids or a list of lists of token ids.", param="input")
+
+    if isinstance(value, str):
+        if not value:
+            raise bad("is empty")
+        return [value]
+    if not isinstance(value, list) or not value:
+        raise bad("is empty" if value == [] else "has the wrong type")
+    if len(value) > MAX_INPUTS:
+        raise ApiError(400, f"'input' holds {len(value)} inputs; at most {MAX_INPUTS} are "
+                       "allowed.", param="input")
+    if all(isinstance(v, str) for v in value):
+        for i, v in enumerate(value):
+            if not v:
+                raise ApiError(400, f"Input {i} is empty.", param=f"input[{i}]")
+        return list(value)
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return [list(value)]
+    if all(isinstance(v, list) for v in value):
+        for i, v in enumerate(value):
+            if not v or not all(isinstance(t, int) and not isinstance(t, bool) for t in v):
+                raise ApiError(400, f"Input {i} must be a non-empty list of token ids.",
+                               param=f"input[{i}]")
+        return [list(v) for v in value]
+    raise bad("mixes types")
+
+
+def _dimensions(value: int | None) -> int | None:
+    if value is not None and value < 1:
+        raise ApiError(400, f"'dimensions' must be at least 1; got {value}.",
+                       param="dimensions")
+    return value
+
+
+def _num_ctx(options: Options | None) -> int | None:
+    """Ollama's `options.num_ctx`: the context inputs are cut to (or checked against)."""
+    n = options.num_ctx if options is not None else None
+    if n is not None and n < 1:
+        raise ApiError(400, f"options.num_ctx must be at least 1; got {n}")
+    return n
+
+
+def _request_id() -> str:
+    return f"embd-{uuid.uuid4().hex}"
+
+
+def openai_call(body: bytes, ingress: Ingress) -> Call:
+    """/v1/embeddings' Call: an input over the context is a 400 (OpenAI does not cut)."""
+    req = decode_json(body, OpenAIEmbedIn)
+    ingress.check_model(req.model)
+    greq = EmbedGenerate(request_id=_request_id(), inputs=_inputs(req.input),
+                         dimensions=_dimensions(req.dimensions))
+    return Call(model=req.model, request=greq,
+                reply=OpenAIEmbedReply(req.model, req.encoding_format))
+
+
+def embed_call(body: bytes, ingress: Ingress) -> Call:
+    """/api/embed's Call: inputs over the context are cut to it unless `truncate` is false;
+    no input at all loads the model (answered with no embeddings)."""
+    req = decode(body, EmbedIn)
+    model = served(ingress, req.model)
+    texts = [req.input] if isinstance(req.input, str) else req.input
+    if not texts or texts == [""]:
+        return Call(now=OllamaEmbedReply(req.model, legacy=False).empty())
+    for i, text in enumerate(texts):
+        if not text:
+            raise ApiError(400, f"input {i} is empty")
+    greq = EmbedGenerate(request_id=_request_id(), inputs=list(texts), truncate=req.truncate,
+                         dimensions=_dimensions(req.dimensions),
+                         context_limit=_num_ctx(req.options))
+    return Call(model=model, request=greq, reply=OllamaEmbedReply(req.model, legacy=False))
+
+
+def embeddings_call(body: bytes, ingress: Ingress) -> Call:
+    """/api/embeddings' Call (the older form: one `prompt`, one `embedding`; an empty
+    prompt answers an empty embedding, as Ollama does)."""
+    req = decode(body, EmbeddingsIn)
+    model = served(ingress, req.model)
+    reply = OllamaEmbedReply(req.model, legacy=True)
+    if not req.prompt:
+        return Call(now=reply.empty())
+    greq = EmbedGenerate(request_id=_request_id(), inputs=[req.prompt], truncate=True,
+                         context_limit=_num_ctx(req.options))
+    return Call(model=model, request=greq, reply=reply, params={"input": "prompt"})

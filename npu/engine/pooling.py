@@ -1,0 +1,108 @@
+"""Pooling: how a model turns its last hidden states into one embedding vector per input
+(mean, CLS or last token, then sentence-transformers' Dense layers if any), and `pool`,
+which does it for a packed batch.
+
+The vectors are left unnormalized: L2 normalization and Matryoshka truncation are the
+caller's (they depend on the request, not the model).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import msgspec
+import numpy as np
+
+from npu.errors import ModelError
+
+MODES = ("mean", "cls", "last", "max")
+# llama.cpp's `{arch}.pooling_type` enum (LLAMA_POOLING_TYPE_*): 0 none, 1 mean, 2 cls,
+# 3 last, 4 rank (a reranker's head: not an embedding)
+GGUF_POOLING = {1: "mean", 2: "cls", 3: "last"}
+DENSE_ACTIVATIONS = ("identity", "tanh")
+
+
+class Dense(msgspec.Struct, frozen=True, kw_only=True):
+    """A sentence-transformers Dense layer: y = act(x @ weight.T + bias).
+
+    Attributes:
+        weight: float32 [out, in].
+        bias: float32 [out], or None.
+        activation: "identity" or "tanh" (the two sentence-transformers models use).
+    """
+
+    weight: np.ndarray
+    bias: np.ndarray | None = None
+    activation: str = "identity"
+
+    def __post_init__(self) -> None:
+        if self.activation not in DENSE_ACTIVATIONS:
+            raise ModelError(f"Dense activation {self.activation!r} is not supported "
+                             f"(supported: {', '.join(DENSE_ACTIVATIONS)})")
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        y = x @ self.weight.T
+        if self.bias is not None:
+            y = y + self.bias
+        return np.tanh(y) if self.activation == "tanh" else y
+
+
+class Pooling(msgspec.Struct, frozen=True, kw_only=True):
+    """A model's pooling.
+
+    Attributes:
+        mode: "mean" (over the input's tokens), "cls" (the first token), "last" (the last
+            token: decoder embedders such as Qwen3-Embedding) or "max" (per dimension).
+        dense: sentence-transformers Dense layers applied after pooling, in order.
+        source: where the mode came from (for logs and model listings).
+    """
+
+    mode: str = "mean"
+    dense: tuple[Dense, ...] = ()
+    source: str = "default"
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ModelError(f"pooling {self.mode!r} is not supported (supported: "
+                             f"{', '.join(MODES)})")
+
+    def dims(self, hidden_size: int) -> int:
+        """The embedding's width for a model of `hidden_size`.
+
+        Raises:
+            ModelError: a Dense layer's input is not the width before it.
+        """
+        width = hidden_size
+        for i, layer in enumerate(self.dense):
+            if layer.weight.shape[1] != width:
+                raise ModelError(f"Dense layer {i} takes {layer.weight.shape[1]} values, the "
+                                 f"layer before it gives {width}")
+            width = int(layer.weight.shape[0])
+        return width
+
+
+def pool(hidden: np.ndarray, lengths: Sequence[int], pooling: Pooling) -> np.ndarray:
+    """One vector per input from the packed hidden states `hidden` [sum(lengths), H] (input
+    i's rows follow input i-1's): float32 [len(lengths), dims]. Each row depends only on its
+    own input's rows (the same whatever else is in the batch)."""
+    ends = np.cumsum(lengths)
+    starts = ends - np.asarray(lengths)
+    mode = pooling.mode
+    if mode == "cls":
+        out = hidden[starts]
+    elif mode == "last":
+        out = hidden[ends - 1]
+    elif mode == "mean":
+        out = np.stack([hidden[s:e].mean(axis=0, dtype=np.float32) for s, e in zip(starts, ends)])
+    else:
+        out = np.stack([hidden[s:e].max(axis=0) for s, e in zip(starts, ends)])
+    out = np.asarray(out, dtype=np.float32)
+    if pooling.dense:  # row by row: a BLAS product's sums may group rows differently
+        out = np.concatenate([_dense(pooling.dense, row[None]) for row in out])
+    return np.ascontiguousarray(out, dtype=np.float32)
+
+
+def _dense(layers: Sequence[Dense], x: np.ndarray) -> np.ndarray:
+    for layer in layers:
+        x = layer(x)
+    return x

@@ -1,0 +1,106 @@
+"""The embedding routes without Ray: what OpenAI's and Ollama's clients send is typed into
+one EmbedGenerate, and the worker's vectors come back in each API's shape (floats, base64
+of little-endian float32, Ollama's lists); bad input is a 400 in the API's shape naming the
+field, before any worker is asked."""
+
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+import pytest
+
+from actors.events import Accepted, EmbedGenerate, Embeddings, Rejected, Usage
+from tests.deployments.test_ingress import FakeStream, FakeWorker, _client
+
+VECTORS = np.array([[0.6, 0.8, 0.0], [0.0, 0.0, 1.0]], dtype="<f4")
+
+
+def _play(rows: int = 2) -> FakeStream:
+    v = VECTORS[:rows]
+    return FakeStream([[Accepted(request_id="r", model="m", prompt_tokens=5 * rows),
+                        Embeddings(vectors=v.tobytes(), dims=3, tokens=[5] * rows),
+                        Usage(prompt_tokens=5 * rows, completion_tokens=0)]])
+
+
+def test_openai_floats_and_base64() -> None:
+    worker = FakeWorker(_play(), _play(1))
+    client, _ = _client(worker)
+    r = client.post("/v1/embeddings", json={"model": "m", "input": ["a", "b"]})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "list" and body["model"] == "m"
+    assert [d["index"] for d in body["data"]] == [0, 1]
+    assert np.allclose([d["embedding"] for d in body["data"]], VECTORS)
+    assert body["usage"] == {"prompt_tokens": 10, "total_tokens": 10}
+    assert worker.requests[0] == EmbedGenerate(request_id=worker.requests[0].request_id,
+                                               inputs=["a", "b"])
+    r = client.post("/v1/embeddings", json={"model": "m", "input": [1, 2, 3],
+                                            "encoding_format": "base64", "dimensions": 3})
+    raw = base64.b64decode(r.json()["data"][0]["embedding"])
+    assert np.array_equal(np.frombuffer(raw, dtype="<f4"), VECTORS[0])
+    assert worker.requests[1].inputs == [[1, 2, 3]] and worker.requests[1].dimensions == 3
+    assert worker.requests[1].truncate is False  # OpenAI refuses, never cuts
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"input": ""}, "input"),
+    ({"input": []}, "input"),
+    ({"input": 5}, "input"),
+    ({"input": ["a", 1]}, "input"),
+    ({"input": ["a", ""]}, "input[1]"),
+    ({"input": [[1, 2], []]}, "input[1]"),
+    ({"input": [[1, "x"]]}, "input[0]"),
+    ({"input": "a", "encoding_format": "hex"}, "encoding_format"),
+    ({"input": "a", "dimensions": 0}, "dimensions"),
+    ({"input": "a", "dimensions": "8"}, "dimensions"),
+    ({"input": "a", "model": "nope"}, "model"),
+])
+def test_openai_bad_input_is_a_400_naming_the_field(body: dict, param: str) -> None:
+    worker = FakeWorker()
+    client, _ = _client(worker)
+    r = client.post("/v1/embeddings", json={"model": "m", **body})
+    assert r.status_code in (400, 404), r.text
+    assert r.json()["error"]["param"] == param
+    assert worker.requests == []
+
+
+def test_a_worker_rejection_keeps_the_api_shape() -> None:
+    reject = FakeStream([[Rejected(status=400, message="Input 0 has 9000 tokens; ...",
+                                   param="input", code="context_length_exceeded")]])
+    client, _ = _client(FakeWorker(reject))
+    r = client.post("/v1/embeddings", json={"model": "m", "input": "long"})
+    assert r.status_code == 400
+    assert r.json()["error"]["code"] == "context_length_exceeded"
+    client, _ = _client(FakeWorker(FakeStream([[Rejected(status=400, message="too long",
+                                                         param="input")]])))
+    r = client.post("/api/embed", json={"model": "m", "input": "long", "truncate": False})
+    assert r.status_code == 400 and r.json() == {"error": "too long"}
+
+
+def test_ollama_embed_and_embeddings() -> None:
+    worker = FakeWorker(_play(), _play(1))
+    client, _ = _client(worker)
+    r = client.post("/api/embed", json={"model": "m:latest", "input": ["a", "b"]})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert np.allclose(body["embeddings"], VECTORS) and body["model"] == "m:latest"
+    assert body["prompt_eval_count"] == 10 and body["total_duration"] > 0
+    assert worker.requests[0].truncate is True  # Ollama cuts by default
+    r = client.post("/api/embeddings", json={"model": "m", "prompt": "a"})
+    assert np.allclose(r.json()["embedding"], VECTORS[0])
+    assert worker.requests[1].inputs == ["a"]
+
+
+def test_ollama_empty_input_loads_and_bad_input_is_an_ollama_error() -> None:
+    worker = FakeWorker()
+    client, _ = _client(worker)
+    r = client.post("/api/embed", json={"model": "m"})
+    assert r.status_code == 200 and r.json()["embeddings"] == []
+    assert client.post("/api/embeddings", json={"model": "m", "prompt": ""}).json() == \
+        {"embedding": []}
+    r = client.post("/api/embed", json={"model": "m", "input": 3})
+    assert r.status_code == 400 and isinstance(r.json()["error"], str)
+    r = client.post("/api/embed", json={"model": "other", "input": "a"})
+    assert r.status_code == 404 and "other" in r.json()["error"]
+    assert worker.requests == []

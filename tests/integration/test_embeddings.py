@@ -1,0 +1,96 @@
+"""Embeddings through HTTP with the official clients: `openai` (floats, base64,
+dimensions, token ids, errors) and `ollama` (embed, embeddings), on a served decoder model
+(SmolLM2) and on a BERT encoder (chat on it is a 400 naming its kind)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+openai = pytest.importorskip("openai")
+ollama = pytest.importorskip("ollama")
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+SMOL = "smollm2-135m"
+TEXTS = ["The cat sat on the mat.", "Stocks fell sharply today.", "A kitten is sleeping."]
+
+
+@pytest.fixture()
+def oa(serve_url):
+    return openai.OpenAI(base_url=serve_url + "/v1", api_key="unused", timeout=120)
+
+
+@pytest.fixture()
+def oc(serve_url):
+    return ollama.Client(host=serve_url, timeout=120)
+
+
+def _matrix(data) -> np.ndarray:
+    return np.array([d.embedding for d in data], dtype=np.float32)
+
+
+def test_openai_embeddings_floats_base64_dimensions(oa) -> None:
+    r = oa.embeddings.create(model=SMOL, input=TEXTS, encoding_format="float")
+    m = _matrix(r.data)
+    assert m.shape == (3, 576) and np.allclose(np.linalg.norm(m, axis=1), 1, atol=1e-5)
+    assert r.usage.prompt_tokens == r.usage.total_tokens > 3
+    # the SDK asks for base64 by default and decodes it: the same vectors
+    b = _matrix(oa.embeddings.create(model=SMOL, input=TEXTS).data)
+    np.testing.assert_array_equal(b, m)
+    # a real model: related sentences are nearer than unrelated ones
+    assert m[0] @ m[2] > m[0] @ m[1]
+    d = _matrix(oa.embeddings.create(model=SMOL, input=TEXTS[0], dimensions=64).data)
+    assert d.shape == (1, 64)
+    np.testing.assert_allclose(d[0], m[0, :64] / np.linalg.norm(m[0, :64]), atol=1e-5)
+
+
+def test_openai_token_ids_are_the_texts_tokens(oa, oc) -> None:
+    text = oa.embeddings.create(model=SMOL, input=TEXTS[0], encoding_format="float")
+    ids = oa.completions.create(model=SMOL, prompt=TEXTS[0], max_tokens=1, logprobs=0)
+    assert ids.usage.prompt_tokens == text.usage.prompt_tokens
+    r = oa.embeddings.create(model=SMOL, input=[[1, 2, 3], [4, 5]], encoding_format="float")
+    assert len(r.data) == 2 and r.usage.prompt_tokens == 5
+
+
+def test_openai_errors(oa) -> None:
+    with pytest.raises(openai.BadRequestError) as exc:
+        oa.embeddings.create(model=SMOL, input=["ok", "word " * 10000])
+    assert exc.value.code == "context_length_exceeded" and "Input 1" in exc.value.message
+    with pytest.raises(openai.BadRequestError) as exc:
+        oa.embeddings.create(model=SMOL, input="ok", dimensions=100000)
+    assert exc.value.param == "dimensions"
+    with pytest.raises(openai.NotFoundError):
+        oa.embeddings.create(model="nope", input="ok")
+
+
+def test_ollama_embed_and_embeddings(oa, oc) -> None:
+    r = oc.embed(model=SMOL + ":latest", input=TEXTS)
+    m = np.array(r.embeddings, dtype=np.float32)
+    ref = _matrix(oa.embeddings.create(model=SMOL, input=TEXTS, encoding_format="float").data)
+    np.testing.assert_allclose(m, ref, atol=1e-6)
+    assert r.prompt_eval_count > 3 and r.total_duration > 0
+    one = oc.embeddings(model=SMOL, prompt=TEXTS[0])
+    np.testing.assert_allclose(one.embedding, ref[0], atol=1e-6)
+    # Ollama cuts a long input to the context by default, refuses it with truncate=False
+    r = oc.embed(model=SMOL, input="word " * 100, options={"num_ctx": 16})
+    assert r.prompt_eval_count == 16 and len(r.embeddings) == 1
+    with pytest.raises(ollama.ResponseError) as exc:
+        oc.embed(model=SMOL, input="word " * 100, truncate=False, options={"num_ctx": 16})
+    assert exc.value.status_code == 400 and "16" in exc.value.error
+
+
+def test_an_encoder_embeds_and_refuses_to_chat(oa, oc) -> None:
+    r = oa.embeddings.create(model="bert-tiny", input=["the cat", "the cat", "a dog ran"],
+                             encoding_format="float")
+    m = _matrix(r.data)
+    assert m.shape == (3, 64) and np.allclose(np.linalg.norm(m, axis=1), 1, atol=1e-5)
+    np.testing.assert_array_equal(m[0], m[1])  # same input, same vector in one batch
+    assert r.usage.prompt_tokens == 6 + 6 + 9  # [CLS] and [SEP] around each input's pieces
+    assert oc.show("bert-tiny").capabilities == ["embedding"]
+    with pytest.raises(openai.BadRequestError) as exc:
+        oa.chat.completions.create(model="bert-tiny", messages=[{"role": "user",
+                                                                 "content": "hi"}])
+    assert "embedding model" in exc.value.message and exc.value.param == "model"
+    with pytest.raises(ollama.ResponseError) as exc:
+        oc.generate(model="bert-tiny", prompt="hi")
+    assert exc.value.status_code == 400
