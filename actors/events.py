@@ -114,12 +114,14 @@ class Deltas(msgspec.Struct, tag="deltas", tag_field="event"):
 
 class Finished(msgspec.Struct, tag="finished", tag_field="event"):
     """A choice ended. `message` (chat) is its final parse: what a non-streamed reply
-    shows (a stream cannot take back a call it started; the final parse can)."""
+    shows (a stream cannot take back a call it started; the final parse can). `stop`: the
+    stop string that ended it (None: an end token, the grammar or a limit ended it)."""
 
     index: int
     finish_reason: str
     completion_tokens: int
     message: ChatMsg | None = None
+    stop: str | None = None
 
 
 class Usage(msgspec.Struct, tag="usage", tag_field="event"):

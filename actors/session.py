@@ -117,7 +117,8 @@ class Choice:
             reason = "tool_calls"
         return events + [Finished(index=self.index, finish_reason=reason,
                                   completion_tokens=self.generated,
-                                  message=self.stream.message if self.stream else None)]
+                                  message=self.stream.message if self.stream else None,
+                                  stop=self.stops.matched)]
 
 
 class Session:
@@ -181,6 +182,18 @@ def _render(request: ChatGenerate, model: Model) -> tuple[str, bool, bool]:
     except ModelError as exc:
         raise RequestError(str(exc), param="messages") from None
     return text, model.thinking_enabled(request.thinking), model.tools_enabled()
+
+
+def prompt_tokens(request: ChatGenerate, model: Model) -> int:
+    """The tokens of `request`'s prompt (the model's template with the request's messages,
+    tools and thinking switch), as `build_session` counts them, with nothing set up.
+
+    Raises:
+        RequestError: the template cannot render the conversation (400).
+    """
+    text, _, _ = _render(request, model)
+    ids = model.prompt_ids(text)
+    return len(ids) or int(model.tokenizer.bos_id is not None)
 
 
 def context_limit(request: GenerateRequest, model: Model) -> int:

@@ -417,3 +417,18 @@ def test_the_worker_counts_grammar_compiles_and_its_gauges(worker) -> None:
                                                                               "cold")]
     assert snap["flm_running_sequences"][("flm-tiny", "r0")] == 0
     assert ("flm-tiny", "r0") in snap["flm_kv_cache_bytes"]
+
+
+def test_count_tokens_is_the_prompt_generate_would_run(worker) -> None:
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    req = _chat({"tools": tools}, max_tokens=1)
+
+    async def both() -> tuple:
+        counted = await worker.count_tokens(req)
+        events = [ev async for batch in worker.generate(req) for ev in batch]
+        plain = await worker.count_tokens(_chat(max_tokens=1))
+        return counted, events[0], plain
+
+    counted, accepted, plain = asyncio.run(both())
+    assert isinstance(counted, Accepted) and counted.prompt_tokens == accepted.prompt_tokens
+    assert counted.prompt_tokens > plain.prompt_tokens  # the tools are in the prompt
