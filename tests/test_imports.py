@@ -38,8 +38,8 @@ DEPLOYMENTS = {
     "deployments.responses": CORE | {"deployments.openai"},
     "deployments.ollama": CORE | {"deployments.openai"},
     "deployments.anthropic": CORE,
-    # OpenAI's and Ollama's embedding shapes: their request decoding and model names
-    "deployments.embeddings": CORE | {"deployments.openai", "deployments.ollama"},
+    # Ollama's embedding shape: its model names and options
+    "deployments.embeddings": CORE | {"deployments.ollama"},
     "deployments.server": CORE | SURFACES,
     "deployments.app": CORE | {"deployments.server"},
     "deployments.launch": set(),

@@ -15,12 +15,12 @@ from typing import Any, Literal
 import msgspec
 
 from actors.events import EmbedGenerate
+from deployments.body import decode_json
 from deployments.embeddings.reply import OllamaEmbedReply, OpenAIEmbedReply
 from deployments.errors import ApiError
 from deployments.exchange import Call
 from deployments.ingress import Ingress
 from deployments.ollama.request import Options, decode, served
-from deployments.openai.request import decode_json
 
 # the most inputs one request may carry (OpenAI's own limit)
 MAX_INPUTS = 2048

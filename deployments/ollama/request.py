@@ -19,7 +19,8 @@ from deployments.errors import ApiError
 from deployments.exchange import Call
 from deployments.ingress import Ingress
 from deployments.ollama.reply import LATEST, OllamaReply, load_reply
-from deployments.openai.request import convert_request, decode_json
+from deployments.body import decode_json
+from deployments.openai.request import convert_request
 from deployments.openai.request import generate_request as openai_generate_request
 from deployments.openai.schemas import ChatRequest, CompletionRequest
 
