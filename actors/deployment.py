@@ -16,7 +16,7 @@ from ray import serve
 
 from actors.blas import blas_threads_for, set_blas_threads
 from actors.config import WorkerConfig
-from actors.events import Event, GenerateRequest
+from actors.events import Accepted, ChatGenerate, Event, GenerateRequest, Rejected
 from actors.worker import Worker
 from chat import FormatKind
 
@@ -100,6 +100,11 @@ class ModelWorker:
     async def generate(self, request: GenerateRequest) -> AsyncIterator[list[Event]]:
         async for batch in self.worker.generate(request):
             yield batch
+
+    async def count_tokens(self, request: ChatGenerate) -> Accepted | Rejected:
+        """The prompt tokens of a chat request (Anthropic's count_tokens), counted by the
+        model's own template and tokenizer; nothing is scheduled."""
+        return await self.worker.count_tokens(request)
 
     async def info(self, template: bool = False) -> dict:
         """The model and this replica: what /v1/models, Ollama's /api/show and /api/ps

@@ -46,6 +46,8 @@ class ChatGenerate(_Generate, tag="chat"):
             template's own default).
         template_kwargs: other variables for the template (a reasoning effort, a request's
             own template variables).
+        reasoning_budget: the most tokens the reasoning may take: then the format's end of
+            reasoning is written for the model and the answer follows (None: no cap).
     """
 
     messages: list[dict] = msgspec.field(default_factory=list)
@@ -53,6 +55,7 @@ class ChatGenerate(_Generate, tag="chat"):
     tools: list[dict] | None = None
     thinking: bool | None = None
     template_kwargs: dict = msgspec.field(default_factory=dict)
+    reasoning_budget: int | None = None
 
 
 class CompletionGenerate(_Generate, tag="completion"):
@@ -115,12 +118,14 @@ class Deltas(msgspec.Struct, tag="deltas", tag_field="event"):
 
 class Finished(msgspec.Struct, tag="finished", tag_field="event"):
     """A choice ended. `message` (chat) is its final parse: what a non-streamed reply
-    shows (a stream cannot take back a call it started; the final parse can)."""
+    shows (a stream cannot take back a call it started; the final parse can). `stop`: the
+    stop string that ended it (None: an end token, the grammar or a limit ended it)."""
 
     index: int
     finish_reason: str
     completion_tokens: int
     message: ChatMsg | None = None
+    stop: str | None = None
 
 
 class Usage(msgspec.Struct, tag="usage", tag_field="event"):

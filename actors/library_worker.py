@@ -38,7 +38,7 @@ from ray import serve
 from actors.blas import blas_threads_for, set_blas_threads
 from actors.config import WorkerConfig
 from actors.errors import RequestError
-from actors.events import Accepted, Event, GenerateRequest, Rejected
+from actors.events import Accepted, ChatGenerate, Event, GenerateRequest, Rejected
 from actors.library import Library, LibraryModel, model_key
 from actors.metrics import Metrics
 from actors.worker import Worker
@@ -357,6 +357,20 @@ class LibraryWorkerBase:
         finally:
             held.leave()
             self._keep(held, keep_alive_s)
+
+    async def count_tokens(self, request: ChatGenerate) -> Accepted | Rejected:
+        """The prompt tokens of a chat request on the model (loaded for it if need be)."""
+        name = model_key(serve.get_multiplexed_model_id())
+        try:
+            held, _ = await self._acquire(name)
+        except RequestError as exc:
+            return Rejected(status=exc.status, message=exc.message, param=exc.param,
+                            code=exc.code, type=exc.type)
+        try:
+            return await held.worker.count_tokens(request)
+        finally:
+            held.leave()
+            self._keep(held, None)
 
     async def load(self, keep_alive_s: float | None = None) -> dict:
         """Ollama's empty request: load the model (keep_alive 0: unload it instead).

@@ -9,6 +9,7 @@ class StopMatcher:
         self.stops = [s for s in dict.fromkeys(stops) if s]
         self._held = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that cut the text
 
     def push(self, text: str) -> str:
         """Text that is safe to emit; sets `stopped` when a stop string completes."""
@@ -17,8 +18,9 @@ class StopMatcher:
         if not self.stops:
             return text
         buf = self._held + text
-        cut = min((i for i in (buf.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
+        found = [(i, s) for s in self.stops if (i := buf.find(s)) >= 0]
+        if found:
+            cut, self.matched = min(found, key=lambda f: f[0])
             self.stopped = True
             self._held = ""
             return buf[:cut]

@@ -29,6 +29,7 @@ from actors.embedding import EmbedJob, Embedder, build_embedding
 from actors.errors import RequestError
 from actors.events import (
     Accepted,
+    ChatGenerate,
     EmbedGenerate,
     Event,
     Failed,
@@ -39,7 +40,7 @@ from actors.events import (
 from actors.metrics import Metrics
 from actors.outbox import End, Outbox, deliver
 from actors.scheduler import Scheduler
-from actors.session import Session, build_session
+from actors.session import Session, build_session, prompt_tokens
 from chat import GrammarEngine, detect_format
 from npu import Model
 
@@ -188,6 +189,16 @@ class Worker:
                     return
         finally:
             item.cancelled = True  # the decode thread frees it at its next step
+
+    async def count_tokens(self, request: ChatGenerate) -> Accepted | Rejected:
+        """What `generate`'s first event would say of `request`'s prompt (its token count,
+        or why the template refuses it), without running it: nothing is scheduled."""
+        try:
+            n = await asyncio.to_thread(prompt_tokens, request, self.model)
+        except RequestError as exc:
+            return Rejected(status=exc.status, message=exc.message, param=exc.param,
+                            code=exc.code, type=exc.type)
+        return Accepted(request_id=request.request_id, model=self.model.name, prompt_tokens=n)
 
     def interval(self, streams: int) -> float:
         """Seconds a stream's events may wait to go out together, with `streams` open."""

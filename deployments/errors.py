@@ -1,5 +1,5 @@
-"""ApiError and error_body: every error the API returns, in OpenAI's shape (or Ollama's
-on its routes)."""
+"""ApiError and error_body: every error the API returns, in OpenAI's shape (or Ollama's or
+Anthropic's on their routes)."""
 
 from __future__ import annotations
 
@@ -35,3 +35,35 @@ def error_response(err: ApiError) -> JSONResponse:
 def ollama_error_response(err: ApiError) -> JSONResponse:
     """An error in Ollama's shape: `{"error": "..."}` (the status as OpenAI's)."""
     return JSONResponse({"error": err.message}, status_code=err.status, headers=err.headers)
+
+
+# Anthropic's error types by status. Back-pressure (and a worker that is down) is a 503
+# here, and Anthropic's 529 overloaded_error there: what Anthropic sends when it is
+# overloaded, which its SDKs retry with backoff (honouring Retry-After, kept) and Claude
+# Code reports as "overloaded"; a 503 would be retried too, but read as an outage.
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                    403: "permission_error", 404: "not_found_error",
+                    413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
+                    529: "overloaded_error"}
+OVERLOADED = 529
+
+
+def anthropic_error_body(err: ApiError) -> dict[str, Any]:
+    """`{"type": "error", "error": {"type", "message"}}`; the message names the field (a
+    prompt over the context says "prompt is too long", as clients that compact look for)."""
+    status = OVERLOADED if err.status == 503 else err.status
+    kind = _ANTHROPIC_TYPES.get(status, "invalid_request_error" if status < 500
+                                else "api_error")
+    message = err.message
+    if err.param and err.param not in message:
+        message = f"{err.param}: {message}"
+    if err.code == "context_length_exceeded":
+        message = f"prompt is too long: {message}"
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def anthropic_error_response(err: ApiError) -> JSONResponse:
+    """An error in Anthropic's shape and status (503 -> 529 overloaded_error)."""
+    return JSONResponse(anthropic_error_body(err),
+                        status_code=OVERLOADED if err.status == 503 else err.status,
+                        headers=err.headers)

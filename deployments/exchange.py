@@ -2,7 +2,7 @@
 request for its worker, how to answer) whose `Reply` turns the worker's events into that
 API's bytes, streamed or folded into one body.
 
-Each API sub-package (openai/, responses/, ollama/) builds its Calls in its `request`
+Each API sub-package (openai/, responses/, ollama/, anthropic/) builds its Calls in its `request`
 module and its Replies in its `reply` module; `deployments.ingress.Ingress.generate` runs
 every one of them the same way.
 """
@@ -48,8 +48,13 @@ class Call:
     to stream, and its reply. `now`: an answer given without the worker (Ollama's load
     request); the rest is then unused; `later`: one that is awaited instead (a library
     model's load or unload). `params`: the API's names for the request fields a worker's
-    rejection may name (`context_limit` is Ollama's `options.num_ctx`). `keep_alive_s`: how
-    long a library model stays loaded after this request (None: the app's default)."""
+    rejection may name (`context_limit` is Ollama's `options.num_ctx`).
+    `keep_alive`: streamed, bytes sent each time `keep_alive_s` seconds pass without an
+    event (Anthropic's `ping`: clients with read timeouts keep the connection while a long
+    prompt prefills); a stream whose first event takes longer starts with them (b"": the
+    stream starts with its first event, and nothing is sent between events).
+    `keep_loaded_s`: how long a library model stays loaded after this request (Ollama's
+    keep_alive; None: the app's default)."""
 
     model: str = ""
     request: GenerateRequest | None = None
@@ -58,4 +63,6 @@ class Call:
     now: Response | None = None
     later: Callable[[], Awaitable[Response]] | None = None
     params: dict[str, str] = field(default_factory=dict)
-    keep_alive_s: float | None = None
+    keep_alive: bytes = b""
+    keep_alive_s: float = 5.0
+    keep_loaded_s: float | None = None

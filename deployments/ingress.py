@@ -7,7 +7,10 @@ once -> a `Call`), open the request on the model's worker (a peek at its first e
 400 is still a plain JSON error before any byte of a 200 stream; a worker that died before
 answering is retried on another replica; Serve's back-pressure is a 503 with Retry-After),
 then stream the reply's bytes or fold the events into one body; a client that goes away
-cancels the request on the worker. Errors are rendered by `errors` (the API's shape).
+cancels the request on the worker. Errors are rendered by `errors` (the API's shape). A
+Call with `keep_alive` bytes (Anthropic's ping) gets them whenever its stream waits
+`keep_alive_s` for an event; when its first event is that late (a long prompt prefills),
+the stream starts at once, and a refusal that comes after is the stream's error event.
 
 A models_dir's models (deployments.library, which the Ingress extends) are resolved beside
 the configured ones and reach the library worker with their multiplexed model id.
@@ -21,14 +24,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
 from typing import Annotated, Any
 
 from fastapi import Depends
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from actors.events import Accepted, GenerateRequest, Rejected
+from actors.events import Accepted, ChatGenerate, Failed, GenerateRequest, Rejected
 from actors.metrics import Metrics
 from deployments.errors import ApiError
 from deployments.exchange import Call, Reply
@@ -77,6 +81,34 @@ def _replica_id() -> str:
     return str(getattr(replica, "unique_id", replica))
 
 
+_END = object()
+
+
+async def _next(it: AsyncIterator) -> object:
+    try:
+        return await anext(it)
+    except StopAsyncIteration:
+        return _END
+
+
+async def _paced(batches: AsyncIterator[list], every: float) -> AsyncIterator[list | None]:
+    """`batches`, with a None each time `every` seconds pass without one (the next batch
+    is awaited throughout, never cancelled for the pause)."""
+    step: asyncio.Task | None = None
+    try:
+        while True:
+            step = asyncio.ensure_future(_next(batches))
+            while not (await asyncio.wait({step}, timeout=every))[0]:
+                yield None
+            batch, step = step.result(), None
+            if batch is _END:
+                return
+            yield batch
+    finally:
+        if step is not None:
+            step.cancel()
+
+
 class _Traced:
     """A request's event stream from its worker, showing each batch to the request's trace."""
 
@@ -100,7 +132,8 @@ class Ingress(LibraryFront):
 
     Args:
         workers: each served model's worker deployment handle, by model name.
-        settings: `api_key` (checked as a bearer token when set), `max_request_bytes`.
+        settings: `api_key` (when set, a request must carry it as a bearer token or as
+            `x-api-key`, Anthropic's header), `max_request_bytes`.
         hub: the MetricsHub deployment's handle (None: this replica's metrics alone).
         library: the library worker deployment's handle, serving every model of
             `settings["models_dir"]` (None: no library). A name the config serves itself
@@ -135,7 +168,8 @@ class Ingress(LibraryFront):
         if not self.api_key:
             return
         auth = request.headers.get("authorization", "")
-        if auth != f"Bearer {self.api_key}":
+        if auth != f"Bearer {self.api_key}" and \
+                request.headers.get("x-api-key") != self.api_key:
             raise ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
 
     async def body(self, request: Request) -> bytes:
@@ -164,6 +198,33 @@ class Ingress(LibraryFront):
                 raise ApiError(503, "The model's workers are unavailable; retry shortly.",
                                headers={"Retry-After": RETRY_AFTER_S}) from None
             return {"id": name, "created": 0}
+
+    async def count_tokens(self, name: str, request: ChatGenerate) -> int:
+        """The prompt tokens of `request` on model `name`, counted by one of its workers
+        with the model's template and tokenizer (nothing is generated).
+
+        Raises:
+            ApiError: the template refuses the request (its status), or the workers are
+                busy or unavailable (503 with Retry-After).
+        """
+        try:
+            handle = self.workers.get(name)
+            if handle is None:  # a library model: on a replica that holds it (or loads it)
+                target = self._library_target(self.resolve(name) or name)
+                handle = self.library_handle.options(multiplexed_model_id=target)
+            first = await handle.count_tokens.remote(request)
+        except Exception as exc:
+            if _is_backpressure(exc):
+                raise ApiError(503, "The server is busy; retry shortly.", code="overloaded",
+                               headers={"Retry-After": RETRY_AFTER_S}) from None
+            if _is_worker_death(exc):
+                raise ApiError(503, "The model worker is unavailable; retry shortly.",
+                               headers={"Retry-After": RETRY_AFTER_S}) from None
+            raise
+        if isinstance(first, Rejected):
+            raise ApiError(first.status, first.message, param=first.param, code=first.code,
+                           type=first.type)
+        return first.prompt_tokens
 
     async def infos(self) -> dict[str, dict]:
         """Every served model's description: the configured ones, then the library's."""
@@ -203,12 +264,24 @@ class Ingress(LibraryFront):
             return call.now
         if call.later is not None:
             return await call.later()
-        gen, head = await self._open(call, trace)
         reply = call.reply
+        if call.stream and call.keep_alive:
+            opening = asyncio.ensure_future(self._open(call, trace))
+            try:
+                await asyncio.wait({opening}, timeout=call.keep_alive_s)
+            except asyncio.CancelledError:
+                opening.cancel()
+                raise
+            if not opening.done():  # the stream starts now, with keep-alives
+                return StreamingResponse(self._stream_late(opening, call, trace),
+                                         media_type=reply.media_type, headers=reply.headers)
+            gen, head = opening.result()
+        else:
+            gen, head = await self._open(call, trace)
         if not call.stream:
             await self._drain(gen, head, reply.fold)
             return reply.answer()
-        return StreamingResponse(self._stream(gen, head, reply), media_type=reply.media_type,
+        return StreamingResponse(self._stream(gen, head, call), media_type=reply.media_type,
                                  headers=reply.headers)
 
     async def _open(self, call: Call, trace: RequestTrace) -> tuple[_Traced, list]:
@@ -221,7 +294,7 @@ class Ingress(LibraryFront):
         """
         trace.model = call.model
         library = call.model not in self.streams
-        args = (call.keep_alive_s,) if library else ()
+        args = (call.keep_loaded_s,) if library else ()
         gen, head = await self._start(self.stream(call.model), call.request, *args)
         gen = _Traced(gen, trace)
         trace.saw(head)
@@ -246,6 +319,9 @@ class Ingress(LibraryFront):
             gen = handle.generate.remote(greq, *args)
             try:
                 return gen, await gen.__anext__()
+            except asyncio.CancelledError:  # the client went away before the first event
+                gen.cancel()
+                raise
             except StopAsyncIteration:
                 raise ApiError(503, "The model worker closed the request.") from None
             except Exception as exc:
@@ -267,19 +343,25 @@ class Ingress(LibraryFront):
         async for batch in gen:
             yield batch
 
-    async def _stream(self, gen: _Traced, head: list, reply: Reply):
-        """The body of a stream: the reply's lead, each batch of events rendered, its tail;
-        its `broken()` if the worker fails mid-stream. A client that goes away cancels the
+    async def _stream(self, gen: _Traced, head: list, call: Call, *, lead: bool = True):
+        """The body of a stream: the reply's lead (unless already sent), each batch of
+        events rendered (and the call's keep-alives between them), its tail; its
+        `broken()` if the worker fails mid-stream. A client that goes away cancels the
         request on the worker."""
+        reply: Reply = call.reply
         finished = False
         try:
-            lead = reply.lead()
-            if lead:
-                yield lead
-            async for batch in self._batches(head, gen):
-                out = reply.render(batch)
-                if out:
-                    yield out
+            first = reply.lead() if lead else b""
+            if first:
+                yield first
+            batches = self._batches(head, gen)
+            if call.keep_alive:
+                batches = _paced(batches, call.keep_alive_s)
+            async with aclosing(batches) as each:
+                async for batch in each:
+                    out = call.keep_alive if batch is None else reply.render(batch)
+                    if out:
+                        yield out
             finished = True
         except asyncio.CancelledError:  # the client went away
             raise
@@ -294,6 +376,35 @@ class Ingress(LibraryFront):
         tail = reply.tail()
         if tail:
             yield tail
+
+    async def _stream_late(self, opening: asyncio.Task, call: Call, trace: RequestTrace):
+        """The body of a stream whose first event is late: the reply's lead and a
+        keep-alive every `keep_alive_s` until the worker answers, then as `_stream`. A
+        refusal that comes now (the response is already a 200) ends the stream as a
+        failure with its message."""
+        reply: Reply = call.reply
+        try:
+            first = reply.lead()
+            if first:
+                yield first
+            while not (await asyncio.wait({opening}, timeout=call.keep_alive_s))[0]:
+                yield call.keep_alive
+            gen, head = opening.result()
+        except ApiError as err:
+            trace.ended()
+            yield reply.render([Failed(message=err.message)]) + reply.tail()
+            return
+        except Exception as exc:
+            log.warning("stream broke before its first event: %r", exc)
+            trace.ended()
+            yield reply.broken() + reply.tail()
+            return
+        finally:
+            if not opening.done():  # the client went away
+                opening.cancel()
+                trace.ended(disconnected=True)
+        async for out in self._stream(gen, head, call, lead=False):
+            yield out
 
     async def _drain(self, gen: _Traced, head: list, on_batch: Callable[[list], None]) -> None:
         """Every batch of a request's events to `on_batch`; a worker that dies on the way is

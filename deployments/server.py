@@ -15,8 +15,14 @@ from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
 
+from deployments.anthropic.routes import router as anthropic_router
 from deployments.embeddings.routes import router as embeddings_router
-from deployments.errors import ApiError, error_response, ollama_error_response
+from deployments.errors import (
+    ApiError,
+    anthropic_error_response,
+    error_response,
+    ollama_error_response,
+)
 from deployments.ingress import Current, Ingress
 from deployments.metrics import render
 from deployments.ollama.routes import router as ollama_router
@@ -45,12 +51,14 @@ async def metrics(request: Request, ingress: Current) -> Response:
 
 
 # the route table: each API surface's router (its paths are its own)
-ROUTERS = (server_router, openai_router, responses_router, ollama_router, embeddings_router)
+ROUTERS = (server_router, openai_router, responses_router, ollama_router, embeddings_router,
+           anthropic_router)
 
 
 async def _routing_error(request: Request, exc: HTTPException) -> Response:
     """An unknown path (404) or method (405): the routing's errors, in OpenAI's shape
-    (Ollama's under /api/: its clients read `error` as a string)."""
+    (Ollama's under /api/: its clients read `error` as a string; Anthropic's under
+    /v1/messages)."""
     path = request.url.path
     ollama_route = path.startswith("/api/")
     text = {404: f"Unknown path {path!r}; see " + ("/api/tags." if ollama_route
@@ -58,6 +66,8 @@ async def _routing_error(request: Request, exc: HTTPException) -> Response:
             405: f"{request.method} is not allowed on {path!r}."}
     err = ApiError(exc.status_code, text.get(exc.status_code, exc.detail),
                    headers=dict(exc.headers or {}))
+    if path.startswith("/v1/messages"):
+        return anthropic_error_response(err)
     return ollama_error_response(err) if ollama_route else error_response(err)
 
 

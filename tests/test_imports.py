@@ -17,10 +17,11 @@ ALLOWED = {"chat": set(), "npu": set(), "actors": {"chat", "npu"},
 # path below the API surfaces, each surface a folder that reaches no other (but OpenAI's,
 # whose requests and replies Ollama's and Responses' are translated to), the server and the
 # app above them, the launcher apart (it starts processes; configs name the app by path)
-CORE = {"deployments.errors", "deployments.exchange", "deployments.ingress",
-        "deployments.library", "deployments.metrics", "deployments.routing"}
+CORE = {"deployments.body", "deployments.errors", "deployments.exchange",
+        "deployments.ingress", "deployments.library", "deployments.metrics",
+        "deployments.routing"}
 SURFACES = {"deployments.openai", "deployments.responses", "deployments.ollama",
-            "deployments.embeddings"}
+            "deployments.embeddings", "deployments.anthropic"}
 # inside npu/, by folder: the model's config and the loaded Model at the top, shared by the
 # three jobs below them; the engine under the NPU's (whose engine extends the CPU's); loading
 # over both (it makes their engines); none of them reaches back up
@@ -37,8 +38,9 @@ DEPLOYMENTS = {
     "deployments.openai": CORE,
     "deployments.responses": CORE | {"deployments.openai"},
     "deployments.ollama": CORE | {"deployments.openai"},
-    # OpenAI's and Ollama's embedding shapes: their request decoding and model names
-    "deployments.embeddings": CORE | {"deployments.openai", "deployments.ollama"},
+    "deployments.anthropic": CORE,
+    # Ollama's embedding shape: its model names and options
+    "deployments.embeddings": CORE | {"deployments.ollama"},
     "deployments.server": CORE | SURFACES,
     "deployments.app": CORE | {"deployments.server"},
     "deployments.launch": set(),

@@ -20,12 +20,8 @@ from deployments.errors import ApiError
 from deployments.exchange import Call
 from deployments.ingress import Ingress
 from deployments.ollama.reply import LATEST, OllamaReply, load_reply
-from deployments.openai.request import (
-    VARIANT_FIELDS,
-    convert_request,
-    decode_json,
-    with_defaults,
-)
+from deployments.body import decode_json
+from deployments.openai.request import VARIANT_FIELDS, convert_request, with_defaults
 from deployments.openai.request import generate_request as openai_generate_request
 from deployments.openai.schemas import ChatRequest, CompletionRequest
 
@@ -350,7 +346,7 @@ def _call(req: ChatIn | GenerateIn, endpoint: str, empty: bool, ingress: Ingress
             else generate_request(req, variant))
     return Call(model=model, request=greq, stream=req.stream is not False,
                 reply=OllamaReply(req.model, endpoint, time.perf_counter()),
-                params={"context_limit": "options.num_ctx"}, keep_alive_s=keep)
+                params={"context_limit": "options.num_ctx"}, keep_loaded_s=keep)
 
 
 async def _load(ingress: Ingress, model: str, asked: str, endpoint: str,

@@ -19,31 +19,14 @@ import msgspec
 
 from actors.events import ChatGenerate, CompletionGenerate, GenerateRequest
 from chat import ConstraintError, constraint_request_from_openai
+from deployments.body import decode_json, param_from
 from deployments.errors import ApiError
 from deployments.exchange import Call
 from deployments.ingress import Ingress
 from deployments.openai.reply import ChatReply, CompletionReply
 from deployments.openai.schemas import ChatRequest, CompletionRequest
 
-_DECODERS: dict[type, msgspec.json.Decoder] = {}
 OpenAIRequest = ChatRequest | CompletionRequest
-
-
-def decode_json(body: bytes, kind: type) -> Any:
-    """`body` as a `kind` (one reused decoder per type): any API's request body.
-
-    Raises:
-        ApiError: 400 with `param` set to the offending field's path.
-    """
-    decoder = _DECODERS.get(kind)
-    if decoder is None:
-        decoder = _DECODERS[kind] = msgspec.json.Decoder(kind)
-    try:
-        return decoder.decode(body)
-    except msgspec.ValidationError as exc:
-        raise ApiError(400, f"Invalid request: {exc}", param=_param_from(exc)) from None
-    except msgspec.DecodeError as exc:
-        raise ApiError(400, f"The body is not valid JSON: {exc}") from None
 
 
 def decode_request(body: bytes, schema: type[OpenAIRequest]) -> tuple[OpenAIRequest, dict]:
@@ -64,7 +47,7 @@ def convert_request(raw: dict, schema: type[OpenAIRequest]) -> OpenAIRequest:
     try:
         req = msgspec.convert(raw, schema)
     except msgspec.ValidationError as exc:
-        raise ApiError(400, f"Invalid request: {exc}", param=_param_from(exc)) from None
+        raise ApiError(400, f"Invalid request: {exc}", param=param_from(exc)) from None
     _check(req)
     return req
 
@@ -95,19 +78,6 @@ def _check_chat(req: ChatRequest) -> None:
         if m.tool_calls and m.role != "assistant":
             raise ApiError(400, f"'{where}.tool_calls' is only allowed on assistant messages, "
                                 f"not on a {m.role!r} message.", param=f"{where}.tool_calls")
-
-
-def _param_from(err: msgspec.ValidationError) -> str | None:
-    """The OpenAI `param` of a msgspec error: its path, plus a missing field's name."""
-    text = str(err)
-    path = ""
-    if " - at `$" in text:
-        text, path = text.split(" - at `$", 1)
-        path = path.rstrip("`").lstrip(".")
-    if text.startswith("Object missing required field `"):
-        field = text.split("`")[1]
-        path = f"{path}.{field}" if path else field
-    return path or None
 
 
 def generate_request(req: OpenAIRequest, raw: dict, **extra: Any) -> GenerateRequest:

@@ -24,3 +24,10 @@ def test_false_alarm_is_released() -> None:
 def test_no_stops_passes_everything() -> None:
     m = StopMatcher([])
     assert m.push("abc") == "abc" and m.flush() == ""
+
+
+def test_the_stop_that_cut_is_named() -> None:
+    m = StopMatcher(["END", "!!"])
+    assert m.matched is None
+    assert m.push("a !! b END") == "a "
+    assert m.matched == "!!"

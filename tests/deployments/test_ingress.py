@@ -267,3 +267,114 @@ def test_a_field_the_worker_names_is_named_as_the_client_sent_it() -> None:
     client, _ = _client(FakeWorker(FakeStream(rejected)))
     r = client.post("/api/chat", json={**CHAT, "options": {"num_ctx": 8}})
     assert r.status_code == 400 and "'options.num_ctx'" in r.json()["error"]
+
+
+class GatedStream(FakeStream):
+    """A FakeStream whose batch at index i waits for `gates[i]` (a worker still prefilling,
+    or pausing mid-stream)."""
+
+    def __init__(self, batches: list, gates: dict[int, asyncio.Event]) -> None:
+        super().__init__(batches)
+        self.gates = gates
+
+    async def __anext__(self) -> list:
+        gate = self.gates.get(self.at)
+        if gate is not None:
+            await gate.wait()
+        return await super().__anext__()
+
+
+KEEP_ALIVE = b": keep-alive\n\n"
+
+
+def _keep_alive_call(batches: list, gates: dict[int, asyncio.Event]) -> tuple[Ingress, Call]:
+    ingress = Ingress({"m": FakeWorker(GatedStream(batches, gates))}, {})
+    greq = ChatGenerate(request_id="r", messages=CHAT["messages"])
+    call = Call(model="m", request=greq, stream=True,
+                reply=ChatReply({"id": "chatcmpl-r", "created": 0, "model": "m"}),
+                keep_alive=KEEP_ALIVE, keep_alive_s=0.001)
+    return ingress, call
+
+
+async def _read_until_gate_opens(ingress: Ingress, call: Call, gate: asyncio.Event,
+                                 before: bytes | None = None) -> tuple[list, list]:
+    """The chunks up to the second keep-alive sent while `gate` is shut (after a chunk
+    holding `before`, when given), then the rest once it opens."""
+    from deployments.metrics import RequestTrace
+
+    response = await ingress._answer(call, RequestTrace(ingress.metrics, "/x"))
+    body = response.body_iterator
+    head: list[bytes] = []
+    seen = before is None
+    while head.count(KEEP_ALIVE) < 2:
+        chunk = await body.__anext__()
+        seen = seen or before in chunk
+        if seen or chunk != KEEP_ALIVE:
+            head.append(chunk)
+    gate.set()
+    return head, [chunk async for chunk in body]
+
+
+def test_a_stream_whose_first_event_is_late_starts_with_keep_alives() -> None:
+    gate = asyncio.Event()
+    ingress, call = _keep_alive_call(_reply(), {0: gate})
+    head, rest = asyncio.run(_read_until_gate_opens(ingress, call, gate))
+    assert head == [KEEP_ALIVE, KEEP_ALIVE]  # nothing else while the worker prefills
+    text = b"".join(c for c in rest if c != KEEP_ALIVE).decode()
+    assert '"content":"Hello"' in text and text.endswith("data: [DONE]\n\n")
+
+
+def test_keep_alives_go_out_while_a_stream_waits_between_events() -> None:
+    gate = asyncio.Event()
+    ingress, call = _keep_alive_call(_reply(), {1: gate})
+    head, rest = asyncio.run(_read_until_gate_opens(ingress, call, gate, before=b"Hello"))
+    assert b"Hello" in head[0] and head[1:] == [KEEP_ALIVE, KEEP_ALIVE]
+    assert b'"finish_reason":"stop"' in b"".join(rest)
+
+
+def test_a_refusal_after_a_late_start_ends_the_stream_with_its_message() -> None:
+    gate = asyncio.Event()
+    rejected = [[Rejected(status=400, message="Bad tool.", param="tools[0]")]]
+    ingress, call = _keep_alive_call(rejected, {0: gate})
+    head, rest = asyncio.run(_read_until_gate_opens(ingress, call, gate))
+    assert head == [KEEP_ALIVE, KEEP_ALIVE]
+    text = b"".join(c for c in rest if c != KEEP_ALIVE).decode()
+    assert "Bad tool." in text and text.endswith("data: [DONE]\n\n")
+
+
+def test_without_keep_alive_a_stream_sends_only_its_events() -> None:
+    gate = asyncio.Event()
+    ingress, call = _keep_alive_call(_reply(), {1: gate})
+    call.keep_alive = b""
+
+    async def run() -> list[bytes]:
+        from deployments.metrics import RequestTrace
+
+        response = await ingress._answer(call, RequestTrace(ingress.metrics, "/x"))
+        body = response.body_iterator
+        first = await body.__anext__()
+        gate.set()
+        return [first] + [chunk async for chunk in body]
+
+    chunks = asyncio.run(run())
+    assert b"Hello" in chunks[0] and KEEP_ALIVE not in chunks
+
+
+def test_a_client_that_leaves_before_the_first_event_cancels_the_request() -> None:
+    gate = asyncio.Event()
+    ingress, call = _keep_alive_call(_reply(), {0: gate})
+    stream = ingress.workers["m"].plays[0]
+
+    async def ping_then_leave() -> bytes:
+        from deployments.metrics import RequestTrace
+
+        response = await ingress._answer(call, RequestTrace(ingress.metrics, "/x"))
+        body = response.body_iterator
+        first = await body.__anext__()
+        await body.aclose()
+        await asyncio.sleep(0)  # (the cancelled request's own task runs its handler)
+        assert stream.cancelled  # now, not when asyncio.run cancels what is left
+        return first
+
+    assert asyncio.run(ping_then_leave()) == KEEP_ALIVE
+    assert ingress.metrics.snapshot()["flm_client_disconnects_total"] == [[["/x"], 1.0]]

@@ -1,0 +1,344 @@
+"""Anthropic's Messages requests on the same pipeline: the wire schema (msgspec Structs), its
+content blocks as the chat messages templates read, its tools, tool_choice, output format
+and thinking options as the chat library's `ConstraintRequest`; `messages_call` is the
+ingress's Call for POST /v1/messages, `chat_request` also what count_tokens counts.
+
+Every error is a 400 whose `param` (and message) names Anthropic's field: `tools[0].name`,
+`output_config.format.schema`, `messages[1].content[0].type`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+from actors.events import ChatGenerate
+from chat import ConstraintError, constraint_request_from_openai
+from deployments.anthropic.reply import PING, MessageBuilder, MessagesReply, new_id
+from deployments.body import decode_json
+from deployments.errors import ApiError
+from deployments.exchange import Call
+from deployments.ingress import Ingress
+
+# Anthropic's smallest thinking budget
+MIN_BUDGET = 1024
+
+
+# -- the wire schema: unknown fields (cache_control, citations, ...) are accepted ----------
+class TextBlock(msgspec.Struct, tag="text", tag_field="type", kw_only=True):
+    text: str
+
+
+class ImageBlock(msgspec.Struct, tag="image", tag_field="type", kw_only=True):
+    source: Any = None
+
+
+class DocumentBlock(msgspec.Struct, tag="document", tag_field="type", kw_only=True):
+    source: Any = None
+
+
+class ToolUseBlock(msgspec.Struct, tag="tool_use", tag_field="type", kw_only=True):
+    id: str
+    name: str
+    input: dict
+
+
+class ToolResultBlock(msgspec.Struct, tag="tool_result", tag_field="type", kw_only=True):
+    tool_use_id: str
+    content: str | list[TextBlock | ImageBlock | DocumentBlock] = ""
+    is_error: bool | None = None
+
+
+class ThinkingBlock(msgspec.Struct, tag="thinking", tag_field="type", kw_only=True):
+    thinking: str
+    signature: str | None = None
+
+
+class RedactedThinkingBlock(msgspec.Struct, tag="redacted_thinking", tag_field="type",
+                            kw_only=True):
+    data: str = ""
+
+
+Block = (TextBlock | ImageBlock | DocumentBlock | ToolUseBlock | ToolResultBlock
+         | ThinkingBlock | RedactedThinkingBlock)
+
+
+class MessageIn(msgspec.Struct, kw_only=True):
+    role: Literal["user", "assistant"]
+    content: str | list[Block]
+
+
+class Tool(msgspec.Struct, kw_only=True):
+    name: str
+    input_schema: dict | None = None
+    description: str | None = None
+    type: str | None = None  # "custom" (or absent); Anthropic's server tools are refused
+
+
+class ToolChoice(msgspec.Struct, kw_only=True):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None
+
+
+class Thinking(msgspec.Struct, kw_only=True):
+    type: Literal["enabled", "adaptive", "between_tools", "disabled"]
+    budget_tokens: int | None = None
+    display: Literal["summarized", "omitted"] | None = None
+
+
+class OutputFormat(msgspec.Struct, kw_only=True):
+    type: Literal["json_schema"]
+    schema: dict
+
+
+class OutputConfig(msgspec.Struct, kw_only=True):
+    format: OutputFormat | None = None
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+
+
+class CountIn(msgspec.Struct, kw_only=True):
+    """POST /v1/messages/count_tokens's body (and the fields of every Messages request)."""
+
+    model: str
+    messages: Annotated[list[MessageIn], Meta(min_length=1)]
+    system: str | list[TextBlock] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: Thinking | None = None
+    output_config: OutputConfig | None = None
+
+
+class MessagesIn(CountIn, kw_only=True):
+    """POST /v1/messages's body. The current SDK no longer sends temperature, top_p and
+    top_k; older clients do (Anthropic's ranges). `seed` is an extension (extra_body), as
+    in chat completions: same seed, same output."""
+
+    max_tokens: Annotated[int, Meta(ge=1)]
+    stream: bool | None = None
+    stop_sequences: list[str] | None = None
+    temperature: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
+    top_p: Annotated[float, Meta(gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, Meta(ge=0)] | None = None
+    seed: int | None = None
+    metadata: dict | None = None
+
+
+def decode(body: bytes, kind: type[CountIn]) -> CountIn:
+    """A typed Messages (or count_tokens) request; a 400 naming the field otherwise."""
+    return decode_json(body, kind)
+
+
+# -- blocks -> chat messages ----------------------------------------------------------------
+def _refuse_media(block: Any, where: str) -> None:
+    if isinstance(block, (ImageBlock, DocumentBlock)):
+        kind = "image" if isinstance(block, ImageBlock) else "document"
+        raise ApiError(400, f"'{where}.type' is '{kind}'; this server's models read text "
+                            "only, so content blocks must be text.", param=f"{where}.type")
+
+
+def _text(content: str | list, where: str) -> str:
+    """A system prompt's or a tool result's text: a string, or text blocks joined."""
+    if isinstance(content, str):
+        return content
+    for j, block in enumerate(content):
+        _refuse_media(block, f"{where}[{j}]")
+    return "".join(b.text for b in content)
+
+
+def _assistant(blocks: list, where: str, names: dict[str, str]) -> dict:
+    text, reasoning, calls = [], [], []
+    for j, block in enumerate(blocks):
+        at = f"{where}[{j}]"
+        _refuse_media(block, at)
+        if isinstance(block, TextBlock):
+            text.append(block.text)
+        elif isinstance(block, ThinkingBlock):
+            reasoning.append(block.thinking)
+        elif isinstance(block, ToolUseBlock):
+            names[block.id] = block.name
+            calls.append({"id": block.id, "type": "function", "function": {
+                "name": block.name, "arguments": json.dumps(block.input, ensure_ascii=False)}})
+        elif isinstance(block, ToolResultBlock):
+            raise ApiError(400, f"'{at}' is a tool_result; tool results go in a user turn.",
+                           param=f"{at}.type")
+        # redacted_thinking: nothing a template can read
+    msg: dict[str, Any] = {"role": "assistant", "content": "".join(text)}
+    if reasoning:
+        msg["reasoning_content"] = "".join(reasoning)
+    if calls:
+        msg["tool_calls"] = calls
+    return msg
+
+
+def _user(blocks: list, where: str, names: dict[str, str]) -> list[dict]:
+    """A user turn: its tool results as tool messages, its text as a user message, in
+    the order they come."""
+    out: list[dict] = []
+    text: list[str] = []
+    for j, block in enumerate(blocks):
+        at = f"{where}[{j}]"
+        _refuse_media(block, at)
+        if isinstance(block, TextBlock):
+            text.append(block.text)
+        elif isinstance(block, ToolResultBlock):
+            if block.tool_use_id not in names:
+                raise ApiError(400, f"'{at}.tool_use_id' is {block.tool_use_id!r}, which no "
+                                    "tool_use block of an earlier assistant turn has.",
+                               param=f"{at}.tool_use_id")
+            if text:
+                out.append({"role": "user", "content": "".join(text)})
+                text = []
+            result = _text(block.content, f"{at}.content")
+            out.append({"role": "tool", "tool_call_id": block.tool_use_id,
+                        "name": names[block.tool_use_id],
+                        "content": f"Error: {result}" if block.is_error else result})
+        else:
+            kind = "tool_use" if isinstance(block, ToolUseBlock) else "thinking"
+            raise ApiError(400, f"'{at}' is a {kind} block; those belong to assistant turns.",
+                           param=f"{at}.type")
+    if text or not out:
+        out.append({"role": "user", "content": "".join(text)})
+    return out
+
+
+def chat_messages(req: CountIn) -> list[dict]:
+    """The conversation as chat messages (OpenAI's shape, as chat templates read it):
+    `system` first, text blocks joined, `tool_use` as the assistant's tool_calls,
+    `tool_result` as tool messages, `thinking` as the assistant's reasoning_content (the
+    template keeps or drops earlier reasoning as it does)."""
+    out: list[dict] = []
+    if req.system:
+        out.append({"role": "system", "content": _text(req.system, "system")})
+    names: dict[str, str] = {}
+    for i, m in enumerate(req.messages):
+        where = f"messages[{i}].content"
+        if isinstance(m.content, str):
+            out.append({"role": m.role, "content": m.content})
+        elif m.role == "assistant":
+            out.append(_assistant(m.content, where, names))
+        else:
+            out.extend(_user(m.content, where, names))
+    return out
+
+
+# -- tools, tool_choice, output format, thinking -> the OpenAI options the chat library reads --
+def _tools(tools: list[Tool] | None) -> list[dict] | None:
+    if not tools:
+        return None
+    out = []
+    for i, t in enumerate(tools):
+        if t.type not in (None, "custom"):
+            raise ApiError(400, f"'tools[{i}].type' is {t.type!r}; this server runs client "
+                                "tools only (a name and an input_schema).",
+                           param=f"tools[{i}].type")
+        if t.input_schema is None:
+            raise ApiError(400, f"'tools[{i}].input_schema' is missing; a tool needs the "
+                                "JSON schema of its input.", param=f"tools[{i}].input_schema")
+        fn = {"name": t.name, "parameters": t.input_schema}
+        if t.description is not None:
+            fn["description"] = t.description
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def _tool_choice(choice: ToolChoice | None) -> tuple[Any, bool | None]:
+    """OpenAI's tool_choice and parallel_tool_calls."""
+    if choice is None:
+        return None, None
+    parallel = None if choice.disable_parallel_tool_use is None \
+        else not choice.disable_parallel_tool_use
+    if choice.type == "tool":
+        if not choice.name:
+            raise ApiError(400, "'tool_choice.name' is missing; a tool_choice of type 'tool' "
+                                "names the tool.", param="tool_choice.name")
+        return {"type": "function", "function": {"name": choice.name}}, parallel
+    return {"auto": "auto", "any": "required", "none": "none"}[choice.type], parallel
+
+
+def _thinking(req: CountIn) -> tuple[bool | None, str | None]:
+    """The thinking switch (None: the template's default, as `adaptive` and
+    `between_tools` leave it: the model decides) and the reasoning effort the template
+    gets (`output_config.effort`, else from the budget: templates such as gpt-oss's read
+    low, medium or high). The budget also caps the reasoning (the worker's
+    `reasoning_budget`)."""
+    effort = req.output_config.effort if req.output_config else None
+    effort = "high" if effort in ("xhigh", "max") else effort
+    t = req.thinking
+    if t is None or t.type in ("adaptive", "between_tools"):
+        return None, effort
+    if t.type == "disabled":
+        return False, effort
+    if t.budget_tokens is None:
+        raise ApiError(400, "'thinking.budget_tokens' is missing; enabled thinking needs a "
+                            "budget.", param="thinking.budget_tokens")
+    if t.budget_tokens < MIN_BUDGET:
+        raise ApiError(400, f"'thinking.budget_tokens' is {t.budget_tokens}; it must be at "
+                            f"least {MIN_BUDGET}.", param="thinking.budget_tokens")
+    if effort is None:
+        effort = "low" if t.budget_tokens < 4096 else \
+            "medium" if t.budget_tokens < 16384 else "high"
+    return True, effort
+
+
+# OpenAI's names (as the chat library's errors use them) -> Anthropic's, in order
+_PARAMS = ((".function.parameters", ".input_schema"), (".function.", "."),
+           ("response_format.json_schema.schema", "output_config.format.schema"),
+           ("response_format", "output_config.format"),
+           ("parallel_tool_calls", "tool_choice.disable_parallel_tool_use"),
+           ("is 'required' but", "is 'any' but"))
+
+
+def _anthropic(text: str) -> str:
+    for ours, theirs in _PARAMS:
+        text = text.replace(ours, theirs)
+    return text
+
+
+def chat_request(req: CountIn) -> ChatGenerate:
+    """The worker's request for a Messages (or count_tokens) request.
+
+    Raises:
+        ApiError: 400 naming Anthropic's field.
+    """
+    tools = _tools(req.tools)
+    choice, parallel = _tool_choice(req.tool_choice)
+    thinking, effort = _thinking(req)
+    fmt = req.output_config.format if req.output_config else None
+    raw: dict[str, Any] = {"tools": tools, "tool_choice": choice,
+                           "parallel_tool_calls": parallel, "think": thinking is not False,
+                           "response_format": None if fmt is None else {
+                               "type": "json_schema",
+                               "json_schema": {"name": "output", "schema": fmt.schema}}}
+    try:
+        constraint = constraint_request_from_openai(raw)
+    except ConstraintError as exc:
+        raise ApiError(400, _anthropic(exc.message),
+                       param=exc.param and _anthropic(exc.param)) from None
+    extra: dict[str, Any] = {}
+    if isinstance(req, MessagesIn):
+        budget = req.thinking.budget_tokens if thinking and req.thinking else None
+        extra = dict(max_tokens=req.max_tokens, stop=list(req.stop_sequences or []),
+                     temperature=req.temperature, top_p=req.top_p,
+                     top_k=req.top_k or None, seed=req.seed, reasoning_budget=budget)
+    return ChatGenerate(request_id=new_id(), messages=chat_messages(req),
+                        constraint=constraint, tools=tools, thinking=thinking,
+                        template_kwargs={"reasoning_effort": effort} if effort else {},
+                        **extra)
+
+
+def messages_call(body: bytes, ingress: Ingress) -> Call:
+    """POST /v1/messages's Call: streamed with pings while the first event is late."""
+    req = decode(body, MessagesIn)
+    ingress.check_model(req.model)
+    greq = chat_request(req)
+    omit = req.thinking is not None and req.thinking.display == "omitted"
+    builder = MessageBuilder({"id": f"msg_{greq.request_id}", "model": req.model},
+                             greq.stop, omit_thinking=omit)
+    return Call(model=req.model, request=greq, stream=bool(req.stream),
+                reply=MessagesReply(builder), keep_alive=PING,
+                params={"response_format": "output_config.format", "tools": "tools",
+                        "tool_choice": "tool_choice"})

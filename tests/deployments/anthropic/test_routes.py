@@ -1,0 +1,123 @@
+"""Anthropic's routes without Ray: the real app in front of an Ingress whose worker is the
+fake of tests/deployments/test_ingress.py. What an anthropic client sees: messages folded
+or streamed, count_tokens counted by the worker, the API key as x-api-key, and errors in
+Anthropic's shape and statuses (529 for back-pressure)."""
+
+from __future__ import annotations
+
+import json
+
+from actors.events import Accepted, ChatGenerate, Rejected
+from deployments.anthropic.reply import PING
+from deployments.anthropic.request import messages_call
+from deployments.ingress import Ingress
+from tests.deployments.test_ingress import (
+    BackPressureError,
+    FakeStream,
+    FakeWorker,
+    _client,
+    _Method,
+    _reply,
+)
+
+BODY = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "Hi"}]}
+
+
+class CountingWorker(FakeWorker):
+    """A FakeWorker that also counts prompts (`first`: what its count_tokens answers)."""
+
+    def __init__(self, *plays: FakeStream, first=None) -> None:
+        super().__init__(*plays)
+        self.first = first
+        self.counted: list[ChatGenerate] = []
+        self.count_tokens = _Method(self._count)
+
+    async def _count(self, greq: ChatGenerate):
+        self.counted.append(greq)
+        return self.first
+
+
+def test_a_message_whole_and_streamed() -> None:
+    worker = FakeWorker(FakeStream(_reply()), FakeStream(_reply()))
+    client, _ = _client(worker)
+    r = client.post("/v1/messages", json=BODY, headers={"anthropic-version": "2023-06-01"})
+    assert r.status_code == 200
+    body = r.json()
+    assert body["content"] == [{"type": "text", "text": "Hello"}]
+    assert body["stop_reason"] == "end_turn" and body["usage"]["output_tokens"] == 1
+    r = client.post("/v1/messages", json={**BODY, "stream": True})
+    assert r.headers["content-type"].startswith("text/event-stream")
+    names = [ln[len("event: "):] for ln in r.text.splitlines() if ln.startswith("event: ")]
+    assert names == ["message_start", "content_block_start", "content_block_delta",
+                     "content_block_stop", "message_delta", "message_stop"]
+    assert worker.requests[1].max_tokens == 5
+
+
+def test_a_messages_call_sends_pings_while_it_waits() -> None:
+    call = messages_call(json.dumps({**BODY, "stream": True}).encode(),
+                         Ingress({"m": FakeWorker()}, {}))
+    assert call.keep_alive == PING and call.stream
+    assert PING.startswith(b"event: ping\ndata: ")
+    assert json.loads(PING.split(b"data: ")[1]) == {"type": "ping"}
+
+
+def test_count_tokens_is_counted_by_a_worker() -> None:
+    worker = CountingWorker(first=Accepted(request_id="r", model="m", prompt_tokens=42))
+    client, _ = _client(worker)
+    tool = {"name": "f", "input_schema": {"type": "object"}}
+    body = {"model": "m", "messages": BODY["messages"], "system": "Be brief.", "tools": [tool]}
+    r = client.post("/v1/messages/count_tokens", json=body)
+    assert r.status_code == 200 and r.json() == {"input_tokens": 42}
+    [greq] = worker.counted
+    assert greq.messages[0] == {"role": "system", "content": "Be brief."}
+    assert greq.tools[0]["function"]["name"] == "f" and worker.requests == []
+    worker.first = Rejected(status=400, message="The template failed.", param="messages")
+    r = client.post("/v1/messages/count_tokens", json=body)
+    assert r.status_code == 400
+    assert r.json() == {"type": "error", "error": {"type": "invalid_request_error",
+                                                   "message": "messages: The template failed."}}
+    r = client.post("/v1/messages/count_tokens", json={**body, "model": "nope"})
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+
+
+def test_refusals_and_back_pressure_are_anthropic_errors() -> None:
+    too_long = [[Rejected(status=400, message="This model's maximum context length is 8 "
+                          "tokens; the prompt has 36.", param="messages",
+                          code="context_length_exceeded")]]
+    client, _ = _client(FakeWorker(FakeStream(too_long),
+                                   FakeStream([], {0: BackPressureError()})))
+    r = client.post("/v1/messages", json={**BODY, "stream": True})
+    assert r.status_code == 400  # before any byte of a stream
+    assert r.json()["error"]["message"].startswith("prompt is too long: ")
+    r = client.post("/v1/messages", json=BODY)
+    assert r.status_code == 529 and r.headers["retry-after"] == "1"
+    assert r.json()["error"]["type"] == "overloaded_error"
+
+
+def test_the_api_key_as_x_api_key_or_bearer_and_the_size_limit() -> None:
+    worker = FakeWorker(FakeStream(_reply()), FakeStream(_reply()))
+    client, _ = _client(worker, api_key="k", max_request_bytes=1000)
+    r = client.post("/v1/messages", json=BODY)
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    r = client.post("/v1/messages", json=BODY, headers={"x-api-key": "wrong"})
+    assert r.status_code == 401
+    assert client.post("/v1/messages", json=BODY, headers={"x-api-key": "k"}).status_code == 200
+    r = client.post("/v1/messages", json=BODY, headers={"Authorization": "Bearer k"})
+    assert r.status_code == 200
+    r = client.get("/v1/models", headers={"x-api-key": "k"})  # every route takes it
+    assert r.status_code == 200
+    big = {**BODY, "messages": [{"role": "user", "content": "x" * 2000}]}
+    r = client.post("/v1/messages", json=big, headers={"x-api-key": "k"})
+    assert r.status_code == 413 and r.json()["error"]["type"] == "request_too_large"
+
+
+def test_bad_input_and_unknown_paths_never_reach_a_worker() -> None:
+    worker = FakeWorker()
+    client, _ = _client(worker)
+    r = client.post("/v1/messages", content=b"{not json")
+    assert r.status_code == 400 and r.json()["type"] == "error"
+    r = client.post("/v1/messages", json={**BODY, "model": "nope"})
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+    r = client.get("/v1/messages")
+    assert r.status_code == 405 and r.json()["error"]["type"] == "invalid_request_error"
+    assert worker.requests == []
