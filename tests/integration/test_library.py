@@ -227,3 +227,13 @@ def test_embed_loads_a_library_model_and_keep_alive_0_unloads_it_after(oc) -> No
     r = oc.embed(model=QWEN, input=["hi", "there"], keep_alive=0)
     assert len(r.embeddings) == 2 and len(r.embeddings[0]) > 0
     assert f"{QWEN}:latest" not in _loaded(oc)
+
+
+def test_anthropics_count_tokens_counts_on_a_library_model(serve_url, oc) -> None:
+    import httpx
+
+    body = {"model": QWEN, "messages": [{"role": "user", "content": "hi there"}]}
+    r = httpx.post(serve_url + LIBRARY_PREFIX + "/v1/messages/count_tokens", json=body,
+                   timeout=60)
+    assert r.status_code == 200 and r.json()["input_tokens"] > 2
+    oc.chat(model=QWEN, messages=[], keep_alive=0)
