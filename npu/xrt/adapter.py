@@ -63,7 +63,8 @@ def generation_of(name: str) -> str:
     low = name.lower()
     if "npu1" in low or "phoenix" in low:
         return "XDNA1"
-    if any(f"npu{i}" in low for i in (4, 5, 6)) or "strix" in low or "krackan" in low:
+    if any(f"npu{i}" in low for i in (4, 5, 6)) or any(
+            family in low for family in ("strix", "krackan", "gorgon")):
         return "XDNA2"
     return "unknown"
 

@@ -1,14 +1,15 @@
 """Kernel manifests, version 2: what a kernel directory offers, per NPU generation.
 
 A kernel directory holds one sub-directory per generation (`npu1`: 4-column Phoenix / Hawk
-Point; `npu2`: 8-column Strix / Krackan), each with a `manifest.json`:
+Point; `npu2`: 8-column Strix / Krackan / Gorgon Point), each with a `manifest.json`:
 
     {"version": 2, "generation": "npu2",
      "ops": {"gemv": {...}, "gemm": {...}, "attn": {...}, "mlp": {...}, "layer": {...}}}
 
 and per op: its binary and the instruction format, either `bin` (an xclbin with the
 kernel's name, and per shape an instruction stream file; called `kernel(3, instr_bo,
-n_instr, *buffers)`, the instruction-length unit `words` | `bytes`) or `elf` (a full ELF
+n_instr, *buffers)`, the instruction-length unit `bytes` (the default) | `words`; the streams
+are binary little-endian 32-bit words, never mlir-aie's `.txt` hex listings) or `elf` (a full ELF
 holding every shape's instruction sequence, and per shape the sequence's kernel name, e.g.
 `main:gemv_0`; called with the buffers from argument 0), the dtypes (`x` bf16; `w` bf16 | bfp16ebs8 | q4g32; `y` bf16 | f32; `acc`), the
 weight layout (a packer in `npu.xrt.packing`), the rounding (`floor` | `conv_even`) and
@@ -63,7 +64,7 @@ class Op(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     elf: str = ""  # "elf"
     kernel: str = "MLIR_AIE"  # "bin": the kernel's name in the xclbin
     instr_format: str = "bin"
-    instr_length: str = "words"
+    instr_length: str = "bytes"  # current mlir-aie and FastFlowLM hosts pass bytes
     dtype: dict[str, str]
     layout: str
     rounding: str = "conv_even"
@@ -102,6 +103,11 @@ def _check(where: Path, m: ManifestV2) -> None:
         if op.dtype.get("acc", "f32") != "f32":
             raise bad(f"op {name}: accumulator {op.dtype.get('acc')!r}; the engine's numerics "
                       "(and the simulator's) assume f32 accumulation")
+        text = [s.insts for s in op.shapes if s.insts.lower().endswith(".txt")]
+        if text:
+            raise bad(f"op {name}: instruction stream {text[0]} is a text listing; this engine "
+                      "reads binary streams (aiecc.py's --npu-insts-name=insts.bin, or "
+                      "convert each hex line to a little-endian 32-bit word)")
         if op.instr_length not in ("words", "bytes"):
             raise bad(f"op {name}: instr_length {op.instr_length!r} is not words or bytes")
         if len(op.args) > MAX_BUFFERS:
@@ -139,7 +145,7 @@ def generation_dir(kernel_dir: Path, generation: str, device_name: str) -> Path:
         if kernel_dir.is_dir() else []
     if want is None:
         raise XRTError(f"cannot tell the NPU generation of {device_name!r} (known: Phoenix / "
-                       f"Hawk Point npu1, Strix / Krackan npu2); {kernel_dir} has "
+                       f"Hawk Point npu1, Strix / Krackan / Gorgon npu2); {kernel_dir} has "
                        f"{', '.join(have) or 'no generation directory'}")
     if want not in have:
         raise XRTError(f"{kernel_dir} has kernels for {', '.join(have) or 'no generation'} "

@@ -35,14 +35,18 @@ LAYOUT_OF_DTYPE = {"bf16": "bf16.v1", "bfp16ebs8": "bfp16ebs8.v1", "q4g32": "q4g
 
 # -- bfloat16 ---------------------------------------------------------------------------------
 def to_bf16(x: np.ndarray, rounding: str = "conv_even") -> np.ndarray:
-    """float32 -> bfloat16 bits (uint16): "conv_even" rounds to nearest even, "floor" drops
-    the low 16 bits (towards zero). NaN stays NaN."""
+    """float32 -> bfloat16 bits (uint16): "conv_even" rounds to nearest even, "floor" rounds
+    toward minus infinity as the AIE cores do (a positive value loses its low 16 bits, an
+    inexact negative one steps down one bf16 unit: -1.0039 -> -1.0078, not -1.0; amd/IRON's
+    `f32_to_bf16_floor` in its flm operators' references). NaN stays NaN."""
     bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
     if rounding == "floor":
-        return (bits >> 16).astype(np.uint16)
-    if rounding != "conv_even":
+        inexact_negative = ((bits & np.uint32(0xFFFF)) != 0) & ((bits >> 31) != 0)
+        rounded = (bits >> 16) + inexact_negative.astype(np.uint32)
+    elif rounding == "conv_even":
+        rounded = (bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16
+    else:
         raise ModelError(f"rounding {rounding!r} is not 'floor' or 'conv_even'")
-    rounded = (bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16
     nan = np.isnan(x)
     out = rounded.astype(np.uint16)
     if nan.any():

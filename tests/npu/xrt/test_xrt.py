@@ -341,7 +341,7 @@ class _Gemv:
 
 
 def test_kernels_round_as_declared(tmp_path) -> None:
-    """bf16 output: floor truncates, conv_even rounds to nearest even; per-K-tile rounding
+    """bf16 output: floor rounds toward minus infinity, conv_even rounds to nearest even; per-K-tile rounding
     rounds the running sum after every tile."""
     from npu.xrt import packing
 
@@ -358,7 +358,7 @@ def test_kernels_round_as_declared(tmp_path) -> None:
     np.testing.assert_allclose(outs["f32"], exact, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(outs["even"], packing.round_bf16(outs["f32"]))
     np.testing.assert_array_equal(outs["floor"], packing.round_bf16(outs["f32"], "floor"))
-    assert np.all(np.abs(outs["floor"]) <= np.abs(outs["f32"]))
+    assert np.all(outs["floor"] <= outs["f32"])  # toward minus infinity
     assert not np.array_equal(outs["tiles"], outs["even"])
 
 
