@@ -34,7 +34,7 @@ class OpKernel:
             self.groups = {arg: self.kernel.group_id(i) for i, arg in enumerate(op.args)}
             return
         self.ctx, xb = xrt.hw_context(index, folder / op.xclbin)
-        self.kernel = xrt.kernel(self.ctx, xb, op.kernel)
+        self.kernel = xrt.kernel(self.ctx, xb, op.kernel, buffers=len(op.args))
         self.groups = {arg: self.kernel.group_id(3 + i) for i, arg in enumerate(op.args)}
         for s in op.shapes:
             try:

@@ -51,8 +51,8 @@ def _shape_of(op: Op, streams: dict[bytes, Shape], instr: Any, n_instr: int) -> 
 
 
 def _want(bo: Any, nbytes: int, what: str, shape: Shape) -> None:
-    if bo.size != nbytes:
-        raise SimulatorError(f"{what} buffer holds {bo.size} bytes; the instruction stream is "
+    if bo.size() != nbytes:
+        raise SimulatorError(f"{what} buffer holds {bo.size()} bytes; the instruction stream is "
                              f"for shape {_label(shape)}, which needs {nbytes}")
 
 
