@@ -237,7 +237,7 @@ class XRT:
         """Before a launch: every argument one pyxrt can set (a bo or an int), and no more
         than the kernel declares (ELF kernels declare none to pyxrt: not counted)."""
         for i, a in enumerate(args):
-            if isinstance(a, bool) or not isinstance(a, int | np.integer | self.x.bo):
+            if isinstance(a, bool) or not isinstance(a, (int, np.integer, self.x.bo)):
                 raise XRTError(f"kernel argument {i} is a {type(a).__name__}; pyxrt sets "
                                "buffers and ints only (it would drop this one silently)")
         name, count = self._declared.get(id(kernel), ("", len(args)))

@@ -8,11 +8,12 @@ Point; `npu2`: 8-column Strix / Krackan / Gorgon Point), each with a `manifest.j
 
 and per op: its binary and the instruction format, either `bin` (an xclbin with the
 kernel's name, and per shape an instruction stream file; called `kernel(3, instr_bo,
-n_instr, *buffers)`, the instruction-length unit `bytes` (the default) | `words`; the streams
-are binary little-endian 32-bit words, never mlir-aie's `.txt` hex listings) or `elf` (a full ELF
-holding every shape's instruction sequence, and per shape the sequence's kernel name, e.g.
-`main:gemv_0`; called with the buffers from argument 0), the dtypes (`x` bf16; `w` bf16 | bfp16ebs8 | q4g32; `y` bf16 | f32; `acc`), the
-weight layout (a packer in `npu.xrt.packing`), the rounding (`floor` | `conv_even`) and
+n_instr, *buffers)`, the instruction-length unit `bytes` (the default) | `words`; the
+streams are binary little-endian 32-bit words, never mlir-aie's `.txt` hex listings) or
+`elf` (a full ELF holding every shape's instruction sequence, and per shape the sequence's
+kernel name, e.g. `main:gemv_0`; called with the buffers from argument 0), the dtypes (`x`
+bf16; `w` bf16 | bfp16ebs8 | q4g32; `y` bf16 | f32; `acc`), the weight layout (a packer in
+`npu.xrt.packing`), the rounding (`floor`: toward minus infinity | `conv_even`) and
 whether the output is rounded after every K tile, the padding granules, the buffer arguments
 in order (at most 5), and the finite list of shapes it was built for, each with its own
 instruction stream. There is no `sizes` buffer: a launch's shape is its instruction stream.

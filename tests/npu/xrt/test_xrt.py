@@ -341,8 +341,8 @@ class _Gemv:
 
 
 def test_kernels_round_as_declared(tmp_path) -> None:
-    """bf16 output: floor rounds toward minus infinity, conv_even rounds to nearest even; per-K-tile rounding
-    rounds the running sum after every tile."""
+    """bf16 output: floor rounds toward minus infinity, conv_even to nearest even; per-K-tile
+    rounding rounds the running sum after every tile."""
     from npu.xrt import packing
 
     rng = np.random.default_rng(0)
