@@ -13,7 +13,7 @@ import numpy as np
 from npu.engine.quant import QT
 from npu.xrt import packing
 from npu.xrt.adapter import XRT, XRTError
-from npu.xrt.manifest import Op, Shape
+from npu.xrt.manifest import SCALARS, Op, Shape
 
 
 class OpKernel:
@@ -25,6 +25,7 @@ class OpKernel:
         self.xrt, self.index, self.name, self.op = xrt, index, name, op
         self.elf = op.instr_format == "elf"
         self._instr: dict[Shape, tuple[Any, int]] = {}
+        self._words: dict[Shape, np.ndarray] = {}
         self._kernels: dict[Shape, Any] = {}
         if self.elf:
             self.ctx = xrt.elf_context(index, folder / op.elf)
@@ -43,6 +44,10 @@ class OpKernel:
                 raise XRTError(f"{folder}: op {name}: cannot read {s.insts}: {exc}") from None
             bo = xrt.bo(index, words.nbytes, xrt.x.bo.cacheable, self.kernel.group_id(1))
             xrt.to_device(bo, words)
+            self._words[s] = words
+            if any(not 0 <= i < words.size for i in s.scalar_words):
+                raise XRTError(f"{folder}: op {name}: scalar_words {s.scalar_words} fall "
+                               f"outside {s.insts} ({words.size} words)")
             count = words.size if op.instr_length == "words" else words.nbytes
             self._instr[s] = (bo, count)
 
@@ -51,6 +56,14 @@ class OpKernel:
             if all(getattr(s, k) == v for k, v in dims.items()):
                 return s
         return None
+
+    def set_scalars(self, shape: Shape, **values: int) -> None:
+        """Write this launch's scalars into the shape's instruction stream (op scalars
+        "insts"): its words at `scalar_words`, the stream synced again."""
+        words = self._words[shape].copy()
+        for key, value in values.items():
+            words[shape.scalar_words[SCALARS.index(key)]] = value
+        self.xrt.to_device(self._instr[shape][0], words)
 
     def bo(self, arg: str, nbytes: int) -> Any:
         return self.xrt.bo(self.index, nbytes, self.xrt.x.bo.host_only, self.groups[arg])

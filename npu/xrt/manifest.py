@@ -37,6 +37,7 @@ GENERATIONS = {"XDNA1": "npu1", "XDNA2": "npu2"}
 MAX_BUFFERS = 5
 LINEAR_OPS = ("gemv", "gemm")
 LAYER_OPS = ("attn", "mlp", "layer")
+SCALARS = ("pos", "len")
 ARGS = {"gemv": ["x", "w", "y"], "gemm": ["x", "w", "y"], "mlp": ["x", "w"],
         "attn": ["x", "w", "kv", "rtp", "kvnew"], "layer": ["x", "w", "kv", "rtp", "kvnew"]}
 
@@ -58,6 +59,9 @@ class Shape(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     ffn: int = 0
     ctx: int = 0
     qk_norm: bool = False
+    # op "scalars": "insts": the indices of the stream's words the host sets per launch, in
+    # SCALARS' order (the first token's position, the KV rows the launch attends over)
+    scalar_words: tuple[int, ...] = ()
 
 
 class Op(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -70,6 +74,9 @@ class Op(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     layout: str
     rounding: str = "conv_even"
     round_per_k_tile: bool = False
+    # where a layer op takes its per-launch scalars: "rtp" (a buffer argument) or "insts"
+    # (words of the instruction stream, set before each launch, as real designs patch them)
+    scalars: str = "rtp"
     granule: dict[str, int]
     args: list[str]
     shapes: list[Shape]
@@ -114,8 +121,19 @@ def _check(where: Path, m: ManifestV2) -> None:
         if len(op.args) > MAX_BUFFERS:
             raise bad(f"op {name}: {len(op.args)} buffer arguments; a kernel takes at most "
                       f"{MAX_BUFFERS}")
-        if sorted(op.args) != sorted(ARGS[name]):
-            raise bad(f"op {name}: args {op.args} must name {', '.join(ARGS[name])}")
+        want = ARGS[name]
+        if op.scalars not in ("rtp", "insts"):
+            raise bad(f"op {name}: scalars {op.scalars!r} is not rtp or insts")
+        if op.scalars == "insts":
+            if name not in ("attn", "layer") or op.instr_format != "bin":
+                raise bad(f"op {name}: scalars in the instruction stream are for the attn and "
+                          "layer ops of instr_format bin")
+            if any(len(s.scalar_words) != len(SCALARS) for s in op.shapes):
+                raise bad(f"op {name}: scalars insts needs each shape's scalar_words, the "
+                          f"indices of its stream's words for {' and '.join(SCALARS)}")
+            want = [a for a in want if a != "rtp"]
+        if sorted(op.args) != sorted(want):
+            raise bad(f"op {name}: args {op.args} must name {', '.join(want)}")
         if name in LINEAR_OPS and op.dtype.get("x") != "bf16":
             raise bad(f"op {name}: x must be bf16 (activations cross as bf16), not "
                       f"{op.dtype.get('x')!r}")
