@@ -77,6 +77,7 @@ class Op(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     # where a layer op takes its per-launch scalars: "rtp" (a buffer argument) or "insts"
     # (words of the instruction stream, set before each launch, as real designs patch them)
     scalars: str = "rtp"
+    gbps: float = 0.0  # the bandwidth its kernel reaches, for the simulator's timing model
     granule: dict[str, int]
     args: list[str]
     shapes: list[Shape]
@@ -122,6 +123,8 @@ def _check(where: Path, m: ManifestV2) -> None:
             raise bad(f"op {name}: {len(op.args)} buffer arguments; a kernel takes at most "
                       f"{MAX_BUFFERS}")
         want = ARGS[name]
+        if op.gbps < 0:
+            raise bad(f"op {name}: gbps {op.gbps} is negative")
         if op.scalars not in ("rtp", "insts"):
             raise bad(f"op {name}: scalars {op.scalars!r} is not rtp or insts")
         if op.scalars == "insts":

@@ -357,7 +357,8 @@ class _Launch:
             self.state = ert_cmd_state.ERT_CMD_STATE_ERROR
         else:
             nbytes = k.fn(*args)
-            sim.clock.launch(k.ctx, int(nbytes or 0), in_runlist=in_runlist)
+            sim.clock.launch(k.ctx, int(nbytes or 0), in_runlist=in_runlist,
+                             gbps=sim.gbps.get((k.ctx.uuid, k.name), 0.0))
             for a in args:
                 if isinstance(a, _Bo):
                     a.synced.clear()
@@ -476,6 +477,7 @@ class Simulator:
         self.xrt_version = version
         self.faults = Faults()
         self.kernels: dict[tuple[str, str], tuple[int, KernelFn]] = {}
+        self.gbps: dict[tuple[str, str], float] = {}  # a kernel's own bandwidth
         self.runs = 0
         self.clock = Clock(timing or TimingModel())
         self._released = threading.Event()
@@ -488,16 +490,18 @@ class Simulator:
             self.runlist = _bind(_Runlist, self)
 
     def register_kernel(self, xclbin_uuid: str, name: str, n_args: int, fn: KernelFn, *,
-                        elf: bool = False) -> None:
+                        elf: bool = False, gbps: float = 0.0) -> None:
         """`fn(*args)` gets ints as ints and bos as bos (`.dev`: device memory, uint8;
         `.synced`: the byte ranges synced to the device since the last run); it returns the
         bytes the launch reads from memory (for the timing model). An xclbin's kernel takes
-        (opcode, instructions, their length, buffers...); an ELF's (`elf`) buffers only."""
+        (opcode, instructions, their length, buffers...); an ELF's (`elf`) buffers only.
+        `gbps`: the bandwidth its launches read at (0: the timing model's)."""
         buffers = n_args if elf else n_args - 3
         if buffers > MAX_BUFFERS:
             raise SimulatorError(f"kernel {name}: {buffers} buffer arguments; an NPU kernel "
                                  f"takes at most {MAX_BUFFERS}")
         self.kernels[(xclbin_uuid, name)] = (n_args, fn)
+        self.gbps[(xclbin_uuid, name)] = gbps
 
     def lose_device(self, index: int) -> None:
         self.faults.lost_devices.add(index)

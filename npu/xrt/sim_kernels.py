@@ -210,11 +210,11 @@ def simulator_for(kernel_dir: Path, devices: list[str], **kwargs: Any) -> Simula
                 uuid = json.loads((folder / op.elf).read_text())["uuid"]
                 for s in op.shapes:
                     sim.register_kernel(uuid, s.sequence, len(op.args), _elf(s, compute),
-                                        elf=True)
+                                        elf=True, gbps=op.gbps)
             else:
                 uuid = json.loads((folder / op.xclbin).read_text())["uuid"]
                 sim.register_kernel(uuid, op.kernel, 3 + len(op.args),
-                                    _bin(op, _streams(folder, op), compute))
+                                    _bin(op, _streams(folder, op), compute), gbps=op.gbps)
     return sim
 
 
