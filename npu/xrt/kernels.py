@@ -16,6 +16,27 @@ from npu.xrt.adapter import XRT, XRTError
 from npu.xrt.manifest import SCALARS, Op, Shape
 
 
+# columns of a whole array per generation directory: a stream for more cannot be this NPU's
+COLUMNS = {"npu1": 4, "npu2": 8}
+
+
+def check_header(words: np.ndarray, generation: str, where: str) -> None:
+    """An instruction stream's 4-word header against its file and generation, as
+    FastFlowLM's npu_sequence reads it (and mlir-aie's AIETargetNPU writes it): word 0 holds
+    the version, a device-generation code and the rows, word 1 the columns (bits 0-7) and
+    memory-tile rows, word 2 the command count, word 3 the stream's size in bytes. The
+    generation code is not checked: mlir-aie writes 3 for every device, FastFlowLM 1 / 4."""
+    if words.size < 4:
+        raise XRTError(f"{where}: {words.size * 4} bytes is shorter than a stream's header")
+    if int(words[3]) != words.nbytes:
+        raise XRTError(f"{where}: its header gives {int(words[3])} bytes, the file holds "
+                       f"{words.nbytes} (a truncated or mis-built stream)")
+    columns = int(words[1]) & 0xFF
+    if not 0 < columns <= COLUMNS.get(generation, 8):
+        raise XRTError(f"{where}: built for {columns} columns; {generation} has "
+                       f"{COLUMNS.get(generation, 8)}")
+
+
 class OpKernel:
     """One op of a manifest, opened on a device: its hardware context and kernel(s), buffers
     by argument. `bin`: one kernel, each shape's instruction stream uploaded once; `elf`: one
@@ -42,6 +63,7 @@ class OpKernel:
                 words = np.fromfile(folder / s.insts, dtype=np.uint32)
             except OSError as exc:
                 raise XRTError(f"{folder}: op {name}: cannot read {s.insts}: {exc}") from None
+            check_header(words, Path(folder).name, f"{folder}: op {name}: {s.insts}")
             bo = xrt.bo(index, words.nbytes, xrt.x.bo.cacheable, self.kernel.group_id(1))
             xrt.to_device(bo, words)
             self._words[s] = words

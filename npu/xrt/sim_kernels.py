@@ -263,6 +263,10 @@ def make_kernel_dir(folder: Path, configs: Sequence[ModelConfig], *,
                 seed = int.from_bytes(hashlib.blake2b(f"{gen}/{name}/{key}".encode(),
                                                       digest_size=8).digest(), "little")
                 words = np.random.default_rng(seed).integers(0, 2**32, 32, dtype=np.uint32)
+                # the header: 6 rows, mlir-aie's generation code 3, version 1.0; one memory
+                # tile row and the generation's columns; a command count; the size in bytes
+                words[:4] = [(6 << 24) | (3 << 16) | 1, (1 << 8) | (4 if gen == "npu1" else 8),
+                             7, words.nbytes]
                 insts = f"{name}_{len(listed)}.bin"
                 extra = {}
                 if scalars == "insts" and name in ("attn", "layer"):

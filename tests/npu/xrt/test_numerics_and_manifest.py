@@ -73,3 +73,29 @@ def test_text_instruction_streams_are_refused(tmp_path) -> None:
 ])
 def test_device_names_give_their_generation(name: str, generation: str) -> None:
     assert generation_of(name) == generation
+
+
+def test_instruction_stream_headers_are_checked_at_load(tmp_path) -> None:
+    from npu import config_from_json
+    from npu.xrt import XRT
+    from npu.xrt.kernels import OpKernel
+    from npu.xrt.sim_kernels import make_kernel_dir, simulator_for
+
+    cfg = config_from_json({"architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+                            "intermediate_size": 96, "num_hidden_layers": 1,
+                            "num_attention_heads": 2, "num_key_value_heads": 1,
+                            "vocab_size": 100, "max_position_embeddings": 64})
+    kd = make_kernel_dir(tmp_path / "k", [cfg], ops=("gemv",), weights="bf16",
+                         generations=("npu1",))
+    folder = kd / "npu1"
+    op = load_manifest(folder).ops["gemv"]
+    OpKernel(XRT(simulator_for(kd, ["npu1"])), 0, folder, "gemv", op)  # as built: opens
+    stream = folder / op.shapes[0].insts
+    words = np.fromfile(stream, dtype=np.uint32)
+    for edit, message in [(lambda w: w[:-1], "header gives 128 bytes, the file holds 124"),
+                          (lambda w: np.concatenate([w[:1], [8], w[2:]]).astype(np.uint32),
+                           "built for 8 columns; npu1 has 4"),
+                          (lambda w: w[:3], "shorter than a stream's header")]:
+        edit(words).tofile(stream)
+        with pytest.raises(XRTError, match=message):
+            OpKernel(XRT(simulator_for(kd, ["npu1"])), 0, folder, "gemv", op)
