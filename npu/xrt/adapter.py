@@ -345,7 +345,8 @@ class XRT:
         thread.start()
         thread.join(self.run_timeout_ms / 1000)
         if thread.is_alive():
-            raise XRTError(f"{what} did not complete within {self.run_timeout_ms} ms (the "
-                           "NPU may need a reset: xrt-smi examine, then reload the driver)")
+            raise XRTError(f"{what} did not complete within {self.run_timeout_ms} ms "
+                           "(ERT_CMD_STATE_TIMEOUT by the watchdog; the NPU may need a reset: "
+                           "xrt-smi examine, then reload the driver)")
         if failed:
             raise XRTError(f"{what} failed: {failed[0]}")
