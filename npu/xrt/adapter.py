@@ -207,9 +207,11 @@ class XRT:
 
     def elf_kernel(self, ctx: Any, name: str) -> Any:
         try:
-            return self.x.ext.kernel(ctx, name)
+            kernel = self.x.ext.kernel(ctx, name)
         except Exception as exc:
             raise XRTError(f"cannot open the ELF's kernel {name}: {exc}") from None
+        self._declared.pop(id(kernel), None)  # an id an earlier, freed kernel had
+        return kernel
 
     def kernel(self, ctx: Any, xb: Any, name: str | None, *, buffers: int) -> Any:
         """An xclbin's kernel, called (opcode, instructions, their length, `buffers` buffers):
