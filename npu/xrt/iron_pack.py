@@ -20,9 +20,8 @@ A wrong s, t or ct_k gives a buffer of the right size in the wrong order, which 
 wrong numbers silently: the geometry is named, and the tests' expected bytes are worked
 out by hand from the description above, not from this code.
 
-Not yet a manifest layout: the engine's packers (`npu.xrt.packing`) tile W in its own
-[Np/n][Kp/k][n][k] order; wiring `iron.pack_b` in needs the manifest to carry (k_tile,
-n_tile, s, t, ct_k) and the simulator to read this order (issue 30).
+As a manifest layout, `iron.pack_b` (bf16) is this order with the op's granules as k_tile
+and n_tile and its `mmul` as [s, t, ct_k] (`npu.xrt.packing.pack` / `unpack` call this module).
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ import msgspec
 import numpy as np
 
 from npu.errors import ModelError
-from npu.xrt.packing import to_bf16
+from npu.xrt.bf16 import from_bf16, to_bf16
 
 
 class IronGeometry(msgspec.Struct, frozen=True, kw_only=True):
@@ -54,8 +53,9 @@ def _blocked(w: np.ndarray, g: IronGeometry) -> np.ndarray:
     g.check()
     n, k = w.shape
     kp, np_ = -(-k // g.k_tile) * g.k_tile, -(-n // g.n_tile) * g.n_tile
-    b = np.zeros((kp, np_), dtype=np.float32)
-    b[:k, :n] = np.asarray(w, dtype=np.float32).T
+    w = np.asarray(w)
+    b = np.zeros((kp, np_), dtype=np.float32 if w.dtype.kind == "f" else w.dtype)
+    b[:k, :n] = w.T
     b = b.reshape(kp // g.k_tile, g.k_tile // g.ct_k, g.ct_k // g.s, g.s,
                   np_ // g.n_tile, g.n_tile // g.t, g.t)  # kb, kslice, i, s_in, cb, tb, t_in
     return b.transpose(4, 0, 1, 5, 2, 3, 6)
@@ -64,6 +64,16 @@ def _blocked(w: np.ndarray, g: IronGeometry) -> np.ndarray:
 def pack_b_bf16(w: np.ndarray, g: IronGeometry) -> np.ndarray:
     """W [N, K] float -> flm.GEMM's bf16 B stream (uint16 bits, round to nearest even)."""
     return to_bf16(np.ascontiguousarray(_blocked(w, g)).reshape(-1))
+
+
+def unpack_b_bf16(buf: np.ndarray, np_: int, kp: int, g: IronGeometry) -> np.ndarray:
+    """A packed bf16 B stream -> W [np_, kp] float32 (the order inverted; np_ and kp whole
+    tiles)."""
+    index = np.arange(np_ * kp, dtype=np.int64).reshape(np_, kp)
+    order = np.ascontiguousarray(_blocked(index, g)).reshape(-1)
+    out = np.empty(np_ * kp, dtype=np.float32)
+    out[order] = from_bf16(np.ascontiguousarray(buf).view(np.uint16))
+    return out.reshape(np_, kp)
 
 
 def pack_b_bfp16ebs8(w: np.ndarray, g: IronGeometry, rounding: str = "conv_even"

@@ -127,7 +127,8 @@ class LinearOps:
 
     def __init__(self, gemv: OpKernel, gemm: OpKernel | None) -> None:
         if gemm is not None and (gemm.op.layout != gemv.op.layout or any(
-                gemm.op.granule[d] != gemv.op.granule[d] for d in ("k", "n"))):
+                gemm.op.granule[d] != gemv.op.granule[d] for d in ("k", "n"))
+                or gemm.op.mmul != gemv.op.mmul):
             raise XRTError("gemm and gemv must share the weight layout and K / N granules "
                            "(each weight is on the device once, for both)")
         self.gemv, self.gemm = gemv, gemm
@@ -147,7 +148,7 @@ class LinearOps:
 
     def upload(self, linear: Any) -> DeviceWeight:
         n, k = linear.shape
-        t = packing.tiling(self.layout, n, k, self.tn, self.tk)
+        t = packing.tiling(self.layout, n, k, self.tn, self.tk, mmul=self.gemv.op.mmul)
         data, requantized = pack_weight(linear, t)
         self.requantized += requantized
         xrt = self.gemv.xrt

@@ -31,7 +31,7 @@ from pathlib import Path
 import msgspec
 
 from npu.xrt.adapter import XRTError
-from npu.xrt.packing import LAYOUT_OF_DTYPE, LAYOUTS
+from npu.xrt.packing import DTYPE_OF_LAYOUT, LAYOUTS
 
 GENERATIONS = {"XDNA1": "npu1", "XDNA2": "npu2"}
 MAX_BUFFERS = 5
@@ -78,6 +78,7 @@ class Op(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     # (words of the instruction stream, set before each launch, as real designs patch them)
     scalars: str = "rtp"
     gbps: float = 0.0  # the bandwidth its kernel reaches, for the simulator's timing model
+    mmul: tuple[int, ...] = ()  # layout iron.pack_b: IRON flm.GEMM's [s, t, ct_k]
     granule: dict[str, int]
     args: list[str]
     shapes: list[Shape]
@@ -144,9 +145,17 @@ def _check(where: Path, m: ManifestV2) -> None:
             raise bad(f"op {name}: x (the residual stream) must be bf16 or f32, not "
                       f"{op.dtype.get('x')!r}")
         w = op.dtype.get("w")
-        if LAYOUT_OF_DTYPE.get(w or "") != op.layout or op.layout not in LAYOUTS:
+        if op.layout == "iron.pack_b":
+            s, t, ct_k = (list(op.mmul) + [0, 0, 0])[:3]
+            gk, gn = op.granule.get("k", 0), op.granule.get("n", 0)
+            if name not in LINEAR_OPS or len(op.mmul) != 3 or min(s, t, ct_k) <= 0 or \
+                    gk % ct_k or ct_k % s or gn % t:
+                raise bad(f"op {name}: layout iron.pack_b is for gemv / gemm, with mmul "
+                          "[s, t, ct_k] where ct_k divides the k granule, s divides ct_k "
+                          "and t the n granule")
+        if DTYPE_OF_LAYOUT.get(op.layout) != w or op.layout not in LAYOUTS:
             raise bad(f"op {name}: weight dtype {w!r} with layout {op.layout!r}; known: "
-                      + ", ".join(f"{d} -> {lay}" for d, lay in LAYOUT_OF_DTYPE.items()))
+                      + ", ".join(f"{d} -> {lay}" for lay, d in DTYPE_OF_LAYOUT.items()))
         if op.dtype.get("y") not in ("bf16", "f32"):
             raise bad(f"op {name}: y must be bf16 or f32, not {op.dtype.get('y')!r}")
         if op.rounding not in ("floor", "conv_even"):

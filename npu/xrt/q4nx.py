@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from npu.errors import ModelError
-from npu.xrt.packing import from_bf16, to_bf16
+from npu.xrt.bf16 import from_bf16, to_bf16
 
 M_TILE, K_TILE, GROUP, HALF = 32, 256, 32, 16
 GROUPS = K_TILE // GROUP

@@ -112,7 +112,7 @@ def linear_kernel(op: Op, decoded: Decoded):
 
     def run(s: Shape, scalars: dict[str, int], bufs: tuple) -> int:
         args = dict(zip(op.args, bufs))
-        t = packing.tiling(layout, s.n, s.k, gn, gk)
+        t = packing.tiling(layout, s.n, s.k, gn, gk, mmul=op.mmul)
         mp = -(-s.m // gm) * gm
         _want(args["w"], t.nbytes, "the weight", s)
         _want(args["x"], mp * t.kp * 2, "the x", s)
@@ -224,16 +224,18 @@ def make_kernel_dir(folder: Path, configs: Sequence[ModelConfig], *,
                     gemm_m: int = 32, granule_k: int = 64, granule_n: int = 32,
                     ctx: int = 2048, y: str = "f32", rounding: str = "conv_even",
                     round_per_k_tile: bool = False, xclbins: str = "one",
-                    instr_format: str = "bin", scalars: str = "rtp") -> Path:
+                    instr_format: str = "bin", scalars: str = "rtp",
+                    layout: str | None = None, mmul: Sequence[int] = ()) -> Path:
     """Write a simulator kernel directory built for the models `configs` (flm-tiny's:
     npu.load.tiny.tiny_config()):
     one sub-directory per generation with manifest.json, the xclbin(s) and one instruction
     stream per shape. `xclbins`: "one" puts every op in one xclbin (one hardware context),
     "per_op" gives each op its own. `instr_format` "elf": full ELFs instead, one instruction
     sequence (kernel) per shape. `scalars` "insts": the attn and layer ops take the position
-    and length in words 4 and 5 of their instruction streams instead of an rtp buffer."""
+    and length in words 4 and 5 of their instruction streams instead of an rtp buffer.
+    `layout` (default: the weights' own) and `mmul`: e.g. "iron.pack_b", [s, t, ct_k]."""
     folder = Path(folder)
-    layout = packing.LAYOUT_OF_DTYPE[weights]
+    layout = layout or packing.LAYOUT_OF_DTYPE[weights]
     for gen in generations:
         out = folder / gen
         out.mkdir(parents=True, exist_ok=True)
@@ -288,6 +290,7 @@ def make_kernel_dir(folder: Path, configs: Sequence[ModelConfig], *,
                 "args": [a for a in ARGS[name] if a != "rtp" or scalars == "rtp"
                          or name not in ("attn", "layer")],
                 "scalars": scalars if name in ("attn", "layer") else "rtp",
+                "mmul": list(mmul),
                 "shapes": listed}
         for xb, kernels in kernels_of.items():
             write_xclbin(out / xb, kernels)

@@ -83,3 +83,55 @@ def test_geometry_is_checked() -> None:
         pack_b_bf16(_named(4, 4), IronGeometry(k_tile=4, n_tile=4, s=2, t=2, ct_k=3))
     with pytest.raises(ModelError, match="s = 8"):
         pack_b_bfp16ebs8(_named(4, 4), IronGeometry(k_tile=4, n_tile=4, s=2, t=2, ct_k=4))
+
+
+def test_linear_ops_on_the_iron_layout_compute_what_bf16_rows_do(tmp_path) -> None:
+    """A kernel directory whose gemv / gemm read IRON's order: the same numbers as the
+    bf16.v1 tiles, from differently ordered bytes, and npu-check passes on it."""
+    from npu import config_from_json
+    from npu.xrt import XRT
+    from npu.xrt.check import check_kernels
+    from npu.xrt.kernels import LinearOps, OpKernel
+    from npu.xrt.manifest import load_manifest
+    from npu.xrt.sim_kernels import make_kernel_dir, simulator_for
+
+    cfg = config_from_json({"architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+                            "intermediate_size": 96, "num_hidden_layers": 1,
+                            "num_attention_heads": 2, "num_key_value_heads": 1,
+                            "vocab_size": 100, "max_position_embeddings": 64})
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((100, 64)).astype(np.float32)
+    x = rng.standard_normal((6, 64)).astype(np.float32)
+    out, packed = {}, {}
+    for layout in ("bf16.v1", "iron.pack_b"):
+        kd = make_kernel_dir(tmp_path / layout, [cfg], ops=("gemv", "gemm"), weights="bf16",
+                             gemm_m=4, granule_k=32, layout=layout, mmul=(2, 2, 16))
+        sim = simulator_for(kd, ["npu4"])
+        xrt = XRT(sim)
+        m = load_manifest(kd / "npu2")
+        ops = LinearOps(*(OpKernel(xrt, 0, kd / "npu2", n, m.ops[n]) for n in ("gemv", "gemm")))
+        dw = ops.upload(w)
+        packed[layout] = dw.bo.dev.copy()
+        out[layout] = ops.matmul(x, dw)
+        assert all(r.matched for r in check_kernels(kd, XRT(simulator_for(kd, ["npu4"]))))
+    np.testing.assert_array_equal(out["iron.pack_b"], out["bf16.v1"])
+    assert packed["iron.pack_b"].size == packed["bf16.v1"].size
+    assert not np.array_equal(packed["iron.pack_b"], packed["bf16.v1"])
+
+
+def test_the_iron_layout_is_checked_in_the_manifest(tmp_path) -> None:
+    import json
+
+    from npu.xrt import XRTError
+    from npu.xrt.manifest import load_manifest
+
+    folder = tmp_path / "npu2"
+    folder.mkdir()
+    op = {"xclbin": "k.xclbin", "dtype": {"x": "bf16", "w": "bf16", "y": "bf16"},
+          "layout": "iron.pack_b", "granule": {"n": 32, "k": 32}, "args": ["x", "w", "y"],
+          "shapes": [{"insts": "gemv.bin", "m": 1, "k": 32, "n": 32}]}
+    for mmul in ([], [2, 2, 24], [3, 2, 16]):
+        (folder / "manifest.json").write_text(json.dumps(
+            {"version": 2, "generation": "npu2", "ops": {"gemv": {**op, "mmul": mmul}}}))
+        with pytest.raises(XRTError, match="iron.pack_b is for gemv / gemm"):
+            load_manifest(folder)
