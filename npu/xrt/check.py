@@ -60,11 +60,12 @@ def check_kernels(kernel_dir: Path, xrt: XRT, *, device_index: int = 0,
             continue
         ops = LinearOps(kernel, None) if op_name == "gemv" else LinearOps(kernel, kernel)
         for s in op.shapes:
-            out.append(_check_shape(ops, op_name, s.m, s.k, s.n, op.dtype["y"], rng))
+            out.append(_check_shape(ops, op_name, s.m, s.k, s.n, op.dtype["y"], op.rounding,
+                                     rng))
     return out
 
 
-def _check_shape(ops: LinearOps, op: str, m: int, k: int, n: int, y: str,
+def _check_shape(ops: LinearOps, op: str, m: int, k: int, n: int, y: str, rounding: str,
                  rng: np.random.Generator) -> KernelCheck:
     label = f"{m}x{k}x{n}"
     w = rng.standard_normal((n, k)).astype(np.float32) / np.sqrt(k)
@@ -77,7 +78,7 @@ def _check_shape(ops: LinearOps, op: str, m: int, k: int, n: int, y: str,
     except XRTError as exc:
         return KernelCheck(op=op, shape=label, note=f"failed: {exc}")
     t = dw.tiling
-    encoded = packing.unpack(packing.pack(w, t), t)[:n, :k]
+    encoded = packing.unpack(packing.pack(w, t), t, rounding)[:n, :k]
     want = packing.round_bf16(x) @ encoded.T
     peak = float(np.abs(want).max()) or 1.0
     err = float(np.nan_to_num(np.abs(got - want), nan=np.inf).max() / peak)

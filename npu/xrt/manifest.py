@@ -153,6 +153,10 @@ def _check(where: Path, m: ManifestV2) -> None:
                 raise bad(f"op {name}: layout iron.pack_b is for gemv / gemm, with mmul "
                           "[s, t, ct_k] where ct_k divides the k granule, s divides ct_k "
                           "and t the n granule")
+        if op.layout == "flm.q4nx" and (name not in LINEAR_OPS or op.granule.get("n", 0) % 32
+                                        or op.granule.get("k", 0) % 256):
+            raise bad(f"op {name}: layout flm.q4nx is for gemv / gemm, with granules n a "
+                      "multiple of 32 and k of 256 (its blocks)")
         if DTYPE_OF_LAYOUT.get(op.layout) != w or op.layout not in LAYOUTS:
             raise bad(f"op {name}: weight dtype {w!r} with layout {op.layout!r}; known: "
                       + ", ".join(f"{d} -> {lay}" for lay, d in DTYPE_OF_LAYOUT.items()))

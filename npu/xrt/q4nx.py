@@ -16,8 +16,9 @@ FastFlowLM's engine reorders blocks when it reads a file (pairs of block rows
 interleaved); this module writes and reads the file order. Packing quantises each group
 of 32 in-features to 16 levels between its minimum (stored rounded toward minus infinity,
 so no weight lies below it) and maximum (the scale rounded to nearest even); a code is the
-nearest level under the stored bf16 scale and minimum. Not yet a manifest layout: no
-manifest op names `flm.q4nx` and the simulator does not read it (issue 30).
+nearest level under the stored bf16 scale and minimum. As a manifest layout (`flm.q4nx`,
+w dtype `q4nx`, gemv / gemm) the whole padded weight is one Q4NX file; the simulated kernel
+rounds each dequantised weight to bf16 in the op's rounding (`npu.xrt.packing`).
 """
 
 from __future__ import annotations

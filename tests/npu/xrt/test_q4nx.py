@@ -70,3 +70,43 @@ def test_blocks_go_row_by_row_and_the_minimum_is_never_above_a_weight() -> None:
     assert lo <= w[0, 256:288].min() and lo > w[0, 256:288].min() - 0.02
     with pytest.raises(ModelError, match="is 20480 bytes, not 15359"):
         unpack_q4nx(blob[:5120 * 3 - 1], 40, 300)
+
+
+def test_linear_ops_read_q4nx_weights(tmp_path) -> None:
+    """gemv / gemm on a flm.q4nx kernel directory: what numpy computes from the
+    dequantised Q4NX weight (rounded toward minus infinity, as the cores do), and npu-check
+    passes on it; granules that are not whole blocks are refused."""
+    import json
+
+    from npu import config_from_json
+    from npu.xrt import XRT, XRTError
+    from npu.xrt.bf16 import round_bf16
+    from npu.xrt.check import check_kernels
+    from npu.xrt.kernels import LinearOps, OpKernel
+    from npu.xrt.manifest import load_manifest
+    from npu.xrt.sim_kernels import make_kernel_dir, simulator_for
+
+    cfg = config_from_json({"architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+                            "intermediate_size": 96, "num_hidden_layers": 1,
+                            "num_attention_heads": 2, "num_key_value_heads": 1,
+                            "vocab_size": 100, "max_position_embeddings": 64})
+    kd = make_kernel_dir(tmp_path / "k", [cfg], ops=("gemv", "gemm"), weights="q4nx",
+                         gemm_m=4, granule_k=256, rounding="floor")
+    xrt = XRT(simulator_for(kd, ["npu4"]))
+    m = load_manifest(kd / "npu2")
+    ops = LinearOps(*(OpKernel(xrt, 0, kd / "npu2", n, m.ops[n]) for n in ("gemv", "gemm")))
+    rng = np.random.default_rng(6)
+    w = rng.standard_normal((100, 64)).astype(np.float32)
+    x = rng.standard_normal((5, 64)).astype(np.float32)
+    dw = ops.upload(w)
+    assert dw.bo.size() == 128 * 256 * 5 // 8  # N 100 -> 128, K 64 -> 256, 5 bits each
+    wq = round_bf16(unpack_q4nx(pack_q4nx(w), 100, 64), "floor")
+    want = round_bf16(x) @ wq.T
+    np.testing.assert_allclose(ops.matmul(x, dw), want, rtol=1e-5, atol=1e-5)
+    assert all(r.matched for r in check_kernels(kd, XRT(simulator_for(kd, ["npu4"]))))
+    path = kd / "npu2" / "manifest.json"
+    bad = json.loads(path.read_text())
+    bad["ops"]["gemv"]["granule"]["k"] = 64
+    path.write_text(json.dumps(bad))
+    with pytest.raises(XRTError, match="flm.q4nx is for gemv / gemm"):
+        load_manifest(kd / "npu2")
