@@ -3,13 +3,26 @@
 `pyxrt` ships with AMD's XRT (not PyPI) and is imported only here, lazily; its absence is
 an `XRTUnavailable` with what to install, never an ImportError at import time. The same
 adapter drives the real module or `npu.xrt.sim.Simulator`.
+
+It calls pyxrt only in the argument forms XRT's bindings define (`src/python/pybind11/src/
+pyxrt.cpp` at Xilinx/XRT@963c58ee, XRT 2.26; tests/npu/xrt/pyxrt_table.py lists them and
+checks this module against them). Hence: a runlist's `wait()` takes no argument (its
+`std::chrono` timeout does not convert from Python), so a watchdog thread bounds it; a
+failed runlist run is an exception from `wait()`, and no run of a runlist is asked its
+`state()` (`xrt_kernel.h` forbids it); a single run's `wait(timeout_ms)` returns its state.
+`kernel(...)` silently drops an argument it cannot set, so every launch's arguments are
+checked against the kernel's declared count and types first. XRT's version is read from its
+`version.json`, and what needs a newer XRT is refused or done without, naming both versions.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
+import threading
 import time
+from collections.abc import Callable
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -22,6 +35,10 @@ from npu.errors import ModelError
 log = logging.getLogger(__name__)
 XRT_PYTHON = "/opt/xilinx/xrt/python"
 RUN_TIMEOUT_MS = 10_000
+# (XRT version, what) each feature needs; the binding landed in XRT's master at
+# d4a92e8740 (runlist, ext.kernel) and 2a6ffe7a7f (hw_context(device, elf), master at 2.23)
+NEEDS = {"runlist": ((2, 21), "runlists (pyxrt.runlist)"),
+         "elf": ((2, 23), "full-ELF kernels (pyxrt.hw_context(device, elf))")}
 
 
 class XRTError(ModelError):
@@ -53,6 +70,31 @@ def import_pyxrt() -> Any:
     return pyxrt
 
 
+def xrt_version(module: Any) -> tuple[int, ...] | None:
+    """XRT's version (major, minor, patch), or None when it cannot be read. pyxrt binds none:
+    XRT installs `version.json` ({"BUILD_VERSION": "2.26.0", ...}) in its root, the parent
+    of pyxrt's `python/` folder. The simulator says which XRT it stands for (`xrt_version`)."""
+    text = getattr(module, "xrt_version", None)
+    if text is None:
+        roots = [Path(XRT_PYTHON).parent]
+        if getattr(module, "__file__", None):
+            roots.insert(0, Path(module.__file__).resolve().parent.parent)
+        for root in roots:
+            try:
+                text = json.loads((root / "version.json").read_text())["BUILD_VERSION"]
+                break
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+    if not isinstance(text, str):
+        return None
+    parts = [int(p) for p in text.split(".")[:3] if p.isdigit()]
+    return tuple(parts) if len(parts) >= 2 else None
+
+
+def _dotted(version: tuple[int, ...]) -> str:
+    return ".".join(map(str, version))
+
+
 class DeviceInfo(msgspec.Struct, frozen=True):
     index: int
     name: str
@@ -63,7 +105,8 @@ def generation_of(name: str) -> str:
     low = name.lower()
     if "npu1" in low or "phoenix" in low:
         return "XDNA1"
-    if any(f"npu{i}" in low for i in (4, 5, 6)) or "strix" in low or "krackan" in low:
+    if any(f"npu{i}" in low for i in (4, 5, 6)) or any(
+            family in low for family in ("strix", "krackan", "gorgon")):
         return "XDNA2"
     return "unknown"
 
@@ -74,13 +117,32 @@ class XRT:
     system-wide resource)."""
 
     def __init__(self, module: Any = None, *, max_contexts: int = 4,
-                 open_retries: int = 3, backoff_s: float = 0.05) -> None:
+                 open_retries: int = 3, backoff_s: float = 0.05,
+                 run_timeout_ms: int = RUN_TIMEOUT_MS) -> None:
         self.x = module if module is not None else import_pyxrt()
         self.max_contexts = max_contexts
         self.open_retries = open_retries
         self.backoff_s = backoff_s
+        self.run_timeout_ms = run_timeout_ms
+        self.version = xrt_version(self.x)
         self._devices: dict[int, Any] = {}
         self._contexts: OrderedDict[tuple[int, str], Any] = OrderedDict()
+        self._declared: dict[int, tuple[str, int]] = {}  # id(kernel) -> (name, its args)
+        if self.version is None:
+            log.warning("cannot read XRT's version (no version.json beside pyxrt or in "
+                        "/opt/xilinx/xrt); assuming it has what each mode needs")
+
+    def supports(self, feature: str) -> bool:
+        """Whether this XRT is new enough for `feature` ("runlist" | "elf"); an unknown
+        version is taken to be."""
+        return self.version is None or self.version >= NEEDS[feature][0]
+
+    def require(self, feature: str) -> None:
+        need, what = NEEDS[feature]
+        if not self.supports(feature):
+            raise XRTError(f"{what} need XRT {_dotted(need)} or newer; this is XRT "
+                           f"{_dotted(self.version or ())}: update XRT and the NPU driver, or "
+                           "use a kernel directory without them")
 
     def enumerate_devices(self) -> list[DeviceInfo]:
         """Every device that opens, in index order (stops at the first that does not)."""
@@ -123,6 +185,7 @@ class XRT:
 
     def elf_context(self, index: int, elf_path: Path) -> Any:
         """The hardware context of a full ELF on a device, cached like xclbins'."""
+        self.require("elf")
         return self._context(index, elf_path,
                              lambda dev: self.x.hw_context(dev, self.x.elf(str(elf_path))))
 
@@ -144,22 +207,45 @@ class XRT:
 
     def elf_kernel(self, ctx: Any, name: str) -> Any:
         try:
-            return self.x.ext.kernel(ctx, name)
+            kernel = self.x.ext.kernel(ctx, name)
         except Exception as exc:
             raise XRTError(f"cannot open the ELF's kernel {name}: {exc}") from None
+        self._declared.pop(id(kernel), None)  # an id an earlier, freed kernel had
+        return kernel
 
-    def kernel(self, ctx: Any, xb: Any, name: str | None) -> Any:
-        names = [k.get_name() for k in xb.get_kernels()]
+    def kernel(self, ctx: Any, xb: Any, name: str | None, *, buffers: int) -> Any:
+        """An xclbin's kernel, called (opcode, instructions, their length, `buffers` buffers):
+        refused when the xclbin declares fewer arguments (pyxrt would drop the rest)."""
+        declared = {k.get_name(): k.get_num_args() for k in xb.get_kernels()}
+        names = list(declared)
         if not names:
             raise XRTError("the xclbin holds no kernel")
         chosen = name if name in names else next((n for n in names if name and n.startswith(
             name)), None) if name else names[0]
         if chosen is None:
             raise XRTError(f"kernel {name!r} is not in the xclbin (it has {', '.join(names)})")
+        if 3 + buffers > declared[chosen]:
+            raise XRTError(f"kernel {chosen} declares {declared[chosen]} arguments; the "
+                           f"manifest gives it 3 + {buffers} buffers (opcode, instructions, "
+                           "their length, then the buffers)")
         try:
-            return self.x.kernel(ctx, chosen)
+            kernel = self.x.kernel(ctx, chosen)
         except Exception as exc:
             raise XRTError(f"cannot open kernel {chosen}: {exc}") from None
+        self._declared[id(kernel)] = (chosen, declared[chosen])
+        return kernel
+
+    def _check_args(self, kernel: Any, args: tuple) -> None:
+        """Before a launch: every argument one pyxrt can set (a bo or an int), and no more
+        than the kernel declares (ELF kernels declare none to pyxrt: not counted)."""
+        for i, a in enumerate(args):
+            if isinstance(a, bool) or not isinstance(a, (int, np.integer, self.x.bo)):
+                raise XRTError(f"kernel argument {i} is a {type(a).__name__}; pyxrt sets "
+                               "buffers and ints only (it would drop this one silently)")
+        name, count = self._declared.get(id(kernel), ("", len(args)))
+        if len(args) > count:
+            raise XRTError(f"kernel {name} declares {count} arguments; this launch passes "
+                           f"{len(args)}")
 
     def bo(self, index: int, size: int, flags: Any, group: int) -> Any:
         try:
@@ -178,25 +264,28 @@ class XRT:
     def from_device(self, bo: Any, nbytes: int) -> np.ndarray:
         try:
             bo.sync(self.x.xclBOSyncDirection.XCL_BO_SYNC_BO_FROM_DEVICE, nbytes, 0)
-            return np.asarray(bo.read(nbytes, 0), dtype=np.uint8)
+            return np.asarray(bo.read(nbytes, 0)).view(np.uint8)  # read gives int8 (char)
         except Exception as exc:
             raise XRTError(f"copy from the NPU failed: {exc}") from None
 
-    def run(self, kernel: Any, *args: Any, timeout_ms: int = RUN_TIMEOUT_MS) -> None:
+    def run(self, kernel: Any, *args: Any) -> None:
+        """One launch of an xclbin kernel; its wait returns the run's state."""
+        self._check_args(kernel, args)
         try:
-            state = kernel(*args).wait(timeout_ms)
+            state = kernel(*args).wait(self.run_timeout_ms)
         except Exception as exc:
             raise XRTError(f"kernel run failed: {exc}") from None
         self._check_state(state)
 
-    def run_built(self, kernel: Any, *args: Any, timeout_ms: int = RUN_TIMEOUT_MS) -> None:
+    def run_built(self, kernel: Any, *args: Any) -> None:
         """A run set up argument by argument (the ELF kernels' way: buffers from 0)."""
+        self._check_args(kernel, args)
         try:
             r = self.x.run(kernel)
             for i, a in enumerate(args):
                 r.set_arg(i, a)
             r.start()
-            state = r.wait(timeout_ms)
+            state = r.wait(self.run_timeout_ms)
         except Exception as exc:
             raise XRTError(f"kernel run failed: {exc}") from None
         self._check_state(state)
@@ -208,16 +297,18 @@ class XRT:
 
     @property
     def has_runlist(self) -> bool:
-        return hasattr(self.x, "runlist")
+        """pyxrt binds `runlist` and XRT is new enough for it (else runs one by one)."""
+        return hasattr(self.x, "runlist") and self.supports("runlist")
 
-    def run_all(self, launches: list[tuple[Any, Any, tuple]],
-                timeout_ms: int = RUN_TIMEOUT_MS) -> None:
+    def run_all(self, launches: list[tuple[Any, Any, tuple]]) -> None:
         """(context, kernel, arguments) launches in order: each stretch of one hardware
-        context as one runlist submission when pyxrt has `runlist` (a runlist belongs to
-        one context), else one run after another."""
+        context as one runlist submission when XRT has runlists (a runlist belongs to one
+        context), else one run after another."""
+        for _, kernel, args in launches:
+            self._check_args(kernel, args)
         if not self.has_runlist:
             for _, kernel, args in launches:
-                self.run_built(kernel, *args, timeout_ms=timeout_ms)
+                self.run_built(kernel, *args)
             return
         start = 0
         while start < len(launches):
@@ -225,31 +316,39 @@ class XRT:
             end = start
             while end < len(launches) and launches[end][0] is ctx:
                 end += 1
-            self._runlist(ctx, [(k, a) for _, k, a in launches[start:end]], timeout_ms)
+            self._runlist(ctx, [(k, a) for _, k, a in launches[start:end]])
             start = end
 
-    def _runlist(self, ctx: Any, launches: list[tuple[Any, tuple]], timeout_ms: int) -> None:
+    def _runlist(self, ctx: Any, launches: list[tuple[Any, tuple]]) -> None:
         try:
             rl = self.x.runlist(ctx)
-            runs = []
             for kernel, args in launches:
                 r = self.x.run(kernel)
                 for i, a in enumerate(args):
                     r.set_arg(i, a)
                 rl.add(r)
-                runs.append(r)
             rl.execute()
-            waited = rl.wait(timeout_ms)
-            # XRT's runlist wait returns a cv_status (timeout / no_timeout) where bindings
-            # map it; each run's own state says which one failed
-            if str(getattr(waited, "name", "")).lower() == "timeout":
-                raise XRTError(f"the runlist did not complete within {timeout_ms} ms")
-            states = [r.state() for r in runs]
-        except XRTError:
-            raise
         except Exception as exc:
             raise XRTError(f"runlist failed: {exc}") from None
-        done = self.x.ert_cmd_state.ERT_CMD_STATE_COMPLETED
-        failed = next((st for st in states if st != done), None)
-        if failed is not None:
-            self._check_state(failed)
+        self._watchdog(rl.wait, f"a runlist of {len(launches)} runs")
+
+    def _watchdog(self, wait: Callable[[], Any], what: str) -> None:
+        """`wait()` (which takes no timeout) on a thread, given up after run_timeout_ms;
+        what it raises (XRT's command_error: a run failed) is an XRTError."""
+        failed: list[BaseException] = []
+
+        def waiting() -> None:
+            try:
+                wait()
+            except BaseException as exc:  # noqa: BLE001  (handed to the caller)
+                failed.append(exc)
+
+        thread = threading.Thread(target=waiting, name="xrt-wait", daemon=True)
+        thread.start()
+        thread.join(self.run_timeout_ms / 1000)
+        if thread.is_alive():
+            raise XRTError(f"{what} did not complete within {self.run_timeout_ms} ms "
+                           "(ERT_CMD_STATE_TIMEOUT by the watchdog; the NPU may need a reset: "
+                           "xrt-smi examine, then reload the driver)")
+        if failed:
+            raise XRTError(f"{what} failed: {failed[0]}")

@@ -227,7 +227,7 @@ class XRTEngine(NumpyEngine):
         if slot is None:
             d, op = self._dims, self._ops[0]
             slot = _Slot([op.bo("kv", layer_pack.kv_bytes(d)) for _ in self.layers],
-                         op.bo("rtp", 16))
+                         op.bo("rtp", 16) if "rtp" in op.op.args else None)
             self._slots[id(seq)] = slot
         return slot
 
@@ -296,8 +296,12 @@ class XRTEngine(NumpyEngine):
         tile[: len(x)] = x
         xin = packing.to_bf16(tile) if x_bf16 else tile
         self.xrt.to_device(x_bo, xin)
-        self.xrt.to_device(slot.rtp, np.array([pos, 0, 0, 0], dtype=np.int32))
         index = 0 if m == 1 else 1
+        if slot.rtp is not None:
+            self.xrt.to_device(slot.rtp, np.array([pos, 0, 0, 0], dtype=np.int32))
+        for op in self._ops:  # ops that take them in the instruction stream
+            if op.op.scalars == "insts":
+                op.set_scalars(self._shapes[op.name][index], pos=pos, len=pos + len(x))
         launches = []
         for li in range(len(self.layers)):
             for op, w in zip(self._ops, self._packs[li]):
@@ -320,6 +324,6 @@ class XRTEngine(NumpyEngine):
             self.kv.k[li][blocks, :, offs] = kv[:, 0]
             self.kv.v[li][blocks, :, offs] = kv[:, 1]
             self.linear_ops.bytes_out += new_bytes
-        self.linear_ops.bytes_in += xin.nbytes + 16
+        self.linear_ops.bytes_in += xin.nbytes + (16 if slot.rtp is not None else 0)
         self.linear_ops.bytes_out += raw.nbytes
         return out.reshape(n, d.hidden)

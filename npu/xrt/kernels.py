@@ -13,7 +13,28 @@ import numpy as np
 from npu.engine.quant import QT
 from npu.xrt import packing
 from npu.xrt.adapter import XRT, XRTError
-from npu.xrt.manifest import Op, Shape
+from npu.xrt.manifest import SCALARS, Op, Shape
+
+
+# columns of a whole array per generation directory: a stream for more cannot be this NPU's
+COLUMNS = {"npu1": 4, "npu2": 8}
+
+
+def check_header(words: np.ndarray, generation: str, where: str) -> None:
+    """An instruction stream's 4-word header against its file and generation, as
+    FastFlowLM's npu_sequence reads it (and mlir-aie's AIETargetNPU writes it): word 0 holds
+    the version, a device-generation code and the rows, word 1 the columns (bits 0-7) and
+    memory-tile rows, word 2 the command count, word 3 the stream's size in bytes. The
+    generation code is not checked: mlir-aie writes 3 for every device, FastFlowLM 1 / 4."""
+    if words.size < 4:
+        raise XRTError(f"{where}: {words.size * 4} bytes is shorter than a stream's header")
+    if int(words[3]) != words.nbytes:
+        raise XRTError(f"{where}: its header gives {int(words[3])} bytes, the file holds "
+                       f"{words.nbytes} (a truncated or mis-built stream)")
+    columns = int(words[1]) & 0xFF
+    if not 0 < columns <= COLUMNS.get(generation, 8):
+        raise XRTError(f"{where}: built for {columns} columns; {generation} has "
+                       f"{COLUMNS.get(generation, 8)}")
 
 
 class OpKernel:
@@ -25,6 +46,7 @@ class OpKernel:
         self.xrt, self.index, self.name, self.op = xrt, index, name, op
         self.elf = op.instr_format == "elf"
         self._instr: dict[Shape, tuple[Any, int]] = {}
+        self._words: dict[Shape, np.ndarray] = {}
         self._kernels: dict[Shape, Any] = {}
         if self.elf:
             self.ctx = xrt.elf_context(index, folder / op.elf)
@@ -34,15 +56,20 @@ class OpKernel:
             self.groups = {arg: self.kernel.group_id(i) for i, arg in enumerate(op.args)}
             return
         self.ctx, xb = xrt.hw_context(index, folder / op.xclbin)
-        self.kernel = xrt.kernel(self.ctx, xb, op.kernel)
+        self.kernel = xrt.kernel(self.ctx, xb, op.kernel, buffers=len(op.args))
         self.groups = {arg: self.kernel.group_id(3 + i) for i, arg in enumerate(op.args)}
         for s in op.shapes:
             try:
                 words = np.fromfile(folder / s.insts, dtype=np.uint32)
             except OSError as exc:
                 raise XRTError(f"{folder}: op {name}: cannot read {s.insts}: {exc}") from None
+            check_header(words, Path(folder).name, f"{folder}: op {name}: {s.insts}")
             bo = xrt.bo(index, words.nbytes, xrt.x.bo.cacheable, self.kernel.group_id(1))
             xrt.to_device(bo, words)
+            self._words[s] = words
+            if any(not 0 <= i < words.size for i in s.scalar_words):
+                raise XRTError(f"{folder}: op {name}: scalar_words {s.scalar_words} fall "
+                               f"outside {s.insts} ({words.size} words)")
             count = words.size if op.instr_length == "words" else words.nbytes
             self._instr[s] = (bo, count)
 
@@ -51,6 +78,14 @@ class OpKernel:
             if all(getattr(s, k) == v for k, v in dims.items()):
                 return s
         return None
+
+    def set_scalars(self, shape: Shape, **values: int) -> None:
+        """Write this launch's scalars into the shape's instruction stream (op scalars
+        "insts"): its words at `scalar_words`, the stream synced again."""
+        words = self._words[shape].copy()
+        for key, value in values.items():
+            words[shape.scalar_words[SCALARS.index(key)]] = value
+        self.xrt.to_device(self._instr[shape][0], words)
 
     def bo(self, arg: str, nbytes: int) -> Any:
         return self.xrt.bo(self.index, nbytes, self.xrt.x.bo.host_only, self.groups[arg])
@@ -92,7 +127,8 @@ class LinearOps:
 
     def __init__(self, gemv: OpKernel, gemm: OpKernel | None) -> None:
         if gemm is not None and (gemm.op.layout != gemv.op.layout or any(
-                gemm.op.granule[d] != gemv.op.granule[d] for d in ("k", "n"))):
+                gemm.op.granule[d] != gemv.op.granule[d] for d in ("k", "n"))
+                or gemm.op.mmul != gemv.op.mmul):
             raise XRTError("gemm and gemv must share the weight layout and K / N granules "
                            "(each weight is on the device once, for both)")
         self.gemv, self.gemm = gemv, gemm
@@ -112,7 +148,7 @@ class LinearOps:
 
     def upload(self, linear: Any) -> DeviceWeight:
         n, k = linear.shape
-        t = packing.tiling(self.layout, n, k, self.tn, self.tk)
+        t = packing.tiling(self.layout, n, k, self.tn, self.tk, mmul=self.gemv.op.mmul)
         data, requantized = pack_weight(linear, t)
         self.requantized += requantized
         xrt = self.gemv.xrt

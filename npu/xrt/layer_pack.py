@@ -19,6 +19,8 @@ the model has none). Other buffers:
     kv     the sequence's cache, bf16 [2, kv_heads, ctx, head_dim] (keys after RoPE)
     rtp    int32 [4]: the first token's position p (runtime data, not a shape), 0, 0, 0;
            row r is the token at p + r, attends to positions <= p + r, and p + m <= ctx
+           (an op with scalars "insts" has no rtp: p and the KV length are words of its
+           instruction stream, set per launch; see npu.xrt.manifest)
     kvnew  bf16 [m, 2, kv_heads, head_dim]: the keys and values the kernel wrote at p..p+m-1
            (read back so the host's paged cache mirrors the device's)
 

@@ -1,17 +1,19 @@
 """Kernel manifests, version 2: what a kernel directory offers, per NPU generation.
 
 A kernel directory holds one sub-directory per generation (`npu1`: 4-column Phoenix / Hawk
-Point; `npu2`: 8-column Strix / Krackan), each with a `manifest.json`:
+Point; `npu2`: 8-column Strix / Krackan / Gorgon Point), each with a `manifest.json`:
 
     {"version": 2, "generation": "npu2",
      "ops": {"gemv": {...}, "gemm": {...}, "attn": {...}, "mlp": {...}, "layer": {...}}}
 
 and per op: its binary and the instruction format, either `bin` (an xclbin with the
 kernel's name, and per shape an instruction stream file; called `kernel(3, instr_bo,
-n_instr, *buffers)`, the instruction-length unit `words` | `bytes`) or `elf` (a full ELF
-holding every shape's instruction sequence, and per shape the sequence's kernel name, e.g.
-`main:gemv_0`; called with the buffers from argument 0), the dtypes (`x` bf16; `w` bf16 | bfp16ebs8 | q4g32; `y` bf16 | f32; `acc`), the
-weight layout (a packer in `npu.xrt.packing`), the rounding (`floor` | `conv_even`) and
+n_instr, *buffers)`, the instruction-length unit `bytes` (the default) | `words`; the
+streams are binary little-endian 32-bit words, never mlir-aie's `.txt` hex listings) or
+`elf` (a full ELF holding every shape's instruction sequence, and per shape the sequence's
+kernel name, e.g. `main:gemv_0`; called with the buffers from argument 0), the dtypes (`x`
+bf16; `w` bf16 | bfp16ebs8 | q4g32; `y` bf16 | f32; `acc`), the weight layout (a packer in
+`npu.xrt.packing`), the rounding (`floor`: toward minus infinity | `conv_even`) and
 whether the output is rounded after every K tile, the padding granules, the buffer arguments
 in order (at most 5), and the finite list of shapes it was built for, each with its own
 instruction stream. There is no `sizes` buffer: a launch's shape is its instruction stream.
@@ -29,12 +31,13 @@ from pathlib import Path
 import msgspec
 
 from npu.xrt.adapter import XRTError
-from npu.xrt.packing import LAYOUT_OF_DTYPE, LAYOUTS
+from npu.xrt.packing import DTYPE_OF_LAYOUT, LAYOUTS
 
 GENERATIONS = {"XDNA1": "npu1", "XDNA2": "npu2"}
 MAX_BUFFERS = 5
 LINEAR_OPS = ("gemv", "gemm")
 LAYER_OPS = ("attn", "mlp", "layer")
+SCALARS = ("pos", "len")
 ARGS = {"gemv": ["x", "w", "y"], "gemm": ["x", "w", "y"], "mlp": ["x", "w"],
         "attn": ["x", "w", "kv", "rtp", "kvnew"], "layer": ["x", "w", "kv", "rtp", "kvnew"]}
 
@@ -56,6 +59,9 @@ class Shape(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     ffn: int = 0
     ctx: int = 0
     qk_norm: bool = False
+    # op "scalars": "insts": the indices of the stream's words the host sets per launch, in
+    # SCALARS' order (the first token's position, the KV rows the launch attends over)
+    scalar_words: tuple[int, ...] = ()
 
 
 class Op(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -63,11 +69,16 @@ class Op(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     elf: str = ""  # "elf"
     kernel: str = "MLIR_AIE"  # "bin": the kernel's name in the xclbin
     instr_format: str = "bin"
-    instr_length: str = "words"
+    instr_length: str = "bytes"  # current mlir-aie and FastFlowLM hosts pass bytes
     dtype: dict[str, str]
     layout: str
     rounding: str = "conv_even"
     round_per_k_tile: bool = False
+    # where a layer op takes its per-launch scalars: "rtp" (a buffer argument) or "insts"
+    # (words of the instruction stream, set before each launch, as real designs patch them)
+    scalars: str = "rtp"
+    gbps: float = 0.0  # the bandwidth its kernel reaches, for the simulator's timing model
+    mmul: tuple[int, ...] = ()  # layout iron.pack_b: IRON flm.GEMM's [s, t, ct_k]
     granule: dict[str, int]
     args: list[str]
     shapes: list[Shape]
@@ -102,13 +113,31 @@ def _check(where: Path, m: ManifestV2) -> None:
         if op.dtype.get("acc", "f32") != "f32":
             raise bad(f"op {name}: accumulator {op.dtype.get('acc')!r}; the engine's numerics "
                       "(and the simulator's) assume f32 accumulation")
+        text = [s.insts for s in op.shapes if s.insts.lower().endswith(".txt")]
+        if text:
+            raise bad(f"op {name}: instruction stream {text[0]} is a text listing; this engine "
+                      "reads binary streams (aiecc.py's --npu-insts-name=insts.bin, or "
+                      "convert each hex line to a little-endian 32-bit word)")
         if op.instr_length not in ("words", "bytes"):
             raise bad(f"op {name}: instr_length {op.instr_length!r} is not words or bytes")
         if len(op.args) > MAX_BUFFERS:
             raise bad(f"op {name}: {len(op.args)} buffer arguments; a kernel takes at most "
                       f"{MAX_BUFFERS}")
-        if sorted(op.args) != sorted(ARGS[name]):
-            raise bad(f"op {name}: args {op.args} must name {', '.join(ARGS[name])}")
+        want = ARGS[name]
+        if op.gbps < 0:
+            raise bad(f"op {name}: gbps {op.gbps} is negative")
+        if op.scalars not in ("rtp", "insts"):
+            raise bad(f"op {name}: scalars {op.scalars!r} is not rtp or insts")
+        if op.scalars == "insts":
+            if name not in ("attn", "layer") or op.instr_format != "bin":
+                raise bad(f"op {name}: scalars in the instruction stream are for the attn and "
+                          "layer ops of instr_format bin")
+            if any(len(s.scalar_words) != len(SCALARS) for s in op.shapes):
+                raise bad(f"op {name}: scalars insts needs each shape's scalar_words, the "
+                          f"indices of its stream's words for {' and '.join(SCALARS)}")
+            want = [a for a in want if a != "rtp"]
+        if sorted(op.args) != sorted(want):
+            raise bad(f"op {name}: args {op.args} must name {', '.join(want)}")
         if name in LINEAR_OPS and op.dtype.get("x") != "bf16":
             raise bad(f"op {name}: x must be bf16 (activations cross as bf16), not "
                       f"{op.dtype.get('x')!r}")
@@ -116,9 +145,21 @@ def _check(where: Path, m: ManifestV2) -> None:
             raise bad(f"op {name}: x (the residual stream) must be bf16 or f32, not "
                       f"{op.dtype.get('x')!r}")
         w = op.dtype.get("w")
-        if LAYOUT_OF_DTYPE.get(w or "") != op.layout or op.layout not in LAYOUTS:
+        if op.layout == "iron.pack_b":
+            s, t, ct_k = (list(op.mmul) + [0, 0, 0])[:3]
+            gk, gn = op.granule.get("k", 0), op.granule.get("n", 0)
+            if name not in LINEAR_OPS or len(op.mmul) != 3 or min(s, t, ct_k) <= 0 or \
+                    gk % ct_k or ct_k % s or gn % t:
+                raise bad(f"op {name}: layout iron.pack_b is for gemv / gemm, with mmul "
+                          "[s, t, ct_k] where ct_k divides the k granule, s divides ct_k "
+                          "and t the n granule")
+        if op.layout == "flm.q4nx" and (name not in LINEAR_OPS or op.granule.get("n", 0) % 32
+                                        or op.granule.get("k", 0) % 256):
+            raise bad(f"op {name}: layout flm.q4nx is for gemv / gemm, with granules n a "
+                      "multiple of 32 and k of 256 (its blocks)")
+        if DTYPE_OF_LAYOUT.get(op.layout) != w or op.layout not in LAYOUTS:
             raise bad(f"op {name}: weight dtype {w!r} with layout {op.layout!r}; known: "
-                      + ", ".join(f"{d} -> {lay}" for d, lay in LAYOUT_OF_DTYPE.items()))
+                      + ", ".join(f"{d} -> {lay}" for lay, d in DTYPE_OF_LAYOUT.items()))
         if op.dtype.get("y") not in ("bf16", "f32"):
             raise bad(f"op {name}: y must be bf16 or f32, not {op.dtype.get('y')!r}")
         if op.rounding not in ("floor", "conv_even"):
@@ -139,7 +180,7 @@ def generation_dir(kernel_dir: Path, generation: str, device_name: str) -> Path:
         if kernel_dir.is_dir() else []
     if want is None:
         raise XRTError(f"cannot tell the NPU generation of {device_name!r} (known: Phoenix / "
-                       f"Hawk Point npu1, Strix / Krackan npu2); {kernel_dir} has "
+                       f"Hawk Point npu1, Strix / Krackan / Gorgon npu2); {kernel_dir} has "
                        f"{', '.join(have) or 'no generation directory'}")
     if want not in have:
         raise XRTError(f"{kernel_dir} has kernels for {', '.join(have) or 'no generation'} "

@@ -25,39 +25,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from npu.errors import ModelError
+from npu.xrt import iron_pack, q4nx
+from npu.xrt.bf16 import from_bf16, round_bf16, to_bf16
 
-LAYOUTS = ("bf16.v1", "bfp16ebs8.v1", "q4g32.v1")
+LAYOUTS = ("bf16.v1", "bfp16ebs8.v1", "q4g32.v1", "iron.pack_b", "flm.q4nx")
 # values a format encodes together along K, and their bytes
-GROUP = {"bf16.v1": (1, 2), "bfp16ebs8.v1": (8, 9), "q4g32.v1": (32, 20)}
+GROUP = {"bf16.v1": (1, 2), "bfp16ebs8.v1": (8, 9), "q4g32.v1": (32, 20),
+         "iron.pack_b": (1, 2), "flm.q4nx": (32, 20)}  # q4nx: 5 bits a weight
+# the weight dtype each layout stores
+DTYPE_OF_LAYOUT = {"bf16.v1": "bf16", "bfp16ebs8.v1": "bfp16ebs8", "q4g32.v1": "q4g32",
+                   "iron.pack_b": "bf16", "flm.q4nx": "q4nx"}
 # what a weight's dtype in a manifest names
-LAYOUT_OF_DTYPE = {"bf16": "bf16.v1", "bfp16ebs8": "bfp16ebs8.v1", "q4g32": "q4g32.v1"}
-
-
-# -- bfloat16 ---------------------------------------------------------------------------------
-def to_bf16(x: np.ndarray, rounding: str = "conv_even") -> np.ndarray:
-    """float32 -> bfloat16 bits (uint16): "conv_even" rounds to nearest even, "floor" drops
-    the low 16 bits (towards zero). NaN stays NaN."""
-    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    if rounding == "floor":
-        return (bits >> 16).astype(np.uint16)
-    if rounding != "conv_even":
-        raise ModelError(f"rounding {rounding!r} is not 'floor' or 'conv_even'")
-    rounded = (bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16
-    nan = np.isnan(x)
-    out = rounded.astype(np.uint16)
-    if nan.any():
-        out[nan] = 0x7FC0
-    return out
-
-
-def from_bf16(bits: np.ndarray) -> np.ndarray:
-    """bfloat16 bits (uint16) -> float32."""
-    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
-
-
-def round_bf16(x: np.ndarray, rounding: str = "conv_even") -> np.ndarray:
-    """x rounded to the nearest bfloat16, as float32."""
-    return from_bf16(to_bf16(x, rounding))
+LAYOUT_OF_DTYPE = {"bf16": "bf16.v1", "bfp16ebs8": "bfp16ebs8.v1", "q4g32": "q4g32.v1",
+                   "q4nx": "flm.q4nx"}
 
 
 # -- tiles ------------------------------------------------------------------------------------
@@ -70,6 +50,7 @@ class Tiling:
     k: int
     tn: int
     tk: int
+    mmul: tuple[int, ...] = ()  # "iron.pack_b": IRON flm.GEMM's (s, t, ct_k)
 
     @property
     def np_(self) -> int:
@@ -89,9 +70,22 @@ class Tiling:
         return self.np_ * self.row_bytes
 
 
-def tiling(layout: str, n: int, k: int, tn: int, tk: int) -> Tiling:
+def _geometry(t: Tiling) -> iron_pack.IronGeometry:
+    s, tt, ct_k = t.mmul
+    return iron_pack.IronGeometry(k_tile=t.tk, n_tile=t.tn, s=s, t=tt, ct_k=ct_k)
+
+
+def tiling(layout: str, n: int, k: int, tn: int, tk: int, *,
+           mmul: tuple[int, ...] = ()) -> Tiling:
     if layout not in LAYOUTS:
         raise ModelError(f"weight layout {layout!r} is not one of {', '.join(LAYOUTS)}")
+    if layout == "iron.pack_b":
+        if len(mmul) != 3:
+            raise ModelError("layout iron.pack_b needs the op's mmul: [s, t, ct_k]")
+        return Tiling(layout, n, k, tn, tk, tuple(mmul))
+    if layout == "flm.q4nx" and (tn % q4nx.M_TILE or tk % q4nx.K_TILE):
+        raise ModelError(f"layout flm.q4nx needs N and K granules that are multiples of "
+                         f"{q4nx.M_TILE} and {q4nx.K_TILE} (its blocks), not {tn} and {tk}")
     group = GROUP[layout][0]
     if tk % group:
         raise ModelError(f"layout {layout} needs a K granule that is a multiple of {group}, "
@@ -178,6 +172,11 @@ DECODE = {"bf16.v1": _dec_bf16, "bfp16ebs8.v1": _dec_bfp, "q4g32.v1": _dec_q4}
 
 def pack(w: np.ndarray, t: Tiling) -> np.ndarray:
     """A float32 weight [n, k] packed as uint8 in the tiling's layout."""
+    if t.layout == "iron.pack_b":  # IRON's own order, not tiles of rows
+        w = _padded(np.asarray(w, dtype=np.float32), t)
+        return iron_pack.pack_b_bf16(w, _geometry(t)).view(np.uint8)
+    if t.layout == "flm.q4nx":  # FastFlowLM's blocks, in file order
+        return q4nx.pack_q4nx(_padded(np.asarray(w, dtype=np.float32), t))
     rows = ENCODE[t.layout](_padded(np.asarray(w, dtype=np.float32), t))
     return _tile(rows, t)
 
@@ -200,4 +199,9 @@ def from_q4_1(blocks: np.ndarray, shape: tuple[int, int], t: Tiling) -> np.ndarr
 
 def unpack(buf: np.ndarray, t: Tiling, rounding: str = "conv_even") -> np.ndarray:
     """The float32 values [np_, kp] a kernel reads from a packed weight (padding included)."""
+    if t.layout == "iron.pack_b":
+        return iron_pack.unpack_b_bf16(np.asarray(buf[: t.nbytes]), t.np_, t.kp, _geometry(t))
+    if t.layout == "flm.q4nx":  # min + scale * code, rounded to bf16 as the kernel does
+        return round_bf16(q4nx.unpack_q4nx(np.asarray(buf[: t.nbytes]), t.np_, t.kp),
+                          rounding)
     return DECODE[t.layout](_untile(buf, t), t.kp, rounding)

@@ -1,23 +1,33 @@
 """A simulator of the pyxrt calls flm-serve makes, for CI and development without an NPU.
 
-`Simulator()` is a stand-in for the `pyxrt` module: same names and call signatures
-(`device`, `xclbin`, `hw_context`, `kernel`, `run` + `set_arg`, `runlist` + `add` / `execute`
-/ `wait`, `bo`, `xclBOSyncDirection`, `ert_cmd_state`, `xrt_info_device`). Its kernels are
-numpy callables registered per (xclbin uuid, kernel name) (`npu.xrt.sim_kernels` has the ones
-a kernel directory describes). Device memory is separate from host memory, so a missing
-`sync` gives wrong results as it would on hardware, and a kernel can tell which bytes of a
-buffer were synced since its last run (rows the host did not write are undefined). It
-enforces the context limit (6 on Phoenix/npu1, 16 on XDNA2), at most 5 buffer arguments,
-the kernel's argument count, buffer flags and group ids, one context per runlist; it models
-each launch's time (`npu.xrt.timing`, `clock`), and it can be told to fail device opens, to
-hang a run until its wait times out, to abort or error a run, and to lose a device. An
-"xclbin" for it is a JSON file: {"uuid", "kernels"}.
+`Simulator()` is a stand-in for the `pyxrt` module: the names and argument forms of XRT's
+pybind11 bindings (`src/python/pybind11/src/pyxrt.cpp`, read at Xilinx/XRT@963c58ee, XRT
+2.26; `tests/npu/xrt/pyxrt_table.py` lists the forms), and it rejects with a `TypeError`
+what those bindings would not convert: a runlist's `wait` takes no argument from Python
+(its timeout is a `std::chrono::milliseconds` and pyxrt does not include pybind11's chrono
+casters), `bo.sync` takes the direction alone or with size and offset, paths are `str`.
+Failures are as XRT's: a single run's `wait` returns its `ert_cmd_state`; a runlist's
+`wait` raises (XRT's `runlist::command_error`, a RuntimeError in Python) and blocks while
+a run hangs; `state()` may not be called on a run of a runlist (`xrt_kernel.h`). The
+module is the XRT `version` given (`xrt_version`): `hw_context(device, elf)` from 2.23.
+
+Its kernels are numpy callables registered per (xclbin uuid, kernel name)
+(`npu.xrt.sim_kernels` has the ones a kernel directory describes). Device memory is
+separate from host memory, so a missing `sync` gives wrong results as it would on hardware,
+and a kernel can tell which bytes of a buffer were synced since its last run. It enforces
+the context limit (6 on Phoenix/npu1, 16 on XDNA2), at most 5 buffer arguments, the
+kernel's declared arguments (pyxrt's `kernel(...)` drops what it cannot set, and the
+device then runs on what it holds: here an error), buffer flags and group ids, one context
+per runlist; it models each launch's time (`npu.xrt.timing`, `clock`), and it can be told
+to fail device opens, to hang, abort or error a run, and to lose a device. An "xclbin" for
+it is a JSON file: {"uuid", "kernels"}.
 """
 
 from __future__ import annotations
 
 import enum
 import json
+import threading
 import uuid as uuid_mod
 from collections.abc import Callable
 from pathlib import Path
@@ -28,11 +38,14 @@ import numpy as np
 from npu.xrt.timing import Clock, TimingModel
 
 MAX_BUFFERS = 5
+XRT_VERSION = "2.26.0"
+ELF_CONTEXT_VERSION = (2, 23)
+HANG_LIMIT_S = 60.0  # a hung wait without a timeout returns after this (real) time, raising
 KernelFn = Callable[..., None]
 
 
 class SimulatorError(RuntimeError):
-    """What pyxrt would raise (it raises RuntimeError subclasses)."""
+    """What pyxrt would raise (XRT's exceptions reach Python as RuntimeError)."""
 
 
 class xclBOSyncDirection(enum.IntEnum):  # noqa: N801  (pyxrt's name)
@@ -67,8 +80,8 @@ class Faults:
 
     def __init__(self) -> None:
         self.fail_opens = 0
-        self.timeouts = 0  # the run's wait returns TIMEOUT at once
-        self.hangs = 0  # the run never completes: its wait times out after timeout_ms
+        self.timeouts = 0  # the run ends in ERT_CMD_STATE_TIMEOUT at once
+        self.hangs = 0  # the run never completes: waits block (or time out)
         self.aborts = 0
         self.errors = 0
         self.lost_devices: set[int] = set()
@@ -78,276 +91,264 @@ def context_limit(name: str) -> int:
     return 6 if "npu1" in name.lower() or "phoenix" in name.lower() else 16
 
 
-class Simulator:
-    """A pyxrt-like module. `devices` are the device names it shows (one per NPU)."""
-
-    xclBOSyncDirection = xclBOSyncDirection
-    ert_cmd_state = ert_cmd_state
-    xrt_info_device = xrt_info_device
-
-    # Over 200 lines, on purpose: pyxrt's classes (device, xclbin, hw_context, bo, kernel,
-    # run, runlist) are made here, one set per Simulator and closed over its state, as the
-    # real module's are bound to one driver; code written against pyxrt then runs unchanged.
-    # (The NPU issue, 30, reworks this simulator against pyxrt.cpp: split it there.)
-    def __init__(self, devices: list[str] | None = None, *, runlist: bool = True,
-                 timing: TimingModel | None = None) -> None:
-        self.device_names = list(devices if devices is not None else ["RyzenAI-npu4"])
-        self.faults = Faults()
-        self.kernels: dict[tuple[str, str], tuple[int, KernelFn]] = {}
-        self.runs = 0
-        self.clock = Clock(timing or TimingModel())
-        has_runlist = runlist  # (the name is the class's below)
-        sim = self
-
-        class device:  # noqa: N801
-            def __init__(self, index: int) -> None:
-                if index >= len(sim.device_names) or index < 0:
-                    raise SimulatorError(f"No such device {index}")
-                if sim.faults.fail_opens > 0:
-                    sim.faults.fail_opens -= 1
-                    raise SimulatorError(f"Failed to open device {index} (simulated)")
-                self.index = index
-                self.registered: dict[str, Any] = {}
-                self.contexts = 0
-
-            def register_xclbin(self, xb: Any) -> Any:
-                self.registered[xb.uuid] = xb
-                return xb.get_uuid()
-
-            def get_info(self, key: Any) -> str:
-                if sim._lost(self):
-                    raise SimulatorError("device lost")
-                if key == xrt_info_device.name:
-                    return sim.device_names[self.index]
-                if key == xrt_info_device.bdf:
-                    return f"0000:{0xc4 + self.index:02x}:00.1"
-                raise SimulatorError(f"unsupported info key {key}")
-
-        class xclbin:  # noqa: N801
-            def __init__(self, path: str) -> None:
-                self.uuid, self._kernels = _read_binary(path, "xclbin")
-
-            def get_uuid(self) -> str:
-                return self.uuid
-
-            def get_kernels(self) -> list:
-                return [_KernelInfo(n) for n in self._kernels]
-
-        class elf:  # noqa: N801
-            """A full ELF: its kernels are instruction sequences, called with buffers only."""
-
-            def __init__(self, path: str) -> None:
-                self.uuid, self.kernels = _read_binary(path, "ELF")
-
-        class hw_context:  # noqa: N801
-            def __init__(self, dev: Any, xuuid: Any) -> None:
-                if sim._lost(dev):
-                    raise SimulatorError("device lost")
-                self.elf = isinstance(xuuid, elf)
-                if self.elf:
-                    xuuid = xuuid.uuid
-                elif xuuid not in dev.registered:
-                    raise SimulatorError("xclbin not registered on this device")
-                limit = context_limit(sim.device_names[dev.index])
-                if dev.contexts >= limit:
-                    raise SimulatorError(f"No free hardware context ({limit} in use)")
-                dev.contexts += 1
-                self.device = dev
-                self.uuid = xuuid
-
-        class bo:  # noqa: N801
-            flags = _Flags
-            normal = _Flags.normal
-            cacheable = _Flags.cacheable
-            host_only = _Flags.host_only
-            device_only = _Flags.device_only
-
-            def __init__(self, dev: Any, size: int, flags: Any, group: int) -> None:
-                if size <= 0:
-                    raise SimulatorError("bo size must be positive")
-                self.device, self.size, self.flags, self.group = dev, int(size), flags, group
-                self.host = np.zeros(self.size, dtype=np.uint8)
-                self.dev = np.zeros(self.size, dtype=np.uint8)
-                self.synced: list[tuple[int, int]] = []  # to the device since the last run
-                self.version = 0  # bumped by every sync to the device
-
-            def write(self, data: Any, offset: int) -> None:
-                raw = np.frombuffer(bytes(data) if not isinstance(data, np.ndarray)
-                                    else data.tobytes(), dtype=np.uint8)
-                if offset + raw.size > self.size:
-                    raise SimulatorError("write past the end of the bo")
-                self.host[offset : offset + raw.size] = raw
-
-            def read(self, size: int, offset: int) -> np.ndarray:
-                return self.host[offset : offset + size].copy()
-
-            def map(self) -> memoryview:
-                return memoryview(self.host)
-
-            def sync(self, direction: Any, size: int | None = None, offset: int = 0) -> None:
-                if sim._lost(self.device):
-                    raise SimulatorError("device lost")
-                end = self.size if size is None else offset + size
-                if direction == xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE:
-                    self.dev[offset:end] = self.host[offset:end]
-                    self.synced.append((offset, end))
-                    self.version += 1
-                else:
-                    self.host[offset:end] = self.dev[offset:end]
-
-        class kernel:  # noqa: N801
-            def __init__(self, ctx: Any, name: str) -> None:
-                key = (ctx.uuid, name)
-                if key not in sim.kernels or ctx.elf:
-                    raise SimulatorError(f"No kernel {name!r} in the xclbin")
-                self.ctx, self.name, self.elf = ctx, name, False
-                self.n_args, self.fn = sim.kernels[key]
-
-            def group_id(self, arg: int) -> int:
-                if not 0 <= arg < self.n_args:
-                    raise SimulatorError(f"kernel {self.name} has no argument {arg}")
-                return 0 if self.elf else arg
-
-            def check(self, args: tuple) -> None:
-                if len(args) != self.n_args:
-                    raise SimulatorError(f"kernel {self.name} takes {self.n_args} arguments, "
-                                         f"got {len(args)}")
-                for i, a in enumerate(args):
-                    if self.elf and not isinstance(a, bo):
-                        raise SimulatorError(f"argument {i}: an ELF kernel takes buffers only "
-                                             "(no opcode or instruction arguments)")
-                    if isinstance(a, bo):
-                        if a.group != self.group_id(i):
-                            raise SimulatorError(f"argument {i}: bo in group {a.group}, the "
-                                                 f"kernel wants group {self.group_id(i)}")
-                        want = (_Flags.cacheable if i == 1 and not self.elf
-                                else _Flags.host_only)
-                        if a.flags != want:
-                            raise SimulatorError(f"argument {i}: bo flags {a.flags!r}, "
-                                                 f"expected {want!r}")
-
-            def __call__(self, *args: Any) -> Any:
-                self.check(args)
-                return _Run(sim, self, args, in_runlist=False)
-
-        xclbin_kernel = kernel
-
-        class ext:  # noqa: N801
-            class kernel(xclbin_kernel):  # noqa: N801
-                """A kernel (instruction sequence) of a full ELF's context."""
-
-                def __init__(self, ctx: Any, name: str) -> None:
-                    key = (ctx.uuid, name)
-                    if key not in sim.kernels or not ctx.elf:
-                        raise SimulatorError(f"No kernel {name!r} in the ELF")
-                    self.ctx, self.name, self.elf = ctx, name, True
-                    self.n_args, self.fn = sim.kernels[key]
-
-        class run:  # noqa: N801
-            """A run built argument by argument (for runlists, and ELF kernels)."""
-
-            def __init__(self, k: Any) -> None:
-                self.kernel = k
-                self.args: list[Any] = [None] * k.n_args
-                self.done: _Run | None = None
-
-            def set_arg(self, index: int, value: Any) -> None:
-                if not 0 <= index < self.kernel.n_args:
-                    raise SimulatorError(f"kernel {self.kernel.name} has no argument {index}")
-                self.args[index] = value
-
-            def start(self) -> None:
-                args = tuple(self.args)
-                self.kernel.check(args)
-                self.done = _Run(sim, self.kernel, args, in_runlist=False)
-
-            def wait(self, timeout_ms: int = 0) -> ert_cmd_state:
-                if self.done is None:
-                    raise SimulatorError("the run was not started")
-                return self.done.wait(timeout_ms)
-
-            def state(self) -> ert_cmd_state:
-                return ert_cmd_state.ERT_CMD_STATE_NEW if self.done is None else self.done.state
-
-        class runlist:  # noqa: N801
-            """Runs submitted together on one hardware context."""
-
-            def __init__(self, ctx: Any) -> None:
-                self.ctx = ctx
-                self.runs: list[Any] = []
-                self.state = ert_cmd_state.ERT_CMD_STATE_NEW
-
-            def add(self, r: Any) -> None:
-                if r.kernel.ctx is not self.ctx:
-                    raise SimulatorError("a runlist takes runs of its own hardware context")
-                self.runs.append(r)
-
-            def execute(self) -> None:
-                self.state = ert_cmd_state.ERT_CMD_STATE_COMPLETED
-                self.hung = False
-                for r in self.runs:
-                    r.done = None
-                for r in self.runs:
-                    args = tuple(r.args)
-                    r.kernel.check(args)
-                    r.done = done = _Run(sim, r.kernel, args, in_runlist=True)
-                    if done.state != ert_cmd_state.ERT_CMD_STATE_COMPLETED:
-                        self.state, self.hung = done.state, done.hung
-                        break
-
-            def wait(self, timeout_ms: int = 0) -> ert_cmd_state:
-                if self.hung:
-                    sim.clock.wait(timeout_ms / 1000)
-                return self.state
-
-        self.device, self.xclbin, self.elf, self.hw_context = device, xclbin, elf, hw_context
-        self.bo, self.kernel, self.ext = bo, kernel, ext
-        self.run = run
-        if has_runlist:  # older XRT builds' pyxrt has no runlist
-            self.runlist = runlist
-
-    def register_kernel(self, xclbin_uuid: str, name: str, n_args: int, fn: KernelFn, *,
-                        elf: bool = False) -> None:
-        """`fn(*args)` gets ints as ints and bos as bos (`.dev`: device memory, uint8;
-        `.synced`: the byte ranges synced to the device since the last run); it returns the
-        bytes the launch reads from memory (for the timing model). An xclbin's kernel takes
-        (opcode, instructions, their length, buffers...); an ELF's (`elf`) buffers only."""
-        buffers = n_args if elf else n_args - 3
-        if buffers > MAX_BUFFERS:
-            raise SimulatorError(f"kernel {name}: {buffers} buffer arguments; an NPU kernel "
-                                 f"takes at most {MAX_BUFFERS}")
-        self.kernels[(xclbin_uuid, name)] = (n_args, fn)
-
-    def lose_device(self, index: int) -> None:
-        self.faults.lost_devices.add(index)
-
-    def _lost(self, dev: Any) -> bool:
-        return dev.index in self.faults.lost_devices
+def version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split(".")[:3] if p.isdigit())
 
 
-class _KernelInfo:
-    def __init__(self, name: str) -> None:
-        self._name = name
+def _forms(what: str, got: tuple, *forms: str) -> TypeError:
+    """pybind11's error when no overload converts the arguments."""
+    kinds = ", ".join(type(a).__name__ for a in got)
+    return TypeError(f"{what}(): incompatible function arguments. The following argument "
+                     f"types are supported: {'; '.join(forms)}. Invoked with: {kinds}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool | enum.Enum)
+
+
+class _Bound:
+    """A pyxrt class bound to one Simulator (`sim`), as the real ones are to one driver."""
+
+    sim: Simulator
+
+
+class uuid:  # noqa: N801
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def to_string(self) -> str:
+        return self.text
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, uuid) and other.text == self.text
+
+    def __hash__(self) -> int:
+        return hash(self.text)
+
+
+class _Device(_Bound):
+    def __init__(self, index: Any) -> None:
+        if not _is_int(index):
+            raise _forms("device", (index,), "(index: int)", "(bdf: str)")
+        sim = self.sim
+        if index >= len(sim.device_names) or index < 0:
+            raise SimulatorError(f"No such device {index}")
+        if sim.faults.fail_opens > 0:
+            sim.faults.fail_opens -= 1
+            raise SimulatorError(f"Failed to open device {index} (simulated)")
+        self.index = int(index)
+        self.registered: dict[str, Any] = {}
+        self.contexts = 0
+
+    def register_xclbin(self, xb: Any) -> uuid:
+        if not isinstance(xb, _Xclbin):
+            raise _forms("register_xclbin", (xb,), "(xclbin: pyxrt.xclbin)")
+        self.registered[xb.uuid] = xb
+        return xb.get_uuid()
+
+    def get_info(self, key: Any) -> str:
+        if not isinstance(key, xrt_info_device):
+            raise _forms("get_info", (key,), "(key: pyxrt.xrt_info_device)")
+        if self.sim.lost(self):
+            raise SimulatorError("device lost")
+        if key == xrt_info_device.name:
+            return self.sim.device_names[self.index]
+        return f"0000:{0xc4 + self.index:02x}:00.1"
+
+
+class _XclbinKernel:
+    def __init__(self, name: str, n_args: int) -> None:
+        self._name, self._n_args = name, n_args
 
     def get_name(self) -> str:
         return self._name
 
+    def get_num_args(self) -> int:
+        return self._n_args
 
-class _Run:
+
+def _read_binary(path: Any, what: str) -> tuple[str, list[str]]:
+    """(uuid, kernel names) of a simulator xclbin or ELF file."""
+    if not isinstance(path, str):
+        raise _forms(what, (path,), "(filename: str)")
+    try:
+        data = json.loads(Path(path).read_text())
+        return str(data["uuid"]), list(data["kernels"])
+    except (OSError, ValueError, KeyError) as exc:
+        raise SimulatorError(f"Failed to load {what} {path}: {exc}") from None
+
+
+class _Xclbin(_Bound):
+    def __init__(self, path: Any) -> None:
+        self.uuid, self._kernels = _read_binary(path, "xclbin")
+
+    def get_uuid(self) -> uuid:
+        return uuid(self.uuid)
+
+    def get_kernels(self) -> list[_XclbinKernel]:
+        return [_XclbinKernel(n, self.sim.kernels.get((self.uuid, n), (0, None))[0])
+                for n in self._kernels]
+
+
+class _Elf(_Bound):
+    """A full ELF: its kernels are instruction sequences, called with buffers only."""
+
+    def __init__(self, path: Any) -> None:
+        self.uuid, self.kernels = _read_binary(path, "elf")
+
+
+class _HwContext(_Bound):
+    def __init__(self, dev: Any, binary: Any) -> None:
+        sim = self.sim
+        self.elf = isinstance(binary, _Elf)
+        elf_ok = version_tuple(sim.xrt_version) >= ELF_CONTEXT_VERSION
+        if not isinstance(dev, _Device) or not (isinstance(binary, uuid) or (
+                self.elf and elf_ok)):
+            forms = ["(device, uuid: pyxrt.uuid)"] + (["(device, elf)"] if elf_ok else [])
+            raise _forms("hw_context", (dev, binary), *forms)
+        if sim.lost(dev):
+            raise SimulatorError("device lost")
+        key = binary.uuid if self.elf else binary.text
+        if not self.elf and key not in dev.registered:
+            raise SimulatorError("xclbin not registered on this device")
+        limit = context_limit(sim.device_names[dev.index])
+        if dev.contexts >= limit:
+            raise SimulatorError(f"No free hardware context ({limit} in use)")
+        dev.contexts += 1
+        self.device, self.uuid = dev, key
+
+
+class _Bo(_Bound):
+    flags = _Flags
+    normal = _Flags.normal
+    cacheable = _Flags.cacheable
+    host_only = _Flags.host_only
+    device_only = _Flags.device_only
+
+    def __init__(self, dev: Any, size: Any, flags: Any, group: Any) -> None:
+        if not (isinstance(dev, _Device) and _is_int(size) and isinstance(flags, _Flags)
+                and _is_int(group)):
+            raise _forms("bo", (dev, size, flags, group),
+                         "(device, size: int, flags: pyxrt.bo.flags, group: int)")
+        if size <= 0:
+            raise SimulatorError("bo size must be positive")
+        self.device, self.nbytes, self.flags, self.group = dev, int(size), flags, int(group)
+        self.host = np.zeros(self.nbytes, dtype=np.uint8)
+        self.dev = np.zeros(self.nbytes, dtype=np.uint8)
+        self.synced: list[tuple[int, int]] = []  # to the device since the last run
+        self.version = 0  # bumped by every sync to the device
+
+    def size(self) -> int:
+        return self.nbytes
+
+    def write(self, data: Any, seek: Any) -> None:
+        if not isinstance(data, bytes | bytearray | memoryview | np.ndarray) or not \
+                _is_int(seek):
+            raise _forms("write", (data, seek), "(buffer, seek: int)")
+        raw = np.frombuffer(data.tobytes() if isinstance(data, np.ndarray) else bytes(data),
+                            dtype=np.uint8)
+        if seek + raw.size > self.nbytes:
+            raise SimulatorError("write past the end of the bo")
+        self.host[seek : seek + raw.size] = raw
+
+    def read(self, size: Any, skip: Any) -> np.ndarray:
+        if not (_is_int(size) and _is_int(skip)):
+            raise _forms("read", (size, skip), "(size: int, skip: int)")
+        return self.host[skip : skip + size].view(np.int8).copy()  # py::array_t<char>
+
+    def map(self) -> memoryview:
+        return memoryview(self.host)
+
+    def sync(self, direction: Any, *size_offset: Any) -> None:
+        if not isinstance(direction, xclBOSyncDirection) or len(size_offset) not in (0, 2) \
+                or not all(_is_int(v) for v in size_offset):
+            raise _forms("sync", (direction, *size_offset), "(dir)",
+                         "(dir, size: int, offset: int)")
+        if self.sim.lost(self.device):
+            raise SimulatorError("device lost")
+        size, offset = size_offset or (self.nbytes, 0)
+        end = offset + size
+        if direction == xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE:
+            self.dev[offset:end] = self.host[offset:end]
+            self.synced.append((offset, end))
+            self.version += 1
+        else:
+            self.host[offset:end] = self.dev[offset:end]
+
+
+class _Kernel(_Bound):
+    elf = False
+
+    def __init__(self, ctx: Any, name: Any) -> None:
+        if not (isinstance(ctx, _HwContext) and isinstance(name, str)):
+            raise _forms("kernel", (ctx, name), "(hw_context, name: str)")
+        key = (ctx.uuid, name)
+        if key not in self.sim.kernels or ctx.elf != self.elf:
+            raise SimulatorError(f"No kernel {name!r} in the {'ELF' if self.elf else 'xclbin'}")
+        self.ctx, self.name = ctx, name
+        self.n_args, self.fn = self.sim.kernels[key]
+
+    def group_id(self, arg: Any) -> int:
+        if not _is_int(arg):
+            raise _forms("group_id", (arg,), "(argno: int)")
+        if not 0 <= arg < self.n_args:
+            raise SimulatorError(f"kernel {self.name} has no argument {arg}")
+        return 0 if self.elf else int(arg)
+
+    def check(self, args: tuple) -> None:
+        """What the device would get wrong: XRT sets what it can and launches."""
+        if len(args) > self.n_args:
+            raise SimulatorError(f"kernel {self.name} declares {self.n_args} arguments, got "
+                                 f"{len(args)} (pyxrt cannot set the rest)")
+        for i, a in enumerate(args):
+            if a is None:
+                raise SimulatorError(f"kernel {self.name}: argument {i} is not set")
+            if not (isinstance(a, _Bo) or _is_int(a)):
+                raise SimulatorError(f"kernel {self.name}: argument {i} is a "
+                                     f"{type(a).__name__}, which pyxrt drops")
+            if self.elf and not isinstance(a, _Bo):
+                raise SimulatorError(f"argument {i}: an ELF kernel takes buffers only "
+                                     "(no opcode or instruction arguments)")
+            if isinstance(a, _Bo):
+                if a.group != self.group_id(i):
+                    raise SimulatorError(f"argument {i}: bo in group {a.group}, the "
+                                         f"kernel wants group {self.group_id(i)}")
+                want = _Flags.cacheable if i == 1 and not self.elf else _Flags.host_only
+                if a.flags != want:
+                    raise SimulatorError(f"argument {i}: bo flags {a.flags!r}, "
+                                         f"expected {want!r}")
+        if len(args) < self.n_args:
+            raise SimulatorError(f"kernel {self.name}: argument {len(args)} is not set")
+
+    def __call__(self, *args: Any) -> Any:
+        r = self.sim.run(self)
+        r.args = list(args)  # set argument by argument, as pyxrt does
+        r.start()
+        return r
+
+
+class _ExtKernel(_Kernel):
+    """A kernel (instruction sequence) of a full ELF's context."""
+
+    elf = True
+
+
+class _Launch:
+    """One execution on the device: its end state, and whether it hangs."""
+
     def __init__(self, sim: Simulator, k: Any, args: tuple, *, in_runlist: bool) -> None:
         self.state = ert_cmd_state.ERT_CMD_STATE_COMPLETED
         self.hung = False
-        self.sim = sim
         f = sim.faults
         sim.runs += 1
-        if sim._lost(k.ctx.device):
+        if sim.lost(k.ctx.device):
             self.state = ert_cmd_state.ERT_CMD_STATE_ABORT
         elif f.timeouts > 0:
             f.timeouts -= 1
             self.state = ert_cmd_state.ERT_CMD_STATE_TIMEOUT
         elif f.hangs > 0:
             f.hangs -= 1
-            self.state, self.hung = ert_cmd_state.ERT_CMD_STATE_TIMEOUT, True
+            self.state, self.hung = ert_cmd_state.ERT_CMD_STATE_RUNNING, True
         elif f.aborts > 0:
             f.aborts -= 1
             self.state = ert_cmd_state.ERT_CMD_STATE_ABORT
@@ -356,24 +357,165 @@ class _Run:
             self.state = ert_cmd_state.ERT_CMD_STATE_ERROR
         else:
             nbytes = k.fn(*args)
-            sim.clock.launch(k.ctx, int(nbytes or 0), in_runlist=in_runlist)
+            sim.clock.launch(k.ctx, int(nbytes or 0), in_runlist=in_runlist,
+                             gbps=sim.gbps.get((k.ctx.uuid, k.name), 0.0))
             for a in args:
-                if hasattr(a, "synced"):
+                if isinstance(a, _Bo):
                     a.synced.clear()
 
-    def wait(self, timeout_ms: int = 0) -> ert_cmd_state:
-        if self.hung:  # the command never completes: the wait returns at its timeout
-            self.sim.clock.wait(timeout_ms / 1000)
-        return self.state
+
+class _Run(_Bound):
+    """A run built argument by argument (for runlists, and ELF kernels)."""
+
+    def __init__(self, k: Any) -> None:
+        if not isinstance(k, _Kernel):
+            raise _forms("run", (k,), "(kernel)")
+        self.kernel = k
+        self.args: list[Any] = [None] * k.n_args
+        self.launch: _Launch | None = None
+        self.runlist: Any = None
+
+    def set_arg(self, index: Any, value: Any) -> None:
+        if not (_is_int(index) and (isinstance(value, _Bo) or _is_int(value))):
+            raise _forms("set_arg", (index, value), "(index: int, bo)", "(index: int, int)")
+        if not 0 <= index < self.kernel.n_args:
+            raise SimulatorError(f"kernel {self.kernel.name} has no argument {index}")
+        self.args[index] = value
+
+    def start(self) -> None:
+        if self.runlist is not None:
+            raise SimulatorError("a run of a runlist is started by the runlist")
+        args = tuple(self.args)
+        self.kernel.check(args)
+        self.launch = _Launch(self.sim, self.kernel, args, in_runlist=False)
+
+    def wait(self, *timeout_ms: Any) -> ert_cmd_state:
+        if len(timeout_ms) > 1 or not all(_is_int(t) and t >= 0 for t in timeout_ms):
+            raise _forms("wait", timeout_ms, "()", "(timeout_ms: unsigned int)")
+        if self.launch is None:
+            raise SimulatorError("the run was not started")
+        if self.launch.hung:
+            ms = timeout_ms[0] if timeout_ms else 0
+            if ms == 0:  # blocks until the command completes: never
+                self.sim.block()
+            self.sim.clock.wait(ms / 1000)
+            return ert_cmd_state.ERT_CMD_STATE_TIMEOUT
+        return self.launch.state
+
+    def state(self) -> ert_cmd_state:
+        if self.runlist is not None:
+            raise SimulatorError("state() cannot be called for a run that is part of a "
+                                 "runlist (xrt_kernel.h)")
+        return ert_cmd_state.ERT_CMD_STATE_NEW if self.launch is None else self.launch.state
 
 
-def _read_binary(path: str, what: str) -> tuple[str, list[str]]:
-    """(uuid, kernel names) of a simulator xclbin or ELF file."""
-    try:
-        data = json.loads(Path(path).read_text())
-        return str(data["uuid"]), list(data["kernels"])
-    except (OSError, ValueError, KeyError) as exc:
-        raise SimulatorError(f"Failed to load {what} {path}: {exc}") from None
+class _Runlist(_Bound):
+    """Runs submitted together on one hardware context; `wait()` raises on a failed run."""
+
+    def __init__(self, ctx: Any) -> None:
+        if not isinstance(ctx, _HwContext):
+            raise _forms("runlist", (ctx,), "()", "(hwctx)")
+        self.ctx = ctx
+        self.runs: list[_Run] = []
+        self.executing = False
+        self.failed: _Launch | None = None
+
+    def add(self, r: Any) -> None:
+        if not isinstance(r, _Run):
+            raise _forms("add", (r,), "(run)")
+        if r.kernel.ctx is not self.ctx:
+            raise SimulatorError("a runlist takes runs of its own hardware context")
+        if r.runlist is not None or self.executing:
+            raise SimulatorError("the run is already in a runlist" if r.runlist is not None
+                                 else "the runlist is executing")
+        r.runlist = self
+        self.runs.append(r)
+
+    def execute(self) -> None:
+        if self.executing:
+            raise SimulatorError("the runlist is already executing")
+        self.executing, self.failed = True, None
+        for r in self.runs:
+            args = tuple(r.args)
+            r.kernel.check(args)
+            r.launch = done = _Launch(self.sim, r.kernel, args, in_runlist=True)
+            if done.state != ert_cmd_state.ERT_CMD_STATE_COMPLETED:
+                self.failed = done
+                break
+
+    def wait(self, *args: Any) -> None:
+        if args:  # a std::chrono::milliseconds: pyxrt does not include pybind11/chrono.h
+            raise _forms("wait", args, "()")
+        try:
+            if self.failed is not None and self.failed.hung:
+                self.sim.block()
+                raise SimulatorError("the runlist never completed (simulated hang)")
+            if self.failed is not None:
+                raise SimulatorError(f"runlist command failed: {self.failed.state.name}")
+        finally:
+            self.executing = False
+
+
+def _bind(cls: type, sim: Simulator) -> type:
+    name = cls.__name__.lstrip("_").lower()
+    names = {"xclbin": "xclbin", "hwcontext": "hw_context", "extkernel": "kernel"}
+    return type(names.get(name, name), (cls,), {"sim": sim})
+
+
+class Simulator:
+    """A pyxrt-like module. `devices` are the device names it shows (one per NPU); `version`
+    the XRT it stands for; `runlist` False leaves out the runlist binding (XRT < 2.21)."""
+
+    xclBOSyncDirection = xclBOSyncDirection
+    ert_cmd_state = ert_cmd_state
+    xrt_info_device = xrt_info_device
+    uuid = uuid
+
+    def __init__(self, devices: list[str] | None = None, *, version: str = XRT_VERSION,
+                 runlist: bool = True, timing: TimingModel | None = None) -> None:
+        self.device_names = list(devices if devices is not None else ["RyzenAI-npu4"])
+        self.xrt_version = version
+        self.faults = Faults()
+        self.kernels: dict[tuple[str, str], tuple[int, KernelFn]] = {}
+        self.gbps: dict[tuple[str, str], float] = {}  # a kernel's own bandwidth
+        self.runs = 0
+        self.clock = Clock(timing or TimingModel())
+        self._released = threading.Event()
+        self.device, self.xclbin, self.elf = (_bind(c, self) for c in (_Device, _Xclbin, _Elf))
+        self.hw_context, self.bo, self.kernel = (_bind(c, self)
+                                                 for c in (_HwContext, _Bo, _Kernel))
+        self.run = _bind(_Run, self)
+        self.ext = type("ext", (), {"kernel": _bind(_ExtKernel, self)})
+        if runlist:  # older XRT builds' pyxrt has no runlist
+            self.runlist = _bind(_Runlist, self)
+
+    def register_kernel(self, xclbin_uuid: str, name: str, n_args: int, fn: KernelFn, *,
+                        elf: bool = False, gbps: float = 0.0) -> None:
+        """`fn(*args)` gets ints as ints and bos as bos (`.dev`: device memory, uint8;
+        `.synced`: the byte ranges synced to the device since the last run); it returns the
+        bytes the launch reads from memory (for the timing model). An xclbin's kernel takes
+        (opcode, instructions, their length, buffers...); an ELF's (`elf`) buffers only.
+        `gbps`: the bandwidth its launches read at (0: the timing model's)."""
+        buffers = n_args if elf else n_args - 3
+        if buffers > MAX_BUFFERS:
+            raise SimulatorError(f"kernel {name}: {buffers} buffer arguments; an NPU kernel "
+                                 f"takes at most {MAX_BUFFERS}")
+        self.kernels[(xclbin_uuid, name)] = (n_args, fn)
+        self.gbps[(xclbin_uuid, name)] = gbps
+
+    def lose_device(self, index: int) -> None:
+        self.faults.lost_devices.add(index)
+
+    def lost(self, dev: Any) -> bool:
+        return dev.index in self.faults.lost_devices
+
+    def block(self) -> None:
+        """A wait that never ends: until `release()` (or HANG_LIMIT_S of real time)."""
+        self._released.wait(HANG_LIMIT_S)
+
+    def release(self) -> None:
+        """Let every blocked wait return (a test's cleanup after a simulated hang)."""
+        self._released.set()
 
 
 def write_xclbin(path: Path, kernels: list[str]) -> str:

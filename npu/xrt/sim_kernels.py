@@ -25,7 +25,7 @@ import numpy as np
 from npu.config import ModelConfig
 from npu.xrt import layer_pack, packing
 from npu.xrt.layer_pack import LayerDims
-from npu.xrt.manifest import ARGS, LAYER_OPS, Op, Shape, load_manifest
+from npu.xrt.manifest import ARGS, LAYER_OPS, SCALARS, Op, Shape, load_manifest
 from npu.xrt.shapes import layer_dims, layer_support, linear_shapes
 from npu.xrt.sim import Simulator, SimulatorError, write_xclbin
 
@@ -41,18 +41,27 @@ def _rows_synced(bo: Any, row_bytes: int, rows: int) -> np.ndarray:
     return ok
 
 
-def _shape_of(op: Op, streams: dict[bytes, Shape], instr: Any, n_instr: int) -> Shape:
+def _shape_of(op: Op, streams: dict[bytes, Shape], instr: Any, n_instr: int
+              ) -> tuple[Shape, dict[str, int]]:
+    """The shape whose stream the launch runs, and the scalars set in it (op scalars
+    "insts": its scalar words, which the stream's other words must match around)."""
     count = n_instr if op.instr_length == "words" else n_instr // 4
-    words = bytes(instr.dev[: 4 * count])
-    shape = streams.get(words)
-    if shape is None:
-        raise SimulatorError("the instruction stream is not one this kernel was built for")
-    return shape
+    words = np.frombuffer(bytes(instr.dev[: 4 * count]), dtype=np.uint32)
+    exact = streams.get(words.tobytes())
+    if exact is not None and not exact.scalar_words:
+        return exact, {}
+    for key, s in streams.items():
+        if s.scalar_words and len(key) == words.nbytes:
+            masked = words.copy()
+            masked[list(s.scalar_words)] = 0
+            if masked.tobytes() == key:
+                return s, {k: int(words[i]) for k, i in zip(SCALARS, s.scalar_words)}
+    raise SimulatorError("the instruction stream is not one this kernel was built for")
 
 
 def _want(bo: Any, nbytes: int, what: str, shape: Shape) -> None:
-    if bo.size != nbytes:
-        raise SimulatorError(f"{what} buffer holds {bo.size} bytes; the instruction stream is "
+    if bo.size() != nbytes:
+        raise SimulatorError(f"{what} buffer holds {bo.size()} bytes; the instruction stream is "
                              f"for shape {_label(shape)}, which needs {nbytes}")
 
 
@@ -86,14 +95,14 @@ def _bin(op: Op, streams: dict[bytes, Shape], compute):
     def run(opcode: int, instr: Any, n_instr: int, *bufs: Any) -> int:
         if opcode != 3:
             raise SimulatorError(f"unexpected opcode {opcode}")
-        return compute(_shape_of(op, streams, instr, n_instr), bufs)
+        return compute(*_shape_of(op, streams, instr, n_instr), bufs)
 
     return run
 
 
 def _elf(shape: Shape, compute):
     """One instruction sequence of a full ELF: buffers only, its shape fixed."""
-    return lambda *bufs: compute(shape, bufs)
+    return lambda *bufs: compute(shape, {}, bufs)
 
 
 def linear_kernel(op: Op, decoded: Decoded):
@@ -101,9 +110,9 @@ def linear_kernel(op: Op, decoded: Decoded):
     layout, rounding = op.layout, op.rounding
     y_bf16 = op.dtype["y"] == "bf16"
 
-    def run(s: Shape, bufs: tuple) -> int:
+    def run(s: Shape, scalars: dict[str, int], bufs: tuple) -> int:
         args = dict(zip(op.args, bufs))
-        t = packing.tiling(layout, s.n, s.k, gn, gk)
+        t = packing.tiling(layout, s.n, s.k, gn, gk, mmul=op.mmul)
         mp = -(-s.m // gm) * gm
         _want(args["w"], t.nbytes, "the weight", s)
         _want(args["x"], mp * t.kp * 2, "the x", s)
@@ -134,7 +143,7 @@ def layer_kernel(name: str, op: Op, decoded: Decoded):
     layout, rounding = op.layout, op.rounding
     x_bf16 = op.dtype["x"] == "bf16"
 
-    def run(s: Shape, bufs: tuple) -> int:
+    def run(s: Shape, scalars: dict[str, int], bufs: tuple) -> int:
         d = LayerDims(hidden=s.hidden, heads=s.heads, kv_heads=s.kv_heads,
                       head_dim=s.head_dim, ffn=s.ffn, ctx=s.ctx, qk_norm=s.qk_norm, m=s.m)
         args = dict(zip(op.args, bufs))
@@ -148,9 +157,15 @@ def layer_kernel(name: str, op: Op, decoded: Decoded):
         read = attn + mlp + 2 * xb.size
         if name != "mlp":
             _want(args["kv"], layer_pack.kv_bytes(d), "the kv", s)
-            _want(args["rtp"], 16, "the rtp", s)
             _want(args["kvnew"], layer_pack.kvnew_bytes(d), "the kvnew", s)
-            pos = int(args["rtp"].dev.view(np.int32)[0])
+            if op.scalars == "insts":  # set in the instruction stream for this launch
+                pos = scalars["pos"]
+                if not pos < scalars["len"] <= pos + d.m:
+                    raise SimulatorError(f"the stream's length {scalars['len']} does not "
+                                         f"cover the launch's rows from position {pos}")
+            else:
+                _want(args["rtp"], 16, "the rtp", s)
+                pos = int(args["rtp"].dev.view(np.int32)[0])
             if not 0 <= pos <= d.ctx - d.m:
                 raise SimulatorError(f"positions {pos}..{pos + d.m - 1} are outside the device "
                                      f"KV cache ({d.ctx} tokens)")
@@ -170,7 +185,13 @@ def layer_kernel(name: str, op: Op, decoded: Decoded):
 
 
 def _streams(folder: Path, op: Op) -> dict[bytes, Shape]:
-    return {np.fromfile(folder / s.insts, dtype=np.uint32).tobytes(): s for s in op.shapes}
+    """Each shape's stream, its scalar words (set per launch) zeroed."""
+    out = {}
+    for s in op.shapes:
+        words = np.fromfile(folder / s.insts, dtype=np.uint32)
+        words[list(s.scalar_words)] = 0
+        out[words.tobytes()] = s
+    return out
 
 
 def simulator_for(kernel_dir: Path, devices: list[str], **kwargs: Any) -> Simulator:
@@ -189,11 +210,11 @@ def simulator_for(kernel_dir: Path, devices: list[str], **kwargs: Any) -> Simula
                 uuid = json.loads((folder / op.elf).read_text())["uuid"]
                 for s in op.shapes:
                     sim.register_kernel(uuid, s.sequence, len(op.args), _elf(s, compute),
-                                        elf=True)
+                                        elf=True, gbps=op.gbps)
             else:
                 uuid = json.loads((folder / op.xclbin).read_text())["uuid"]
                 sim.register_kernel(uuid, op.kernel, 3 + len(op.args),
-                                    _bin(op, _streams(folder, op), compute))
+                                    _bin(op, _streams(folder, op), compute), gbps=op.gbps)
     return sim
 
 
@@ -203,15 +224,18 @@ def make_kernel_dir(folder: Path, configs: Sequence[ModelConfig], *,
                     gemm_m: int = 32, granule_k: int = 64, granule_n: int = 32,
                     ctx: int = 2048, y: str = "f32", rounding: str = "conv_even",
                     round_per_k_tile: bool = False, xclbins: str = "one",
-                    instr_format: str = "bin") -> Path:
+                    instr_format: str = "bin", scalars: str = "rtp",
+                    layout: str | None = None, mmul: Sequence[int] = ()) -> Path:
     """Write a simulator kernel directory built for the models `configs` (flm-tiny's:
     npu.load.tiny.tiny_config()):
     one sub-directory per generation with manifest.json, the xclbin(s) and one instruction
     stream per shape. `xclbins`: "one" puts every op in one xclbin (one hardware context),
     "per_op" gives each op its own. `instr_format` "elf": full ELFs instead, one instruction
-    sequence (kernel) per shape."""
+    sequence (kernel) per shape. `scalars` "insts": the attn and layer ops take the position
+    and length in words 4 and 5 of their instruction streams instead of an rtp buffer.
+    `layout` (default: the weights' own) and `mmul`: e.g. "iron.pack_b", [s, t, ct_k]."""
     folder = Path(folder)
-    layout = packing.LAYOUT_OF_DTYPE[weights]
+    layout = layout or packing.LAYOUT_OF_DTYPE[weights]
     for gen in generations:
         out = folder / gen
         out.mkdir(parents=True, exist_ok=True)
@@ -241,9 +265,17 @@ def make_kernel_dir(folder: Path, configs: Sequence[ModelConfig], *,
                 seed = int.from_bytes(hashlib.blake2b(f"{gen}/{name}/{key}".encode(),
                                                       digest_size=8).digest(), "little")
                 words = np.random.default_rng(seed).integers(0, 2**32, 32, dtype=np.uint32)
+                # the header: 6 rows, mlir-aie's generation code 3, version 1.0; one memory
+                # tile row and the generation's columns; a command count; the size in bytes
+                words[:4] = [(6 << 24) | (3 << 16) | 1, (1 << 8) | (4 if gen == "npu1" else 8),
+                             7, words.nbytes]
                 insts = f"{name}_{len(listed)}.bin"
+                extra = {}
+                if scalars == "insts" and name in ("attn", "layer"):
+                    extra = {"scalar_words": [4, 5]}
+                    words[[4, 5]] = 0
                 words.tofile(out / insts)
-                listed.append({**s, "insts": insts})
+                listed.append({**s, "insts": insts, **extra})
             if instr_format != "elf":
                 kernels_of[xb_of[name]].append(KERNEL_NAMES[name])
             binary = {"elf": xb_of[name]} if instr_format == "elf" else {
@@ -255,7 +287,11 @@ def make_kernel_dir(folder: Path, configs: Sequence[ModelConfig], *,
                 "layout": layout, "rounding": rounding, "round_per_k_tile": round_per_k_tile,
                 "granule": {"m": 1 if name == "gemv" else gemm_m, "k": granule_k,
                             "n": granule_n},
-                "args": ARGS[name], "shapes": listed}
+                "args": [a for a in ARGS[name] if a != "rtp" or scalars == "rtp"
+                         or name not in ("attn", "layer")],
+                "scalars": scalars if name in ("attn", "layer") else "rtp",
+                "mmul": list(mmul),
+                "shapes": listed}
         for xb, kernels in kernels_of.items():
             write_xclbin(out / xb, kernels)
         (out / "manifest.json").write_text(json.dumps(manifest, indent=1))

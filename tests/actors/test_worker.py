@@ -261,7 +261,9 @@ def test_npu_fault_fails_the_stream_and_the_worker(tmp_path, fault: str, state: 
     folder = ensure_tiny(tmp_path / "cache")
     kdir = make_kernel_dir(tmp_path / "kernel", [tiny_config()])
     sim = simulator_for(kdir, ["RyzenAI-npu4"])
-    w = Worker(lambda: load_model(folder, "npu", kernel_dir=kdir, xrt=XRT(sim)))
+    # a hung runlist is given up by the adapter's watchdog after run_timeout_ms (real time)
+    w = Worker(lambda: load_model(folder, "npu", kernel_dir=kdir,
+                                  xrt=XRT(sim, run_timeout_ms=200)))
     ok = asyncio.run(_events(w, max_tokens=3, seed=1))
     assert isinstance(ok[-1], Usage)
     setattr(sim.faults, fault, 1)
@@ -272,6 +274,7 @@ def test_npu_fault_fails_the_stream_and_the_worker(tmp_path, fault: str, state: 
     after = asyncio.run(_events(w, max_tokens=3))
     assert isinstance(after[0], Rejected) and after[0].status == 503
     w.close()
+    sim.release()  # the hung wait's thread returns
 
 
 def test_stream_interval_sends_events_together(tmp_path) -> None:

@@ -341,8 +341,8 @@ class _Gemv:
 
 
 def test_kernels_round_as_declared(tmp_path) -> None:
-    """bf16 output: floor truncates, conv_even rounds to nearest even; per-K-tile rounding
-    rounds the running sum after every tile."""
+    """bf16 output: floor rounds toward minus infinity, conv_even to nearest even; per-K-tile
+    rounding rounds the running sum after every tile."""
     from npu.xrt import packing
 
     rng = np.random.default_rng(0)
@@ -358,7 +358,7 @@ def test_kernels_round_as_declared(tmp_path) -> None:
     np.testing.assert_allclose(outs["f32"], exact, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(outs["even"], packing.round_bf16(outs["f32"]))
     np.testing.assert_array_equal(outs["floor"], packing.round_bf16(outs["f32"], "floor"))
-    assert np.all(np.abs(outs["floor"]) <= np.abs(outs["f32"]))
+    assert np.all(outs["floor"] <= outs["f32"])  # toward minus infinity
     assert not np.array_equal(outs["tiles"], outs["even"])
 
 
@@ -457,9 +457,9 @@ def test_at_most_five_buffers_and_one_context_per_runlist(tmp_path) -> None:
     contexts = []
     for i in range(2):
         uuid = write_xclbin(tmp_path / f"{i}.xclbin", ["K"])
-        dev.register_xclbin(s.xclbin(str(tmp_path / f"{i}.xclbin")))
         s.register_kernel(uuid, "K", 3, lambda *a: 0)
-        contexts.append(s.hw_context(dev, uuid))
+        contexts.append(s.hw_context(dev, dev.register_xclbin(
+            s.xclbin(str(tmp_path / f"{i}.xclbin")))))
     k1 = s.kernel(contexts[1], "K")
     with pytest.raises(SimulatorError, match="own hardware context"):
         s.runlist(contexts[0]).add(s.run(k1))
@@ -531,20 +531,26 @@ def test_pyxrt_absent_is_a_clear_error() -> None:
 @pytest.mark.parametrize("mode", ["linear", "layer"])
 @pytest.mark.parametrize("fault,message", [
     ("timeouts", "ERT_CMD_STATE_TIMEOUT"),
-    ("hangs", "ERT_CMD_STATE_TIMEOUT"),
+    ("hangs", "ERT_CMD_STATE_TIMEOUT|did not complete within 200 ms"),
     ("aborts", "ERT_CMD_STATE_ABORT"),
     ("errors", "ERT_CMD_STATE_ERROR"),
 ])
 def test_run_faults_are_errors(tiny, kdir, mode: str, fault: str, message: str) -> None:
+    """A single run's wait returns its failed state; a runlist's wait raises it (layer mode),
+    and a hung runlist is given up by the watchdog."""
     sim = simulator_for(kdir, ["npu4"])
-    model = load_model(tiny, "npu", kernel_dir=kdir, xrt=XRT(sim), npu_mode=mode)
+    model = load_model(tiny, "npu", kernel_dir=kdir, xrt=XRT(sim, run_timeout_ms=200),
+                       npu_mode=mode)
     model.engine.prefill("f", [1, 2])
     setattr(sim.faults, fault, 1)
     before = sim.clock.seconds
-    with pytest.raises(XRTError, match=message):
-        model.engine.decode(["f"], [3])
-    if fault == "hangs":  # waited until the run's timeout, then gave up
-        assert sim.clock.seconds - before >= 10.0
+    try:
+        with pytest.raises(XRTError, match=message):
+            model.engine.decode(["f"], [3])
+    finally:
+        sim.release()  # the hung wait's thread returns
+    if fault == "hangs" and mode == "linear":  # the run's wait(200) timed out
+        assert sim.clock.seconds - before >= 0.2
 
 
 def test_lost_device_is_an_error(tiny, kdir) -> None:
@@ -583,15 +589,21 @@ def test_kernel_checks_arguments(kdir) -> None:
     sim = simulator_for(kdir, ["npu4"])
     xrt = XRT(sim)
     ctx, xb = xrt.hw_context(0, kdir / "npu2" / "flm.xclbin")
-    k = xrt.kernel(ctx, xb, "GEMV")
+    with pytest.raises(XRTError, match="declares 6 arguments; the manifest gives it 3 \\+ 4"):
+        xrt.kernel(ctx, xb, "GEMV", buffers=4)
+    k = xrt.kernel(ctx, xb, "GEMV", buffers=3)
     bad = sim.bo(sim.device(0), 8, sim.bo.host_only, 5)
-    with pytest.raises(XRTError, match="takes 6 arguments"):
-        xrt.run(k, 3, bad)
     instr = sim.bo(sim.device(0), 8, sim.bo.cacheable, 1)
+    runs = sim.runs
+    with pytest.raises(XRTError, match="declares 6 arguments; this launch passes 7"):
+        xrt.run(k, 3, instr, 2, bad, bad, bad, bad)
+    with pytest.raises(XRTError, match="argument 2 is a float"):
+        xrt.run(k, 3, instr, 2.0, bad, bad, bad)
+    assert sim.runs == runs  # refused before any launch
     with pytest.raises(XRTError, match="group"):
         xrt.run(k, 3, instr, 2, bad, bad, bad)
     with pytest.raises(XRTError, match="is not in the xclbin"):
-        xrt.kernel(ctx, xb, "OTHER")
+        xrt.kernel(ctx, xb, "OTHER", buffers=3)
 
 
 def test_health_check_sees_a_lost_device(tiny, kdir) -> None:
