@@ -18,6 +18,7 @@ import argparse
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -40,6 +41,11 @@ def _parser() -> argparse.ArgumentParser:
         prog="flm-serve", description="An OpenAI- and Ollama-compatible LLM server on Ray "
                                       "Serve, for AMD Ryzen AI NPUs and CPUs.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    c = sub.add_parser("npu-check", help="launch each NPU kernel shape once against numpy",
+                       description="`python -m npu.xrt.check`: each linear kernel shape of "
+                                   "a kernel directory launched once on the NPU and "
+                                   "compared with numpy (its options follow).")
+    c.add_argument("check_args", nargs="*", metavar="--kernel-dir DIR ...")
     s = sub.add_parser("serve", help="serve one model (Ctrl-C stops it)",
                        description="Serve one model on the OpenAI and Ollama APIs. The same "
                                    "app as `serve run configs/flm.yaml`, built from these "
@@ -178,6 +184,10 @@ def _library_args(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["npu-check"]:  # its own process (the launcher does not load npu), and
+        # its own options (--help included)
+        return subprocess.call([sys.executable, "-m", "npu.xrt.check", *argv[1:]])
     args = _parser().parse_args(argv)
     try:
         config = config_for(args)

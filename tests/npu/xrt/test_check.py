@@ -3,6 +3,9 @@ numpy; a kernel that computes something else is reported off, by how much."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 
 from npu import config_from_json
@@ -27,6 +30,11 @@ def test_every_linear_shape_matches_on_the_simulator(tmp_path, capsys) -> None:
     assert all(r.matched and r.gbps > 0 for r in results), report(results)
     assert main(["--kernel-dir", str(kd), "--simulate"]) == 0
     assert "shapes matched numpy" in capsys.readouterr().out
+    # the same through the command line a user types (its own process)
+    cli = subprocess.run([sys.executable, "-m", "deployments.launch.cli", "npu-check",
+                          "--kernel-dir", str(kd), "--simulate"], capture_output=True,
+                         text=True, timeout=120)
+    assert cli.returncode == 0 and "shapes matched numpy" in cli.stdout, cli.stderr
 
 
 def test_a_kernel_that_computes_wrong_is_reported_off(tmp_path) -> None:
