@@ -202,6 +202,9 @@ function request(messages) {
   if (!Number.isNaN(temperature)) body.temperature = temperature;
   const maxTokens = parseInt($("max-tokens").value, 10);
   if (maxTokens > 0) body.max_tokens = maxTokens;
+  if ($("json-reply").checked) body.response_format = { type: "json_object" };
+  const tools = $("tools").value.trim();
+  if (tools) body.tools = JSON.parse(tools);  // a SyntaxError is said where the reply goes
   return body;
 }
 
@@ -219,9 +222,11 @@ async function send(event) {
   const started = performance.now();
   let stopped = false;
   try {
+    let body;
+    try { body = JSON.stringify(request(state.history)); }
+    catch (e) { reply.fail("Tools: " + e.message); return; }
     const response = await fetch("v1/chat/completions", {
-      method: "POST", headers: headers(), body: JSON.stringify(request(state.history)),
-      signal: controller.signal });
+      method: "POST", headers: headers(), body, signal: controller.signal });
     if (!response.ok) {
       reply.fail(await errorText(response));
       if (response.status === 401) askForKey("This server needs an API key.");
