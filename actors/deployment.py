@@ -77,6 +77,7 @@ class ModelWorker:
 
         self.name = name = config.name
         self.path = config.path
+        self.device = config.device
         device = config.device
         index = device_index(device)
         self.index = index
@@ -118,6 +119,12 @@ class ModelWorker:
         threads = blas_threads_for(self.weights["weight_bytes"], config.blas_threads)
         set_blas_threads(threads)
         engine.set_threads(threads)  # the compiled CPU kernels' threads
+        if device == "npu":
+            self.kernels = "NPU"
+        else:
+            from npu.engine.cpu_kernels import kernel_path
+
+            self.kernels = kernel_path()
         log.info("worker for %s on %s%s ready (%d BLAS threads)", name, device,
                  f" #{index}" if index is not None else "", threads)
 
@@ -161,6 +168,8 @@ class ModelWorker:
                 "architecture": m.config.arch, "capabilities": capabilities,
                 "embedding_length": m.embedding_dims, "pooling": m.pooling,
                 "file_format": "gguf" if m.path.suffix == ".gguf" else "safetensors",
+                "path": str(m.path), "device": self.device, "kernels": self.kernels,
+                "max_batch": self.worker.max_batch,
                 **self.weights, **extra,
                 "active": self.worker.active, "requests": self.worker.requests,
                 "device_index": self.index,

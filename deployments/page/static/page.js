@@ -70,13 +70,15 @@ function renderMarkdown(target, text) {
   const parts = text.split("```");
   const nodes = [];
   parts.forEach((part, i) => {
-    if (i % 2 === 1) {  // inside a fence: the first line names the language
+    if (i % 2 === 1) {  // inside a fence: its first line names the language
       const newline = part.indexOf("\n");
       const pre = el("pre");
-      pre.append(el("code", "", newline >= 0 ? part.slice(newline + 1) : part));
+      pre.append(el("code", "", newline >= 0 ? part.slice(newline + 1).replace(/\n$/, "") : ""));
       nodes.push(pre);
       return;
     }
+    if (i > 0) part = part.replace(/^\n/, "");  // the line breaks around a block
+    if (i < parts.length - 1) part = part.replace(/\n$/, "");
     part.split("`").forEach((piece, j) => {
       if (!piece) return;
       nodes.push(j % 2 === 1 ? el("code", "", piece) : document.createTextNode(piece));
