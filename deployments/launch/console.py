@@ -62,11 +62,11 @@ def model_lines(name: str, info: dict[str, Any]) -> list[str]:
         return [f"  model    {name}: UNAVAILABLE", f"           {info['error']}"]
     kind = (info.get("file_format") or "").upper()
     quant = info.get("quantization") or ""
-    return [f"  model    {name}  {info.get('path', '?')}",
-            f"           {kind} {quant} {_size(info.get('weight_bytes'))}, "
-            f"{info.get('architecture', '?')}, chat format {info.get('format', '?')}; "
-            f"{info.get('device', '?')} ({info.get('kernels', '?')}), "
-            f"batch {info.get('max_batch', '?')}, context {info.get('context_length', '?')}"]
+    details = (f"{kind} {quant} {_size(info.get('weight_bytes'))}, "
+               f"{info.get('architecture', '?')}, chat format {info.get('format', '?')}; "
+               f"{info.get('device', '?')} ({info.get('kernels', '?')}), "
+               f"batch {info.get('max_batch', '?')}, context {info.get('context_length', '?')}")
+    return [f"  model    {name}  {info.get('path', '?')}", f"           {details}"]
 
 
 def start_block(*, version: str, urls: list[str], models: dict[str, dict[str, Any]],
@@ -95,7 +95,7 @@ def _logs_dir() -> str | None:
     try:
         import ray
 
-        return ray._private.worker._global_node.get_logs_dir_path()  # noqa: SLF001
+        return ray._private.worker._global_node.get_logs_dir_path()
     except Exception:
         return None
 

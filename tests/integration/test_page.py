@@ -96,8 +96,8 @@ def _last_reply(driver):
 
 def _metric(url: str, name: str, label: str) -> float:
     text = httpx.get(url + "/metrics", timeout=10).text
-    return sum(float(v) for v in re.findall(rf'^{name}{{[^}}]*"{re.escape(label)}"[^}}]*}} (\S+)',
-                                             text, re.M))
+    line = rf'^{name}{{[^}}]*"{re.escape(label)}"[^}}]*}} (\S+)'
+    return sum(float(v) for v in re.findall(line, text, re.MULTILINE))
 
 
 def test_page_streams_a_reply_and_stop_frees_the_slot(browser, serve_url, tmp_path) -> None:
