@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import json
 from collections.abc import Iterator
 
 import httpx
@@ -25,6 +26,8 @@ FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--disable-dev-shm-usage", "--window-size=1200,800")
 SMOL = "smollm2-135m"
+LIGHT = {"type": "function", "function": {"name": "light", "parameters": {
+    "type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"]}}}
 
 
 def _missing() -> list[str]:
@@ -159,3 +162,22 @@ def test_page_asks_for_the_api_key_and_shows_an_unloadable_model(browser,
     assert option.text == f"{UNLOADABLE} (unavailable)" and not option.is_enabled()
     assert "FooForCausalLM" in option.get_attribute("title")
     assert browser.find_element(By.ID, "model").get_attribute("value") == "flm-tiny"
+
+
+def test_tool_calls_show_as_they_stream(browser, serve_url) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    _open(browser, serve_url + "/", "tiny-gpt-oss")
+    tools = browser.find_element(By.ID, "tools")
+    tools.send_keys(json.dumps([LIGHT]))
+    Select(browser.find_element(By.ID, "tool-choice")).select_by_value("required")
+    browser.find_element(By.ID, "temperature").send_keys("0")
+    _send(browser, "Lights?", 160)
+    reply = _last_reply(browser)
+    stats = reply.find_element(By.CSS_SELECTOR, ".stats")
+    _wait(browser, lambda d: stats.text, "the reply did not end")
+    [call] = reply.find_elements(By.CSS_SELECTOR, ".tool-call")
+    name, _, arguments = call.text.partition("(")
+    assert name == "light" and isinstance(json.loads(arguments[:-1])["on"], bool)
+    assert stats.text.startswith("tool_calls")

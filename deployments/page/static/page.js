@@ -206,7 +206,10 @@ function request(messages) {
   if (maxTokens > 0) body.max_tokens = maxTokens;
   if ($("json-reply").checked) body.response_format = { type: "json_object" };
   const tools = $("tools").value.trim();
-  if (tools) body.tools = JSON.parse(tools);  // a SyntaxError is said where the reply goes
+  if (tools) {
+    body.tools = JSON.parse(tools);  // a SyntaxError is said where the reply goes
+    body.tool_choice = $("tool-choice").value;
+  }
   return body;
 }
 
