@@ -1,6 +1,7 @@
 """One Ray Serve instance for the whole test run: flm-tiny on two replicas, a random gpt-oss
 (harmony format), a random BERT encoder (embeddings only), the default model, and the real
-stories260K model when ../shared is there."""
+stories260K model when ../shared is there; a secured app (API key, CORS) that also holds a
+model that cannot load."""
 
 from __future__ import annotations
 
