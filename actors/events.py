@@ -46,6 +46,8 @@ class ChatGenerate(_Generate, tag="chat"):
             template's own default).
         template_kwargs: other variables for the template (a reasoning effort, a request's
             own template variables).
+        reasoning_budget: the most tokens the reasoning may take: then the format's end of
+            reasoning is written for the model and the answer follows (None: no cap).
     """
 
     messages: list[dict] = msgspec.field(default_factory=list)
@@ -53,6 +55,7 @@ class ChatGenerate(_Generate, tag="chat"):
     tools: list[dict] | None = None
     thinking: bool | None = None
     template_kwargs: dict = msgspec.field(default_factory=dict)
+    reasoning_budget: int | None = None
 
 
 class CompletionGenerate(_Generate, tag="completion"):
@@ -95,6 +98,7 @@ class Accepted(msgspec.Struct, tag="accepted", tag_field="event"):
     request_id: str
     model: str
     prompt_tokens: int
+    load_s: float = 0.0  # seconds this request waited for its model to load (a library's)
 
 
 class Rejected(msgspec.Struct, tag="rejected", tag_field="event"):

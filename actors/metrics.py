@@ -67,6 +67,16 @@ SPECS: dict[str, MetricSpec] = {
         ("model", "cache")),
     "flm_grammar_compile_seconds": MetricSpec(
         "histogram", "Time to compile a grammar (cold compiles).", ("model",), _LATENCY),
+    # the library worker (models loaded on first use), per replica
+    "flm_models_loaded": MetricSpec(
+        "gauge", "Library models a worker replica holds now.", ("replica",)),
+    "flm_model_loads_total": MetricSpec(
+        "counter", "Library model loads, by outcome (loaded, failed).", ("model", "outcome")),
+    "flm_model_load_seconds": MetricSpec(
+        "histogram", "Time to load a library model.", ("model",), _LATENCY),
+    "flm_model_unloads_total": MetricSpec(
+        "counter", "Library models unloaded, by reason (keep_alive, evicted: past "
+                   "max_loaded_models or the memory budget).", ("model", "reason")),
     "flm_constraint_giveups_total": MetricSpec(
         "counter", "Constrained outputs whose grammar gave up (the output went on "
                    "unconstrained).", ("model",)),

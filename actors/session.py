@@ -56,6 +56,11 @@ class Choice:
         self.done = False
         self.mask = np.zeros(mask_words(session.vocab_size), dtype=np.uint32)
         self.masked = False
+        # the reasoning budget: tokens written while reasoning is open, and the tokens that
+        # close it, written for the model once the budget is spent
+        self.reasoning_tokens = 0
+        self.forced: list[int] = []
+        self.budget_spent = False
 
     def prepare_mask(self) -> None:
         """Fill the mask for the next sample (runs while the forward pass runs)."""
@@ -65,11 +70,17 @@ class Choice:
     def take(self, logits: np.ndarray, token: int | None = None) -> list[Event]:
         """Sample from `logits` (unless the batch's sampling already drew `token`) and turn
         the token into events."""
-        if token is None:
+        forced = bool(self.forced)
+        if forced:  # the budget closes the reasoning: these tokens, whatever was sampled
+            token = self.forced.pop(0)
+        elif token is None:
             token = self.sampler.sample(logits, self.mask if self.masked else None)
         s = self.session
         if self.constraint is not None:
-            self.constraint.accept(token)
+            if forced:
+                self.constraint.accept_forced(token)
+            else:
+                self.constraint.accept(token)
         self.sampler.accept(token)
         self.generated += 1
         self.tokens.append(token)
@@ -80,6 +91,8 @@ class Choice:
             return self.finish("stop")
         text = self.stops.push(self.detok.push(token))
         events = self._emit(text, lp)
+        if s.reasoning_budget is not None and not forced:
+            self._spend_reasoning(events, s.reasoning_budget)
         if self.stops.stopped or (self.constraint is not None and self.constraint.ended):
             return events + self.finish("stop")
         if s.request.max_tokens is not None and self.generated >= s.request.max_tokens:
@@ -88,6 +101,18 @@ class Choice:
             return events + self.finish("length")
         self.next_token = token
         return events
+
+    def _spend_reasoning(self, events: list[Event], budget: int) -> None:
+        """Count a token that wrote reasoning; at the budget, the format's end of reasoning
+        is queued to be written next (once: what follows is the answer)."""
+        if self.budget_spent or not any(
+                d.field == "reasoning_content" for e in events if isinstance(e, Deltas)
+                for d in e.deltas):
+            return
+        self.reasoning_tokens += 1
+        if self.reasoning_tokens >= budget:
+            self.budget_spent = True
+            self.forced = list(self.session.reasoning_end_ids)
 
     def _logprob(self, logits: np.ndarray, token: int) -> TokenLogprob:
         table = self.session.token_table
@@ -141,6 +166,11 @@ class Session:
         self.prefilled = 0  # prompt tokens already through the engine
         self.cached: int | None = None  # prompt tokens the KV cache held (None: not started)
         self.context_limit = context_limit(request, model)
+        # a reasoning budget needs markers that end reasoning (none: no budget to keep)
+        budget = request.reasoning_budget if isinstance(request, ChatGenerate) else None
+        self.reasoning_end_ids = model.tokenizer.encode(spec.reasoning_end) \
+            if budget is not None and spec.reasoning_end else []
+        self.reasoning_budget = budget if self.reasoning_end_ids else None
         base = model.defaults
         params = dict(
             temperature=_pick(request.temperature, base.temperature),

@@ -10,6 +10,8 @@ from ray.serve.config import RequestRouterConfig
 
 from actors.config import WorkerConfig, worker_config
 from actors.deployment import ModelWorker, resolve_device
+from actors.keep_alive import keep_alive_seconds
+from actors.library_worker import LibraryConfig, library_worker
 from deployments.metrics import MetricsHub
 from deployments.routing import router_config
 from deployments.server import make_ingress
@@ -32,9 +34,42 @@ class ModelEntry(WorkerConfig, kw_only=True, forbid_unknown_fields=True):
     prefix_routing: bool = True
 
 
+class LibraryEntry(LibraryConfig, kw_only=True, forbid_unknown_fields=True):
+    """How the models of `models_dir` are served: one worker deployment for all of them
+    (LibraryConfig: each model's worker options, `max_loaded_models` per replica), and
+
+    Attributes:
+        replicas: worker replicas (each holds up to max_loaded_models models).
+        max_queued: requests waiting per replica before the API answers 503.
+    """
+
+    replicas: int = 1
+    max_queued: int = 64
+
+
+DEFAULT_MODEL = {"name": "smollm2-135m", "path": "smollm2-135m"}
+
+
 class AppConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    models: list[ModelEntry] = msgspec.field(
-        default_factory=lambda: [ModelEntry(name="smollm2-135m", path="smollm2-135m")])
+    """The app's `args:`.
+
+    Attributes:
+        models: models served by name, each loaded at start on its own deployment (default:
+            smollm2-135m, unless `models_dir` is given).
+        models_dir: a folder whose every model (GGUF files, Hugging Face directories) is
+            served, loaded on first use (actors.library, actors.library_worker).
+        library: how the folder's models are served.
+        keep_alive: how long a library model stays loaded after its last request when the
+            request does not say (Ollama's `keep_alive`: "5m", seconds, -1 for ever).
+        allow_delete: Ollama's /api/delete may delete a library model's GGUF files (off:
+            it removes aliases only).
+    """
+
+    models: list[ModelEntry] | None = None
+    models_dir: str | None = None
+    library: LibraryEntry = msgspec.field(default_factory=LibraryEntry)
+    keep_alive: str | float = "5m"
+    allow_delete: bool = False
     api_key: str | None = None
     cors_origins: list[str] = msgspec.field(default_factory=list)
     max_request_bytes: int = 4 << 20
@@ -60,11 +95,13 @@ def build_app(args: dict[str, Any] | None = None):
         msgspec.ValidationError: the config is malformed; the message names the key.
     """
     cfg = msgspec.convert(args or {}, AppConfig)
+    models = cfg.models if cfg.models is not None else (
+        [] if cfg.models_dir else [msgspec.convert(DEFAULT_MODEL, ModelEntry)])
     # every replica's metrics, added up for /metrics; on the head node with the ingress
     hub = MetricsHub.options(name="metrics-hub", ray_actor_options={
         "num_cpus": 0, "resources": {HEAD_NODE: 0.001}}).bind()
     workers = {}
-    for m in cfg.models:
+    for m in models:
         device = resolve_device(m.device, m.kernel_dir)
         actor: dict[str, Any] = {"num_cpus": 0}
         if device == "npu":
@@ -83,7 +120,13 @@ def build_app(args: dict[str, Any] | None = None):
             max_queued_requests=m.max_queued, ray_actor_options=actor,
             health_check_period_s=5, health_check_timeout_s=30, **routing,
         ).bind(msgspec.structs.replace(worker_config(m), device=device), metrics_hub=hub)
-    settings = {"api_key": cfg.api_key, "max_request_bytes": cfg.max_request_bytes}
+    settings: dict[str, Any] = {"api_key": cfg.api_key,
+                                "max_request_bytes": cfg.max_request_bytes}
+    library = None
+    if cfg.models_dir:
+        library = _library(cfg, hub)
+        settings["models_dir"] = cfg.models_dir
+        settings["allow_delete"] = cfg.allow_delete
     ingress = make_ingress({"cors_origins": cfg.cors_origins})
     # The ingress runs on the head node, where the configs put the HTTP entry (proxy_location
     # HeadOnly): losing another node then loses only its workers, whose streams end with an
@@ -92,4 +135,36 @@ def build_app(args: dict[str, Any] | None = None):
                            max_ongoing_requests=1000, health_check_period_s=5,
                            ray_actor_options={"num_cpus": 0, "resources": {HEAD_NODE: 0.001},
                                               "runtime_env": {"env_vars": INGRESS_ENV}},
-                           ).bind(workers, settings, hub)
+                           ).bind(workers, settings, hub, library)
+
+
+def _library(cfg: AppConfig, hub: Any):
+    """The library's worker deployment (bound) for `cfg.models_dir`.
+
+    Raises:
+        msgspec.ValidationError: a keep_alive that is not a duration, or a library on NPUs.
+    """
+    lib = cfg.library
+    try:
+        keep = keep_alive_seconds(cfg.keep_alive)
+    except ValueError as exc:
+        raise msgspec.ValidationError(f"{exc} - at `$.keep_alive`") from None
+    if resolve_device(lib.device, lib.kernel_dir) != "cpu":
+        raise msgspec.ValidationError("a models_dir is served on the CPU for now - at "
+                                      "`$.library.device`")
+    if lib.max_loaded_models < 1:
+        raise msgspec.ValidationError("max_loaded_models must be at least 1 - at "
+                                      "`$.library.max_loaded_models`")
+    config = LibraryConfig(**{f: getattr(lib, f) for f in LibraryConfig.__struct_fields__})
+    config = msgspec.structs.replace(config, models_dir=cfg.models_dir, device="cpu",
+                                     keep_alive_s=keep if keep is not None else 300.0)
+    n = str(lib.blas_threads or os.cpu_count() or 1)
+    actor = {"num_cpus": 0, "runtime_env": {"env_vars": {
+        "OPENBLAS_NUM_THREADS": n, "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n}}}
+    # each loaded model batches max_batch sequences; a few more for load, unload and /api/ps
+    ongoing = lib.max_batch * lib.max_loaded_models + 4
+    return library_worker(lib.max_loaded_models).options(
+        name="worker-library", num_replicas=lib.replicas, max_ongoing_requests=ongoing,
+        max_queued_requests=lib.max_queued, ray_actor_options=actor,
+        health_check_period_s=5, health_check_timeout_s=30,
+    ).bind(config, metrics_hub=hub)

@@ -9,6 +9,7 @@ every one of them the same way.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -45,18 +46,23 @@ class Reply(Protocol):
 class Call:
     """A decoded, validated request: the served model's name, the worker's request, whether
     to stream, and its reply. `now`: an answer given without the worker (Ollama's load
-    request); the rest is then unused. `params`: the API's names for the request fields
-    a worker's rejection may name (`context_limit` is Ollama's `options.num_ctx`).
+    request); the rest is then unused; `later`: one that is awaited instead (a library
+    model's load or unload). `params`: the API's names for the request fields a worker's
+    rejection may name (`context_limit` is Ollama's `options.num_ctx`).
     `keep_alive`: streamed, bytes sent each time `keep_alive_s` seconds pass without an
     event (Anthropic's `ping`: clients with read timeouts keep the connection while a long
     prompt prefills); a stream whose first event takes longer starts with them (b"": the
-    stream starts with its first event, and nothing is sent between events)."""
+    stream starts with its first event, and nothing is sent between events).
+    `keep_loaded_s`: how long a library model stays loaded after this request (Ollama's
+    keep_alive; None: the app's default)."""
 
     model: str = ""
     request: GenerateRequest | None = None
     reply: Reply | None = None
     stream: bool = False
     now: Response | None = None
+    later: Callable[[], Awaitable[Response]] | None = None
     params: dict[str, str] = field(default_factory=dict)
     keep_alive: bytes = b""
     keep_alive_s: float = 5.0
+    keep_loaded_s: float | None = None

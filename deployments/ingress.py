@@ -12,6 +12,9 @@ Call with `keep_alive` bytes (Anthropic's ping) gets them whenever its stream wa
 `keep_alive_s` for an event; when its first event is that late (a long prompt prefills),
 the stream starts at once, and a refusal that comes after is the stream's error event.
 
+A models_dir's models (deployments.library, which the Ingress extends) are resolved beside
+the configured ones and reach the library worker with their multiplexed model id.
+
 The routes themselves live in each API's sub-package (`routes.py`: a FastAPI router whose
 handlers get this replica's Ingress through `current`); deployments.server puts them
 together into the Serve deployment.
@@ -33,6 +36,7 @@ from actors.events import Accepted, ChatGenerate, Failed, GenerateRequest, Rejec
 from actors.metrics import Metrics
 from deployments.errors import ApiError
 from deployments.exchange import Call, Reply
+from deployments.library import LibraryFront
 from deployments.metrics import RequestTrace
 
 log = logging.getLogger(__name__)
@@ -123,7 +127,7 @@ class _Traced:
         self.gen.cancel()
 
 
-class Ingress:
+class Ingress(LibraryFront):
     """One ingress replica.
 
     Args:
@@ -131,10 +135,13 @@ class Ingress:
         settings: `api_key` (when set, a request must carry it as a bearer token or as
             `x-api-key`, Anthropic's header), `max_request_bytes`.
         hub: the MetricsHub deployment's handle (None: this replica's metrics alone).
+        library: the library worker deployment's handle, serving every model of
+            `settings["models_dir"]` (None: no library). A name the config serves itself
+            comes first.
     """
 
     def __init__(self, workers: dict[str, Any], settings: dict[str, Any],
-                 hub: Any = None) -> None:
+                 hub: Any = None, library: Any = None) -> None:
         self.hub = hub
         self.metrics = Metrics()
         self.replica = _replica_id()
@@ -144,6 +151,7 @@ class Ingress:
         self.api_key = settings.get("api_key")
         self.max_bytes = int(settings.get("max_request_bytes") or 4 << 20)
         self._state: dict[str, Any] = {}
+        LibraryFront.__init__(self, library, settings)
 
     def state(self, key: str, make: Callable[[], Any]) -> Any:
         """An API's own per-replica state (Responses' stored responses), made on first use."""
@@ -174,14 +182,17 @@ class Ingress:
         return body
 
     def check_model(self, name: str) -> None:
-        if name not in self.streams:
+        if self.resolve(name) is None:
             raise ApiError(404, f"The model '{name}' does not exist; see /v1/models.",
                            param="model", code="model_not_found")
 
     async def info(self, name: str, verbose: bool = False) -> dict:
         """A model's description from one of its workers (a bare one when its workers are
         all down: the model is still listed; a model that could not load says why under
-        "error", and `verbose` asks for what it does not have: the error itself)."""
+        "error", and `verbose` asks for what it does not have: the error itself); a library
+        model's from its header."""
+        if name not in self.workers:
+            return self.library_info(name, verbose)
         try:
             info = await self.workers[name].info.remote(verbose)
         except Exception:
@@ -202,7 +213,11 @@ class Ingress:
                 busy or unavailable (503 with Retry-After).
         """
         try:
-            first = await self.workers[name].count_tokens.remote(request)
+            handle = self.workers.get(name)
+            if handle is None:  # a library model: on a replica that holds it (or loads it)
+                target = self._library_target(self.resolve(name) or name)
+                handle = self.library_handle.options(multiplexed_model_id=target)
+            first = await handle.count_tokens.remote(request)
         except Exception as exc:
             if _is_backpressure(exc):
                 raise ApiError(503, "The server is busy; retry shortly.", code="overloaded",
@@ -217,8 +232,10 @@ class Ingress:
         return first.prompt_tokens
 
     async def infos(self) -> dict[str, dict]:
+        """Every served model's description: the configured ones, then the library's."""
         names = list(self.workers)
-        return dict(zip(names, await asyncio.gather(*(self.info(n) for n in names))))
+        infos = dict(zip(names, await asyncio.gather(*(self.info(n) for n in names))))
+        return {**infos, **(await self.library_models())}
 
     # -- the one request path ----------------------------------------------------------
     async def generate(self, request: Request, route: str,
@@ -250,6 +267,8 @@ class Ingress:
     async def _answer(self, call: Call, trace: RequestTrace) -> Response:
         if call.now is not None:
             return call.now
+        if call.later is not None:
+            return await call.later()
         reply = call.reply
         if call.stream and call.keep_alive:
             opening = asyncio.ensure_future(self._open(call, trace))
@@ -279,7 +298,9 @@ class Ingress:
                 the API's words), or answered out of order (503).
         """
         trace.model = call.model
-        gen, head = await self._start(self.streams[call.model], call.request)
+        library = call.model not in self.streams
+        args = (call.keep_loaded_s,) if library else ()
+        gen, head = await self._start(self.stream(call.model), call.request, *args)
         gen = _Traced(gen, trace)
         trace.saw(head)
         first = head[0] if head else None
@@ -291,16 +312,16 @@ class Ingress:
             raise ApiError(first.status, message, param=param, code=first.code, type=first.type)
         if not isinstance(first, Accepted):
             raise ApiError(503, "The model worker answered out of order.")
-        return gen, head[1:]
+        return gen, head  # the Accepted too: it says how long the model took to load
 
     @staticmethod
-    async def _start(handle: Any, greq: GenerateRequest) -> tuple[Any, list]:
+    async def _start(handle: Any, greq: GenerateRequest, *args: Any) -> tuple[Any, list]:
         """The request's stream and its first batch: [Rejected], or Accepted and what came
         with it. A worker that died before answering has produced nothing, so the request
         goes again, to a replica the router still believes alive."""
         attempts = START_ATTEMPTS
         while True:
-            gen = handle.generate.remote(greq)
+            gen = handle.generate.remote(greq, *args)
             try:
                 return gen, await gen.__anext__()
             except asyncio.CancelledError:  # the client went away before the first event

@@ -18,7 +18,8 @@ ALLOWED = {"chat": set(), "npu": set(), "actors": {"chat", "npu"},
 # whose requests and replies Ollama's and Responses' are translated to), the server and the
 # app above them, the launcher apart (it starts processes; configs name the app by path)
 CORE = {"deployments.body", "deployments.errors", "deployments.exchange",
-        "deployments.ingress", "deployments.metrics", "deployments.routing"}
+        "deployments.ingress", "deployments.library", "deployments.metrics",
+        "deployments.routing"}
 SURFACES = {"deployments.openai", "deployments.responses", "deployments.ollama",
             "deployments.embeddings", "deployments.anthropic", "deployments.page"}
 # inside npu/, by folder: the model's config and the loaded Model at the top, shared by the
@@ -38,8 +39,8 @@ DEPLOYMENTS = {
     "deployments.responses": CORE | {"deployments.openai"},
     "deployments.ollama": CORE | {"deployments.openai"},
     "deployments.anthropic": CORE,
-    # OpenAI's and Ollama's embedding shapes: their request decoding and model names
-    "deployments.embeddings": CORE | {"deployments.openai", "deployments.ollama"},
+    # Ollama's embedding shape: its model names and options
+    "deployments.embeddings": CORE | {"deployments.ollama"},
     # the chat page (its `/` answers Ollama's clients as Ollama's route does)
     "deployments.page": CORE | {"deployments.ollama"},
     "deployments.server": CORE | SURFACES,

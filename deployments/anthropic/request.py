@@ -263,7 +263,8 @@ def _thinking(req: CountIn) -> tuple[bool | None, str | None]:
     """The thinking switch (None: the template's default, as `adaptive` and
     `between_tools` leave it: the model decides) and the reasoning effort the template
     gets (`output_config.effort`, else from the budget: templates such as gpt-oss's read
-    low, medium or high). The budget is not a cap: nothing cuts reasoning short here."""
+    low, medium or high). The budget also caps the reasoning (the worker's
+    `reasoning_budget`)."""
     effort = req.output_config.effort if req.output_config else None
     effort = "high" if effort in ("xhigh", "max") else effort
     t = req.thinking
@@ -319,9 +320,10 @@ def chat_request(req: CountIn) -> ChatGenerate:
                        param=exc.param and _anthropic(exc.param)) from None
     extra: dict[str, Any] = {}
     if isinstance(req, MessagesIn):
+        budget = req.thinking.budget_tokens if thinking and req.thinking else None
         extra = dict(max_tokens=req.max_tokens, stop=list(req.stop_sequences or []),
                      temperature=req.temperature, top_p=req.top_p,
-                     top_k=req.top_k or None, seed=req.seed)
+                     top_k=req.top_k or None, seed=req.seed, reasoning_budget=budget)
     return ChatGenerate(request_id=new_id(), messages=chat_messages(req),
                         constraint=constraint, tools=tools, thinking=thinking,
                         template_kwargs={"reasoning_effort": effort} if effort else {},

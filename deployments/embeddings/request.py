@@ -15,12 +15,12 @@ from typing import Any, Literal
 import msgspec
 
 from actors.events import EmbedGenerate
+from deployments.body import decode_json
 from deployments.embeddings.reply import OllamaEmbedReply, OpenAIEmbedReply
 from deployments.errors import ApiError
 from deployments.exchange import Call
 from deployments.ingress import Ingress
-from deployments.ollama.request import Options, decode, served
-from deployments.openai.request import decode_json
+from deployments.ollama.request import Options, decode, keep_alive, served
 
 # the most inputs one request may carry (OpenAI's own limit)
 MAX_INPUTS = 2048
@@ -129,7 +129,8 @@ def embed_call(body: bytes, ingress: Ingress) -> Call:
     greq = EmbedGenerate(request_id=_request_id(), inputs=list(texts), truncate=req.truncate,
                          dimensions=_dimensions(req.dimensions),
                          context_limit=_num_ctx(req.options))
-    return Call(model=model, request=greq, reply=OllamaEmbedReply(req.model, legacy=False))
+    return Call(model=model, request=greq, reply=OllamaEmbedReply(req.model, legacy=False),
+                keep_loaded_s=keep_alive(req))
 
 
 def embeddings_call(body: bytes, ingress: Ingress) -> Call:
@@ -142,4 +143,5 @@ def embeddings_call(body: bytes, ingress: Ingress) -> Call:
         return Call(now=reply.empty())
     greq = EmbedGenerate(request_id=_request_id(), inputs=[req.prompt], truncate=True,
                          context_limit=_num_ctx(req.options))
-    return Call(model=model, request=greq, reply=reply, params={"input": "prompt"})
+    return Call(model=model, request=greq, reply=reply, params={"input": "prompt"},
+                keep_loaded_s=keep_alive(req))

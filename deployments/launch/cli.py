@@ -1,12 +1,15 @@
-"""flm-serve: serve one model without writing a config, as `llama-server -m FILE` does.
+"""flm-serve: serve one model, or a folder of them, without writing a config, as
+`llama-server -m FILE` (or `ollama serve`) does.
 
-    flm-serve serve PATH_OR_NAME [--name ID] [--host H] [--port P] [--replicas N]
+    flm-serve serve [PATH_OR_NAME] [--models-dir DIR] [--name ID] [--host H] [--port P]
+                    [--replicas N] [--max-loaded-models N] [--keep-alive DURATION]
                     [--api-key KEY] [--device cpu|npu|auto] [--kernel-dir DIR]
                     [--npu-mode auto|linear|block|layer] [...]
 
 It writes the same Serve config as configs/*.yaml (one app, `deployments.app:build_app`,
-one model) into a private file and runs it through `deployments.launch`, with its clean
-start and stop. A model path that cannot be served is one line before Ray starts.
+one model and/or a folder of models loaded on first use) into a private file and runs it
+through `deployments.launch`, with its clean start and stop. A model path that cannot be
+served is one line before Ray starts.
 """
 
 from __future__ import annotations
@@ -41,10 +44,21 @@ def _parser() -> argparse.ArgumentParser:
                        description="Serve one model on the OpenAI and Ollama APIs. The same "
                                    "app as `serve run configs/flm.yaml`, built from these "
                                    "options.")
-    s.add_argument("model", metavar="PATH_OR_NAME",
+    s.add_argument("model", metavar="PATH_OR_NAME", nargs="?",
                    help="a .gguf file, a directory holding one, a Hugging Face model "
                         "directory (config.json and safetensors), or a built-in name: "
-                        + ", ".join(NAMES))
+                        + ", ".join(NAMES) + " (optional with --models-dir)")
+    s.add_argument("--models-dir", metavar="DIR",
+                   help="serve every model in DIR (GGUF files, split files as one, Hugging "
+                        "Face directories), each loaded on its first request and unloaded "
+                        "when idle; new files show up without a restart")
+    s.add_argument("--max-loaded-models", type=int, default=2,
+                   help="--models-dir: models one worker holds at once; loading one more "
+                        "unloads the least recently used (default: %(default)s)")
+    s.add_argument("--keep-alive", default="5m",
+                   help="--models-dir: how long a model stays loaded after its last request "
+                        "(a duration such as 5m or 1h, seconds, -1 for ever; default: "
+                        "%(default)s; Ollama's keep_alive overrides it per request)")
     s.add_argument("--name", help="the model id clients send as `model` (default: the "
                                   "built-in name, or the file or directory name)")
     s.add_argument("--host", default="127.0.0.1",
@@ -117,16 +131,23 @@ def config_for(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError("--device npu needs --kernel-dir (the NPU kernel directory)")
     if args.chat_template and not Path(args.chat_template).is_file():
         raise UsageError(f"--chat-template {args.chat_template}: no such file")
-    path = _check_path(args.model)
-    model: dict[str, Any] = {"name": args.name or _model_name(args.model), "path": path,
-                             "device": args.device, "replicas": args.replicas,
-                             "max_batch": args.max_batch}
-    for key in ("quantize", "kernel_dir", "npu_mode"):
-        if getattr(args, key):
-            model[key] = getattr(args, key)
-    if args.chat_template:
-        model["chat_template"] = str(Path(args.chat_template).resolve())
-    app_args: dict[str, Any] = {"models": [model]}
+    if args.model is None and not args.models_dir:
+        raise UsageError("give a model (a .gguf file, a model directory, or one of "
+                         + ", ".join(NAMES) + ") or --models-dir DIR")
+    app_args: dict[str, Any] = {"models": []}
+    if args.model is not None:
+        path = _check_path(args.model)
+        model: dict[str, Any] = {"name": args.name or _model_name(args.model), "path": path,
+                                 "device": args.device, "replicas": args.replicas,
+                                 "max_batch": args.max_batch}
+        for key in ("quantize", "kernel_dir", "npu_mode"):
+            if getattr(args, key):
+                model[key] = getattr(args, key)
+        if args.chat_template:
+            model["chat_template"] = str(Path(args.chat_template).resolve())
+        app_args["models"].append(model)
+    if args.models_dir:
+        app_args.update(_library_args(args))
     api_key = args.api_key or os.environ.get("FLM_API_KEY")
     if api_key:
         app_args["api_key"] = api_key
@@ -134,6 +155,26 @@ def config_for(args: argparse.Namespace) -> dict[str, Any]:
             "http_options": {"host": args.host, "port": args.port},
             "applications": [{"name": "flm", "route_prefix": "/",
                               "import_path": "deployments.app:build_app", "args": app_args}]}
+
+
+def _library_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The app args of --models-dir and its options."""
+    from actors.keep_alive import keep_alive_seconds
+
+    folder = Path(args.models_dir).expanduser()
+    if not folder.is_dir():
+        raise UsageError(f"--models-dir {args.models_dir}: no such directory")
+    if args.max_loaded_models < 1:
+        raise UsageError(f"--max-loaded-models {args.max_loaded_models} is out of range")
+    if args.device == "npu":
+        raise UsageError("--models-dir serves on the CPU for now; drop --device npu")
+    try:
+        keep_alive_seconds(args.keep_alive)
+    except ValueError as exc:
+        raise UsageError(f"--keep-alive: {exc}") from None
+    return {"models_dir": str(folder.resolve()), "keep_alive": args.keep_alive,
+            "library": {"max_loaded_models": args.max_loaded_models,
+                        "max_batch": args.max_batch, "replicas": args.replicas}}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,6 +37,7 @@ class ServedApp:
     name: str
     prefix: str
     models: list[str]
+    models_dir: str | None = None
 
 
 def served_apps(config: dict[str, Any]) -> list[ServedApp]:
@@ -44,10 +45,19 @@ def served_apps(config: dict[str, Any]) -> list[ServedApp]:
     for app in config.get("applications") or []:
         if app.get("import_path") != APP_IMPORT:
             continue
-        models = (app.get("args") or {}).get("models") or DEFAULT_MODELS
+        args = app.get("args") or {}
+        models = args.get("models")
+        if models is None and not args.get("models_dir"):
+            models = DEFAULT_MODELS
         out.append(ServedApp(app.get("name") or "default", app.get("route_prefix") or "/",
-                             [str(m.get("name")) for m in models]))
+                             [str(m.get("name")) for m in models or []],
+                             args.get("models_dir")))
     return out
+
+
+def none_loaded(models: dict[str, dict[str, Any]], libraries: list[str]) -> bool:
+    """Whether nothing can be served: every configured model failed and no models_dir."""
+    return not libraries and all(i.get("error") for i in models.values())
 
 
 def _size(n: int | None) -> str:
@@ -70,14 +80,15 @@ def model_lines(name: str, info: dict[str, Any]) -> list[str]:
 
 
 def start_block(*, version: str, urls: list[str], models: dict[str, dict[str, Any]],
-                logs: str | None, seconds: float) -> str:
+                logs: str | None, seconds: float, libraries: tuple[str, ...] = ()) -> str:
     lines = [f"flm-serve {version}"]
     lines += [f"  API      {u}   (a browser gets the chat page there)" for u in urls]
     for name, info in models.items():
         lines += model_lines(name, info)
+    lines += [f"  library  {d}   (each model loads on first use)" for d in libraries]
     if logs:
         lines.append(f"  logs     {logs}")
-    if models and all(i.get("error") for i in models.values()):
+    if none_loaded(models, list(libraries)):
         lines.append("no model could be loaded: stopping")
     else:
         lines.append(f"ready in {seconds:.0f} s")
@@ -133,10 +144,11 @@ class StartWatch:
             return
         if models is None:
             return
+        libraries = tuple(a.models_dir for a in self.apps if a.models_dir)
         print(start_block(version=_version(), urls=self._urls(), models=models,
-                          logs=_logs_dir(), seconds=time.monotonic() - self.started),
-              end="", flush=True)
-        if models and all(i.get("error") for i in models.values()):
+                          logs=_logs_dir(), seconds=time.monotonic() - self.started,
+                          libraries=libraries), end="", flush=True)
+        if none_loaded(models, list(libraries)):
             self.failed = True
             self.on_no_model()
             os.kill(os.getpid(), signal.SIGINT)

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import msgspec
 from starlette.responses import Response
 
-from actors.events import Deltas, Failed, Finished, TokenLogprob, Usage
+from actors.events import Accepted, Deltas, Failed, Finished, TokenLogprob, Usage
 from deployments.errors import ApiError
 from deployments.openai.reply import ChoiceFold
 
@@ -89,6 +89,7 @@ class OllamaReply:
         self.first_at: float | None = None
         self.usage: Usage | None = None
         self.error: str | None = None
+        self.load_s = 0.0  # the model's load, when this request waited for it
 
     def _object(self, content: str, thinking: str = "", calls: list | None = None,
                 logprobs: list | None = None, done: bool = False) -> dict:
@@ -116,7 +117,8 @@ class OllamaReply:
         first = self.first_at if self.first_at is not None else now
         u = self.usage
         return {"done_reason": _done_reason(self.choice.finish_reason),
-                "total_duration": int((now - self.started) * 1e9), "load_duration": 0,
+                "total_duration": int((now - self.started) * 1e9),
+                "load_duration": int(self.load_s * 1e9),
                 "prompt_eval_count": u.prompt_tokens if u else 0,
                 "prompt_eval_duration": int((first - self.started) * 1e9),
                 "eval_count": u.completion_tokens if u else 0,
@@ -126,7 +128,9 @@ class OllamaReply:
         """Fold a batch of events; returns the stream objects they make."""
         out = []
         for ev in batch:
-            if isinstance(ev, Deltas):
+            if isinstance(ev, Accepted):
+                self.load_s = ev.load_s
+            elif isinstance(ev, Deltas):
                 if self.first_at is None:
                     self.first_at = time.perf_counter()
                 self.choice.add(ev)
@@ -192,22 +196,36 @@ def _details(info: dict) -> dict:
             "quantization_level": info.get("quantization", "")}
 
 
+def _iso(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, timezone.utc).isoformat().replace("+00:00", "Z")
+
+
 def _modified(info: dict) -> str:
-    return datetime.fromtimestamp(info.get("created", 0), timezone.utc).isoformat() \
-        .replace("+00:00", "Z")
+    return _iso(info.get("created", 0))
+
+
+def ollama_name(name: str) -> str:
+    """Ollama's name of a model: with its tag (`latest` unless the name has one)."""
+    return name if ":" in name else name + LATEST
 
 
 def tag(name: str, info: dict) -> dict:
     """A model in /api/tags."""
-    return {"name": name + LATEST, "model": name + LATEST, "modified_at": _modified(info),
-            "size": info.get("weight_bytes", 0), "digest": "", "details": _details(info)}
+    full = ollama_name(name)
+    return {"name": full, "model": full, "modified_at": _modified(info),
+            "size": info.get("weight_bytes", 0), "digest": info.get("digest", ""),
+            "details": _details(info)}
 
 
 def ps_entry(name: str, info: dict) -> dict:
-    """A model in /api/ps: every served model is loaded, never unloaded."""
-    return {"name": name + LATEST, "model": name + LATEST,
-            "size": info.get("weight_bytes", 0), "digest": "", "details": _details(info),
-            "expires_at": NEVER, "size_vram": 0, "context_length": info.get("context_length")}
+    """A model in /api/ps: a configured model never expires; a library model's
+    `expires_at` is when its keep_alive ends (seconds since the epoch, inf: never)."""
+    full = ollama_name(name)
+    expires = info.get("expires_at", float("inf"))
+    return {"name": full, "model": full, "size": info.get("weight_bytes", 0),
+            "digest": info.get("digest", ""), "details": _details(info),
+            "expires_at": NEVER if expires == float("inf") else _iso(expires), "size_vram": 0,
+            "context_length": info.get("context_length")}
 
 
 def show(info: dict) -> dict:

@@ -15,11 +15,13 @@ import msgspec
 from starlette.responses import JSONResponse
 
 from actors.events import GenerateRequest
+from actors.keep_alive import keep_alive_seconds
 from deployments.errors import ApiError
 from deployments.exchange import Call
 from deployments.ingress import Ingress
 from deployments.ollama.reply import LATEST, OllamaReply, load_reply
-from deployments.openai.request import convert_request, decode_json
+from deployments.body import decode_json
+from deployments.openai.request import VARIANT_FIELDS, convert_request, with_defaults
 from deployments.openai.request import generate_request as openai_generate_request
 from deployments.openai.schemas import ChatRequest, CompletionRequest
 
@@ -67,7 +69,8 @@ class _Common(msgspec.Struct, kw_only=True):
     format: Any = None
     options: Options | None = None
     think: bool | str | None = None
-    keep_alive: Any = None  # accepted: a model here stays loaded
+    keep_alive: Any = None  # a library model's: seconds or a duration ("5m"); configured
+    # models stay loaded
     logprobs: bool | None = None
     top_logprobs: int | None = None
 
@@ -90,6 +93,68 @@ class GenerateIn(_Common, kw_only=True):
 class ShowIn(msgspec.Struct, kw_only=True):
     model: str | None = None
     name: str | None = None  # older clients
+
+
+class CopyIn(msgspec.Struct, kw_only=True):
+    source: str
+    destination: str
+
+
+class DeleteIn(msgspec.Struct, kw_only=True):
+    model: str | None = None
+    name: str | None = None  # older clients
+
+
+class CreateIn(msgspec.Struct, kw_only=True):
+    """/api/create: a variant of a library model (`from`) with its own system prompt and
+    parameters; the rest of Ollama's fields are refused by name."""
+
+    model: str | None = None
+    name: str | None = None  # older clients
+    from_: str | None = msgspec.field(default=None, name="from")
+    system: str | None = None
+    parameters: dict[str, Any] | None = None
+    template: str | None = None
+    modelfile: str | None = None
+    files: dict[str, Any] | None = None
+    adapters: dict[str, Any] | None = None
+    quantize: str | None = None
+    license: Any = None
+    messages: list[Any] | None = None
+    stream: bool | None = None
+
+
+def variant_parameters(req: CreateIn) -> dict[str, Any]:
+    """A create request's parameters, checked; a 400 naming what cannot be made here."""
+    for field, why in (("modelfile", "send 'from', 'system' and 'parameters' instead"),
+                       ("files", "models come from the models_dir folder"),
+                       ("adapters", "adapters are not supported"),
+                       ("quantize", "a GGUF file keeps its own formats"),
+                       ("template", "a variant keeps its model's chat template"),
+                       ("messages", "a variant holds no conversation")):
+        if getattr(req, field):
+            raise ApiError(400, f"'{field}' is not supported here: {why}.", param=field)
+    if not req.from_:
+        raise ApiError(400, "'from' is required: the library model the variant is made "
+                            "from.", param="from")
+    params = dict(req.parameters or {})
+    unknown = sorted(set(params) - set(VARIANT_FIELDS))
+    if unknown:
+        raise ApiError(400, f"'parameters.{unknown[0]}' is not supported here (supported: "
+                            f"{', '.join(sorted(VARIANT_FIELDS))}).",
+                       param=f"parameters.{unknown[0]}")
+    try:
+        msgspec.convert({k: v for k, v in params.items()}, Options)
+    except msgspec.ValidationError as exc:
+        raise ApiError(400, f"parameters: {exc}", param="parameters") from None
+    return params
+
+
+class PullIn(msgspec.Struct, kw_only=True):
+    model: str | None = None
+    name: str | None = None  # older clients
+    insecure: bool | None = None
+    stream: bool | None = None  # None: streamed, Ollama's default
 
 
 # OpenAI's parameter -> the Ollama field it came from (for the errors' `param`)
@@ -162,7 +227,9 @@ def _context_limit(req: _Common) -> dict[str, Any]:
 
 
 def _openai(raw: dict, schema: type[ChatRequest | CompletionRequest],
-            extra: dict) -> GenerateRequest:
+            extra: dict, variant: tuple | None = None) -> GenerateRequest:
+    if variant is not None:  # a library variant's defaults (/api/create)
+        raw = with_defaults(raw, *variant)
     try:
         return openai_generate_request(convert_request(raw, schema), raw, **extra)
     except ApiError as err:
@@ -197,15 +264,16 @@ def _messages(messages: list[Message]) -> list[dict]:
     return out
 
 
-def chat_request(req: ChatIn) -> GenerateRequest:
-    """The worker's request for `/api/chat` (it has at least one message)."""
+def chat_request(req: ChatIn, variant: tuple | None = None) -> GenerateRequest:
+    """The worker's request for `/api/chat` (it has at least one message); `variant`: a
+    library variant's (system prompt, parameters)."""
     raw = {"model": req.model, "messages": _messages(req.messages), **_sampling(req)}
     if req.tools:
         raw["tools"] = req.tools
-    return _openai(raw, ChatRequest, _context_limit(req))
+    return _openai(raw, ChatRequest, _context_limit(req), variant)
 
 
-def generate_request(req: GenerateIn) -> GenerateRequest:
+def generate_request(req: GenerateIn, variant: tuple | None = None) -> GenerateRequest:
     """The worker's request for `/api/generate`: the prompt (and system) in the model's
     chat template, or as given with `raw`."""
     _no_images(req.images, "images")
@@ -227,22 +295,31 @@ def generate_request(req: GenerateIn) -> GenerateRequest:
             raise ApiError(400, f"'{field}' needs the model's chat template; it cannot be "
                                 "used with 'raw': true.", param=field)
         raw = {"model": req.model, "prompt": req.prompt, **sampling}
-        greq = _openai(raw, CompletionRequest, _context_limit(req))
+        greq = _openai(raw, CompletionRequest, _context_limit(req),
+                       (None, variant[1]) if variant else None)
         # /v1/completions' default of 16 tokens is OpenAI's; Ollama's is no limit
         return msgspec.structs.replace(greq, max_tokens=sampling.get("max_tokens"))
     messages = ([{"role": "system", "content": req.system}] if req.system else []) \
         + [{"role": "user", "content": req.prompt}]
     raw = {"model": req.model, "messages": messages, **sampling}
-    return _openai(raw, ChatRequest, _context_limit(req))
+    return _openai(raw, ChatRequest, _context_limit(req), variant)
 
 
 def served(ingress: Ingress, name: str) -> str:
     """The served model a client's name means (`name:latest` is `name`); 404 in Ollama's
     words when there is none."""
-    model = model_name(name)
-    if model not in ingress.streams:
+    model = ingress.resolve(model_name(name)) or ingress.resolve(name)
+    if model is None:
         raise ApiError(404, f"model '{name}' not found; see /api/tags.")
     return model
+
+
+def keep_alive(req: _Common) -> float | None:
+    """The request's keep_alive in seconds (None: the server's default)."""
+    try:
+        return keep_alive_seconds(req.keep_alive)
+    except ValueError as exc:
+        raise ApiError(400, str(exc), param="keep_alive") from None
 
 
 def chat_call(body: bytes, ingress: Ingress) -> Call:
@@ -259,9 +336,25 @@ def generate_call(body: bytes, ingress: Ingress) -> Call:
 
 def _call(req: ChatIn | GenerateIn, endpoint: str, empty: bool, ingress: Ingress) -> Call:
     model = served(ingress, req.model)
-    if empty:
+    keep = keep_alive(req)
+    if empty and model in ingress.streams:  # configured models are always loaded
         return Call(now=JSONResponse(load_reply(req.model, endpoint, req.keep_alive)))
-    greq = chat_request(req) if endpoint == "chat" else generate_request(req)
+    if empty:
+        return Call(later=lambda: _load(ingress, model, req.model, endpoint, keep))
+    variant = ingress.variant(model)
+    greq = (chat_request(req, variant) if endpoint == "chat"
+            else generate_request(req, variant))
     return Call(model=model, request=greq, stream=req.stream is not False,
                 reply=OllamaReply(req.model, endpoint, time.perf_counter()),
-                params={"context_limit": "options.num_ctx"})
+                params={"context_limit": "options.num_ctx"}, keep_loaded_s=keep)
+
+
+async def _load(ingress: Ingress, model: str, asked: str, endpoint: str,
+                keep: float | None) -> JSONResponse:
+    """A library model's load request (keep_alive 0: its unload request)."""
+    started = time.perf_counter()
+    out = await ingress.load(model, keep)
+    body = load_reply(asked, endpoint, 0 if out["done_reason"] == "unload" else None)
+    body["total_duration"] = int((time.perf_counter() - started) * 1e9)
+    body["load_duration"] = int(out.get("load_s", 0.0) * 1e9)
+    return JSONResponse(body)

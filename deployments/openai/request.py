@@ -140,6 +140,33 @@ def _thinking(raw: dict) -> tuple[bool | None, dict]:
     return thinking, kwargs
 
 
+# Ollama's Modelfile parameters (a library variant's defaults, /api/create) -> OpenAI's fields
+VARIANT_FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
+                  "min_p": "min_p", "seed": "seed", "stop": "stop",
+                  "repeat_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
+                  "frequency_penalty": "frequency_penalty", "num_predict": "max_tokens"}
+
+
+def with_defaults(raw: dict, system: str | None, options: dict[str, Any]) -> dict:
+    """An OpenAI request (raw JSON object) with a variant's defaults where it sets nothing:
+    its system prompt first when the messages have no system or developer message, and
+    its parameters (Ollama's names, `VARIANT_FIELDS`)."""
+    out = dict(raw)
+    for key, value in options.items():
+        field = VARIANT_FIELDS.get(key)
+        if field is None or out.get(field) is not None:
+            continue
+        if field == "max_tokens" and (out.get("max_completion_tokens") is not None
+                                      or value is None or value < 0):
+            continue
+        out[field] = [value] if field == "stop" and isinstance(value, str) else value
+    messages = out.get("messages")
+    if system and isinstance(messages, list) and not any(
+            isinstance(m, dict) and m.get("role") in ("system", "developer") for m in messages):
+        out["messages"] = [{"role": "system", "content": system}, *messages]
+    return out
+
+
 def chat_call(body: bytes, ingress: Ingress) -> Call:
     """POST /v1/chat/completions's Call."""
     return _call(body, ingress, ChatRequest, ChatReply, "chatcmpl-")
@@ -154,6 +181,10 @@ def _call(body: bytes, ingress: Ingress, schema: type[OpenAIRequest],
           reply: type[ChatReply | CompletionReply], prefix: str) -> Call:
     req, raw = decode_request(body, schema)
     ingress.check_model(req.model)
+    variant = ingress.variant(req.model)
+    if variant is not None:  # a library variant's defaults (Ollama's /api/create)
+        raw = with_defaults(raw, *variant)
+        req = convert_request(raw, schema)
     greq = generate_request(req, raw)
     return Call(model=req.model, request=greq, stream=bool(req.stream),
                 reply=reply(_meta(prefix, greq, req.model), _include_usage(req)))

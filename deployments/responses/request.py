@@ -16,7 +16,8 @@ from actors.events import GenerateRequest
 from deployments.errors import ApiError
 from deployments.exchange import Call
 from deployments.ingress import Ingress
-from deployments.openai.request import convert_request, decode_json, generate_request
+from deployments.body import decode_json
+from deployments.openai.request import convert_request, generate_request
 from deployments.openai.schemas import ChatRequest
 from deployments.responses.reply import ResponseBuilder, ResponsesReply
 from deployments.responses.store import ResponseStore

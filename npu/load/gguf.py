@@ -14,6 +14,7 @@ metadata is a `ModelError` naming the file and the tensor.
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -229,31 +230,68 @@ def _expected_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
             "token_types.weight": (cfg.get("type_vocab_size", 0), H)}
 
 
+SPLIT_NAME = re.compile(r"^(?P<stem>.+)-(?P<part>\d{5})-of-(?P<count>\d{5})\.gguf$",
+                        re.IGNORECASE)
+
+
+def split_parts(path: Path, meta: dict[str, Any]) -> list[Path]:
+    """Every file of a model split by llama.cpp's gguf-split (`NAME-00001-of-0000N.gguf`,
+    `split.count` in the first file's metadata); `[path]` for a whole file.
+
+    Raises:
+        ModelError: a part is missing, or the first file is not part 1.
+    """
+    count = int(meta.get("split.count", 1) or 1)
+    if count <= 1:
+        return [path]
+    m = SPLIT_NAME.match(path.name)
+    if not m or int(m["part"]) != 1:
+        raise ModelError(f"{path}: one part of a model split in {count} files; give the "
+                         f"first one, NAME-00001-of-{count:05d}.gguf")
+    parts = [path.with_name(f"{m['stem']}-{i:05d}-of-{count:05d}.gguf")
+             for i in range(1, count + 1)]
+    missing = [p.name for p in parts if not p.exists()]
+    if missing:
+        raise ModelError(f"{path}: split parts missing: {', '.join(missing)}")
+    return parts
+
+
+def _header(path: Path):
+    try:
+        return read_header(path)
+    except (OSError, ValueError) as exc:  # bad magic, truncated, corrupt tables, bad UTF-8
+        raise ModelError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") \
+            from None
+
+
 def read_gguf(path: Path, *, progress: bool = True) -> GGUFModel:
-    """Read a GGUF file (see the module's docstring).
+    """Read a GGUF file, or the first of a split model's files (see the module's
+    docstring; the metadata is the first file's, the tensors every part's).
 
     Raises:
         ModelError: naming the file (and the tensor) for anything that cannot be served.
     """
-    try:
-        header = read_header(path)
-    except (OSError, ValueError) as exc:  # bad magic, truncated, corrupt tables, bad UTF-8
-        raise ModelError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") \
-            from None
+    header = _header(path)
     meta = header.meta
-    infos = {t.name: t for t in header.tensors}
+    where: dict[str, Path] = {}  # tensor -> the part that holds it
+    infos: dict[str, TensorInfo] = {}
+    for part in split_parts(path, meta):
+        for t in (header if part == path else _header(part)).tensors:
+            infos[t.name], where[t.name] = t, part
     arch = meta.get("general.architecture")
     embed = infos.get("token_embd.weight")
     freqs = infos.get("rope_freqs.weight")
     cfg = config_from_gguf(meta, set(infos), path,
                            int(embed.shape[-1]) if embed is not None else None,
-                           _vector(path, freqs) if freqs is not None else None)
+                           _vector(where["rope_freqs.weight"], freqs)
+                           if freqs is not None else None)
     shapes = _expected_shapes(cfg)
-    total = sum(t.n_bytes for t in header.tensors)
+    total = sum(t.n_bytes for t in infos.values())
     bar = Progress(path.name, total) if progress else None
     tensors: dict[str, np.ndarray | QMatrix] = {}
     converted: list[str] = []
-    with open(path, "rb") as f:
+    files: dict[Path, Any] = {}
+    try:
         for name, t in infos.items():
             target = hf_name(arch, name)
             if target is None:
@@ -265,7 +303,10 @@ def read_gguf(path: Path, *, progress: bool = True) -> GGUFModel:
                 raise ModelError(f"{path}: tensor {name} has shape {list(shape)}, the metadata "
                                  f"implies {list(want)}")
             qtype = _qtype(path, t)
-            raw = _read(path, t, f)
+            part = where[name]
+            if part not in files:
+                files[part] = open(part, "rb")  # noqa: SIM115 (closed below)
+            raw = _read(part, t, files[part])
             if bar:
                 bar.add(raw.size)
             try:
@@ -275,6 +316,9 @@ def read_gguf(path: Path, *, progress: bool = True) -> GGUFModel:
             if err is not None:
                 converted.append(f"{name} {qtype.name}->{tensors[target].qtype.name} "
                                  f"(error at most {err:.2e} of max |w|)")
+    finally:
+        for f in files.values():
+            f.close()
     elapsed = bar.end() if bar else 0.0
     if converted:
         log.warning("%s: converted %d tensors for the CPU kernels: %s%s", path.name,

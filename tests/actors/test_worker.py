@@ -20,7 +20,7 @@ from actors.events import (
 )
 from actors.worker import Worker
 from chat import constraint_request_from_openai
-from npu import load_model
+from npu import LoadOptions, load_model
 from npu.load.tiny import ensure_tiny
 
 pytestmark = pytest.mark.timeout(120)
@@ -432,3 +432,36 @@ def test_count_tokens_is_the_prompt_generate_would_run(worker) -> None:
     counted, accepted, plain = asyncio.run(both())
     assert isinstance(counted, Accepted) and counted.prompt_tokens == accepted.prompt_tokens
     assert counted.prompt_tokens > plain.prompt_tokens  # the tools are in the prompt
+
+
+def test_a_reasoning_budget_closes_the_reasoning_and_the_answer_follows(tmp_path) -> None:
+    """flm-tiny with a template whose generation prompt opens `<think>` (as Qwen3's with
+    thinking on): its noise is all reasoning until the budget writes `</think>`."""
+    base = load_model("flm-tiny", name="flm-tiny")
+    template = tmp_path / "think.jinja"
+    template.write_text(base.chat_template_source.replace(
+        "{{- '<|im_start|>assistant\\n' -}}", "{{- '<|im_start|>assistant\\n<think>\\n' -}}"))
+    w = Worker(lambda: load_model("flm-tiny", "cpu", LoadOptions(chat_template=str(template)),
+                                  name="flm-tiny"), max_batch=2)
+    try:
+        def run(budget: int | None) -> tuple[Finished, list]:
+            req = ChatGenerate(request_id="b", messages=MSG, max_tokens=24, seed=5,
+                               reasoning_budget=budget)
+            events = asyncio.run(_collect(w, req))
+            return next(e for e in events if isinstance(e, Finished)), events
+
+        free, _ = run(None)
+        assert free.message.reasoning_content and not free.message.content  # all reasoning
+        capped, events = run(6)
+        # six tokens of reasoning (the same six), then `</think>`: nothing after it is
+        # reasoning (this noise model goes on writing `</think>`, which is markup)
+        assert capped.message.reasoning_content.split() == \
+            free.message.reasoning_content.split()[:6]
+        assert len(free.message.reasoning_content.split()) > 6
+        assert capped.completion_tokens == 24
+    finally:
+        w.close()
+
+
+async def _collect(worker: Worker, req: GenerateRequest) -> list:
+    return [ev async for batch in worker.generate(req) for ev in batch]

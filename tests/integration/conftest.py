@@ -91,3 +91,49 @@ def serve_url(tmp_path_factory):
 def client(serve_url):
     with httpx.Client(base_url=serve_url, timeout=120) as c:
         yield c
+
+
+LIBRARY_PREFIX = "/library"
+
+
+@pytest.fixture(scope="session")
+def library_dir(serve_url, tmp_path_factory) -> Path:
+    """A models_dir app on the shared Serve instance (started only when a test asks for it):
+    three small random GGUF files of real architectures (flm-tiny's tokenizer and chat
+    template), a file that is not GGUF, one whose architecture is not served and one larger
+    than the memory budget; at most two models loaded at once."""
+    from ray import serve
+
+    from deployments.app import build_app
+    from npu.load.loader import DATA
+    from npu.load.tiny import ensure_tiny
+    from tests.npu.gguf_files import tiny_tokenizer_meta, write_random_gguf
+
+    folder = tmp_path_factory.mktemp("library")
+    meta = {**tiny_tokenizer_meta(ensure_tiny()), "tokenizer.chat_template":
+            (DATA / "flm_tiny_chat_template.jinja").read_text()}
+    for name, arch in (("Llama-Q8_0", "llama"), ("qwen3-tiny", "qwen3"), ("gemma-tiny", "gemma3")):
+        write_random_gguf(folder / f"{name}.gguf", arch, tokenizer_meta=meta)
+    from gguf import GGMLQuantizationType as QT
+
+    write_random_gguf(folder / "huge.gguf", "llama", QT.F32, tokenizer_meta=meta,
+                      dims=(512, 1024, 8, 2, 64, 6))  # about 57 MB
+    (folder / "broken.gguf").write_bytes(b"NOT A GGUF FILE" + bytes(100))
+    _write_unknown_arch(folder / "mamba.gguf")
+    serve.run(build_app({"models_dir": str(folder), "keep_alive": "5m",
+                         "library": {"max_loaded_models": 2, "max_batch": 4,
+                                     "memory_budget": 40_000_000}}),
+              name="library", route_prefix=LIBRARY_PREFIX)
+    return folder
+
+
+def _write_unknown_arch(path: Path) -> None:
+    import numpy as np
+    from gguf import GGUFWriter
+
+    w = GGUFWriter(str(path), "mamba")
+    w.add_tensor("token_embd.weight", np.zeros((4, 32), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()

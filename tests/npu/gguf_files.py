@@ -99,14 +99,16 @@ def write_random_gguf(path: Path, arch: str, qtype: QT = QT.Q8_0, *, seed: int =
                       tokenizer_meta: dict | None = None,
                       tensor_types: dict[str, QT] | None = None,
                       dims: tuple[int, ...] | None = None,
-                      extra: dict[str, np.ndarray] | None = None) -> Path:
+                      extra: dict[str, np.ndarray] | None = None,
+                      split_max_tensors: int = 0) -> Path:
     """A random model of `arch` with its matrices in `qtype` (norms F32; a k-quant applies to
-    rows of a multiple of 256 values, the others are Q8_0)."""
+    rows of a multiple of 256 values, the others are Q8_0). `split_max_tensors`: written as
+    gguf-split parts of at most that many tensors (`path` stem + `-00001-of-0000N.gguf`)."""
     H, F, nq, nkv, hd, L = dims or DIMS[arch]
     meta = tokenizer_meta or smollm2_tokenizer_meta()
     V = len(meta["tokenizer.ggml.tokens"])
     rng = np.random.default_rng(seed)
-    w = GGUFWriter(str(path), arch)
+    w = GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     w.add_name(f"random-{arch}")
     for key, value in {"block_count": L, "context_length": 256, "embedding_length": H,
                        "feed_forward_length": F, "attention.head_count": nq,

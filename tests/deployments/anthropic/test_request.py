@@ -111,6 +111,9 @@ def test_thinking_and_effort(thinking, effort, expect) -> None:
     greq = _request(**body)
     assert (greq.thinking, greq.template_kwargs.get("reasoning_effort"),
             greq.constraint.allow_reasoning) == expect
+    # an enabled budget caps the reasoning; other modes leave it uncapped
+    budget = thinking.get("budget_tokens") if thinking else None
+    assert greq.reasoning_budget == budget
 
 
 def test_errors_use_anthropics_names() -> None:

@@ -77,3 +77,25 @@ def test_print_config_is_a_serve_config(capsys) -> None:
     assert cli.main(["serve", "flm-tiny", "--print-config"]) == 0
     cfg = yaml.safe_load(capsys.readouterr().out)
     assert cfg["applications"][0]["import_path"] == "deployments.app:build_app"
+
+
+def test_models_dir_and_its_options_reach_the_config(tmp_path) -> None:
+    args = _config("--models-dir", str(tmp_path), "--max-loaded-models", "3",
+                   "--keep-alive", "10m", "--max-batch", "4")["applications"][0]["args"]
+    assert args["models"] == [] and args["models_dir"] == str(tmp_path.resolve())
+    assert args["keep_alive"] == "10m"
+    assert args["library"] == {"max_loaded_models": 3, "max_batch": 4, "replicas": 1}
+    both = _config("flm-tiny", "--models-dir", str(tmp_path))["applications"][0]["args"]
+    assert [m["name"] for m in both["models"]] == ["flm-tiny"] and both["models_dir"]
+
+
+@pytest.mark.parametrize("argv,text", [
+    ([], "give a model"),
+    (["--models-dir", "/no/such/dir"], "--models-dir /no/such/dir: no such directory"),
+    (["--models-dir", ".", "--keep-alive", "soon"], "--keep-alive: keep_alive 'soon'"),
+    (["--models-dir", ".", "--max-loaded-models", "0"], "--max-loaded-models 0 is out of"),
+])
+def test_a_bad_library_option_is_one_line(argv: list[str], text: str, capsys) -> None:
+    assert cli.main(["serve", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("flm-serve: ") and text in err and err.count("\n") == 1

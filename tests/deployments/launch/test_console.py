@@ -4,7 +4,7 @@ load; and that a run with no loadable model says it stops."""
 
 from __future__ import annotations
 
-from deployments.launch.console import ServedApp, served_apps, start_block
+from deployments.launch.console import ServedApp, none_loaded, served_apps, start_block
 
 SMOL = {"path": "/models/smollm2.gguf", "file_format": "gguf", "quantization": "Q4_1",
         "weight_bytes": 97_000_000, "architecture": "llama", "format": "hermes_json",
@@ -39,6 +39,17 @@ def test_served_apps_are_this_projects_apps_with_their_models() -> None:
          "args": {"models": [{"name": "a", "path": "x"}, {"name": "b", "path": "y"}]}},
         {"name": "default-model", "route_prefix": "/d",
          "import_path": "deployments.app:build_app"},
+        {"name": "lib", "route_prefix": "/l", "import_path": "deployments.app:build_app",
+         "args": {"models_dir": "/models"}},
         {"name": "other", "import_path": "somebody.else:app"}]}
     assert served_apps(config) == [ServedApp("flm", "/", ["a", "b"]),
-                                   ServedApp("default-model", "/d", ["smollm2-135m"])]
+                                   ServedApp("default-model", "/d", ["smollm2-135m"]),
+                                   ServedApp("lib", "/l", [], "/models")]
+
+
+def test_a_library_is_named_and_keeps_the_run_going() -> None:
+    text = start_block(version="0.1.0", urls=["http://127.0.0.1:8000/"],
+                       models={"bert": BROKEN}, logs=None, seconds=3, libraries=("/models",))
+    assert "library  /models" in text and text.endswith("ready in 3 s\n")
+    assert none_loaded({"bert": BROKEN}, []) and not none_loaded({"bert": BROKEN}, ["/m"])
+    assert not none_loaded({"smollm2-135m": SMOL, "bert": BROKEN}, [])

@@ -259,3 +259,24 @@ def test_model_listings() -> None:
     assert ps["context_length"] == 8192 and ps["size_vram"] == 0
     # every object is JSON (the ingress encodes them with msgspec)
     msgspec.json.encode([tag, show, ps])
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"model": "v", "from": "m", "template": "{{ .Prompt }}"}, "template"),
+    ({"model": "v", "from": "m", "modelfile": "FROM m"}, "modelfile"),
+    ({"model": "v", "from": "m", "files": {"a.gguf": "sha256:1"}}, "files"),
+    ({"model": "v"}, "from"),
+    ({"model": "v", "from": "m", "parameters": {"mirostat": 1}}, "parameters.mirostat"),
+    ({"model": "v", "from": "m", "parameters": {"temperature": "hot"}}, "parameters"),
+])
+def test_create_refuses_what_a_variant_cannot_be_by_name(body: dict, param: str) -> None:
+    with pytest.raises(ApiError) as err:
+        request.variant_parameters(request.decode(json.dumps(body).encode(), request.CreateIn))
+    assert err.value.status == 400 and err.value.param == param
+
+
+def test_create_keeps_the_parameters_it_can_apply() -> None:
+    body = {"model": "v", "from": "m", "system": "s",
+            "parameters": {"temperature": 0, "num_predict": 5, "stop": ["x"]}}
+    req = request.decode(json.dumps(body).encode(), request.CreateIn)
+    assert request.variant_parameters(req) == body["parameters"] and req.from_ == "m"

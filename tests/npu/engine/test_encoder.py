@@ -176,3 +176,15 @@ def test_embedding_ids_cut_the_text_to_a_limit_and_keep_cls_and_sep(bert) -> Non
     cut = model.embedding_ids(TEXTS[2], limit=6)
     assert cut == full[:5] + full[-1:] and len(cut) == 6
     assert model.embedding_ids(TEXTS[2], limit=len(full) + 5) == full
+
+
+def test_erf_is_the_error_function_to_float32_precision() -> None:
+    import math
+
+    from npu.engine.ops import erf
+
+    x = np.linspace(-6, 6, 2001, dtype=np.float32)
+    want = np.array([math.erf(float(v)) for v in x])
+    got = erf(x)
+    assert got.dtype == np.float32 and np.abs(got - want).max() < 5e-7  # 6 ulp at 1.0
+    assert got[0] == -got[-1] and erf(np.float32([0.0]))[0] == 0.0

@@ -1,0 +1,370 @@
+"""Library: the models a folder holds, by Ollama-style name, with what their headers say.
+
+Every GGUF file under the folder (split files `NAME-00001-of-0000N.gguf` as one model) and
+every Hugging Face model directory (`config.json` and `*.safetensors`) is a model. Names are
+lower-case file or folder names without `.gguf`; a sub-folder that is not a model directory
+gives its GGUF files tags (`qwen3/8b-q4_k_m.gguf` is `qwen3:8b-q4_k_m`); `name` and
+`name:latest` are one model. A scan reads headers only (a GGUF file's metadata, a
+safetensors file's JSON header) and keeps each model's facts until one of its files changes
+size or modification time, so listing a folder of large files again costs a `stat` each.
+A file that cannot be read is still listed, with `error` saying why (loading it is then a
+clear error naming the file, and the other models are unaffected).
+
+The digest is sha256 over each file's name, size and first and last 1 MiB: it changes when
+a file is replaced, and needs no full read of a 5 GB file (it is not Ollama's blob digest).
+No Ray here: the ingress lists with it, the library worker loads from it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import struct
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from actors.aliases import Alias, AliasStore
+from actors.errors import RequestError
+from npu.load.gguf_header import read_header
+
+log = logging.getLogger(__name__)
+
+LATEST = "latest"
+SPLIT = re.compile(r"^(?P<stem>.+)-(?P<part>\d{5})-of-(?P<count>\d{5})$")
+SAMPLE = 1 << 20  # bytes hashed at each end of a file for its digest
+# GGUF's general.file_type values (llama.cpp's LLAMA_FTYPE_*) -> Ollama's quantization_level
+_FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1",
+               10: "Q2_K", 11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S",
+               15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K", 32: "BF16"}
+
+
+class LibraryModel(msgspec.Struct, frozen=True, kw_only=True):
+    """One model of the library.
+
+    Attributes:
+        name: its id (lower-case, no `:latest`).
+        path: what `load_model` takes: the GGUF file (the first of split files) or the
+            model directory.
+        files: every file of the model (split parts, config and shards).
+        format: "gguf" or "safetensors".
+        size: bytes of all its files.
+        modified: the newest file's modification time (seconds since the epoch).
+        digest: "sha256:" + hex, from names, sizes and the files' ends (see the module).
+        family: the architecture (`general.architecture`, or config.json's `model_type`).
+        parameters: the weights' values (from the tensor shapes).
+        quantization: the file type (Q4_K_M, Q8_0, ...) or the dtype of most weights.
+        context_length: the trained context (None: not stated).
+        chat_template: the template the file carries ("" when none, or not a GGUF file).
+        error: why the model cannot be read ("" when it can).
+        alias_of: for an alias (/api/copy), the model it stands for ("" otherwise).
+        system: a variant's system prompt (/api/create; None: the request's own).
+        options: a variant's Modelfile parameters (defaults of its requests).
+    """
+
+    name: str
+    path: str
+    files: tuple[str, ...]
+    format: str
+    size: int
+    modified: float
+    digest: str
+    family: str = ""
+    parameters: int = 0
+    quantization: str = ""
+    context_length: int | None = None
+    chat_template: str = ""
+    error: str = ""
+    alias_of: str = ""
+    system: str | None = None
+    options: dict[str, Any] = msgspec.field(default_factory=dict)
+
+    def info(self) -> dict[str, Any]:
+        """The model as the APIs' listings read a model description (see ModelWorker.info)."""
+        return {"id": self.name, "created": int(self.modified), "architecture": self.family,
+                "parameters": self.parameters, "quantization": self.quantization,
+                "context_length": self.context_length, "file_format": self.format,
+                "weight_bytes": self.size, "digest": self.digest, "library": True,
+                **({"error": self.error} if self.error else {})}
+
+
+def model_key(name: str) -> str:
+    """The id a client's model name means: lower-case, the tag `latest` dropped
+    (`Qwen3:latest` -> `qwen3`; `qwen3:8b` stays)."""
+    key = name.strip().lower()
+    return key[: -len(LATEST) - 1] if key.endswith(":" + LATEST) else key
+
+
+def _clean(text: str) -> str:
+    return re.sub(r"[^a-z0-9._-]+", "-", text.lower()).strip("-") or "model"
+
+
+def _stamp(files: list[Path]) -> tuple:
+    out = []
+    for f in files:
+        st = f.stat()
+        out.append((str(f), st.st_size, st.st_mtime_ns))
+    return tuple(out)
+
+
+def _digest(files: list[Path]) -> str:
+    h = hashlib.sha256()
+    for f in files:
+        size = f.stat().st_size
+        h.update(f"{f.name}\0{size}\0".encode())
+        with open(f, "rb") as fh:
+            h.update(fh.read(SAMPLE))
+            if size > SAMPLE:
+                fh.seek(max(SAMPLE, size - SAMPLE))
+                h.update(fh.read(SAMPLE))
+    return "sha256:" + h.hexdigest()
+
+
+def _gguf_facts(files: list[Path]) -> dict[str, Any]:
+    header = read_header(files[0])
+    meta = header.meta
+    arch = str(meta.get("general.architecture", ""))
+    tensors = list(header.tensors)
+    for part in files[1:]:  # split files: each part holds its own tensor table
+        tensors += read_header(part).tensors
+    params = sum(_product(t.shape) for t in tensors)
+    ftype = meta.get("general.file_type")
+    quant = _FILE_TYPES.get(ftype) if isinstance(ftype, int) else None
+    if quant is None:  # the type holding most of the matrices' bytes
+        by_type: Counter = Counter()
+        for t in tensors:
+            if len(t.shape) == 2:
+                by_type[t.tensor_type] += t.n_bytes
+        quant = _type_name(by_type.most_common(1)[0][0]) if by_type else ""
+    ctx = meta.get(f"{arch}.context_length")
+    template = meta.get("tokenizer.chat_template")
+    return {"family": arch, "parameters": params, "quantization": quant,
+            "context_length": int(ctx) if isinstance(ctx, int) else None,
+            "chat_template": template if isinstance(template, str) else ""}
+
+
+def _type_name(tensor_type: int) -> str:
+    from gguf import GGMLQuantizationType as QT
+
+    try:
+        return QT(tensor_type).name
+    except ValueError:
+        return str(tensor_type)
+
+
+def _product(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def _safetensors_header(path: Path) -> dict:
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) != 8:
+            raise ValueError(f"{path.name} is too short to be a safetensors file")
+        (size,) = struct.unpack("<Q", head)
+        if size > 100_000_000:
+            raise ValueError(f"{path.name} is not a safetensors file")
+        header = json.loads(f.read(size))
+    header.pop("__metadata__", None)
+    return header
+
+
+def _hf_facts(folder: Path, shards: list[Path]) -> dict[str, Any]:
+    if not shards:
+        raise ValueError("no *.safetensors weights beside config.json")
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    params, dtypes = 0, Counter()
+    for shard in shards:
+        for entry in _safetensors_header(shard).values():
+            n = _product(tuple(entry["shape"]))
+            params += n
+            dtypes[entry["dtype"]] += n
+    ctx = config.get("max_position_embeddings") or text.get("max_position_embeddings")
+    return {"family": str(config.get("model_type") or text.get("model_type") or ""),
+            "parameters": params,
+            "quantization": dtypes.most_common(1)[0][0] if dtypes else "",
+            "context_length": int(ctx) if isinstance(ctx, int) else None}
+
+
+class _Found(msgspec.Struct, frozen=True):
+    name: str
+    format: str
+    path: Path
+    files: list[Path]
+
+
+def _gguf_groups(folder: Path, tag_of: str | None) -> list[_Found]:
+    """The GGUF models of one folder (split parts grouped); `tag_of`: the sub-folder's name
+    when these are tags of it."""
+    singles, parts = [], {}
+    for f in sorted(folder.iterdir()):
+        if not f.is_file() or f.suffix.lower() != ".gguf" or f.name.startswith("."):
+            continue
+        m = SPLIT.match(f.stem)
+        if m:
+            parts.setdefault((m["stem"], m["count"]), []).append(f)
+        else:
+            singles.append((f.stem, [f]))
+    for (stem, _count), files in parts.items():
+        singles.append((stem, sorted(files)))
+    out = []
+    for stem, files in singles:
+        name = f"{_clean(tag_of)}:{_clean(stem)}" if tag_of else _clean(stem)
+        out.append(_Found(name, "gguf", files[0], files))
+    return out
+
+
+def _hf_files(folder: Path) -> list[Path]:
+    return [folder / "config.json", *sorted(folder.glob("*.safetensors"))]
+
+
+def find_models(root: Path) -> list[_Found]:
+    """The models under `root` (not read: names, kinds and files only)."""
+    found = []
+    for entry in sorted(root.iterdir()):
+        if entry.name.startswith("."):
+            continue
+        if entry.is_dir():
+            if (entry / "config.json").is_file():
+                found.append(_Found(_clean(entry.name), "safetensors", entry,
+                                    _hf_files(entry)))
+            else:
+                found += _gguf_groups(entry, entry.name)
+    found += _gguf_groups(root, None)
+    return found
+
+
+class Library:
+    """A folder's models, rescanned on each `models()` (headers read only for new or
+    changed files).
+
+    Args:
+        root: the folder (a missing one is an empty library, logged once).
+    """
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root).expanduser()
+        self._cache: dict[str, tuple[tuple, LibraryModel]] = {}
+        self.conflicts: list[str] = []
+        self.aliases = AliasStore(self.root)
+
+    def models(self) -> dict[str, LibraryModel]:
+        """Every model of the folder now, by name (sorted)."""
+        try:
+            found = find_models(self.root)
+        except OSError as exc:
+            log.warning("models_dir %s cannot be read: %s", self.root, exc)
+            return {}
+        out: dict[str, LibraryModel] = {}
+        cache: dict[str, tuple[tuple, LibraryModel]] = {}
+        self.conflicts = []
+        for f in found:
+            if f.name in out:  # two files, one name: the first (by path) wins
+                self.conflicts.append(f"{f.path} (the name {f.name} is {out[f.name].path}'s)")
+                continue
+            try:
+                stamp = _stamp(f.files)
+            except OSError:  # gone between the listing and the stat
+                continue
+            key = str(f.path)
+            held = self._cache.get(key)
+            model = held[1] if held and held[0] == stamp else self._read(f)
+            cache[key] = (stamp, model)
+            out[f.name] = model
+        self._cache = cache
+        for alias, a in self.aliases.read().items():  # a file's own name comes first
+            if a.model in out and alias not in out and not out[a.model].alias_of:
+                out[alias] = msgspec.structs.replace(out[a.model], name=alias,
+                                                     alias_of=a.model, system=a.system,
+                                                     options=dict(a.parameters))
+        return out
+
+    def copy(self, source: str, destination: str, *, system: str | None = None,
+             parameters: dict[str, Any] | None = None) -> str:
+        """Make `destination` an alias of the model `source` means (Ollama's /api/copy; a
+        variant's defaults come along), or, with `system` or `parameters`, a variant with
+        those defaults over the source's (/api/create); returns the alias's name.
+
+        Raises:
+            RequestError: 404 for an unknown source; 400 for a destination that is a file's
+                model or not a name.
+        """
+        models = self.models()
+        target = models.get(model_key(source))
+        if target is None:
+            raise RequestError(f"model '{source}' not found; see /api/tags.", status=404,
+                               param="source", code="model_not_found")
+        name = model_key(destination)
+        if not re.fullmatch(r"[a-z0-9][a-z0-9._-]*(:[a-z0-9._-]+)?", name):
+            raise RequestError(f"'{destination}' is not a model name (letters, digits, '.', "
+                               "'_', '-', and one ':tag').", param="destination")
+        existing = models.get(name)
+        if existing is not None and not existing.alias_of:
+            raise RequestError(f"'{destination}' is the model of {existing.path}; choose "
+                               "another name.", param="destination")
+        self.aliases.set(name, Alias(
+            model=target.alias_of or target.name,
+            system=system if system is not None else target.system,
+            parameters={**target.options, **(parameters or {})}))
+        return name
+
+    def delete(self, name: str, *, allow_files: bool) -> LibraryModel:
+        """Remove an alias, or (with `allow_files`) a GGUF model's files; the entry removed.
+
+        Raises:
+            RequestError: 404 for an unknown name; 403 for a file's model when deleting
+                files is not allowed; 400 for a Hugging Face directory.
+        """
+        entry = self.models().get(model_key(name))
+        if entry is None:
+            raise RequestError(f"model '{name}' not found; see /api/tags.", status=404,
+                               param="model", code="model_not_found")
+        if entry.alias_of:
+            self.aliases.remove(entry.name)
+            return entry
+        if not allow_files:
+            raise RequestError(f"'{name}' is the file {entry.path}; this server deletes "
+                               "files only when its config says allow_delete: true.",
+                               status=403, param="model")
+        if entry.format != "gguf":
+            raise RequestError(f"'{name}' is the directory {entry.path}; delete it yourself.",
+                               param="model")
+        for alias, a in self.aliases.read().items():
+            if a.model == entry.name:
+                self.aliases.remove(alias)
+        for f in entry.files:
+            Path(f).unlink(missing_ok=True)
+        return entry
+
+    def get(self, name: str) -> LibraryModel | None:
+        """The model a client's name means (`model_key`), or None."""
+        return self.models().get(model_key(name))
+
+    @staticmethod
+    def _read(f: _Found) -> LibraryModel:
+        facts: dict[str, Any] = {}
+        error = ""
+        try:
+            split = SPLIT.match(f.path.stem) if f.format == "gguf" else None
+            if split and len(f.files) != int(split["count"]):
+                raise ValueError(f"{len(f.files)} of its {int(split['count'])} split parts "
+                                 "are here")
+            facts = (_gguf_facts(f.files) if f.format == "gguf"
+                     else _hf_facts(f.path, f.files[1:]))
+            digest = _digest(f.files)
+        except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+            error = f"{f.path.name}: cannot be read ({exc})"
+            digest = ""
+        sizes = [p.stat().st_size for p in f.files if p.exists()]
+        times = [p.stat().st_mtime for p in f.files if p.exists()]
+        return LibraryModel(name=f.name, path=str(f.path), files=tuple(map(str, f.files)),
+                            format=f.format, size=sum(sizes), modified=max(times, default=0.0),
+                            digest=digest, error=error, **facts)

@@ -1,0 +1,125 @@
+"""A models_dir model's time to first token, cold (its load included) and warm, against the
+same file served pinned (loaded at start) in the same run, and its load alone in-process
+and in llama.cpp (llama-cpp-python, when `make bench-peer` has installed it).
+
+    python bench/bench_library.py            # SmolLM2-135M (Q4_1), 20 warm requests each
+    python bench/bench_library.py --quick    # 6 warm requests each
+
+The warm ratio (library / pinned median time to first token) must stay near 1: a library
+model, once loaded, takes the same path as a pinned one, plus Serve's multiplexed routing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import httpx  # noqa: E402
+
+PROMPT = [{"role": "user", "content": "Write one sentence about cats."}]
+
+
+async def ttft(client: httpx.AsyncClient, model: str) -> float:
+    """Seconds from sending a streamed chat request to its first content chunk."""
+    body = {"model": model, "messages": PROMPT, "max_tokens": 4, "stream": True,
+            "temperature": 0}
+    start = time.perf_counter()
+    first = None
+    async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():  # read to the end: the next request starts idle
+            if first is None and line.startswith("data: {") and '"content"' in line:
+                first = time.perf_counter() - start
+    if first is None:
+        raise RuntimeError(f"{model}: no content")
+    return first
+
+
+def peer_load(path: Path) -> float | None:
+    """llama.cpp's load of the same file and its first token (None: not installed)."""
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return None
+    start = time.perf_counter()
+    llm = Llama(model_path=str(path), n_ctx=512, n_threads=2, verbose=False)
+    llm.create_chat_completion(messages=PROMPT, max_tokens=1)
+    return time.perf_counter() - start
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer warm requests (CI)")
+    args = ap.parse_args()
+    warm_n = 6 if args.quick else 20
+
+    from npu import load_model
+    from npu.load.loader import default_model_path
+
+    source = default_model_path()
+    folder = Path(tempfile.mkdtemp(prefix="flm-bench-library-"))
+    (folder / "smollm2-lib.gguf").symlink_to(source)
+    start = time.perf_counter()
+    load_model(source)
+    in_process = time.perf_counter() - start
+    peer = peer_load(source)
+
+    import logging
+
+    import ray
+    from ray import serve
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    from deployments.app import build_app
+    from deployments.launch.serve_env import free_port, serve_environ
+
+    os.environ.update(serve_environ(os.environ, private_ports=True))  # as `make serve`
+    port = free_port()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        serve.run(build_app({"models": [{"name": "pinned", "path": str(source),
+                                         "max_batch": 4}],
+                             "models_dir": str(folder), "library": {"max_batch": 4}}),
+                  name="bench", route_prefix="/")
+
+        async def run() -> tuple[float, list[float], list[float]]:
+            async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+                await ttft(client, "pinned")  # the pinned worker's first-request costs
+                cold = await ttft(client, "smollm2-lib")
+                lib, pinned = [], []
+                for _ in range(warm_n):  # interleaved: both see the same machine
+                    lib.append(await ttft(client, "smollm2-lib"))
+                    pinned.append(await ttft(client, "pinned"))
+                return cold, lib, pinned
+
+        cold, lib, pinned = asyncio.run(run())
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+    lib_ms, pinned_ms = statistics.median(lib) * 1e3, statistics.median(pinned) * 1e3
+    print(f"{source.name}: load in-process {in_process:.2f} s; "
+          + (f"llama.cpp load + first token {peer:.2f} s" if peer is not None
+             else "llama.cpp: not installed (make bench-peer)"))
+    print(f"cold time to first token through Serve (load included): {cold:.2f} s, "
+          f"ratio to the in-process load {cold / in_process:.2f}"
+          + (f", to llama.cpp's {cold / peer:.2f}" if peer else ""))
+    ratio = lib_ms / pinned_ms
+    print(f"warm time to first token, median of {warm_n}: library {lib_ms:.1f} ms, "
+          f"pinned {pinned_ms:.1f} ms, ratio {ratio:.2f}")
+    print(f"target {'met' if ratio <= 1.15 else 'MISSED'}: warm library / pinned <= 1.15")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""LibraryFront: what the ingress knows of a models_dir library (actors.library): its
+models by name beside the configured ones, their descriptions from the headers, the
+streaming handle that routes a request to a replica holding the model (Serve's
+multiplexed_model_id), load and unload requests, the loaded models, aliases and variants.
+
+The Ingress extends it; it reads the Ingress's `streams` (the configured models come first).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from actors.errors import RequestError
+from actors.library import Library, model_key
+from deployments.errors import ApiError
+
+log = logging.getLogger(__name__)
+
+
+class LibraryFront:
+    """The library side of an ingress replica.
+
+    Args:
+        library: the library worker deployment's handle (None: no models_dir).
+        settings: `models_dir`, `allow_delete` (Ollama's /api/delete may delete files).
+    """
+
+    streams: dict[str, Any]  # the configured models' handles (the Ingress's)
+
+    def __init__(self, library: Any, settings: dict[str, Any]) -> None:
+        self.library_handle = library
+        self.library = Library(settings["models_dir"]) if library is not None else None
+        self.allow_delete = bool(settings.get("allow_delete"))
+        self._library_streams: dict[str, Any] = {}
+
+    def resolve(self, name: str) -> str | None:
+        """The served model `name` means: a configured model by its exact name, else the
+        library's model of that name (`model_key`: any case, `:latest` or not); None."""
+        if name in self.streams:
+            return name
+        if self.library is not None:
+            key = model_key(name)
+            if key not in self.streams and self.library.get(key) is not None:
+                return key
+        return None
+
+    def stream(self, name: str) -> Any:
+        """The streaming handle for a served model (a library model's carries its id for
+        Serve's multiplexed routing)."""
+        handle = self.streams.get(name)
+        if handle is not None:
+            return handle
+        key = self.resolve(name)
+        if key is None or key in self.streams:
+            raise ApiError(404, f"The model '{name}' does not exist; see /v1/models.",
+                           param="model", code="model_not_found")
+        target = self._library_target(key)
+        if target not in self._library_streams:
+            self._library_streams[target] = self.library_handle.options(
+                stream=True, _by_reference=False, multiplexed_model_id=target)
+        return self._library_streams[target]
+
+    def _library_target(self, key: str) -> str:
+        """The library model a name is loaded as (an alias's model: one load for both)."""
+        entry = self.library.get(key) if self.library is not None else None
+        return (entry.alias_of or entry.name) if entry is not None else key
+
+    def edit_library(self, edit: Callable[[Any], Any]) -> Any:
+        """`edit(library)` (an alias made or removed, a file deleted), its RequestError an
+        ApiError; a 400 when this app has no models_dir."""
+        if self.library is None:
+            raise ApiError(400, "This server has no models_dir: its models are the ones its "
+                                "config names.")
+        try:
+            return edit(self.library)
+        except RequestError as exc:
+            raise ApiError(exc.status, exc.message, param=exc.param, code=exc.code) from None
+
+    def variant(self, name: str) -> tuple[str | None, dict[str, Any]] | None:
+        """A library variant's defaults (system prompt, Ollama's parameters); None for any
+        other model."""
+        if self.library is None or name in self.streams:
+            return None
+        entry = self.library.get(name)
+        if entry is None or (entry.system is None and not entry.options):
+            return None
+        return entry.system, entry.options
+
+    async def library_models(self) -> dict[str, dict]:
+        """The library's models not shadowed by a configured one, as descriptions (the
+        folder scanned in a thread: a new file's header is read then, off the loop)."""
+        if self.library is None:
+            return {}
+        models = await asyncio.to_thread(self.library.models)
+        return {name: m.info() for name, m in models.items() if name not in self.streams}
+
+    async def load(self, name: str, keep_alive_s: float | None) -> dict:
+        """Load (keep_alive 0: unload) a library model without a request: the worker's
+        `done_reason` and `load_s`.
+
+        Raises:
+            ApiError: the model is unknown (404) or cannot be served (422).
+        """
+        key = self.resolve(name)
+        if key is None or key in self.streams:
+            raise ApiError(404, f"The model '{name}' does not exist; see /v1/models.",
+                           param="model", code="model_not_found")
+        handle = self.library_handle.options(multiplexed_model_id=self._library_target(key))
+        out = await handle.load.remote(keep_alive_s)
+        rejected = out.get("rejected")
+        if rejected:
+            raise ApiError(rejected["status"], rejected["message"], param="model",
+                           code=rejected.get("code"))
+        return out
+
+    async def running(self) -> list[dict]:
+        """The library models loaded now (one replica's view), as descriptions."""
+        if self.library_handle is None:
+            return []
+        try:
+            return await self.library_handle.running.remote()
+        except Exception:
+            log.warning("the library worker did not answer /api/ps", exc_info=True)
+            return []
+
+    def library_info(self, name: str, verbose: bool = False) -> dict:
+        """A library model's description from its header (`verbose`: with its template).
+
+        Raises:
+            ApiError: 404, not a library model.
+        """
+        entry = self.library.get(name) if self.library is not None else None
+        if entry is None:
+            raise ApiError(404, f"The model '{name}' does not exist; see /v1/models.",
+                           param="model", code="model_not_found")
+        info = entry.info()
+        caps = ["completion"]
+        if "tools" in entry.chat_template:
+            caps.append("tools")
+        if "<think>" in entry.chat_template or "enable_thinking" in entry.chat_template:
+            caps.append("thinking")
+        return {**info, "capabilities": caps,
+                **({"template": entry.chat_template} if verbose else {})}

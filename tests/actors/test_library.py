@@ -1,0 +1,171 @@
+"""actors/library.py: a folder's models by name, with header facts, rescanned cheaply."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+from gguf import GGUFWriter
+
+import actors.library as library
+from actors.library import Library, model_key
+
+
+def write_gguf(path: Path, arch: str = "llama", *, ctx: int = 4096, file_type: int | None = 15,
+               rows: int = 4, split: tuple[int, int] | None = None) -> Path:
+    """A GGUF file with a header of `arch` and one small f32 tensor (`split`: part, count)."""
+    w = GGUFWriter(str(path), arch)
+    w.add_uint32(f"{arch}.context_length", ctx)
+    if file_type is not None:
+        w.add_uint32("general.file_type", file_type)
+    w.add_string("tokenizer.chat_template", "{{ messages }} tools")
+    if split:
+        w.add_uint16("split.no", split[0] - 1)
+        w.add_uint16("split.count", split[1])
+    w.add_tensor(f"blk.{split[0] if split else 0}.w", np.zeros((rows, 32), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def write_hf(folder: Path, shards: int = 1) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(
+        {"model_type": "qwen3", "max_position_embeddings": 32768}))
+    for i in range(shards):
+        header = json.dumps({f"w{i}": {"dtype": "BF16", "shape": [8, 16],
+                                       "data_offsets": [0, 256]}}).encode()
+        (folder / f"model-{i}.safetensors").write_bytes(
+            struct.pack("<Q", len(header)) + header + bytes(256))
+    return folder
+
+
+def test_model_names_are_lower_case_and_latest_is_the_bare_name() -> None:
+    assert model_key("Qwen3-0.6B-Q4_K_M:latest") == "qwen3-0.6b-q4_k_m"
+    assert model_key("qwen3:8b") == "qwen3:8b"
+    assert model_key(" SmolLM2 ") == "smollm2"
+
+
+def test_gguf_files_split_files_tags_and_hf_directories_are_models(tmp_path: Path) -> None:
+    write_gguf(tmp_path / "Qwen3-0.6B-Q4_K_M.gguf", "qwen3")
+    for part in (1, 2, 3):
+        write_gguf(tmp_path / f"big-model-0000{part}-of-00003.gguf", split=(part, 3))
+    (tmp_path / "llama3").mkdir()
+    write_gguf(tmp_path / "llama3" / "8B-Q8_0.gguf", file_type=7)
+    write_hf(tmp_path / "Tiny-HF", shards=2)
+    (tmp_path / "notes.txt").write_text("not a model")
+    (tmp_path / ".hidden.gguf").write_bytes(b"x")
+    models = Library(tmp_path).models()
+    assert sorted(models) == ["big-model", "llama3:8b-q8_0", "qwen3-0.6b-q4_k_m", "tiny-hf"]
+    big = models["big-model"]
+    assert big.path.endswith("big-model-00001-of-00003.gguf") and len(big.files) == 3
+    assert big.parameters == 3 * 4 * 32 and not big.error  # every part's tensors
+    assert big.size == sum(os.path.getsize(f) for f in big.files)
+    qwen = models["qwen3-0.6b-q4_k_m"]
+    assert (qwen.family, qwen.quantization, qwen.context_length) == ("qwen3", "Q4_K_M", 4096)
+    assert qwen.format == "gguf" and "tools" in qwen.chat_template
+    assert models["llama3:8b-q8_0"].quantization == "Q8_0"
+    hf = models["tiny-hf"]
+    assert (hf.format, hf.family, hf.context_length) == ("safetensors", "qwen3", 32768)
+    assert (hf.parameters, hf.quantization) == (2 * 8 * 16, "BF16")
+    lib = Library(tmp_path)
+    assert lib.get("Qwen3-0.6B-Q4_K_M:latest") is not None and lib.get("nope") is None
+
+
+def test_quantization_falls_back_to_the_matrices_type(tmp_path: Path) -> None:
+    write_gguf(tmp_path / "m.gguf", file_type=None)
+    assert Library(tmp_path).models()["m"].quantization == "F32"
+
+
+def test_rescans_read_only_new_or_changed_files(tmp_path: Path, monkeypatch) -> None:
+    write_gguf(tmp_path / "a.gguf")
+    reads: list[str] = []
+    real = library.read_header
+    monkeypatch.setattr(library, "read_header", lambda p: reads.append(Path(p).name) or real(p))
+    lib = Library(tmp_path)
+    first = lib.models()
+    assert reads == ["a.gguf"]
+    assert lib.models() == first and reads == ["a.gguf"]  # unchanged: a stat, no read
+    write_gguf(tmp_path / "b.gguf", "qwen3")  # dropped in later
+    assert sorted(lib.models()) == ["a", "b"] and reads == ["a.gguf", "b.gguf"]
+    write_gguf(tmp_path / "a.gguf", ctx=8192, rows=8)  # replaced
+    again = lib.models()
+    assert again["a"].context_length == 8192 and reads[-1] == "a.gguf"
+    assert again["a"].digest != first["a"].digest
+    (tmp_path / "b.gguf").unlink()
+    assert sorted(lib.models()) == ["a"]
+
+
+def test_digest_reads_only_the_ends_of_a_big_file(tmp_path: Path, monkeypatch) -> None:
+    path = write_gguf(tmp_path / "big.gguf")
+    with open(path, "ab") as f:
+        f.truncate(64 << 20)  # 64 MB, mostly a hole
+    read = []
+    real_open = open
+
+    class Counting:
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def read(self, n=-1):
+            data = self.f.read(n)
+            read.append(len(data))
+            return data
+
+        def seek(self, *a):
+            return self.f.seek(*a)
+
+    monkeypatch.setattr(library, "open", lambda p, mode="r": Counting(real_open(p, mode)),
+                        raising=False)
+    digest = library._digest([path])
+    assert digest.startswith("sha256:") and sum(read) <= 2 * library.SAMPLE
+    assert library._digest([path]) == digest
+
+
+def test_unreadable_files_are_listed_with_the_reason_and_the_rest_serve(tmp_path: Path) -> None:
+    (tmp_path / "broken.gguf").write_bytes(b"NOPE" + bytes(64))
+    write_gguf(tmp_path / "half-00001-of-00002.gguf", split=(1, 2))
+    write_gguf(tmp_path / "good.gguf")
+    (tmp_path / "no-weights").mkdir()
+    (tmp_path / "no-weights" / "config.json").write_text("{}")
+    models = Library(tmp_path).models()
+    assert not models["good"].error
+    assert "broken.gguf" in models["broken"].error and "magic" in models["broken"].error
+    assert "1 of its 2 split parts" in models["half"].error
+    assert "safetensors" in models["no-weights"].error
+    assert models["broken"].info()["error"] == models["broken"].error
+
+
+def test_a_missing_folder_is_an_empty_library(tmp_path: Path) -> None:
+    assert Library(tmp_path / "nowhere").models() == {}
+
+
+def test_two_files_with_one_name_keep_the_first(tmp_path: Path) -> None:
+    write_gguf(tmp_path / "M.gguf")
+    write_gguf(tmp_path / "m.gguf", ctx=1)
+    lib = Library(tmp_path)
+    models = lib.models()
+    assert list(models) == ["m"] and models["m"].path.endswith("M.gguf")
+    assert len(lib.conflicts) == 1
+
+
+@pytest.mark.parametrize("qtype", [QT.Q8_0])
+def test_info_is_what_the_listings_read(tmp_path: Path, qtype: QT) -> None:
+    write_gguf(tmp_path / "x.gguf", file_type=7)
+    info = Library(tmp_path).models()["x"].info()
+    assert info["id"] == "x" and info["quantization"] == qtype.name
+    assert info["file_format"] == "gguf" and info["weight_bytes"] > 0
+    assert info["digest"].startswith("sha256:") and info["library"] is True

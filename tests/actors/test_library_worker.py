@@ -1,0 +1,75 @@
+"""actors/library_worker.py without Serve: the memory budget's choice of models to unload."""
+
+from __future__ import annotations
+
+import pytest
+
+from actors.errors import RequestError
+from actors.library_worker import room_for
+
+
+def test_nothing_is_unloaded_while_the_model_fits() -> None:
+    assert room_for(10, [("a", 30, True), ("b", 30, True)], 100) == []
+
+
+def test_the_least_recently_used_idle_models_make_room() -> None:
+    held = [("old", 40, True), ("busy", 40, False), ("new", 40, True)]
+    assert room_for(30, held, 130) == ["old"]
+    assert room_for(70, held, 130) == ["old", "new"]
+
+
+def test_a_model_over_the_budget_alone_is_507_with_both_sizes() -> None:
+    with pytest.raises(RequestError) as err:
+        room_for(5_000_000_000, [], 4_000_000_000)
+    assert err.value.status == 507 and err.value.code == "model_too_large"
+    assert "5,000 MB" in err.value.message and "4,000 MB" in err.value.message
+
+
+def test_models_serving_requests_are_never_unloaded_under_them() -> None:
+    with pytest.raises(RequestError) as err:
+        room_for(50, [("busy", 80, False), ("idle", 10, True)], 100)
+    assert err.value.status == 503 and "serving requests" in err.value.message
+
+
+class _FakeEngine:
+    weight_bytes = 1000
+
+    def kv_usage(self) -> dict:
+        return {"kv_bytes": 24}
+
+
+class _FakeWorker:
+    def __init__(self) -> None:
+        self.closed = 0
+        self.model = type("M", (), {"engine": _FakeEngine()})()
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+def _held():
+    from actors.library import LibraryModel
+    from actors.library_worker import HeldModel
+
+    entry = LibraryModel(name="m", path="m.gguf", files=("m.gguf",), format="gguf", size=1,
+                         modified=0.0, digest="")
+    return HeldModel(entry, _FakeWorker(), 0.5)
+
+
+def test_an_evicted_model_with_requests_in_flight_stops_when_the_last_one_ends() -> None:
+    held = _held()
+    held.enter()
+    held.enter()
+    held.__del__()  # Serve's eviction
+    assert held.retired and held.worker.closed == 0
+    held.leave()
+    assert held.worker.closed == 0
+    held.leave()
+    assert held.worker.closed == 1
+    assert held.held_bytes() == 1024
+
+
+def test_an_idle_model_stops_at_once_when_evicted() -> None:
+    held = _held()
+    held.__del__()
+    assert held.worker.closed == 1
