@@ -107,6 +107,8 @@ def test_page_streams_a_reply_and_stop_frees_the_slot(browser, serve_url, tmp_pa
     from selenium.webdriver.common.by import By
 
     _open(browser, serve_url + "/", SMOL)
+    # greedy: a long story (sampled, the model sometimes ends it in 20 tokens)
+    browser.find_element(By.ID, "temperature").send_keys("0")
     _send(browser, "Tell me a long story about a cat.", 4000)
     reply = _last_reply(browser)
     content = reply.find_element(By.CSS_SELECTOR, ".content")
