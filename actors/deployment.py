@@ -3,13 +3,15 @@
 On NPU hosts a replica asks for `{"NPU": 1}` and learns its device index from Ray's
 accelerator ids; CPU replicas need no claim. Serve's router balances requests across the
 replicas, `max_ongoing_requests` is the batch one worker decodes together, and the health
-check fails once the worker's decode loop has died (Serve then restarts the replica).
+check fails once the worker's decode loop has died (Serve then restarts the replica). A
+model that cannot load is a replica that answers why (see ModelWorker).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import AsyncIterator
 
 from ray import serve
@@ -19,6 +21,7 @@ from actors.config import WorkerConfig
 from actors.events import Accepted, ChatGenerate, Event, GenerateRequest, Rejected
 from actors.worker import Worker
 from chat import FormatKind
+from npu import ModelError
 
 log = logging.getLogger(__name__)
 
@@ -56,12 +59,25 @@ def _rss_bytes() -> int:
         return 0
 
 
+def load_failure(name: str, path: str, exc: BaseException) -> str:
+    """One line on a model that could not load: its name, its path and why."""
+    reason = str(exc) if isinstance(exc, ModelError) else f"{type(exc).__name__}: {exc}"
+    return f"The model '{name}' could not be loaded from {path}: {reason}"
+
+
 @serve.deployment
 class ModelWorker:
+    """One model's worker on one device. A model that cannot load leaves the replica up
+    and "unavailable": its info says why, every request is refused with that reason (500,
+    code "model_unavailable"), and its health check passes, so Serve does not restart it
+    over and over (a restart would fail the same way)."""
+
     def __init__(self, config: WorkerConfig, metrics_hub=None):
         from npu import load_model
 
         self.name = name = config.name
+        self.path = config.path
+        self.device = config.device
         device = config.device
         index = device_index(device)
         self.index = index
@@ -82,28 +98,53 @@ class ModelWorker:
         else:
             def factory():
                 return load_model(config.path, "cpu", options, name=name)
-        self.worker = Worker(factory, max_batch=config.max_batch,
-                             stream_interval_s=config.stream_interval_ms / 1000,
-                             max_messages_per_s=config.max_messages_per_s)
+        replica = getattr(serve.get_replica_context(), "replica_id", None)
+        self.replica = str(getattr(replica, "unique_id", replica))
+        self.metrics_hub = metrics_hub
+        self.failure: str | None = None
+        self.started = time.time()
+        try:
+            self.worker: Worker | None = Worker(
+                factory, max_batch=config.max_batch,
+                stream_interval_s=config.stream_interval_ms / 1000,
+                max_messages_per_s=config.max_messages_per_s)
+        except Exception as exc:  # the replica stays up, answering why (not restarted)
+            self.worker = None
+            self.failure = load_failure(name, config.path, exc)
+            log.error("%s", self.failure)
+            return
         engine = self.worker.model.engine
         # what /v1/models and Ollama's listings show of the weights (fixed: read once)
         self.weights = {"weight_bytes": engine.weight_bytes, **engine.weight_summary()}
         threads = blas_threads_for(self.weights["weight_bytes"], config.blas_threads)
         set_blas_threads(threads)
         engine.set_threads(threads)  # the compiled CPU kernels' threads
-        self.metrics_hub = metrics_hub
-        replica = getattr(serve.get_replica_context(), "replica_id", None)
-        self.replica = str(getattr(replica, "unique_id", replica))
+        if device == "npu":
+            self.kernels = "NPU"
+        else:
+            from npu.engine.cpu_kernels import kernel_path
+
+            self.kernels = kernel_path()
         log.info("worker for %s on %s%s ready (%d BLAS threads)", name, device,
                  f" #{index}" if index is not None else "", threads)
 
+    def unavailable(self) -> Rejected:
+        """What every request gets from a worker whose model could not load."""
+        return Rejected(status=500, message=self.failure or "", type="server_error",
+                        param="model", code="model_unavailable")
+
     async def generate(self, request: GenerateRequest) -> AsyncIterator[list[Event]]:
+        if self.worker is None:
+            yield [self.unavailable()]
+            return
         async for batch in self.worker.generate(request):
             yield batch
 
     async def count_tokens(self, request: ChatGenerate) -> Accepted | Rejected:
         """The prompt tokens of a chat request (Anthropic's count_tokens), counted by the
         model's own template and tokenizer; nothing is scheduled."""
+        if self.worker is None:
+            return self.unavailable()
         return await self.worker.count_tokens(request)
 
     async def info(self, template: bool = False) -> dict:
@@ -111,6 +152,9 @@ class ModelWorker:
         show (`template`: with the chat template's source) and the load figures."""
         import ray
 
+        if self.worker is None:
+            return {"id": self.name, "created": int(self.started), "status": "unavailable",
+                    "error": self.failure, "path": self.path, "replica": self.replica}
         m = self.worker.model
         spec = self.worker.spec
         capabilities = ["completion"] if m.generates else ["embedding"]
@@ -124,6 +168,8 @@ class ModelWorker:
                 "architecture": m.config.arch, "capabilities": capabilities,
                 "embedding_length": m.embedding_dims, "pooling": m.pooling,
                 "file_format": "gguf" if m.path.suffix == ".gguf" else "safetensors",
+                "path": str(m.path), "device": self.device, "kernels": self.kernels,
+                "max_batch": self.worker.max_batch,
                 **self.weights, **extra,
                 "active": self.worker.active, "requests": self.worker.requests,
                 "device_index": self.index,
@@ -133,6 +179,8 @@ class ModelWorker:
                 "pid": os.getpid(), "rss_bytes": _rss_bytes(), **m.engine.kv_usage()}
 
     def check_health(self) -> None:
+        if self.worker is None:  # healthy as a failed model: restarting cannot load it
+            return
         if not self.worker.healthy:
             raise RuntimeError(f"the decode loop has failed: {self.worker.error!r}")
         self.worker.model.engine.check_device()

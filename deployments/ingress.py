@@ -188,16 +188,21 @@ class Ingress(LibraryFront):
 
     async def info(self, name: str, verbose: bool = False) -> dict:
         """A model's description from one of its workers (a bare one when its workers are
-        all down: the model is still listed); a library model's from its header."""
+        all down: the model is still listed; a model that could not load says why under
+        "error", and `verbose` asks for what it does not have: the error itself); a library
+        model's from its header."""
         if name not in self.workers:
             return self.library_info(name, verbose)
         try:
-            return await self.workers[name].info.remote(verbose)
+            info = await self.workers[name].info.remote(verbose)
         except Exception:
             if verbose:
                 raise ApiError(503, "The model's workers are unavailable; retry shortly.",
                                headers={"Retry-After": RETRY_AFTER_S}) from None
             return {"id": name, "created": 0}
+        if verbose and info.get("error"):
+            raise ApiError(500, info["error"], param="model", code="model_unavailable")
+        return info
 
     async def count_tokens(self, name: str, request: ChatGenerate) -> int:
         """The prompt tokens of `request` on model `name`, counted by one of its workers

@@ -27,6 +27,7 @@ from deployments.ingress import Current, Ingress
 from deployments.metrics import render
 from deployments.ollama.routes import router as ollama_router
 from deployments.openai.routes import router as openai_router
+from deployments.page.routes import router as page_router
 from deployments.responses.routes import router as responses_router
 
 server_router = APIRouter()
@@ -50,9 +51,10 @@ async def metrics(request: Request, ingress: Current) -> Response:
     return await ingress.respond(run, error_response)
 
 
-# the route table: each API surface's router (its paths are its own)
-ROUTERS = (server_router, openai_router, responses_router, ollama_router, embeddings_router,
-           anthropic_router)
+# the route table: each API surface's router (its paths are its own; the page's `/` goes
+# before Ollama's, which it answers for a client that is not a browser)
+ROUTERS = (server_router, page_router, openai_router, responses_router, ollama_router,
+           embeddings_router, anthropic_router)
 
 
 async def _routing_error(request: Request, exc: HTTPException) -> Response:

@@ -21,7 +21,7 @@ CORE = {"deployments.body", "deployments.errors", "deployments.exchange",
         "deployments.ingress", "deployments.library", "deployments.metrics",
         "deployments.routing"}
 SURFACES = {"deployments.openai", "deployments.responses", "deployments.ollama",
-            "deployments.embeddings", "deployments.anthropic"}
+            "deployments.embeddings", "deployments.anthropic", "deployments.page"}
 # inside npu/, by folder: the model's config and the loaded Model at the top, shared by the
 # three jobs below them; the engine under the NPU's (whose engine extends the CPU's); loading
 # over both (it makes their engines); none of them reaches back up
@@ -41,6 +41,8 @@ DEPLOYMENTS = {
     "deployments.anthropic": CORE,
     # Ollama's embedding shape: its model names and options
     "deployments.embeddings": CORE | {"deployments.ollama"},
+    # the chat page (its `/` answers Ollama's clients as Ollama's route does)
+    "deployments.page": CORE | {"deployments.ollama"},
     "deployments.server": CORE | SURFACES,
     "deployments.app": CORE | {"deployments.server"},
     "deployments.launch": set(),

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import yaml
 
+from deployments.launch.console import StartWatch
 from deployments.launch.loopback import LOOPBACK_ENV
 from deployments.launch.processes import RUN_ID_VAR, RunProcesses
 from deployments.launch.serve_env import serve_environ
@@ -138,6 +139,7 @@ class _Stop:
         self.deadline: float | None = None
         self.cleanup = threading.Event()  # the main thread shuts Ray down and sweeps
         self.finished = threading.Event()
+        self.exit_code = 0  # of a forced end (1: the run stops because no model loaded)
 
     def install(self) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -169,7 +171,7 @@ class _Stop:
         ended = self.end()
         shutil.rmtree(self.private, ignore_errors=True)
         _say_stopped(ended)
-        os._exit(0)
+        os._exit(self.exit_code)
 
     def end(self) -> list[int]:
         """End what is left of the run and wait for the API's port to be free."""
@@ -193,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m deployments.launch [CONFIG]   (default: configs/flm.yaml)")
         return 0 if args and args[0] in ("-h", "--help") else 2
     config = Path(args[0]) if args else DEFAULT_CONFIG
+    started = time.monotonic()
     try:
         host, port = api_address(config)
         if port_in_use(host, port):
@@ -217,12 +220,17 @@ def main(argv: list[str] | None = None) -> int:
         ray.init(namespace="serve", runtime_env={
             "worker_process_setup_hook": "deployments.launch.loopback.bind_replica_grpc_to_loopback"})
         stop.install()  # again: ray.init installs its own SIGTERM handler
+        # the start block, once the apps answer; no loadable model stops the run (status 1)
+        watch = StartWatch(config, started, on_no_model=lambda: setattr(stop, "exit_code", 1))
+        watch.start()
         try:
             cli.main(["run", str(config)], prog_name="serve", standalone_mode=False)
         except KeyboardInterrupt:
             pass
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else 0
+        if watch.failed:  # no model could load
+            code = 1
     finally:
         stop.begin()
         stop.cleanup.set()

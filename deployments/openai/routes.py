@@ -45,5 +45,10 @@ async def model(model_id: str, request: Request, ingress: Current) -> Response:
 
 
 def model_card(name: str, info: dict) -> dict:
-    return {"id": name, "object": "model", "created": info.get("created", 0),
+    """A model's card; one that could not load is `"status": "unavailable"` with the
+    reason under "error"."""
+    card = {"id": name, "object": "model", "created": info.get("created", 0),
             "owned_by": "flm-serve", "context_length": info.get("context_length")}
+    if info.get("error"):
+        card.update(status="unavailable", error=info["error"])
+    return card

@@ -136,3 +136,28 @@ def load(path: Path) -> ctypes.CDLL:
 
 if __name__ == "__main__":  # `make setup` builds them once, so a build error shows there
     print(build(extra=env_flags()))
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def kernel_path() -> str:
+    """The matrix products' code path on this machine, in words ("packed VNNI x16",
+    "packed VNNI x8", "AVX2", "scalar"; "numpy reference" when the kernels cannot be
+    built): what the start block shows, since the arithmetic, and so a greedy reply's
+    near-ties, differ by path."""
+    try:
+        rows = kernels().fk_packed_rows()
+    except KernelUnavailable:
+        return "numpy reference"
+    if rows:
+        return f"packed VNNI x{rows}"
+    return "AVX2" if "avx2" in _cpu_flags() else "scalar"

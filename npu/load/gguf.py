@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import logging
 import re
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +23,7 @@ import numpy as np
 from npu.engine.quant import QT, QMatrix
 from npu.errors import ModelError
 from npu.load.gguf_header import TensorInfo, read_header
+from npu.load.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -231,29 +230,6 @@ def _expected_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
             "token_types.weight": (cfg.get("type_vocab_size", 0), H)}
 
 
-class _Progress:
-    def __init__(self, path: Path, total: int) -> None:
-        self.path, self.total, self.done = path, total, 0
-        self.start = time.monotonic()
-        self.shown = False
-
-    def add(self, n: int) -> None:
-        self.done += n
-        elapsed = time.monotonic() - self.start
-        if elapsed > 1.0:
-            self.shown = True
-            mb = self.done / 1e6
-            sys.stderr.write(f"\rloading {self.path.name}: {mb:,.0f} / {self.total / 1e6:,.0f} "
-                             f"MB ({mb / elapsed:,.0f} MB/s) ")
-            sys.stderr.flush()
-
-    def end(self) -> float:
-        elapsed = time.monotonic() - self.start
-        if self.shown:
-            sys.stderr.write("\n")
-        return elapsed
-
-
 SPLIT_NAME = re.compile(r"^(?P<stem>.+)-(?P<part>\d{5})-of-(?P<count>\d{5})\.gguf$",
                         re.IGNORECASE)
 
@@ -311,7 +287,7 @@ def read_gguf(path: Path, *, progress: bool = True) -> GGUFModel:
                            if freqs is not None else None)
     shapes = _expected_shapes(cfg)
     total = sum(t.n_bytes for t in infos.values())
-    bar = _Progress(path, total) if progress else None
+    bar = Progress(path.name, total) if progress else None
     tensors: dict[str, np.ndarray | QMatrix] = {}
     converted: list[str] = []
     files: dict[Path, Any] = {}

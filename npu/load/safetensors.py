@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import struct
-import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from npu.errors import ModelError
+from npu.load.progress import Progress
 
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64,
            "I64": np.int64, "I32": np.int32, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
@@ -82,22 +81,16 @@ def load_weights(folder: Path, *, keep: Callable[[str, np.ndarray, str], Any] | 
     """All tensors as float32; `keep(name, array, stored dtype)` may transform each as it
     arrives (into a block format: one tensor is float32 at a time).
 
-    A progress line is written to stderr when loading takes longer than a second.
+    Progress is shown on stderr when loading takes longer than a second (npu.load.progress).
     """
     files = safetensors_files(folder)
     total = sum(f.stat().st_size for f in files)
-    done = 0
-    start = time.monotonic()
-    shown = False
+    bar = Progress(folder.name, total) if progress else None
     out: dict[str, np.ndarray] = {}
     for name, arr, dtype in iter_tensors(folder):
         out[name] = keep(name, arr, dtype) if keep else arr
-        done += arr.size * 2  # about the bytes read (bf16/fp16 checkpoints dominate)
-        if progress and time.monotonic() - start > 1.0:
-            shown = True
-            pct = min(100, 100 * done // max(total, 1))
-            sys.stderr.write(f"\rloading {folder.name}: {pct:3d}% ")
-            sys.stderr.flush()
-    if shown:
-        sys.stderr.write(f"\rloading {folder.name}: done in {time.monotonic() - start:.1f}s\n")
+        if bar:
+            bar.add(arr.size * 2)  # about the bytes read (bf16/fp16 checkpoints dominate)
+    if bar:
+        bar.end()
     return out

@@ -1,6 +1,7 @@
 """One Ray Serve instance for the whole test run: flm-tiny on two replicas, a random gpt-oss
 (harmony format), a random BERT encoder (embeddings only), the default model, and the real
-stories260K model when ../shared is there."""
+stories260K model when ../shared is there; a secured app (API key, CORS) that also holds a
+model that cannot load."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ from tests.shared import SHARED
 
 STORIES = SHARED / "models" / "stories260K" / "hf-f32"
 SECRET = "test-key-123"
+# a model on the secured app that cannot load (an architecture the engine does not run)
+UNLOADABLE = "no-such-arch"
+UNLOADABLE_CONFIG = '{"architectures": ["FooForCausalLM"], "model_type": "foo"}'
 
 
 @pytest.fixture(scope="session")
@@ -57,10 +61,16 @@ def serve_url(tmp_path_factory):
                                      "kernel_dir": str(kernels),
                                      "simulator_devices": ["RyzenAI-npu4", "RyzenAI-npu4"]}]}),
               name="npu", route_prefix="/npu")
-    # a second app with an API key and CORS, on its own prefix; its worker takes one
-    # sequence and queues one more, so the overload test can fill it
+    # a second app with an API key and CORS, on its own prefix; its flm-tiny worker takes
+    # one sequence and queues one more, so the overload test can fill it
+    # ... and a model whose architecture the engine does not run (its worker says why)
+    unloadable = tmp_path_factory.mktemp("unloadable") / "model"
+    unloadable.mkdir()
+    (unloadable / "config.json").write_text(UNLOADABLE_CONFIG)
     serve.run(build_app({"models": [{"name": "flm-tiny", "path": "flm-tiny", "max_batch": 1,
-                                     "max_queued": 1}],
+                                     "max_queued": 1},
+                                    {"name": UNLOADABLE, "path": str(unloadable),
+                                     "max_batch": 1}],
                          "api_key": SECRET, "cors_origins": ["http://example.test"]}),
               name="secured", route_prefix="/secured")
     url = f"http://127.0.0.1:{port}"

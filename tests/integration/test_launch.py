@@ -117,6 +117,16 @@ def _wait_ready(proc: subprocess.Popen, port: int, log: Path) -> None:
     raise AssertionError(f"not ready in {START_S} s:\n{log.read_text()[-3000:]}")
 
 
+def _wait_printed(proc: subprocess.Popen, log: Path, text: str) -> None:
+    end = time.monotonic() + START_S
+    while time.monotonic() < end:
+        assert proc.poll() is None, f"make serve exited early:\n{log.read_text()[-3000:]}"
+        if text in log.read_text():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{text!r} not printed in {START_S} s:\n{log.read_text()[-3000:]}")
+
+
 def _kill_run(proc: subprocess.Popen, run_id: str) -> None:
     for pid in set(_session(proc.pid)) | set(RunProcesses(run_id).alive()):
         try:
@@ -193,6 +203,9 @@ def test_the_command_line_serves_one_model(config, tmp_path) -> None:
                             stdout=log.open("w"), stderr=subprocess.STDOUT)
     try:
         _wait_ready(proc, port, log)
+        _wait_printed(proc, log, "ready in ")  # the start block (deployments/launch/console)
+        block = log.read_text()
+        assert f"API      http://127.0.0.1:{port}/" in block and "model    tiny  " in block
         models = httpx.get(f"http://127.0.0.1:{port}/api/tags", timeout=30).json()
         assert [m["model"] for m in models["models"]] == ["tiny:latest"]
         reply = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=60, json={
