@@ -48,40 +48,48 @@ def inputs(n: int, tokens: int, vocab: int, seed: int) -> list[list[int]]:
     return [rng.integers(vocab // 4, vocab // 2, size=tokens).tolist() for _ in range(n)]
 
 
-async def embed(worker: Worker, items: list) -> np.ndarray:
+def texts(worker: Worker, n: int, tokens: int, seed: int) -> list[str]:
+    """`n` texts of about `tokens` tokens each (random ids decoded: the same file's
+    tokenizer on both sides reads them back to about as many)."""
+    tok = worker.model.tokenizer
+    return [tok.decode(ids) for ids in inputs(n, tokens, worker.model.config.vocab_size, seed)]
+
+
+async def embed(worker: Worker, items: list) -> tuple[np.ndarray, int]:
+    """The vectors of `items` and the tokens they took."""
     req = EmbedGenerate(request_id="b", inputs=items)
     events = [e async for batch in worker.generate(req) for e in batch]
     emb = next(e for e in events if isinstance(e, Embeddings))
-    return np.frombuffer(emb.vectors, dtype="<f4").reshape(len(items), emb.dims)
+    vectors = np.frombuffer(emb.vectors, dtype="<f4").reshape(len(items), emb.dims)
+    return vectors, sum(emb.tokens)
 
 
-def throughput(worker: Worker, batch: int, tokens: int, rounds: int) -> float:
-    """Input tokens per second, requests of `batch` inputs one after another."""
-    vocab = worker.model.config.vocab_size
-
+def throughput(worker: Worker, batches: list[list]) -> float:
+    """Input tokens per second, one request per batch, one after another."""
     async def run() -> float:
-        await embed(worker, inputs(batch, tokens, vocab, 0))  # warm
-        t0 = time.perf_counter()
-        for r in range(rounds):
-            await embed(worker, inputs(batch, tokens, vocab, r + 1))
-        return rounds * batch * tokens / (time.perf_counter() - t0)
+        await embed(worker, batches[0][:1])  # warm
+        t0, tokens = time.perf_counter(), 0
+        for items in batches:
+            tokens += (await embed(worker, items))[1]
+        return tokens / (time.perf_counter() - t0)
 
     return asyncio.run(run())
 
 
-def llama_cpp_rate(path: Path, batch: int, tokens: int, rounds: int) -> float | None:
+def llama_cpp_rate(path: Path, batches: list[list[str]], ctx: int) -> float | None:
+    """llama.cpp's embedding of the same texts, mean-pooled as ours, on every core."""
     try:
-        from llama_cpp import Llama
+        from llama_cpp import LLAMA_POOLING_TYPE_MEAN, Llama
     except ImportError:
         return None
-    llm = Llama(str(path), embedding=True, n_ctx=max(512, tokens * 2), n_batch=4096,
-                n_ubatch=4096, n_threads=os.cpu_count(), verbose=False)
-    vocab = llm.n_vocab()
-    llm.embed(inputs(1, tokens, vocab, 0))
-    t0 = time.perf_counter()
-    for r in range(rounds):
-        llm.embed(inputs(batch, tokens, vocab, r))
-    return rounds * batch * tokens / (time.perf_counter() - t0)
+    llm = Llama(str(path), embedding=True, pooling_type=LLAMA_POOLING_TYPE_MEAN, n_ctx=ctx,
+                n_batch=ctx, n_ubatch=ctx, n_threads=os.cpu_count(),
+                n_threads_batch=os.cpu_count(), verbose=False)
+    llm.embed(batches[0][:1])
+    t0, tokens = time.perf_counter(), 0
+    for items in batches:
+        tokens += llm.embed(items, return_count=True)[1]
+    return tokens / (time.perf_counter() - t0)
 
 
 def sentence_transformers_rate(folder: Path, batch: int, tokens: int,
@@ -100,12 +108,12 @@ def sentence_transformers_rate(folder: Path, batch: int, tokens: int,
     model = AutoModel.from_pretrained(folder).eval()
     vocab = model.config.vocab_size
 
-    def run(r: int) -> None:
-        ids = torch.tensor(inputs(batch, tokens, vocab, r))
+    def run(r: int, n: int = batch) -> None:
+        ids = torch.tensor(inputs(n, tokens, vocab, r))
         with torch.no_grad():
             model(input_ids=ids).last_hidden_state.mean(dim=1)
 
-    run(0)
+    run(0, 1)
     t0 = time.perf_counter()
     for r in range(rounds):
         run(r)
@@ -156,31 +164,39 @@ def main() -> None:
     from tests.bert_model import build_bert
 
     if args.quick:
-        decoder, tokens, batches, rounds, stream_tokens = "flm-tiny", 32, (1, 8), 2, 48
+        decoder, tokens, batches, stream_tokens = "flm-tiny", 32, (1, 8), 48
+        min_inputs = 8  # inputs a figure is measured over (batches of 1: that many requests)
         bert = build_bert(cache / "bert")
     else:
-        decoder, tokens, batches, rounds, stream_tokens = "smollm2-135m", 128, (1, 32, 256), 2, 96
+        decoder, tokens, batches, stream_tokens = "smollm2-135m", 128, (1, 32, 256), 96
+        min_inputs = 32
         bert = build_bert(cache / "bert", dims={  # BERT-base's shape
             "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
             "intermediate_size": 3072, "max_position_embeddings": 512})
-    print(f"inputs of {tokens} tokens; {os.cpu_count()} cores")
-    print(f"{'model':34s} {'batch':>5s} {'flm tok/s':>10s} {'peer tok/s':>10s} {'ratio':>6s}")
+    shape = "tiny" if args.quick else "BERT-base-shaped"
+    print(f"inputs of about {tokens} tokens; {os.cpu_count()} cores; tokens/s of inputs; "
+          f"bert: a random {shape} encoder")
+    print(f"{'model':28s} {'batch':>5s} {'flm tok/s':>10s} {'peer tok/s':>10s} {'ratio':>6s}")
     dec = Worker(lambda: load_model(decoder, name=decoder), max_batch=4)
     gguf = dec.model.path
     for b in batches:
-        ours = throughput(dec, b, tokens, rounds)
-        peer = llama_cpp_rate(gguf, b, tokens, rounds) if gguf.suffix == ".gguf" else None
+        rounds = max(1, min_inputs // b)
+        work = [texts(dec, b, tokens, r) for r in range(rounds)]
+        ours = throughput(dec, work)
+        peer = llama_cpp_rate(gguf, work, 4096) if gguf.suffix == ".gguf" else None
         ratio = f"{ours / peer:6.2f}" if peer else "   n/a"
-        print(f"{decoder + ' (llama.cpp)':34s} {b:5d} {ours:10.0f} "
+        print(f"{decoder + ' (llama.cpp)':28s} {b:5d} {ours:10.0f} "
               f"{peer or float('nan'):10.0f} {ratio}  ratio (ours / peer)")
     for quant in ("Q8_0", "F32"):  # the encoder held in each block format
         options = LoadOptions(quantize=None if quant == "F32" else quant.lower())
         enc = Worker(lambda o=options: load_model(bert, "cpu", o, name="bert"), max_batch=4)
+        vocab = enc.model.config.vocab_size
         for b in batches:
-            ours = throughput(enc, b, tokens, rounds)
+            rounds = max(1, min_inputs // b)
+            ours = throughput(enc, [inputs(b, tokens, vocab, r) for r in range(rounds)])
             peer = sentence_transformers_rate(bert, b, tokens, rounds)
             ratio = f"{ours / peer:6.2f}" if peer else "   n/a"
-            print(f"{'bert ' + quant + ' (torch)':34s} {b:5d} {ours:10.0f} "
+            print(f"{'bert ' + quant + ' (torch)':28s} {b:5d} {ours:10.0f} "
                   f"{peer or float('nan'):10.0f} {ratio}  ratio (ours / peer)")
         enc.close()
     alone = stream_rate(dec, stream_tokens, batches[-1], tokens, beside=False)
