@@ -25,9 +25,10 @@ log = logging.getLogger(__name__)
 # activations' memory: tokens x the model's widest layer, in float32)
 MAX_STEP_TOKENS = 4096
 # with streams decoding, embedding steps take this share of the decode steps' time (the
-# streams then keep about 1 / (1 + share) of their pace), and at most this much time saved
-# up (seconds) for one step
-STREAM_SHARE = 0.3
+# streams then keep about 1 / (1 + share) of their pace): a step runs once the decode steps
+# have earned what its first input costs, and at most MAX_CREDIT_S (or that input's cost,
+# if more) is saved up for one step
+STREAM_SHARE = 0.25
 MAX_CREDIT_S = 0.1
 
 
@@ -115,14 +116,23 @@ class Embedder:
         # seconds of embedding the decode steps so far have earned (STREAM_SHARE of theirs)
         self.credit = 0.0
 
-    def earn(self, decode_s: float) -> None:
-        """A decode step took `decode_s` while embeddings waited: their share of it."""
-        self.credit = min(MAX_CREDIT_S, self.credit + STREAM_SHARE * decode_s)
+    def next_cost(self, jobs: list[EmbedJob]) -> float:
+        """Seconds the oldest job's next input should take, at the measured rate (0: not
+        measured yet)."""
+        if not jobs or not self.tokens_per_s:
+            return 0.0
+        job = jobs[0]
+        return len(job.ids[job.done]) / self.tokens_per_s
 
-    def ready(self, streaming: bool) -> bool:
+    def earn(self, decode_s: float, jobs: list[EmbedJob]) -> None:
+        """A decode step took `decode_s` while `jobs` waited: their share of it."""
+        cap = max(MAX_CREDIT_S, self.next_cost(jobs))
+        self.credit = min(cap, self.credit + STREAM_SHARE * decode_s)
+
+    def ready(self, streaming: bool, jobs: list[EmbedJob]) -> bool:
         """Whether an embedding step may run now: always when no stream decodes, else once
-        the decode steps have earned time for it."""
-        return not streaming or self.credit > 0
+        the decode steps have earned what the next input costs."""
+        return not streaming or (self.credit > 0 and self.credit >= self.next_cost(jobs))
 
     def budget(self, streaming: bool) -> int:
         """Tokens for the next step: all it may take when no stream decodes, else what the

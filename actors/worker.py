@@ -268,10 +268,10 @@ class Worker:
                     t0 = time.perf_counter()
                     ended = sched.decode_step(running, paused, outboxes)
                     if embeds:
-                        self.embedder.earn(time.perf_counter() - t0)
+                        self.embedder.earn(time.perf_counter() - t0, embeds)
                     hand(ended)
                 # between decode steps, in a bounded share of their time when streams run
-                if embeds and self.embedder.ready(bool(running)):
+                if embeds and self.embedder.ready(bool(running), embeds):
                     hand(self.embedder.step(embeds, bool(running)))
         except BaseException as exc:  # the worker is broken: tell every stream
             log.exception("decode loop failed")

@@ -159,6 +159,8 @@ def stream_rate(worker: Worker, tokens: int, embed_batch: int, embed_tokens: int
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny models, few rounds (CI)")
+    ap.add_argument("--stream-only", action="store_true",
+                    help="only part 2: a stream's decode rate beside embeddings")
     args = ap.parse_args()
     cache = Path(tempfile.mkdtemp(prefix="flm-bench-embed-"))
     from tests.bert_model import build_bert
@@ -168,7 +170,7 @@ def main() -> None:
         min_inputs = 8  # inputs a figure is measured over (batches of 1: that many requests)
         bert = build_bert(cache / "bert")
     else:
-        decoder, tokens, batches, stream_tokens = "smollm2-135m", 128, (1, 32, 256), 96
+        decoder, tokens, batches, stream_tokens = "smollm2-135m", 128, (1, 32, 256), 256
         min_inputs = 32
         bert = build_bert(cache / "bert", dims={  # BERT-base's shape
             "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
@@ -179,7 +181,7 @@ def main() -> None:
     print(f"{'model':28s} {'batch':>5s} {'flm tok/s':>10s} {'peer tok/s':>10s} {'ratio':>6s}")
     dec = Worker(lambda: load_model(decoder, name=decoder), max_batch=4)
     gguf = dec.model.path
-    for b in batches:
+    for b in batches if not args.stream_only else ():
         rounds = max(1, min_inputs // b)
         work = [texts(dec, b, tokens, r) for r in range(rounds)]
         ours = throughput(dec, work)
@@ -187,7 +189,7 @@ def main() -> None:
         ratio = f"{ours / peer:6.2f}" if peer else "   n/a"
         print(f"{decoder + ' (llama.cpp)':28s} {b:5d} {ours:10.0f} "
               f"{peer or float('nan'):10.0f} {ratio}  ratio (ours / peer)")
-    for quant in ("Q8_0", "F32"):  # the encoder held in each block format
+    for quant in ("Q8_0", "F32") if not args.stream_only else ():  # each block format
         options = LoadOptions(quantize=None if quant == "F32" else quant.lower())
         enc = Worker(lambda o=options: load_model(bert, "cpu", o, name="bert"), max_batch=4)
         vocab = enc.model.config.vocab_size
@@ -199,6 +201,8 @@ def main() -> None:
             print(f"{'bert ' + quant + ' (torch)':28s} {b:5d} {ours:10.0f} "
                   f"{peer or float('nan'):10.0f} {ratio}  ratio (ours / peer)")
         enc.close()
+    # the worker paces embedding steps by their measured rate: measure it first
+    asyncio.run(embed(dec, inputs(4, tokens, dec.model.config.vocab_size, 0)))
     alone = stream_rate(dec, stream_tokens, batches[-1], tokens, beside=False)
     beside = stream_rate(dec, stream_tokens, batches[-1], tokens, beside=True)
     print(f"stream decode alone {alone:.1f} tok/s, beside embeddings {beside:.1f} tok/s: "

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from actors.embedding import MAX_STEP_TOKENS, STREAM_SHARE, Embedder, finish
+from actors.embedding import MAX_CREDIT_S, MAX_STEP_TOKENS, STREAM_SHARE, EmbedJob, Embedder, finish
 from actors.events import (
     Accepted,
     ChatGenerate,
@@ -116,16 +116,22 @@ def test_embedding_leaves_the_kv_cache_and_running_chats_alone(worker) -> None:
 
 def test_embedding_beside_streams_takes_its_share_of_their_time() -> None:
     e = Embedder(model=None)
-    assert e.ready(False) and e.budget(False) == MAX_STEP_TOKENS  # nothing decodes
-    assert not e.ready(True)  # no decode step has paid for one yet
-    e.earn(0.01)
-    assert e.ready(True) and e.credit == pytest.approx(STREAM_SHARE * 0.01)
+    job = EmbedJob(EmbedGenerate(request_id="j"), [[1] * 100, [2] * 10], dims=4)
+    assert e.ready(False, [job]) and e.budget(False) == MAX_STEP_TOKENS  # nothing decodes
+    assert not e.ready(True, [job])  # no decode step has paid for one yet
+    e.earn(0.01, [job])
+    assert e.ready(True, [job]) and e.credit == pytest.approx(STREAM_SHARE * 0.01)
     assert e.budget(True) == 1  # no rate measured yet: one input
-    e.tokens_per_s = 100_000.0
-    assert e.budget(True) == int(100_000 * STREAM_SHARE * 0.01)
+    e.tokens_per_s = 1000.0  # the next input (100 tokens) costs 0.1 s
+    assert not e.ready(True, [job])  # earned 2.5 ms of it so far
+    for _ in range(100):
+        e.earn(0.01, [job])
+    assert e.credit == pytest.approx(0.1) and e.ready(True, [job])  # saved up to its cost
+    assert e.budget(True) == 100
+    job.done = 1  # the next input costs 10 ms: what is saved up is bounded by MAX_CREDIT_S
     for _ in range(1000):
-        e.earn(1.0)
-    assert e.budget(True) == MAX_STEP_TOKENS  # what is saved up is bounded
+        e.earn(1.0, [job])
+    assert e.credit == pytest.approx(MAX_CREDIT_S)
 
 
 def test_finish_normalizes_and_keeps_zero() -> None:
