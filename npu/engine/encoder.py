@@ -27,6 +27,7 @@ from npu.engine import ops as ops_mod
 from npu.engine import rope as rope_mod
 from npu.engine.attention import attend_packed, embed_inputs
 from npu.engine.linear import Linear, LinearFactory, Threads
+from npu.engine.numpy_engine import Tensors
 from npu.engine.pooling import Pooling, pool
 from npu.engine.quant import INTEGER, QMatrix
 from npu.errors import ModelError
@@ -67,38 +68,20 @@ class EncoderLayer:
                  "norm_ff")
 
 
-class _Tensors:
-    """A checkpoint's tensors taken by name, each once."""
+class _Tensors(Tensors):
+    """An encoder's tensors (under their names without a wrapping model's prefix)."""
 
     def __init__(self, weights: dict[str, np.ndarray | QMatrix], linears: LinearFactory,
                  arch: str) -> None:
-        self.weights, self.linears, self.arch = weights, linears, arch
+        super().__init__(weights, linears, arch)
         for name in list(weights):
             for prefix in PREFIXES:
                 if name.startswith(prefix) and name[len(prefix):] not in weights:
                     weights[name[len(prefix):]] = weights.pop(name)
                     break
 
-    def pop(self, name: str) -> np.ndarray | QMatrix:
-        arr = self.weights.pop(name, None)
-        if arr is None:
-            raise ModelError(f"the weights lack tensor {name!r} (architecture {self.arch})")
-        return arr
-
-    def take(self, name: str) -> np.ndarray:
-        arr = self.pop(name)
-        arr = arr.dequantize() if isinstance(arr, QMatrix) else arr
-        return np.ascontiguousarray(arr, dtype=np.float32)
-
     def maybe(self, name: str) -> np.ndarray | None:
         return self.take(name) if name in self.weights else None
-
-    def linear(self, *names: str) -> Linear:
-        mats = []
-        for n in names:
-            arr = self.pop(n)
-            mats.append(arr if isinstance(arr, QMatrix) else QMatrix.from_float(arr))
-        return self.linears.linear(mats)
 
     def norm(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         return self.take(name + ".weight"), self.take(name + ".bias")

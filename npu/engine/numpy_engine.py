@@ -74,14 +74,14 @@ class Seq:
         return self.kv.pos
 
 
-class _Weights:
+class Tensors:
     """A checkpoint's tensors taken by name (each taken once: the dict shrinks as the
-    engine takes them) as the engine holds them: norms (float32), small tensors, linear
-    layers in their block formats."""
+    engine takes them): small tensors as float32, matrices in their block formats, linear
+    layers of the engine's backend."""
 
     def __init__(self, weights: dict[str, np.ndarray | QMatrix], linears: LinearFactory,
-                 roles: Roles, arch: str) -> None:
-        self.weights, self.linears, self.roles, self.arch = weights, linears, roles, arch
+                 arch: str) -> None:
+        self.weights, self.linears, self.arch = weights, linears, arch
 
     def pop(self, name: str) -> np.ndarray | QMatrix:
         arr = self.weights.pop(name, None)
@@ -92,7 +92,8 @@ class _Weights:
     def take(self, name: str) -> np.ndarray:
         """A vector or small tensor, used as float32."""
         arr = self.pop(name)
-        return arr.dequantize() if isinstance(arr, QMatrix) else arr
+        arr = arr.dequantize() if isinstance(arr, QMatrix) else arr
+        return np.ascontiguousarray(arr, dtype=np.float32)
 
     def mat(self, name: str) -> QMatrix:
         arr = self.pop(name)
@@ -100,6 +101,15 @@ class _Weights:
 
     def linear(self, *names: str) -> Linear:
         return self.linears.linear([self.mat(n) for n in names])
+
+
+class _Weights(Tensors):
+    """A decoder's tensors, norms read by the architecture's roles."""
+
+    def __init__(self, weights: dict[str, np.ndarray | QMatrix], linears: LinearFactory,
+                 roles: Roles, arch: str) -> None:
+        super().__init__(weights, linears, arch)
+        self.roles = roles
 
     def norm(self, name: str) -> np.ndarray:
         w = self.take(name)
