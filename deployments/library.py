@@ -20,6 +20,23 @@ from deployments.errors import ApiError
 log = logging.getLogger(__name__)
 
 
+def merge_running(held: list[dict]) -> list[dict]:
+    """One entry per loaded model from every replica's list: sizes added up (the memory the
+    model takes on the server), the latest expiry, the replicas holding it, in the order
+    models were loaded (oldest first)."""
+    out: dict[str, dict] = {}
+    for m in sorted(held, key=lambda m: m.get("loaded_at", 0.0)):
+        seen = out.get(m["id"])
+        if seen is None:
+            out[m["id"]] = {**m, "replicas": [m.get("replica")]}
+            continue
+        seen["replicas"].append(m.get("replica"))
+        for key in ("weight_bytes", "size", "active", "loads"):
+            seen[key] = seen.get(key, 0) + m.get(key, 0)
+        seen["expires_at"] = max(seen.get("expires_at", 0.0), m.get("expires_at", 0.0))
+    return list(out.values())
+
+
 class LibraryFront:
     """The library side of an ingress replica.
 
@@ -117,11 +134,15 @@ class LibraryFront:
         return out
 
     async def running(self) -> list[dict]:
-        """The library models loaded now (one replica's view), as descriptions."""
+        """The library models loaded now on any replica, as descriptions (`merge_running`):
+        the metrics hub's reports of every replica, or, without a hub, one replica's own."""
         if self.library_handle is None:
             return []
+        hub = getattr(self, "hub", None)
         try:
-            return await self.library_handle.running.remote()
+            if hub is not None:
+                return merge_running(await hub.held.remote())
+            return merge_running(await self.library_handle.running.remote())
         except Exception:
             log.warning("the library worker did not answer /api/ps", exc_info=True)
             return []
