@@ -13,7 +13,10 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 from actors.errors import RequestError
+from actors.events import ChatGenerate
 from actors.library import Library, model_key
 from deployments.errors import ApiError
 
@@ -105,6 +108,15 @@ class LibraryFront:
         if entry is None or (entry.system is None and not entry.options):
             return None
         return entry.system, entry.options
+
+    def with_variant_template(self, name: str, request: Any) -> Any:
+        """`request` with the chat template of the library variant `name` (Ollama's
+        TEMPLATE), when it is a chat and the variant has one; else `request` itself."""
+        entry = self.library.get(name) if self.library is not None else None
+        if entry is None or entry.template is None or not isinstance(request, ChatGenerate) \
+                or request.template is not None:
+            return request
+        return msgspec.structs.replace(request, template=entry.template)
 
     async def library_models(self) -> dict[str, dict]:
         """The library's models not shadowed by a configured one, as descriptions (the

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.integration.conftest import LIBRARY_PREFIX
+from tests.integration.conftest import LIBRARY_PREFIX, library_args
 
 ollama = pytest.importorskip("ollama")
 openai = pytest.importorskip("openai")
@@ -216,10 +216,16 @@ def test_create_makes_a_variant_with_its_own_system_prompt_and_parameters(oc, ai
         oc.chat(model="terse", messages=HI).message.content)  # temperature 0 on both APIs
     own = oc.chat(model="terse", messages=HI, options={"num_predict": 1})
     assert own.eval_count == 1  # a request's own options win
+    # Ollama's TEMPLATE (a Go template): the prompt is the user's text alone, no chat markers
+    oc.create(model="bare", from_=LLAMA, template="{{ .Prompt }}")
+    bare = oc.chat(model="bare", messages=HI, options={"num_predict": 1})
+    assert bare.eval_count == 1 and bare.prompt_eval_count < base.prompt_eval_count - 4
+    assert "{%" in oc.show("bare").template  # shown as the Jinja it renders with
     with pytest.raises(ollama.ResponseError) as err:
-        oc.create(model="x", from_=LLAMA, template="{{ .Prompt }}")
+        oc.create(model="x", from_=LLAMA, template="{{ .Prompt ")
     assert err.value.status_code == 400 and "template" in err.value.error
     oc.delete("terse")
+    oc.delete("bare")
     oc.chat(model=LLAMA, messages=[], keep_alive=0)
 
 
@@ -237,3 +243,36 @@ def test_anthropics_count_tokens_counts_on_a_library_model(serve_url, oc) -> Non
                    timeout=60)
     assert r.status_code == 200 and r.json()["input_tokens"] > 2
     oc.chat(model=QWEN, messages=[], keep_alive=0)
+
+
+def test_aliases_and_variants_survive_a_restart_of_the_app(oc, library_dir) -> None:
+    """(Last in this file: it replaces the library app's replicas.)"""
+    from ray import serve
+
+    from deployments.app import build_app
+
+    oc.copy(LLAMA, "kept-alias")
+    oc.create(model="kept-variant", from_=QWEN, system="Be brief.",
+              template="{{ .System }} U:{{ .Prompt }} A:", parameters={"num_predict": 2})
+    before = oc.chat(model="kept-variant", messages=HI)
+    serve.delete("library")  # a new ingress and worker, with nothing but the folder
+    serve.run(build_app(library_args(library_dir)), name="library",
+              route_prefix=LIBRARY_PREFIX)
+    deadline = time.monotonic() + 60
+    while True:  # until the proxy routes to the new app
+        try:
+            names = {m.model for m in oc.list().models}
+            break
+        except (ollama.ResponseError, ConnectionError, OSError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+    assert {"kept-alias:latest", "kept-variant:latest"} <= names
+    assert _loaded(oc) == {}  # a fresh worker: nothing loaded
+    after = oc.chat(model="kept-variant", messages=HI)
+    assert after.eval_count == 2 and after.prompt_eval_count == before.prompt_eval_count
+    assert oc.chat(model="kept-alias", messages=HI, options={"num_predict": 1}).eval_count == 1
+    oc.delete("kept-alias")
+    oc.delete("kept-variant")
+    for model in (QWEN, LLAMA):
+        oc.chat(model=model, messages=[], keep_alive=0)
