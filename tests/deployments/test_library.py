@@ -47,3 +47,23 @@ def test_ps_asks_the_hub_for_every_replica_and_without_one_a_replica() -> None:
                                                   _m("a", "r2", 1.5, 9.0)])})()
     (entry,) = asyncio.run(front.running())
     assert entry["replicas"] == ["r1", "r2"] and front.library_handle.running.calls == 1
+
+
+def test_a_chat_for_a_variant_with_a_template_carries_it_and_nothing_else_does(
+        tmp_path) -> None:
+    from actors.events import ChatGenerate, CompletionGenerate
+    from actors.library import Library
+    from tests.actors.test_library import write_gguf
+
+    write_gguf(tmp_path / "base.gguf", "qwen3")
+    Library(tmp_path).copy("base", "bare", template="{{ .Prompt }}")
+    Library(tmp_path).copy("base", "terse", system="Be terse.")
+    front = LibraryFront(_Handle([]), {"models_dir": str(tmp_path)})
+    front.streams = {}
+    chat = ChatGenerate(request_id="a", messages=[{"role": "user", "content": "hi"}])
+    sent = front.with_variant_template("Bare:latest", chat)
+    assert sent.template is not None and "{%" in sent.template and chat.template is None
+    assert front.with_variant_template("terse", chat) is chat  # no template of its own
+    assert front.with_variant_template("base", chat) is chat
+    raw = CompletionGenerate(request_id="b", prompt="hi")
+    assert front.with_variant_template("bare", raw) is raw  # a raw prompt has no template
