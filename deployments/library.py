@@ -176,4 +176,6 @@ class LibraryFront:
         if "<think>" in entry.chat_template or "enable_thinking" in entry.chat_template:
             caps.append("thinking")
         return {**info, "capabilities": caps,
-                **({"template": entry.chat_template} if verbose else {})}
+                **({"template": entry.chat_template} if verbose else {}),
+                **({"system": entry.system} if entry.system is not None else {}),
+                **({"variant_options": entry.options} if entry.options else {})}

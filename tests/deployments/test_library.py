@@ -67,3 +67,21 @@ def test_a_chat_for_a_variant_with_a_template_carries_it_and_nothing_else_does(
     assert front.with_variant_template("base", chat) is chat
     raw = CompletionGenerate(request_id="b", prompt="hi")
     assert front.with_variant_template("bare", raw) is raw  # a raw prompt has no template
+
+
+def test_show_gives_a_variants_system_prompt_and_parameters_as_modelfile_lines(
+        tmp_path) -> None:
+    from actors.library import Library
+    from deployments.ollama.reply import show
+    from tests.actors.test_library import write_gguf
+
+    write_gguf(tmp_path / "base.gguf", "qwen3")
+    Library(tmp_path).copy("base", "terse", system="Be terse.",
+                           parameters={"temperature": 0.2, "stop": ["<a>", "b"]})
+    front = LibraryFront(_Handle([]), {"models_dir": str(tmp_path)})
+    front.streams = {}
+    shown = show(front.library_info("terse", verbose=True))
+    assert shown["system"] == "Be terse."
+    assert shown["parameters"] == 'temperature 0.2\nstop "<a>"\nstop "b"'
+    plain = show(front.library_info("base"))
+    assert "system" not in plain and plain["parameters"] == ""
