@@ -31,23 +31,25 @@ import httpx  # noqa: E402
 PROMPT = [{"role": "user", "content": "Write one sentence about cats."}]
 
 
-async def ttft(client: httpx.AsyncClient, model: str) -> float:
-    """Seconds from sending a streamed chat request to its first content chunk."""
-    body = {"model": model, "messages": PROMPT, "max_tokens": 4, "stream": True,
-            "temperature": 0}
+async def ttft(client: httpx.AsyncClient, model: str, chat: bool = True) -> float:
+    """Seconds from sending a streamed chat request (a completion of the same text, for a
+    file with no chat template) to its first content chunk."""
+    body = {"model": model, "max_tokens": 4, "stream": True, "temperature": 0,
+            **({"messages": PROMPT} if chat else {"prompt": PROMPT[0]["content"]})}
     start = time.perf_counter()
     first = None
-    async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+    path, key = ("/v1/chat/completions", '"content"') if chat else ("/v1/completions", '"text"')
+    async with client.stream("POST", path, json=body) as r:
         r.raise_for_status()
         async for line in r.aiter_lines():  # read to the end: the next request starts idle
-            if first is None and line.startswith("data: {") and '"content"' in line:
+            if first is None and line.startswith("data: {") and key in line:
                 first = time.perf_counter() - start
     if first is None:
         raise RuntimeError(f"{model}: no content")
     return first
 
 
-def peer_load(path: Path) -> float | None:
+def peer_load(path: Path, chat: bool) -> float | None:
     """llama.cpp's load of the same file and its first token (None: not installed)."""
     try:
         from llama_cpp import Llama
@@ -55,7 +57,10 @@ def peer_load(path: Path) -> float | None:
         return None
     start = time.perf_counter()
     llm = Llama(model_path=str(path), n_ctx=512, n_threads=2, verbose=False)
-    llm.create_chat_completion(messages=PROMPT, max_tokens=1)
+    if chat:
+        llm.create_chat_completion(messages=PROMPT, max_tokens=1)
+    else:
+        llm.create_completion(PROMPT[0]["content"], max_tokens=1)
     return time.perf_counter() - start
 
 
@@ -90,11 +95,18 @@ def main() -> int:
     source = model_file(args.model)
     folder = Path(tempfile.mkdtemp(prefix="flm-bench-library-"))
     (folder / "bench-lib.gguf").symlink_to(source)
+    with open(source, "rb") as f:  # every load below reads the file from the page cache
+        while f.read(1 << 24):
+            pass
     start = time.perf_counter()
     model = load_model(source)
     in_process = time.perf_counter() - start
+    chat = model.template is not None  # (a gguf_shapes file has none: completions)
     del model  # (an 8B model: one copy in memory at a time)
-    peer = peer_load(source)
+    peer = peer_load(source, chat)
+    print(f"{source.name}: load in-process {in_process:.2f} s; "
+          + (f"llama.cpp load + first token {peer:.2f} s" if peer is not None
+             else "llama.cpp: not installed (make bench-peer)"), flush=True)
 
     import logging
 
@@ -120,13 +132,13 @@ def main() -> int:
         async def run() -> tuple[float, list[float], list[float]]:
             async with httpx.AsyncClient(base_url=url, timeout=1800) as client:
                 if not args.cold_only:
-                    await ttft(client, "pinned")  # the pinned worker's first-request costs
-                cold = await ttft(client, "bench-lib")
+                    await ttft(client, "pinned", chat)  # its first-request costs
+                cold = await ttft(client, "bench-lib", chat)
                 lib, pinned = [], []
                 for _ in range(warm_n):  # interleaved: both see the same machine
-                    lib.append(await ttft(client, "bench-lib"))
+                    lib.append(await ttft(client, "bench-lib", chat))
                     if not args.cold_only:
-                        pinned.append(await ttft(client, "pinned"))
+                        pinned.append(await ttft(client, "pinned", chat))
                 return cold, lib, pinned
 
         cold, lib, pinned = asyncio.run(run())
@@ -135,9 +147,6 @@ def main() -> int:
         ray.shutdown()
 
     lib_ms = statistics.median(lib) * 1e3
-    print(f"{source.name}: load in-process {in_process:.2f} s; "
-          + (f"llama.cpp load + first token {peer:.2f} s" if peer is not None
-             else "llama.cpp: not installed (make bench-peer)"))
     print(f"cold time to first token through Serve (load included): {cold:.2f} s, "
           f"ratio to the in-process load {cold / in_process:.2f}"
           + (f", to llama.cpp's load + first token {cold / peer:.2f}" if peer else ""))
