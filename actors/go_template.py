@@ -9,6 +9,7 @@ What Ollama does, and the Jinja does the same (read in ollama/ollama template/te
 - Any other ("legacy") template is executed once per exchange with `.System`, `.Prompt` and
   `.Response`; the last one is cut after `{{ .Response }}`, so the prompt ends where the
   model's answer starts.
+- A message's content given as OpenAI's parts is its text parts joined (Ollama's is text).
 - Fields are the messages' and tools' JSON names (`.Role`, `.Content`, `.ToolCalls`,
   `.Function.Arguments`); `$` is the top, `$x := ...` and `$x = ...` set variables, `range`
   (with `$i, $m :=`), `if`/`else if`/`else`, `with`, `break`/`continue`, trim markers
@@ -49,6 +50,11 @@ _ROOT = {"System": "_system", "Prompt": "_prompt", "Response": "_response",
          "ThinkLevel": '(reasoning_effort | default(""))'}
 # Ollama's api.Message fields whose JSON names are not the snake_case of the Go name
 _FIELDS = {"ToolCallID": "tool_call_id", "Thinking": "reasoning_content"}
+# how Go prints a value: nil as nothing (Ollama's fields are "" then), booleans as Go spells
+# them, maps and lists as JSON (Ollama's tools and tool-call arguments print as JSON)
+_PRINT = ('{{ "" if _o is none else ("true" if _o else "false") if _o is boolean else _o '
+          'if _o is string or _o is number else (_o | tojson(separators=(",", ":"))) '
+          'if _o is mapping or _o is iterable else _o }}')
 _COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 
 
@@ -71,6 +77,9 @@ def jinja_from_go(source: str) -> str:
                      for kind, body in items)
     head = ('{%- set _c = namespace(system=[], messages=[]) -%}'
             '{%- for _m in messages -%}'
+            '{%- if _m.content is iterable and _m.content is not string and _m.content is '
+            'not mapping %}{% set _m = dict(_m, content=_m.content | selectattr("text", '
+            '"defined") | map(attribute="text") | join) %}{% endif -%}'
             '{%- if _m.role == "system" %}{% set _c.system = _c.system + [_m.content] %}'
             '{% endif -%}'
             '{%- if _c.messages and _c.messages[-1].role == _m.role and _m.role != "tool" -%}'
@@ -209,8 +218,9 @@ class _Translator:
         toks = _tokens(body)
         if len(toks) >= 2 and toks[0][0] == "var" and toks[1][0] in ("decl", "assign"):
             return "{% set " + self.var(toks[0][1]) + " = " + self.expr(toks[2:]) + " %}"
-        e = self.expr(toks)
-        return "{{ " + e + " if " + e + " is not none else \"\" }}"
+        if len(toks) == 1 and toks[0][0] == "str":  # text as it is
+            return "{{ " + self.expr(toks) + " }}"
+        return "{% set _o = " + self.expr(toks) + " %}" + _PRINT
 
     def end(self) -> str:
         kind = self.blocks.pop()

@@ -39,6 +39,10 @@ def test_a_messages_template_gets_the_merged_messages_variables_and_functions() 
             {"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
     # consecutive messages of one role are one message (Ollama's collate)
     assert render(go, msgs) == "S:one\n\ntwo\n[1:user] a\n\nb (last user)\nA:"
+    parts = [{"role": "user", "content": [{"type": "text", "text": "a"},
+                                           {"type": "image_url", "image_url": {}},
+                                           {"type": "text", "text": "b"}]}]
+    assert render("{{ range .Messages }}{{ .Content }}{{ end }}", parts) == "ab"
 
 
 def test_tools_and_tool_calls_read_as_ollama_names_them() -> None:
@@ -51,6 +55,10 @@ def test_tools_and_tool_calls_read_as_ollama_names_them() -> None:
              "tool_calls": [{"type": "function",
                              "function": {"name": "f", "arguments": '{"a": 1}'}}]}]
     assert render(go, msgs, tools) == 'T:f;\nuser:x\nassistant:<call>{"a":1}</call>\n'
+    # values print as Go prints them: maps as JSON (Ollama's tools), booleans, nothing for nil
+    go = "{{ range .Tools }}{{ . }}{{ end }}|{{ eq 1 1 }}|{{ .Think }}|{{ nil }}|"
+    assert render(go, msgs, tools) == ('{"type":"function","function":{"name":"f",'
+                                       '"parameters":{}}}|true|false||')
 
 
 def test_with_pipelines_literals_and_trim_markers() -> None:
