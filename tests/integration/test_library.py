@@ -245,6 +245,34 @@ def test_anthropics_count_tokens_counts_on_a_library_model(serve_url, oc) -> Non
     oc.chat(model=QWEN, messages=[], keep_alive=0)
 
 
+def test_ps_shows_the_models_of_every_replica_and_requests_go_to_the_one_holding_theirs(
+        serve_url, library_dir) -> None:
+    """Two replicas holding one model each: /api/ps lists both models (one replica's view
+    would list one), and once Serve's routers know where each model is, requests for it go
+    to its replica (the prefix router keyed by model: no load after the first)."""
+    from ray import serve
+
+    from deployments.app import build_app
+
+    args = library_args(library_dir)
+    args["library"] = {**args["library"], "replicas": 2, "max_loaded_models": 1}
+    serve.run(build_app(args), name="library-2x", route_prefix="/library-2x")
+    oc2 = ollama.Client(host=serve_url + "/library-2x", timeout=120)
+    try:
+        held: dict = {}
+        for _ in range(6):  # until the routers have heard which replica holds which model
+            loads = [oc2.chat(model=m, messages=HI, options={"num_predict": 1}).load_duration
+                     for m in (LLAMA, QWEN)]
+            held = {m.model: m for m in oc2.ps().models}
+            if not any(loads) and len(held) == 2:
+                break
+        assert set(held) == {f"{LLAMA}:latest", f"{QWEN}:latest"}
+        assert not any(loads)  # both served where they were loaded
+        assert all(m.size > 0 and m.context_length == 256 for m in held.values())
+    finally:
+        serve.delete("library-2x")
+
+
 def test_aliases_and_variants_survive_a_restart_of_the_app(oc, library_dir) -> None:
     """(Last in this file: it replaces the library app's replicas.)"""
     from ray import serve
