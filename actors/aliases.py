@@ -40,11 +40,14 @@ class Alias(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
         system: the system prompt of requests that send none.
         parameters: Ollama's Modelfile parameters (temperature, num_predict, stop, ...) for
             requests that do not set them.
+        template: the Jinja chat template its chats render with (Ollama's TEMPLATE, made
+            Jinja by actors.go_template when it was a Go template); None: the model's.
     """
 
     model: str
     system: str | None = None
     parameters: dict[str, Any] = msgspec.field(default_factory=dict)
+    template: str | None = None
 
 
 def _alias(value: Any) -> Alias:

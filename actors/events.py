@@ -48,6 +48,8 @@ class ChatGenerate(_Generate, tag="chat"):
             own template variables).
         reasoning_budget: the most tokens the reasoning may take: then the format's end of
             reasoning is written for the model and the answer follows (None: no cap).
+        template: a Jinja chat template to render with instead of the model's (a library
+            variant's, Ollama's /api/create TEMPLATE); None: the model's.
     """
 
     messages: list[dict] = msgspec.field(default_factory=list)
@@ -56,6 +58,7 @@ class ChatGenerate(_Generate, tag="chat"):
     thinking: bool | None = None
     template_kwargs: dict = msgspec.field(default_factory=dict)
     reasoning_budget: int | None = None
+    template: str | None = None
 
 
 class CompletionGenerate(_Generate, tag="completion"):

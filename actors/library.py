@@ -30,6 +30,7 @@ import msgspec
 
 from actors.aliases import Alias, AliasStore
 from actors.errors import RequestError
+from actors.go_template import GoTemplateError, is_go_template, jinja_from_go
 from npu.load.gguf_header import read_header
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,8 @@ class LibraryModel(msgspec.Struct, frozen=True, kw_only=True):
         alias_of: for an alias (/api/copy), the model it stands for ("" otherwise).
         system: a variant's system prompt (/api/create; None: the request's own).
         options: a variant's Modelfile parameters (defaults of its requests).
+        template: a variant's own Jinja chat template (/api/create; None: the file's,
+            `chat_template`, which then shows this one).
     """
 
     name: str
@@ -82,6 +85,7 @@ class LibraryModel(msgspec.Struct, frozen=True, kw_only=True):
     alias_of: str = ""
     system: str | None = None
     options: dict[str, Any] = msgspec.field(default_factory=dict)
+    template: str | None = None
 
     def info(self) -> dict[str, Any]:
         """The model as the APIs' listings read a model description (see ModelWorker.info)."""
@@ -90,6 +94,29 @@ class LibraryModel(msgspec.Struct, frozen=True, kw_only=True):
                 "context_length": self.context_length, "file_format": self.format,
                 "weight_bytes": self.size, "digest": self.digest, "library": True,
                 **({"error": self.error} if self.error else {})}
+
+
+SAMPLE_CHAT = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+               {"role": "assistant", "content": "a"}, {"role": "user", "content": "v"}]
+
+
+def variant_template(source: str) -> str:
+    """The Jinja chat template a variant renders with: Ollama's Go template translated
+    (actors.go_template), or a Jinja chat template as it is; checked by rendering a short
+    conversation.
+
+    Raises:
+        RequestError: 400 (param `template`) saying why it cannot be used.
+    """
+    from npu import ChatTemplate, ModelError
+
+    try:
+        jinja = jinja_from_go(source) if is_go_template(source) else source
+        ChatTemplate(jinja).render(SAMPLE_CHAT)
+    except (GoTemplateError, ModelError) as exc:
+        raise RequestError(f"The template cannot be used: {exc}", param="template",
+                           code="invalid_template") from None
+    return jinja
 
 
 def model_key(name: str) -> str:
@@ -282,20 +309,23 @@ class Library:
         self._cache = cache
         for alias, a in self.aliases.read().items():  # a file's own name comes first
             if a.model in out and alias not in out and not out[a.model].alias_of:
-                out[alias] = msgspec.structs.replace(out[a.model], name=alias,
-                                                     alias_of=a.model, system=a.system,
-                                                     options=dict(a.parameters))
+                base = out[a.model]
+                out[alias] = msgspec.structs.replace(
+                    base, name=alias, alias_of=a.model, system=a.system,
+                    options=dict(a.parameters), template=a.template,
+                    chat_template=a.template if a.template is not None else base.chat_template)
         return out
 
     def copy(self, source: str, destination: str, *, system: str | None = None,
-             parameters: dict[str, Any] | None = None) -> str:
+             parameters: dict[str, Any] | None = None, template: str | None = None) -> str:
         """Make `destination` an alias of the model `source` means (Ollama's /api/copy; a
-        variant's defaults come along), or, with `system` or `parameters`, a variant with
-        those defaults over the source's (/api/create); returns the alias's name.
+        variant's defaults come along), or, with `system`, `parameters` or `template`, a
+        variant with those defaults over the source's (/api/create); returns the alias's
+        name. `template`: Ollama's Go template or a Jinja chat template (`variant_template`).
 
         Raises:
             RequestError: 404 for an unknown source; 400 for a destination that is a file's
-                model or not a name.
+                model or not a name, or a template that cannot be used.
         """
         models = self.models()
         target = models.get(model_key(source))
@@ -313,7 +343,8 @@ class Library:
         self.aliases.set(name, Alias(
             model=target.alias_of or target.name,
             system=system if system is not None else target.system,
-            parameters={**target.options, **(parameters or {})}))
+            parameters={**target.options, **(parameters or {})},
+            template=variant_template(template) if template else target.template))
         return name
 
     def delete(self, name: str, *, allow_files: bool) -> LibraryModel:

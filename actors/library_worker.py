@@ -47,6 +47,7 @@ from npu import ModelError
 log = logging.getLogger(__name__)
 
 FOREVER = math.inf  # keep_alive -1: never unloaded
+REPORT_WAIT_S = 0.5  # the longest a request's end waits for the hub to have its model
 
 
 class LibraryConfig(WorkerConfig, kw_only=True):
@@ -187,6 +188,7 @@ class LibraryWorkerBase:
         self.loads: dict[str, int] = {}  # loads per model on this replica
         self.metrics = Metrics()
         self.budget = config.memory_budget or available_memory() * 3 // 4 or 1 << 62
+        self._reports = 0  # reports of the loaded models sent to the hub
 
     async def held_model(self, name: str) -> HeldModel:  # replaced by library_worker()
         raise NotImplementedError
@@ -318,6 +320,7 @@ class LibraryWorkerBase:
             held.arm(lambda: self._expire(name))
             return
         self.unload(name)
+        self.report()
 
     def _keep(self, held: HeldModel, keep_alive_s: float | None) -> None:
         seconds = self.config.keep_alive_s if keep_alive_s is None else keep_alive_s
@@ -330,9 +333,18 @@ class LibraryWorkerBase:
 
     def _forget_evicted(self) -> None:
         """Drop the models Serve evicted from our own index."""
-        for name in [n for n, h in self.loaded.items() if h.retired]:
+        gone = [n for n, h in self.loaded.items() if h.retired]
+        for name in gone:
             self.loaded.pop(name, None)
             self.metrics.inc("flm_model_unloads_total", name, "evicted")
+
+    def report(self) -> Any:
+        """Send the hub the models this replica holds now (what /api/ps merges across
+        replicas); the call's response, to await or not (None: no hub)."""
+        if self.metrics_hub is None:
+            return None
+        self._reports += 1
+        return self.metrics_hub.hold.remote(self.replica, self._reports, self.held())
 
     # -- requests -------------------------------------------------------------------------
     async def generate(self, request: GenerateRequest,
@@ -357,6 +369,17 @@ class LibraryWorkerBase:
         finally:
             held.leave()
             self._keep(held, keep_alive_s)
+            await self._reported()
+
+    async def _reported(self) -> None:
+        """Wait (briefly) for the hub to have this replica's models: a client's /api/ps
+        right after its request then shows them."""
+        sent = self.report()
+        if sent is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(sent), REPORT_WAIT_S)
+            except Exception:  # a slow or lost hub never fails a request
+                pass
 
     async def count_tokens(self, request: ChatGenerate) -> Accepted | Rejected:
         """The prompt tokens of a chat request on the model (loaded for it if need be)."""
@@ -371,6 +394,7 @@ class LibraryWorkerBase:
         finally:
             held.leave()
             self._keep(held, None)
+            self.report()
 
     async def load(self, keep_alive_s: float | None = None) -> dict:
         """Ollama's empty request: load the model (keep_alive 0: unload it instead).
@@ -378,7 +402,9 @@ class LibraryWorkerBase:
         the model is unknown, 404, or cannot be served, 422)."""
         name = model_key(serve.get_multiplexed_model_id())
         if keep_alive_s is not None and keep_alive_s == 0:
-            return {"done_reason": "unload", "unloaded": self.unload(name), "load_s": 0.0}
+            unloaded = self.unload(name)
+            await self._reported()
+            return {"done_reason": "unload", "unloaded": unloaded, "load_s": 0.0}
         try:
             held, load_s = await self._acquire(name)
         except RequestError as exc:
@@ -387,11 +413,17 @@ class LibraryWorkerBase:
         self._forget_evicted()
         held.leave()
         self._keep(held, keep_alive_s)
+        await self._reported()
         return {"done_reason": "load", "load_s": load_s}
 
     async def running(self) -> list[dict]:
-        """The models loaded on this replica (what /api/ps lists)."""
+        """The models loaded on this replica (see `held`)."""
         self._forget_evicted()
+        return self.held()
+
+    def held(self) -> list[dict]:
+        """The models loaded on this replica, as descriptions with `expires_at`, `size`,
+        `context_length` and the replica's id."""
         out = []
         for name, held in self.loaded.items():
             m = held.worker.model
@@ -404,6 +436,7 @@ class LibraryWorkerBase:
 
     def check_health(self) -> None:
         self._forget_evicted()
+        self.report()  # (also: a replica not heard from for a while holds nothing)
         if self.metrics_hub is not None:
             self.metrics.set("flm_models_loaded", self.replica, value=len(self.loaded))
             self.metrics_hub.push.remote(f"{self.replica}/library", self.metrics.snapshot())

@@ -8,6 +8,7 @@ a helper thread because it may compile a grammar.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 from collections.abc import Callable
@@ -26,7 +27,7 @@ from chat import (
     make_constraint,
 )
 from chat.decode import mask_words
-from npu import Model, ModelError, Sampler, SamplingParams, logprobs
+from npu import ChatTemplate, Model, ModelError, Sampler, SamplingParams, logprobs
 
 log = logging.getLogger(__name__)
 _ids = itertools.count()
@@ -200,18 +201,32 @@ def _pick(value, default):
     return default if value is None else value
 
 
+@functools.lru_cache(maxsize=16)
+def request_template(source: str, bos_token: str, eos_token: str) -> ChatTemplate:
+    """A request's own chat template (a library variant's), compiled once."""
+    return ChatTemplate(source, bos_token=bos_token, eos_token=eos_token)
+
+
 def _render(request: ChatGenerate, model: Model) -> tuple[str, bool, bool]:
     """The prompt text of a chat request, whether the model thinks, whether its template
-    shows tools."""
+    shows tools (the request's own template when it brings one)."""
     creq = request.constraint
     extra = {k: v for k, v in request.template_kwargs.items()
              if k not in RESERVED_TEMPLATE_KEYS}
+    tools = creq.all_tools and request.tools
     try:
-        text = model.render(request.messages, creq.all_tools and request.tools,
-                            enable_thinking=request.thinking, **extra)
+        if request.template is None or not model.generates:
+            text = model.render(request.messages, tools, enable_thinking=request.thinking,
+                                **extra)
+            return text, model.thinking_enabled(request.thinking), model.tools_enabled()
+        own = model.template
+        template = request_template(request.template, own.bos_token if own else "",
+                                    own.eos_token if own else "")
+        text = template.render(request.messages, tools, enable_thinking=request.thinking,
+                               **extra)
     except ModelError as exc:
         raise RequestError(str(exc), param="messages") from None
-    return text, model.thinking_enabled(request.thinking), model.tools_enabled()
+    return text, template.thinking_enabled(request.thinking), template.tools_enabled()
 
 
 def prompt_tokens(request: ChatGenerate, model: Model) -> int:

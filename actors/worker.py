@@ -41,7 +41,7 @@ from actors.metrics import Metrics
 from actors.outbox import End, Outbox, deliver
 from actors.scheduler import Scheduler
 from actors.session import Session, build_session, prompt_tokens
-from chat import GrammarEngine, detect_format
+from chat import FormatSpec, GrammarEngine, detect_format
 from npu import Model
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,7 @@ class Worker:
                  stream_interval_s: float = 0.0, max_messages_per_s: float = 0.0) -> None:
         self.model = model_factory()
         self.spec = detect_format(self.model.chat_template_source, self.model.tokenizer.is_token)
+        self._specs: dict[str, FormatSpec] = {}  # requests' own templates' formats
         self.max_batch = max_batch
         self.stream_interval_s = stream_interval_s
         self.max_messages_per_s = max_messages_per_s
@@ -84,6 +85,19 @@ class Worker:
             self.model.token_table  # noqa: B018  (built now, not on a request)
         log.info("Chat format: %s%s", self.spec.kind.value,
                  " with reasoning" if self.spec.reasoning else "")
+
+    def spec_for(self, request: GenerateRequest) -> FormatSpec:
+        """The chat format of the template `request` renders with (its own, a library
+        variant's, or the model's)."""
+        source = getattr(request, "template", None)
+        if source is None:
+            return self.spec
+        spec = self._specs.get(source)
+        if spec is None:
+            if len(self._specs) >= 16:
+                self._specs.clear()
+            spec = self._specs[source] = detect_format(source, self.model.tokenizer.is_token)
+        return spec
 
     # -- the grammar engine, built lazily once -------------------------------------------------
     def grammar_engine(self) -> GrammarEngine:
@@ -130,8 +144,8 @@ class Worker:
                 "it serves embeddings (/v1/embeddings, /api/embed), not generation."))]
             return
         try:
-            session = await asyncio.to_thread(build_session, request, self.model, self.spec,
-                                              self.grammar_engine)
+            session = await asyncio.to_thread(build_session, request, self.model,
+                                              self.spec_for(request), self.grammar_engine)
         except RequestError as exc:
             yield [Rejected(status=exc.status, message=exc.message, param=exc.param,
                             code=exc.code, type=exc.type)]

@@ -41,10 +41,15 @@ class LibraryEntry(LibraryConfig, kw_only=True, forbid_unknown_fields=True):
     Attributes:
         replicas: worker replicas (each holds up to max_loaded_models models).
         max_queued: requests waiting per replica before the API answers 503.
+        prefix_routing: with several replicas and the prefix cache on, a request goes to a
+            replica holding its model (Serve's multiplexing) and, among those, to the one
+            that was sent the longest prefix of its text for that model (the prefix-aware
+            router keyed by model), unless one has half a batch more requests; off: by load.
     """
 
     replicas: int = 1
     max_queued: int = 64
+    prefix_routing: bool = True
 
 
 DEFAULT_MODEL = {"name": "smollm2-135m", "path": "smollm2-135m"}
@@ -163,8 +168,12 @@ def _library(cfg: AppConfig, hub: Any):
         "OPENBLAS_NUM_THREADS": n, "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n}}}
     # each loaded model batches max_batch sequences; a few more for load, unload and /api/ps
     ongoing = lib.max_batch * lib.max_loaded_models + 4
+    routing = {}
+    if lib.prefix_cache and lib.prefix_routing and lib.replicas > 1:
+        routing["request_router_config"] = RequestRouterConfig(**router_config(
+            lib.max_batch, tree_resources={HEAD_NODE: 0.001}))
     return library_worker(lib.max_loaded_models).options(
         name="worker-library", num_replicas=lib.replicas, max_ongoing_requests=ongoing,
         max_queued_requests=lib.max_queued, ray_actor_options=actor,
-        health_check_period_s=5, health_check_timeout_s=30,
+        health_check_period_s=5, health_check_timeout_s=30, **routing,
     ).bind(config, metrics_hub=hub)

@@ -217,6 +217,7 @@ class Ingress(LibraryFront):
             if handle is None:  # a library model: on a replica that holds it (or loads it)
                 target = self._library_target(self.resolve(name) or name)
                 handle = self.library_handle.options(multiplexed_model_id=target)
+                request = self.with_variant_template(name, request)
             first = await handle.count_tokens.remote(request)
         except Exception as exc:
             if _is_backpressure(exc):
@@ -300,7 +301,8 @@ class Ingress(LibraryFront):
         trace.model = call.model
         library = call.model not in self.streams
         args = (call.keep_loaded_s,) if library else ()
-        gen, head = await self._start(self.stream(call.model), call.request, *args)
+        greq = self.with_variant_template(call.model, call.request) if library else call.request
+        gen, head = await self._start(self.stream(call.model), greq, *args)
         gen = _Traced(gen, trace)
         trace.saw(head)
         first = head[0] if head else None

@@ -13,11 +13,31 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 from actors.errors import RequestError
+from actors.events import ChatGenerate
 from actors.library import Library, model_key
 from deployments.errors import ApiError
 
 log = logging.getLogger(__name__)
+
+
+def merge_running(held: list[dict]) -> list[dict]:
+    """One entry per loaded model from every replica's list: sizes added up (the memory the
+    model takes on the server), the latest expiry, the replicas holding it, in the order
+    models were loaded (oldest first)."""
+    out: dict[str, dict] = {}
+    for m in sorted(held, key=lambda m: m.get("loaded_at", 0.0)):
+        seen = out.get(m["id"])
+        if seen is None:
+            out[m["id"]] = {**m, "replicas": [m.get("replica")]}
+            continue
+        seen["replicas"].append(m.get("replica"))
+        for key in ("weight_bytes", "size", "active", "loads"):
+            seen[key] = seen.get(key, 0) + m.get(key, 0)
+        seen["expires_at"] = max(seen.get("expires_at", 0.0), m.get("expires_at", 0.0))
+    return list(out.values())
 
 
 class LibraryFront:
@@ -89,6 +109,15 @@ class LibraryFront:
             return None
         return entry.system, entry.options
 
+    def with_variant_template(self, name: str, request: Any) -> Any:
+        """`request` with the chat template of the library variant `name` (Ollama's
+        TEMPLATE), when it is a chat and the variant has one; else `request` itself."""
+        entry = self.library.get(name) if self.library is not None else None
+        if entry is None or entry.template is None or not isinstance(request, ChatGenerate) \
+                or request.template is not None:
+            return request
+        return msgspec.structs.replace(request, template=entry.template)
+
     async def library_models(self) -> dict[str, dict]:
         """The library's models not shadowed by a configured one, as descriptions (the
         folder scanned in a thread: a new file's header is read then, off the loop)."""
@@ -117,11 +146,15 @@ class LibraryFront:
         return out
 
     async def running(self) -> list[dict]:
-        """The library models loaded now (one replica's view), as descriptions."""
+        """The library models loaded now on any replica, as descriptions (`merge_running`):
+        the metrics hub's reports of every replica, or, without a hub, one replica's own."""
         if self.library_handle is None:
             return []
+        hub = getattr(self, "hub", None)
         try:
-            return await self.library_handle.running.remote()
+            if hub is not None:
+                return merge_running(await hub.held.remote())
+            return merge_running(await self.library_handle.running.remote())
         except Exception:
             log.warning("the library worker did not answer /api/ps", exc_info=True)
             return []
@@ -143,4 +176,6 @@ class LibraryFront:
         if "<think>" in entry.chat_template or "enable_thinking" in entry.chat_template:
             caps.append("thinking")
         return {**info, "capabilities": caps,
-                **({"template": entry.chat_template} if verbose else {})}
+                **({"template": entry.chat_template} if verbose else {}),
+                **({"system": entry.system} if entry.system is not None else {}),
+                **({"variant_options": entry.options} if entry.options else {})}

@@ -72,6 +72,22 @@ class MetricsHub:
     def __init__(self) -> None:
         self.sources: dict[str, tuple[float, dict]] = {}
         self.retired: dict[str, dict] = {}  # replica -> its last counters and histograms
+        self.holding: dict[str, tuple[float, int, list[dict]]] = {}  # library replicas
+
+    async def hold(self, replica: str, seq: int, models: list[dict]) -> None:
+        """A library replica's loaded models now (`seq`: its count of these reports; an
+        older report arriving late is ignored)."""
+        held = self.holding.get(replica)
+        if held is None or held[1] <= seq:
+            self.holding[replica] = (time.monotonic(), seq, models)
+
+    async def held(self) -> list[dict]:
+        """Every live library replica's loaded models (what /api/ps shows, once merged);
+        a replica not heard from for STALE_S holds nothing."""
+        now = time.monotonic()
+        for key in [k for k, (at, _, _) in self.holding.items() if now - at > STALE_S]:
+            del self.holding[key]
+        return [m for _, _, models in self.holding.values() for m in models]
 
     async def push(self, source: str, snapshot: dict) -> None:
         self.retired.pop(source, None)  # only slow, not gone

@@ -10,7 +10,11 @@ with the longest match while the replicas' queues differ by at most `imbalanced_
 and falls back to power-of-two-choices by load otherwise.
 
 What it reads of a request is ours: a `GenerateRequest`'s tool definitions (rendered at the
-top of a chat prompt) and its messages' text, or a completion's prompt.
+top of a chat prompt) and its messages' text, or a completion's prompt. On a deployment that
+serves several models (a models_dir library: Serve's multiplexing), the text is keyed by the
+request's model (`multiplexed_model_id`, then a NUL): one model's cached prefix never draws
+another model's request, and Serve's multiplexed routing picks the candidates (the replicas
+holding the model) before the tree picks among them.
 """
 
 from __future__ import annotations
@@ -42,6 +46,11 @@ def routing_text(request: GenerateRequest, messages_text) -> str:
         return " "
     head = msgspec.json.encode(request.tools).decode() if request.tools else ""
     return (head + messages_text(request.messages)) or " "
+
+
+def model_key_text(model: str, text: str) -> str:
+    """The tree's key for `text` sent to `model` ("": a deployment of one model)."""
+    return f"{model}\0{text}" if model else text
 
 
 class PrefixRouter(PrefixCacheAffinityRouter):
@@ -79,9 +88,12 @@ class PrefixRouter(PrefixCacheAffinityRouter):
             log.warning("the prefix router's tree is unavailable (%s): routing by load", exc)
 
     def _extract_text_from_request(self, pending_request: Any) -> str:
+        metadata = getattr(pending_request, "metadata", None)
+        model = getattr(metadata, "multiplexed_model_id", "") or ""
         for arg in pending_request.args:
             if isinstance(arg, GenerateRequest):
-                return routing_text(arg, self._normalize_prompt_to_string)
+                return model_key_text(model, routing_text(arg,
+                                                          self._normalize_prompt_to_string))
         return " "
 
     async def _prefix_match_best_replicas(self, pending_request, candidate_replicas):

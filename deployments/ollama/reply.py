@@ -229,9 +229,14 @@ def ps_entry(name: str, info: dict) -> dict:
 
 
 def show(info: dict) -> dict:
-    """/api/show: details, model_info (architecture, context length) and capabilities."""
+    """/api/show: details, model_info (architecture, context length) and capabilities; a
+    library variant's system prompt and parameters (Modelfile lines: `temperature 0.2`)."""
     arch = info.get("architecture") or "unknown"
-    return {"license": "", "modelfile": "", "parameters": "",
+    params = "\n".join(f"{k} {json.dumps(x) if isinstance(x, str) else x}"
+                       for k, v in (info.get("variant_options") or {}).items()
+                       for x in (v if isinstance(v, list) else [v]))
+    return {"license": "", "modelfile": "", "parameters": params,
+            **({"system": info["system"]} if info.get("system") is not None else {}),
             "template": info.get("template", ""), "details": _details(info),
             "model_info": {"general.architecture": arch,
                            "general.parameter_count": info.get("parameters", 0),

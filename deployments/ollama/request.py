@@ -19,6 +19,7 @@ from actors.keep_alive import keep_alive_seconds
 from deployments.errors import ApiError
 from deployments.exchange import Call
 from deployments.ingress import Ingress
+from deployments.ollama.modelfile import parse_modelfile
 from deployments.ollama.reply import LATEST, OllamaReply, load_reply
 from deployments.body import decode_json
 from deployments.openai.request import VARIANT_FIELDS, convert_request, with_defaults
@@ -106,8 +107,9 @@ class DeleteIn(msgspec.Struct, kw_only=True):
 
 
 class CreateIn(msgspec.Struct, kw_only=True):
-    """/api/create: a variant of a library model (`from`) with its own system prompt and
-    parameters; the rest of Ollama's fields are refused by name."""
+    """/api/create: a variant of a library model (`from`) with its own system prompt,
+    template and parameters (or the same in `modelfile` text); the rest of Ollama's fields
+    are refused by name."""
 
     model: str | None = None
     name: str | None = None  # older clients
@@ -124,20 +126,30 @@ class CreateIn(msgspec.Struct, kw_only=True):
     stream: bool | None = None
 
 
-def variant_parameters(req: CreateIn) -> dict[str, Any]:
-    """A create request's parameters, checked; a 400 naming what cannot be made here."""
-    for field, why in (("modelfile", "send 'from', 'system' and 'parameters' instead"),
-                       ("files", "models come from the models_dir folder"),
+class Variant(msgspec.Struct, frozen=True, kw_only=True):
+    """What /api/create makes: `source` with its own defaults (None: the source's)."""
+
+    source: str
+    system: str | None = None
+    template: str | None = None
+    parameters: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+def variant_request(req: CreateIn) -> Variant:
+    """A create request's variant (its fields over its `modelfile`'s), checked; a 400
+    naming what cannot be made here."""
+    for field, why in (("files", "models come from the models_dir folder"),
                        ("adapters", "adapters are not supported"),
                        ("quantize", "a GGUF file keeps its own formats"),
-                       ("template", "a variant keeps its model's chat template"),
                        ("messages", "a variant holds no conversation")):
         if getattr(req, field):
             raise ApiError(400, f"'{field}' is not supported here: {why}.", param=field)
-    if not req.from_:
+    mf = parse_modelfile(req.modelfile) if req.modelfile else {}
+    source = req.from_ or mf.get("from")
+    if not source:
         raise ApiError(400, "'from' is required: the library model the variant is made "
                             "from.", param="from")
-    params = dict(req.parameters or {})
+    params = {**mf.get("parameters", {}), **(req.parameters or {})}
     unknown = sorted(set(params) - set(VARIANT_FIELDS))
     if unknown:
         raise ApiError(400, f"'parameters.{unknown[0]}' is not supported here (supported: "
@@ -147,7 +159,10 @@ def variant_parameters(req: CreateIn) -> dict[str, Any]:
         msgspec.convert({k: v for k, v in params.items()}, Options)
     except msgspec.ValidationError as exc:
         raise ApiError(400, f"parameters: {exc}", param="parameters") from None
-    return params
+    return Variant(source=source,
+                   system=req.system if req.system is not None else mf.get("system"),
+                   template=req.template if req.template is not None else mf.get("template"),
+                   parameters=params)
 
 
 class PullIn(msgspec.Struct, kw_only=True):

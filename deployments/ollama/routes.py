@@ -21,7 +21,7 @@ from deployments.ollama.request import (
     decode,
     generate_call,
     served,
-    variant_parameters,
+    variant_request,
 )
 
 # The Ollama API version this server speaks (clients probe /api/version for features).
@@ -133,14 +133,16 @@ async def copy(request: Request, ingress: Current) -> Response:
 
 @router.post("/api/create")
 async def create(request: Request, ingress: Current) -> Response:
-    """A variant of a library model: `from` with its own system prompt and parameters
-    (Ollama's Modelfile SYSTEM and PARAMETER), kept beside the aliases."""
+    """A variant of a library model: `from` with its own system prompt, template and
+    parameters (Ollama's Modelfile SYSTEM, TEMPLATE and PARAMETER; a Go template is made
+    Jinja, actors.go_template), kept beside the aliases."""
     async def run() -> Response:
         req = decode(await ingress.body(request), CreateIn)
         name = req.model or req.name or ""
-        params = variant_parameters(req)
-        ingress.edit_library(lambda lib: lib.copy(req.from_ or "", name, system=req.system,
-                                                  parameters=params))
+        v = variant_request(req)
+        ingress.edit_library(lambda lib: lib.copy(v.source, name, system=v.system,
+                                                  parameters=v.parameters,
+                                                  template=v.template))
         if req.stream is False:
             return JSONResponse({"status": "success"})
         return Response(reply.ndjson([{"status": "using existing layer"},

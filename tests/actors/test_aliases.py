@@ -97,3 +97,23 @@ def test_delete_removes_aliases_and_files_only_when_allowed(lib: Library) -> Non
     with pytest.raises(RequestError) as missing:
         lib.delete("qwen3-4b", allow_files=True)
     assert missing.value.status == 404
+
+
+def test_a_variants_template_is_kept_as_jinja_and_shown_as_its_chat_template(
+        lib: Library) -> None:
+    lib.copy("qwen3-4b", "plain", template="{{ if .System }}S:{{ .System }} {{ end }}"
+                                           "U:{{ .Prompt }} A:{{ .Response }}")
+    lib.copy("qwen3-4b", "jinja", template="{% for m in messages %}{{ m.content }}{% endfor %}")
+    lib.copy("plain", "plain-hot", parameters={"temperature": 1.5})  # the template comes along
+    m = Library(lib.root).models()
+    assert "{%" in m["plain"].template and m["plain"].chat_template == m["plain"].template
+    assert m["plain-hot"].template == m["plain"].template
+    assert m["jinja"].template == "{% for m in messages %}{{ m.content }}{% endfor %}"
+    assert m["qwen3-4b"].template is None
+    with pytest.raises(RequestError) as err:
+        lib.copy("qwen3-4b", "bad", template="{{ .Prompt")
+    assert err.value.status == 400 and err.value.param == "template"
+    with pytest.raises(RequestError) as jinja_err:
+        lib.copy("qwen3-4b", "bad", template="{% for m in messages %}")
+    assert jinja_err.value.status == 400 and "does not compile" in jinja_err.value.message
+    assert "bad" not in lib.models()

@@ -73,3 +73,25 @@ def test_an_idle_model_stops_at_once_when_evicted() -> None:
     held = _held()
     held.__del__()
     assert held.worker.closed == 1
+
+
+def test_a_replica_reports_its_models_to_the_hub_numbered_in_order() -> None:
+    from actors.library_worker import LibraryWorkerBase
+
+    sent = []
+    hub = type("Hub", (), {"hold": type("M", (), {
+        "remote": staticmethod(lambda *args: sent.append(args))})()})()
+    worker = LibraryWorkerBase.__new__(LibraryWorkerBase)  # its report needs no Serve
+    held = _held()
+    held.worker.model.context_length = 256
+    worker.metrics_hub, worker.replica, worker._reports = hub, "r1", 0
+    worker.loaded, worker.loads = {"m": held}, {"m": 1}
+    worker.report()
+    del worker.loaded["m"]
+    worker.report()
+    (replica, seq, models), (_, seq2, after) = sent
+    assert replica == "r1" and (seq, seq2) == (1, 2)
+    assert models[0]["id"] == "m" and models[0]["replica"] == "r1" and after == []
+    assert models[0]["context_length"] == 256 and models[0]["weight_bytes"] == 1000
+    worker.metrics_hub = None
+    assert worker.report() is None  # no hub: nothing sent

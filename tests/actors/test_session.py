@@ -79,3 +79,19 @@ def test_the_thinking_switch_reaches_the_template(model, spec) -> None:
     on, _ = _session(model, spec, ChatGenerate(request_id="g", messages=MSG, thinking=True))
     off, _ = _session(model, spec, ChatGenerate(request_id="h", messages=MSG, thinking=False))
     assert on.prompt_ids != off.prompt_ids
+
+
+def test_a_request_with_its_own_template_renders_with_it(model, spec) -> None:
+    from actors.session import prompt_tokens
+
+    own = "{% for m in messages %}<<{{ m.role }}|{{ m.content }}>>{% endfor %}OUT:"
+    session, _ = _session(model, spec, ChatGenerate(request_id="t", messages=MSG,
+                                                    template=own))
+    prompt = model.tokenizer.decode(session.prompt_ids, skip_special_tokens=False)
+    assert prompt.endswith("<<user|Hi>>OUT:") and "<|im_start|>" not in prompt
+    req = ChatGenerate(request_id="u", messages=MSG, template=own)
+    assert prompt_tokens(req, model) == len(session.prompt_ids)
+    with pytest.raises(RequestError) as err:  # a template that fails: the request's 400
+        _session(model, spec, ChatGenerate(request_id="v", messages=MSG,
+                                           template="{{ raise_exception('no') }}"))
+    assert err.value.status == 400 and err.value.param == "messages"

@@ -91,3 +91,22 @@ def test_the_hub_keeps_the_counters_of_a_replica_gone(monkeypatch) -> None:
     a.inc("flm_grammar_compiles_total", "m", "cold")  # "a" was only slow: counted once
     s = _samples(asyncio.run(hub.text("a", a.snapshot())))
     assert s[key] == 7
+
+
+def test_the_hub_holds_each_library_replicas_latest_models_until_it_goes_quiet(
+        monkeypatch) -> None:
+    import asyncio
+
+    from deployments import metrics as hub_module
+
+    hub = hub_module.MetricsHub.func_or_class()
+    clock = [1000.0]
+    monkeypatch.setattr(hub_module.time, "monotonic", lambda: clock[0])
+    asyncio.run(hub.hold("r1", 2, [{"id": "a"}, {"id": "b"}]))
+    asyncio.run(hub.hold("r1", 1, [{"id": "stale"}]))  # an older report, arriving late
+    asyncio.run(hub.hold("r2", 1, [{"id": "a"}]))
+    assert sorted(m["id"] for m in asyncio.run(hub.held())) == ["a", "a", "b"]
+    clock[0] += hub_module.STALE_S / 2
+    asyncio.run(hub.hold("r2", 2, []))  # r2 unloaded its model
+    clock[0] += hub_module.STALE_S / 2 + 1  # r1 has not reported since: gone
+    assert asyncio.run(hub.held()) == []

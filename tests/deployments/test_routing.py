@@ -54,3 +54,39 @@ def test_a_kv_budget_below_a_mebibyte_is_refused_by_name() -> None:
     assert entry.kv_cache_bytes == 1 << 30 and entry.prefix_cache and entry.prefix_routing
     with pytest.raises(msgspec.ValidationError, match="kv_cache_bytes"):
         msgspec.convert({"name": "m", "path": "p", "kv_cache_bytes": 4096}, ModelEntry)
+
+
+def test_a_library_request_is_keyed_by_its_model_so_models_never_share_a_prefix() -> None:
+    router = PrefixRouter.__new__(PrefixRouter)
+
+    def text(model: str, req: GenerateRequest) -> str:
+        pending = SimpleNamespace(args=(req, None), kwargs={},
+                                  metadata=SimpleNamespace(multiplexed_model_id=model))
+        return router._extract_text_from_request(pending)
+
+    req = ChatGenerate(request_id="a", messages=[{"role": "user", "content": "Hi"}])
+    a, b = text("qwen3", req), text("llama", req)
+    assert a == "qwen3\0Hi" and b == "llama\0Hi"
+    assert not a.startswith(b[:len("llama") + 1]) and not b.startswith("qwen3")
+    assert text("", req) == "Hi"  # a deployment of one model: the text alone
+    # the next turn on the same model still starts with the earlier request's key
+    longer = ChatGenerate(request_id="b", messages=[{"role": "user", "content": "Hi"},
+                                                    {"role": "assistant", "content": "Yo"}])
+    assert text("qwen3", longer).startswith(a)
+
+
+def test_a_library_of_several_replicas_routes_by_model_and_prefix() -> None:
+    from deployments.app import build_app
+
+    def router(args: dict) -> object:
+        app = build_app(args)
+        library = app._bound_deployment.init_args[3]  # (workers, settings, hub, library)
+        return library._bound_deployment._deployment_config.request_router_config
+
+    one = router({"models_dir": "/tmp/none", "library": {"replicas": 1}})
+    two = router({"models_dir": "/tmp/none", "library": {"replicas": 2}})
+    off = router({"models_dir": "/tmp/none",
+                  "library": {"replicas": 2, "prefix_routing": False}})
+    assert two.request_router_class == "deployments.routing:PrefixRouter"
+    assert "PrefixRouter" not in one.request_router_class
+    assert "PrefixRouter" not in off.request_router_class

@@ -120,11 +120,14 @@ def library_dir(serve_url, tmp_path_factory) -> Path:
                       dims=(512, 1024, 8, 2, 64, 6))  # about 57 MB
     (folder / "broken.gguf").write_bytes(b"NOT A GGUF FILE" + bytes(100))
     _write_unknown_arch(folder / "mamba.gguf")
-    serve.run(build_app({"models_dir": str(folder), "keep_alive": "5m",
-                         "library": {"max_loaded_models": 2, "max_batch": 4,
-                                     "memory_budget": 40_000_000}}),
-              name="library", route_prefix=LIBRARY_PREFIX)
+    serve.run(build_app(library_args(folder)), name="library", route_prefix=LIBRARY_PREFIX)
     return folder
+
+
+def library_args(folder: Path) -> dict:
+    """The library app's args (a test that restarts the app runs it again with these)."""
+    return {"models_dir": str(folder), "keep_alive": "5m",
+            "library": {"max_loaded_models": 2, "max_batch": 4, "memory_budget": 40_000_000}}
 
 
 def _write_unknown_arch(path: Path) -> None:

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.integration.conftest import LIBRARY_PREFIX
+from tests.integration.conftest import LIBRARY_PREFIX, library_args
 
 ollama = pytest.importorskip("ollama")
 openai = pytest.importorskip("openai")
@@ -216,10 +216,16 @@ def test_create_makes_a_variant_with_its_own_system_prompt_and_parameters(oc, ai
         oc.chat(model="terse", messages=HI).message.content)  # temperature 0 on both APIs
     own = oc.chat(model="terse", messages=HI, options={"num_predict": 1})
     assert own.eval_count == 1  # a request's own options win
+    # Ollama's TEMPLATE (a Go template): the prompt is the user's text alone, no chat markers
+    oc.create(model="bare", from_=LLAMA, template="{{ .Prompt }}")
+    bare = oc.chat(model="bare", messages=HI, options={"num_predict": 1})
+    assert bare.eval_count == 1 and bare.prompt_eval_count < base.prompt_eval_count - 4
+    assert "{%" in oc.show("bare").template  # shown as the Jinja it renders with
     with pytest.raises(ollama.ResponseError) as err:
-        oc.create(model="x", from_=LLAMA, template="{{ .Prompt }}")
+        oc.create(model="x", from_=LLAMA, template="{{ .Prompt ")
     assert err.value.status_code == 400 and "template" in err.value.error
     oc.delete("terse")
+    oc.delete("bare")
     oc.chat(model=LLAMA, messages=[], keep_alive=0)
 
 
@@ -237,3 +243,64 @@ def test_anthropics_count_tokens_counts_on_a_library_model(serve_url, oc) -> Non
                    timeout=60)
     assert r.status_code == 200 and r.json()["input_tokens"] > 2
     oc.chat(model=QWEN, messages=[], keep_alive=0)
+
+
+def test_ps_shows_the_models_of_every_replica_and_requests_go_to_the_one_holding_theirs(
+        serve_url, library_dir) -> None:
+    """Two replicas holding one model each: /api/ps lists both models (one replica's view
+    would list one), and once Serve's routers know where each model is, requests for it go
+    to its replica (the prefix router keyed by model: no load after the first)."""
+    from ray import serve
+
+    from deployments.app import build_app
+
+    args = library_args(library_dir)
+    args["library"] = {**args["library"], "replicas": 2, "max_loaded_models": 1}
+    serve.run(build_app(args), name="library-2x", route_prefix="/library-2x")
+    oc2 = ollama.Client(host=serve_url + "/library-2x", timeout=120)
+    try:
+        held: dict = {}
+        for _ in range(6):  # until the routers have heard which replica holds which model
+            loads = [oc2.chat(model=m, messages=HI, options={"num_predict": 1}).load_duration
+                     for m in (LLAMA, QWEN)]
+            held = {m.model: m for m in oc2.ps().models}
+            if not any(loads) and len(held) == 2:
+                break
+        assert set(held) == {f"{LLAMA}:latest", f"{QWEN}:latest"}
+        assert not any(loads)  # both served where they were loaded
+        assert all(m.size > 0 and m.context_length == 256 for m in held.values())
+    finally:
+        serve.delete("library-2x")
+
+
+def test_aliases_and_variants_survive_a_restart_of_the_app(oc, library_dir) -> None:
+    """(Last in this file: it replaces the library app's replicas.)"""
+    from ray import serve
+
+    from deployments.app import build_app
+
+    oc.copy(LLAMA, "kept-alias")
+    oc.create(model="kept-variant", from_=QWEN, system="Be brief.",
+              template="{{ .System }} U:{{ .Prompt }} A:", parameters={"num_predict": 2})
+    before = oc.chat(model="kept-variant", messages=HI)
+    serve.delete("library")  # a new ingress and worker, with nothing but the folder
+    serve.run(build_app(library_args(library_dir)), name="library",
+              route_prefix=LIBRARY_PREFIX)
+    deadline = time.monotonic() + 60
+    while True:  # until the proxy routes to the new app
+        try:
+            names = {m.model for m in oc.list().models}
+            break
+        except (ollama.ResponseError, ConnectionError, OSError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+    assert {"kept-alias:latest", "kept-variant:latest"} <= names
+    assert _loaded(oc) == {}  # a fresh worker: nothing loaded
+    after = oc.chat(model="kept-variant", messages=HI)
+    assert after.eval_count == 2 and after.prompt_eval_count == before.prompt_eval_count
+    assert oc.chat(model="kept-alias", messages=HI, options={"num_predict": 1}).eval_count == 1
+    oc.delete("kept-alias")
+    oc.delete("kept-variant")
+    for model in (QWEN, LLAMA):
+        oc.chat(model=model, messages=[], keep_alive=0)

@@ -262,21 +262,39 @@ def test_model_listings() -> None:
 
 
 @pytest.mark.parametrize("body,param", [
-    ({"model": "v", "from": "m", "template": "{{ .Prompt }}"}, "template"),
-    ({"model": "v", "from": "m", "modelfile": "FROM m"}, "modelfile"),
     ({"model": "v", "from": "m", "files": {"a.gguf": "sha256:1"}}, "files"),
     ({"model": "v"}, "from"),
+    ({"model": "v", "modelfile": "SYSTEM hi"}, "from"),
     ({"model": "v", "from": "m", "parameters": {"mirostat": 1}}, "parameters.mirostat"),
     ({"model": "v", "from": "m", "parameters": {"temperature": "hot"}}, "parameters"),
+    ({"model": "v", "modelfile": "FROM m\nADAPTER ./lora.gguf"}, "modelfile"),
+    ({"model": "v", "modelfile": "FROM m\nSYSTEM \"\"\"never closed"}, "modelfile"),
+    ({"model": "v", "modelfile": "FROM m\nWHATEVER x"}, "modelfile"),
 ])
 def test_create_refuses_what_a_variant_cannot_be_by_name(body: dict, param: str) -> None:
     with pytest.raises(ApiError) as err:
-        request.variant_parameters(request.decode(json.dumps(body).encode(), request.CreateIn))
+        request.variant_request(request.decode(json.dumps(body).encode(), request.CreateIn))
     assert err.value.status == 400 and err.value.param == param
 
 
 def test_create_keeps_the_parameters_it_can_apply() -> None:
-    body = {"model": "v", "from": "m", "system": "s",
+    body = {"model": "v", "from": "m", "system": "s", "template": "{{ .Prompt }}",
             "parameters": {"temperature": 0, "num_predict": 5, "stop": ["x"]}}
     req = request.decode(json.dumps(body).encode(), request.CreateIn)
-    assert request.variant_parameters(req) == body["parameters"] and req.from_ == "m"
+    v = request.variant_request(req)
+    assert v.parameters == body["parameters"] and v.source == "m"
+    assert v.system == "s" and v.template == "{{ .Prompt }}"
+
+
+def test_a_modelfile_is_read_as_ollama_reads_it_and_the_fields_win() -> None:
+    modelfile = (
+        '# a comment\nFROM qwen3\nSYSTEM """You are terse.\nAlways."""\n'
+        'TEMPLATE """{{ if .System }}S:{{ .System }}\n{{ end }}U:{{ .Prompt }}\nA:"""\n'
+        'parameter temperature 0.2\nPARAMETER num_predict 8\nPARAMETER stop "<|end|>"\n'
+        'PARAMETER stop "User:"\nLICENSE """MIT"""\n')
+    v = request.variant_request(request.decode(json.dumps(
+        {"model": "v", "modelfile": modelfile, "parameters": {"num_predict": 3}}).encode(),
+        request.CreateIn))
+    assert v.source == "qwen3" and v.system == "You are terse.\nAlways."
+    assert v.template == "{{ if .System }}S:{{ .System }}\n{{ end }}U:{{ .Prompt }}\nA:"
+    assert v.parameters == {"temperature": 0.2, "num_predict": 3, "stop": ["<|end|>", "User:"]}

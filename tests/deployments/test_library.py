@@ -1,0 +1,87 @@
+"""deployments/library.py without Serve: /api/ps's one view of every replica's models."""
+
+from __future__ import annotations
+
+import asyncio
+
+from deployments.library import LibraryFront, merge_running
+
+
+def _m(name: str, replica: str, loaded_at: float, expires_at: float) -> dict:
+    return {"id": name, "replica": replica, "loaded_at": loaded_at, "expires_at": expires_at,
+            "weight_bytes": 100, "size": 120, "active": 1, "loads": 1, "context_length": 256}
+
+
+def test_a_model_on_several_replicas_is_one_entry_with_its_total_size() -> None:
+    held = [_m("b", "r2", 5.0, 50.0), _m("a", "r1", 1.0, 40.0), _m("a", "r2", 2.0, 60.0)]
+    out = merge_running(held)
+    assert [m["id"] for m in out] == ["a", "b"]  # in the order they were loaded
+    a = out[0]
+    assert a["replicas"] == ["r1", "r2"] and a["weight_bytes"] == 200 and a["size"] == 240
+    assert a["expires_at"] == 60.0 and a["active"] == 2 and a["context_length"] == 256
+    assert merge_running([]) == []
+
+
+class _Remote:
+    def __init__(self, value) -> None:
+        self.value, self.calls = value, 0
+
+    def remote(self):
+        self.calls += 1
+
+        async def answer():
+            return self.value
+        return answer()
+
+
+class _Handle:
+    def __init__(self, value) -> None:
+        self.running = _Remote(value)
+
+
+def test_ps_asks_the_hub_for_every_replica_and_without_one_a_replica() -> None:
+    front = LibraryFront(_Handle([_m("own", "r1", 1.0, 9.0)]), {"models_dir": "/nowhere"})
+    front.streams = {}
+    assert [m["id"] for m in asyncio.run(front.running())] == ["own"]
+    front.hub = type("Hub", (), {"held": _Remote([_m("a", "r1", 1.0, 9.0),
+                                                  _m("a", "r2", 1.5, 9.0)])})()
+    (entry,) = asyncio.run(front.running())
+    assert entry["replicas"] == ["r1", "r2"] and front.library_handle.running.calls == 1
+
+
+def test_a_chat_for_a_variant_with_a_template_carries_it_and_nothing_else_does(
+        tmp_path) -> None:
+    from actors.events import ChatGenerate, CompletionGenerate
+    from actors.library import Library
+    from tests.actors.test_library import write_gguf
+
+    write_gguf(tmp_path / "base.gguf", "qwen3")
+    Library(tmp_path).copy("base", "bare", template="{{ .Prompt }}")
+    Library(tmp_path).copy("base", "terse", system="Be terse.")
+    front = LibraryFront(_Handle([]), {"models_dir": str(tmp_path)})
+    front.streams = {}
+    chat = ChatGenerate(request_id="a", messages=[{"role": "user", "content": "hi"}])
+    sent = front.with_variant_template("Bare:latest", chat)
+    assert sent.template is not None and "{%" in sent.template and chat.template is None
+    assert front.with_variant_template("terse", chat) is chat  # no template of its own
+    assert front.with_variant_template("base", chat) is chat
+    raw = CompletionGenerate(request_id="b", prompt="hi")
+    assert front.with_variant_template("bare", raw) is raw  # a raw prompt has no template
+
+
+def test_show_gives_a_variants_system_prompt_and_parameters_as_modelfile_lines(
+        tmp_path) -> None:
+    from actors.library import Library
+    from deployments.ollama.reply import show
+    from tests.actors.test_library import write_gguf
+
+    write_gguf(tmp_path / "base.gguf", "qwen3")
+    Library(tmp_path).copy("base", "terse", system="Be terse.",
+                           parameters={"temperature": 0.2, "stop": ["<a>", "b"]})
+    front = LibraryFront(_Handle([]), {"models_dir": str(tmp_path)})
+    front.streams = {}
+    shown = show(front.library_info("terse", verbose=True))
+    assert shown["system"] == "Be terse."
+    assert shown["parameters"] == 'temperature 0.2\nstop "<a>"\nstop "b"'
+    plain = show(front.library_info("base"))
+    assert "system" not in plain and plain["parameters"] == ""
