@@ -1,7 +1,9 @@
 """Time to the first answer: from `make serve` (`python -m deployments.launch CONFIG
---verbose`, a fresh Ray on a free port) to the first chat answer, and where the seconds go:
+--verbose`, a fresh Ray on a free port; `--cli`: `flm-serve serve MODEL`) to the first chat
+answer, and where the seconds go:
 
-    .venv/bin/python bench/bench_first_answer.py [--runs N] [--quick] [--config C]
+    .venv/bin/python bench/bench_first_answer.py [--runs N] [--quick] [--config C] [--cli]
+                                                 [--compare KEY=VALUE ...]
 
 Phases, from the launcher's --verbose console (Serve's lines carry their own time stamps;
 other lines are stamped when they arrive):
@@ -17,7 +19,9 @@ The other side, alternated with it in the same run, is the floor: a fresh Python
 that imports npu, loads the same model and computes one token (no Ray, no HTTP). The ratio
 is serve / floor. The CPU kernels' build, which a fresh clone pays once (`make setup` does
 it), is timed apart: `python -m npu.engine.cpu_kernels` into an empty cache directory.
---quick: one run of each with flm-tiny (configs/tiny.yaml).
+--quick: one run of each with flm-tiny (configs/tiny.yaml). --compare KEY=VALUE ...: a
+third side, `make serve` with those settings added (e.g. a Ray setting of
+configs/serve.env changed), alternated with the others, its ratio to the plain one printed.
 """
 
 from __future__ import annotations
@@ -66,8 +70,10 @@ def _line_time(line: str, arrived: float, t0_wall: float, t0: float) -> float:
     return arrived - t0
 
 
-def serve_once(config: Path, model: str) -> dict[str, float]:
-    """One `make serve` from nothing to its first answer: each milestone's second."""
+def serve_once(config: Path, model: str, extra: dict[str, str] | None = None, *,
+               cli: bool = False) -> dict[str, float]:
+    """One `make serve` (`cli`: `flm-serve serve MODEL`) from nothing to its first answer:
+    each milestone's second."""
     import httpx
 
     from deployments.launch.serve_env import free_port
@@ -77,9 +83,12 @@ def serve_once(config: Path, model: str) -> dict[str, float]:
     folder = Path(tempfile.mkdtemp(prefix="bench-first-"))
     (folder / "serve.yaml").write_text(text)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(extra or {})
     t0_wall, t0 = time.time(), time.monotonic()
-    proc = subprocess.Popen([PY, "-m", "deployments.launch", "--verbose",
-                             str(folder / "serve.yaml")], cwd=ROOT, env=env,
+    command = ([str(Path(PY).parent / "flm-serve"), "serve", model, "--port", str(port),
+                "--verbose"] if cli else
+               [PY, "-m", "deployments.launch", "--verbose", str(folder / "serve.yaml")])
+    proc = subprocess.Popen(command, cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     seen: dict[str, float] = {}
@@ -149,25 +158,38 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--config", default=None)
+    ap.add_argument("--compare", nargs="*", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--cli", action="store_true",
+                    help="`flm-serve serve MODEL` instead of `make serve`'s launcher")
     args = ap.parse_args()
+    extra = dict(kv.split("=", 1) for kv in args.compare)
     if args.quick:
         args.runs, config, model = 1, ROOT / "configs" / "tiny.yaml", "flm-tiny"
     else:
         config = Path(args.config) if args.config else ROOT / "configs" / "flm.yaml"
         model = "smollm2-135m"
-    print(f"time to first answer: {config.name} ({model}), {args.runs} run(s), sides alternated")
-    totals, floors = [], []
+    what = f"flm-serve serve {model}" if args.cli else f"make serve ({config.name}, {model})"
+    print(f"time to first answer: {what}, {args.runs} run(s), sides alternated")
+    totals, floors, others = [], [], []
     for run in range(args.runs):
         floors.append(floor_once(model))
-        seen = serve_once(config, model)
+        seen = serve_once(config, model, cli=args.cli)
         totals.append(seen["first answer"])
         parts = "  ".join(f"{p} {s:5.1f}" for p, s in breakdown(seen))
         print(f"run {run + 1}: serve {totals[-1]:5.1f} s  ({parts})")
         print(f"run {run + 1}: floor (import npu, load, one token, no Ray) {floors[-1]:5.1f} s")
+        if extra:
+            seen = serve_once(config, model, extra, cli=args.cli)
+            others.append(seen["first answer"])
+            parts = "  ".join(f"{p} {s:5.1f}" for p, s in breakdown(seen))
+            print(f"run {run + 1}: serve with {args.compare} {others[-1]:5.1f} s  ({parts})")
     print(f"cpu kernels' build into an empty cache (once per clone): {kernel_build():.1f} s")
     best_s, best_f = min(totals), min(floors)
     print(f"best serve {best_s:.1f} s, best floor {best_f:.1f} s: ratio serve / floor "
           f"{best_s / best_f:.1f}x")
+    if others:
+        print(f"best serve with {args.compare} {min(others):.1f} s: ratio to plain serve "
+              f"{min(others) / best_s:.2f}")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 response's last byte has gone (or its client went away), as Ollama's `[GIN]` lines and
 llama-server's request lines are:
 
-    [flm] 2026/12/05 08:30:01 | 200 |   1.402 s | POST /v1/chat/completions | smollm2-135m | 36 in, 21 out | first token 0.120 s
+    [flm] 2026/12/05 08:30:01 | 200 |   1.402 s | POST /v1/chat/completions | smollm2-135m
+          | 36 in, 21 out | first token 0.120 s          (one line; cut here to fit)
 
 method, path, status, total time; for a generating request also the model, its prompt and
 output tokens and the time to its first token (from the request's `RequestTrace`, which

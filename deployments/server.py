@@ -1,6 +1,7 @@
 """The HTTP app and the Serve ingress deployment: every API's router in one route table,
-the server's own routes (/health, /metrics), CORS, the access log (a line per request), and the routing errors (an unknown path
-or method) in the shape of the API the path belongs to.
+the server's own routes (/health, /metrics), CORS, the access log (a line per request),
+and the routing errors (an unknown path or method) in the shape of the API the path
+belongs to.
 
 An API surface is a sub-package with a `routes.router`; adding one is a line in ROUTERS.
 """

@@ -123,7 +123,8 @@ def install(verbose: bool) -> None:
         lambda data, bare: print_to_stdstream(data, ignore_prefix=bare)))
 
 
-def verbose_from(argv: list[str], environ: Mapping[str, str] = os.environ) -> tuple[bool, list[str]]:
+def verbose_from(argv: list[str],
+                 environ: Mapping[str, str] = os.environ) -> tuple[bool, list[str]]:
     """`--verbose` / `-v` taken out of `argv`, or FLM_VERBOSE in `environ`; and the rest."""
     rest = [a for a in argv if a not in ("--verbose", "-v")]
     return len(rest) != len(argv) or is_verbose(environ), rest
