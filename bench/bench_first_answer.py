@@ -144,7 +144,12 @@ def kernel_build() -> float:
 
 
 def breakdown(seen: dict[str, float]) -> list[tuple[str, float]]:
-    """Each phase's own seconds (from the previous milestone seen)."""
+    """Each phase's own seconds, from the previous milestone seen. The first answer can
+    come before the start block is printed (its model was up): then "replicas" ends at the
+    answer and "first answer" is 0."""
+    seen = dict(seen)
+    if "replicas" in seen and "first answer" in seen:
+        seen["replicas"] = min(seen["replicas"], seen["first answer"])
     out, last = [], 0.0
     for phase in [p for p, _ in MILESTONES] + ["first answer"]:
         if phase in seen:
