@@ -19,7 +19,7 @@ The other side, alternated with it in the same run, is the floor: a fresh Python
 that imports npu, loads the same model and computes one token (no Ray, no HTTP). The ratio
 is serve / floor. The CPU kernels' build, which a fresh clone pays once (`make setup` does
 it), is timed apart: `python -m npu.engine.cpu_kernels` into an empty cache directory.
---quick: one run of each with flm-tiny (configs/tiny.yaml). --compare KEY=VALUE ...: a
+--quick: one run of each with flm-tiny (configs/tiny.yaml), no kernel build. --compare KEY=VALUE ...: a
 third side, `make serve` with those settings added (e.g. a Ray setting of
 configs/serve.env changed), alternated with the others, its ratio to the plain one printed.
 """
@@ -188,7 +188,8 @@ def main() -> None:
             others.append(seen["first answer"])
             parts = "  ".join(f"{p} {s:5.1f}" for p, s in breakdown(seen))
             print(f"run {run + 1}: serve with {args.compare} {others[-1]:5.1f} s  ({parts})")
-    print(f"cpu kernels' build into an empty cache (once per clone): {kernel_build():.1f} s")
+    if not args.quick:
+        print(f"cpu kernels' build into an empty cache (once per clone): {kernel_build():.1f} s")
     best_s, best_f = min(totals), min(floors)
     print(f"best serve {best_s:.1f} s, best floor {best_f:.1f} s: ratio serve / floor "
           f"{best_s / best_f:.1f}x")
