@@ -24,7 +24,7 @@ import pytest
 README = Path(__file__).resolve().parents[2] / "README.md"
 MARK = "<!-- example -->"
 ADDRESSES = ("http://127.0.0.1:8000", "localhost:8000")
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(600)  # the session fixture's start counts when it runs first
 
 
 class Block:
