@@ -34,6 +34,7 @@ from starlette.responses import Response, StreamingResponse
 
 from actors.events import Accepted, ChatGenerate, Failed, GenerateRequest, Rejected
 from actors.metrics import Metrics
+from deployments.access import TRACE_KEY
 from deployments.errors import ApiError
 from deployments.exchange import Call, Reply
 from deployments.library import LibraryFront
@@ -245,6 +246,7 @@ class Ingress(LibraryFront):
         """A generating route's response: `make_call` types the body, the worker answers,
         `errors` renders any ApiError; status, duration and tokens go to the metrics."""
         trace = RequestTrace(self.metrics, route)
+        setattr(request.state, TRACE_KEY, trace)  # the access line: model, tokens, first token
         try:
             call = make_call(await self.body(request), self)
             response = await self._answer(call, trace)

@@ -1,6 +1,7 @@
 """The HTTP app and the Serve ingress deployment: every API's router in one route table,
-the server's own routes (/health, /metrics), CORS, and the routing errors (an unknown path
-or method) in the shape of the API the path belongs to.
+the server's own routes (/health, /metrics), CORS, the access log (a line per request),
+and the routing errors (an unknown path or method) in the shape of the API the path
+belongs to.
 
 An API surface is a sub-package with a `routes.router`; adding one is a line in ROUTERS.
 """
@@ -15,6 +16,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
 
+from deployments.access import AccessLog
 from deployments.anthropic.routes import router as anthropic_router
 from deployments.embeddings.routes import router as embeddings_router
 from deployments.errors import (
@@ -79,6 +81,7 @@ def make_app(cors_origins: list[str] | None = None) -> FastAPI:
     if cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=cors_origins, allow_methods=["*"],
                            allow_headers=["*"])
+    app.add_middleware(AccessLog)  # outermost: a line per request, CORS answers included
     app.add_exception_handler(HTTPException, _routing_error)
     for router in ROUTERS:
         app.include_router(router)

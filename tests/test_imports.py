@@ -17,7 +17,7 @@ ALLOWED = {"chat": set(), "npu": set(), "actors": {"chat", "npu"},
 # path below the API surfaces, each surface a folder that reaches no other (but OpenAI's,
 # whose requests and replies Ollama's and Responses' are translated to), the server and the
 # app above them, the launcher apart (it starts processes; configs name the app by path)
-CORE = {"deployments.body", "deployments.errors", "deployments.exchange",
+CORE = {"deployments.access", "deployments.body", "deployments.errors", "deployments.exchange",
         "deployments.ingress", "deployments.library", "deployments.metrics",
         "deployments.routing"}
 SURFACES = {"deployments.openai", "deployments.responses", "deployments.ollama",

@@ -3,7 +3,7 @@
 
     flm-serve serve [PATH_OR_NAME] [--models-dir DIR] [--name ID] [--host H] [--port P]
                     [--replicas N] [--max-loaded-models N] [--keep-alive DURATION]
-                    [--api-key KEY] [--device cpu|npu|auto] [--kernel-dir DIR]
+                    [--api-key KEY] [--device cpu|npu|auto] [--kernel-dir DIR] [--verbose]
                     [--npu-mode auto|linear|block|layer] [...]
 
 It writes the same Serve config as configs/*.yaml (one app, `deployments.app:build_app`,
@@ -91,6 +91,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="hold a Hugging Face checkpoint's matrices in this block format")
     s.add_argument("--chat-template", help="a Jinja file used instead of the model's own "
                                            "chat template")
+    s.add_argument("--verbose", "-v", action="store_true",
+                   help="also show Ray's and Serve's own INFO lines on the console (they "
+                        "are always in Ray's log files; FLM_VERBOSE=1 does the same)")
     s.add_argument("--print-config", action="store_true",
                    help="print the Serve config and exit (it runs with `serve run`)")
     return p
@@ -202,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         path = Path(folder) / "serve.yaml"
         path.write_text(text)
-        return launcher.main([str(path)])
+        return launcher.main([str(path), *(["--verbose"] if args.verbose else [])])
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

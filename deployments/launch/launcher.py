@@ -1,6 +1,6 @@
 """launch: what `make serve` runs: `serve run CONFIG`, started and stopped cleanly.
 
-    python -m deployments.launch [CONFIG]      (default: configs/flm.yaml)
+    python -m deployments.launch [--verbose] [CONFIG]      (default: configs/flm.yaml)
 
 Around Serve's own `serve run` (called in this process, so the config means what it means
 to `serve run`) it adds:
@@ -10,6 +10,9 @@ to `serve run`) it adds:
   replica gRPC servers too (`deployments.launch.loopback`); HAProxy's stats page and Prometheus
   endpoint (which Serve binds on every interface) on free ports of the API's host, through
   `haproxy_loopback.sh`; HAProxy's files in a directory of this run's own;
+- a console a person can read (`deployments.launch.console_filter`): the start block,
+  load progress, an access line per request, warnings and errors; Ray's and Serve's INFO
+  lines only in Ray's log files, unless `--verbose` or FLM_VERBOSE=1;
 - a stop that leaves nothing behind: Ctrl-C, SIGTERM or SIGHUP (to this process or its
   whole group, also after `serve shutdown`) shuts Serve and Ray down, then ends every
   process of the run still there (`deployments.launch.processes`: HAProxy re-parented to init,
@@ -19,6 +22,7 @@ to `serve run`) it adds:
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -32,6 +36,7 @@ from pathlib import Path
 
 import yaml
 
+from deployments.launch import console_filter
 from deployments.launch.console import StartWatch
 from deployments.launch.loopback import LOOPBACK_ENV
 from deployments.launch.processes import RUN_ID_VAR, RunProcesses
@@ -191,8 +196,11 @@ class _Stop:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    verbose, args = console_filter.verbose_from(args)
     if len(args) > 1 or (args and args[0].startswith("-")):
-        print("usage: python -m deployments.launch [CONFIG]   (default: configs/flm.yaml)")
+        print("usage: python -m deployments.launch [--verbose] [CONFIG]   "
+              "(default: configs/flm.yaml; --verbose or FLM_VERBOSE=1: Ray's own INFO lines "
+              "on the console too)")
         return 0 if args and args[0] in ("-h", "--help") else 2
     config = Path(args[0]) if args else DEFAULT_CONFIG
     started = time.monotonic()
@@ -207,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     run_id = os.environ.get(RUN_ID_VAR) or uuid.uuid4().hex
     private = tempfile.mkdtemp(prefix="flm-serve-")
     os.environ.update(_environment(host, run_id, private))  # before Ray reads its settings
+    verbose = verbose or console_filter.is_verbose(os.environ)  # configs/serve.env's too
     processes = RunProcesses(run_id)
     processes.watch()
     stop = _Stop(processes, host, port, private)
@@ -216,9 +225,12 @@ def main(argv: list[str] | None = None) -> int:
         import ray
         from ray.serve.scripts import cli
 
+        console_filter.quiet_driver(verbose)
         # the job's runtime_env is the default of every deployment `serve run` starts
-        ray.init(namespace="serve", runtime_env={
-            "worker_process_setup_hook": "deployments.launch.loopback.bind_replica_grpc_to_loopback"})
+        ray.init(namespace="serve", logging_level=logging.INFO if verbose else logging.WARNING,
+                 runtime_env={"worker_process_setup_hook":
+                              "deployments.launch.loopback.bind_replica_grpc_to_loopback"})
+        console_filter.install(verbose)
         stop.install()  # again: ray.init installs its own SIGTERM handler
         # the start block, once the apps answer; no loadable model stops the run (status 1)
         watch = StartWatch(config, started, on_no_model=lambda: setattr(stop, "exit_code", 1))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import signal
 import subprocess
 import time
@@ -211,6 +212,13 @@ def test_the_command_line_serves_one_model(config, tmp_path) -> None:
         reply = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=60, json={
             "model": "tiny", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]})
         assert reply.status_code == 200
+        # its access line, and none of Ray's INFO lines: those are in the logs directory
+        _wait_printed(proc, log, "| POST /v1/chat/completions | tiny | ")
+        text = log.read_text()
+        assert not re.search(r"^(\(\S+ pid=\d+\) )?(INFO|DEBUG) \d{4}-", text, re.M), text
+        assert "Started a local Ray instance" not in text and "Deploying" not in text
+        logs = Path(re.search(r"^  logs     (\S+)$", text, re.M).group(1))
+        assert any("INFO" in f.read_text() for f in (logs / "serve").glob("controller_*.log"))
         t0 = time.monotonic()
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(timeout=60)

@@ -99,3 +99,13 @@ def test_a_bad_library_option_is_one_line(argv: list[str], text: str, capsys) ->
     assert cli.main(["serve", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("flm-serve: ") and text in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("flag", [[], ["--verbose"]])
+def test_verbose_reaches_the_launcher(flag: list[str], monkeypatch) -> None:
+    from deployments.launch import launcher
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(launcher, "main", lambda argv: seen.append(argv) or 0)
+    assert cli.main(["serve", "smollm2-135m", *flag]) == 0
+    assert seen[0][1:] == flag and seen[0][0].endswith("serve.yaml")

@@ -1,0 +1,130 @@
+"""What the console shows of the lines Ray streams to the driver from its processes: every
+line but Ray's and Serve's own INFO and DEBUG records, which stay in Ray's log files (the
+start block names the directory). So the console has the start block, load progress, one
+access line per request, and every warning and error, wherever it comes from.
+
+A replica's lines (ours: access lines, load progress, our loggers' warnings) are shown
+without Ray's "(ServeReplica:flm:Ingress pid=...)" prefix; a kept line of Ray's own
+processes (the controller's warnings, the raylet's) keeps it, so its source stays named.
+
+`--verbose` or `FLM_VERBOSE=1` (in the environment or configs/serve.env) leaves Ray's
+printing as Ray has it.
+
+Ray has no public switch for this: `ray.init(log_to_driver=False)` drops every worker line
+(warnings and our access lines too) and `RAY_SERVE_LOG_TO_STDERR=0` drops Serve's warnings
+and sends a replica's prints to its log file only. So `install` swaps the handler
+`ray.init` registers on Ray's driver-side dispatcher of worker lines (Ray 2.60:
+`ray._private.ray_logging.global_worker_stdstream_dispatcher`, handler "ray_print_logs")
+for one that filters, then prints through Ray's own printer (its deduplication, colours
+and prefixes); if that internal moves, the console is left as Ray has it, with a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+VERBOSE_VAR = "FLM_VERBOSE"
+RAY_HANDLER = "ray_print_logs"  # the name ray.init gives its printer of worker lines
+
+# the first line of a Ray or Serve record below WARNING
+_QUIET = re.compile(
+    r"(?:INFO|DEBUG) \d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} "  # Serve's components
+    r"|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\s+(?:INFO|DEBUG) "  # Ray's Python loggers
+    r"|(?:INFO|DEBUG):\s"  # uvicorn (Serve's proxy)
+    r"|\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [ID] \d+ \d+\] "  # Ray's C++ core
+)
+
+# warnings Ray gives on every run about this launcher's own deliberate settings: a loopback
+# API (so no HAProxy of another node reaches it) and the token Ray protects its clusters
+# with; nothing to act on, so they stay in the log files
+EXPECTED = ("won't accept connections from HAProxy on other nodes",
+            "Token authentication is enabled for this Ray cluster")
+_TOKEN_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
+def is_verbose(environ: Mapping[str, str]) -> bool:
+    """Whether `environ` asks for Ray's own lines on the console (FLM_VERBOSE=1/true/yes)."""
+    return environ.get(VERBOSE_VAR, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def is_quiet(line: str) -> bool:
+    """Whether a line stays in the log files only: a Ray or Serve record below WARNING, or
+    a warning in EXPECTED."""
+    return _QUIET.match(line) is not None or any(e in line for e in EXPECTED)
+
+
+def filtered(data: dict[str, Any]) -> dict[str, Any] | None:
+    """A batch of Ray's worker lines (`lines`, `pid`, `actor_name`, ...) without its quiet
+    lines, or None when none is left."""
+    lines = [line for line in data.get("lines") or [] if not is_quiet(line)]
+    if not lines:
+        return None
+    return {**data, "lines": lines}
+
+
+def is_replica(data: Mapping[str, Any]) -> bool:
+    """Whether a batch comes from a Serve replica (our code runs there)."""
+    return str(data.get("actor_name") or "").startswith("ServeReplica:")
+
+
+def make_printer(show: Callable[[dict[str, Any], bool], None]) -> Callable[[dict], None]:
+    """The dispatcher handler: `show(data, ignore_prefix)` (Ray's printer) of each batch's
+    kept lines, a replica's without Ray's prefix."""
+    def handle(data: dict[str, Any]) -> None:
+        kept = filtered(data)
+        if kept is not None:
+            show(kept, is_replica(kept))
+
+    return handle
+
+
+class _Expected(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(e in record.getMessage() for e in EXPECTED)
+
+
+def quiet_driver(verbose: bool) -> None:
+    """Before `ray.init`: this process's own lines below WARNING (ray.init's, Serve's, `serve
+    run`'s "Running config file ..." and "Submitted deploy config successfully.") stay off
+    the console, and so do EXPECTED warnings; warnings and errors still print."""
+    if verbose:
+        return
+    for name in ("ray", "ray.serve"):  # ray.serve does not propagate to ray
+        logging.getLogger(name).setLevel(logging.WARNING)
+    logging.getLogger(_TOKEN_LOGGER).addFilter(_Expected())
+    try:
+        from ray.autoscaler._private.cli_logger import cli_logger
+    except ImportError:
+        return
+    for name in ("print", "success", "info"):
+        setattr(cli_logger, name, lambda *args, **kwargs: None)
+
+
+def install(verbose: bool) -> None:
+    """After `ray.init`: Ray's worker lines are filtered as the module docstring says
+    (nothing changes when `verbose`)."""
+    if verbose:
+        return
+    try:
+        from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+        from ray._private.worker import print_to_stdstream
+    except ImportError as exc:
+        print(f"flm-serve: Ray's lines are shown unfiltered ({exc})", file=sys.stderr)
+        return
+    if not any(name == RAY_HANDLER for name, _ in dispatcher.handlers):
+        return  # log_to_driver is off: nothing is printed anyway
+    dispatcher.remove_handler(RAY_HANDLER)
+    dispatcher.add_handler(RAY_HANDLER, make_printer(
+        lambda data, bare: print_to_stdstream(data, ignore_prefix=bare)))
+
+
+def verbose_from(argv: list[str],
+                 environ: Mapping[str, str] = os.environ) -> tuple[bool, list[str]]:
+    """`--verbose` / `-v` taken out of `argv`, or FLM_VERBOSE in `environ`; and the rest."""
+    rest = [a for a in argv if a not in ("--verbose", "-v")]
+    return len(rest) != len(argv) or is_verbose(environ), rest
