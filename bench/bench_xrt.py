@@ -19,7 +19,8 @@ they are) answers a question greedily in layer mode on the simulator, beside the
 
     python bench/bench_xrt.py           # both shapes, every mode and format; SmolLM2
     python bench/bench_xrt.py shapes    # the shapes only; `smollm2`: SmolLM2 only
-    python bench/bench_xrt.py --quick   # small shapes, q4g32 (CI)
+    python bench/bench_xrt.py --quick   # small shapes, q4g32 and iron (CI)
+    python bench/bench_xrt.py shapes --weights iron   # one format
 """
 
 from __future__ import annotations
@@ -74,6 +75,9 @@ class Step:
         return Step(*(a * k for a in vars(self).values()))
 
 
+FORMATS = ("q4g32", "bfp16ebs8", "bf16", "iron")
+
+
 def one_step(raw: dict, layers: int, weights: str, mode: str, timing: TimingModel,
              folder: Path) -> Step:
     """One decode step's figures after the prompt, for the model with `layers` layers."""
@@ -108,6 +112,8 @@ def main() -> int:
     ap.add_argument("parts", nargs="*", choices=["shapes", "smollm2", []],
                     help="what to run (default: both)")
     ap.add_argument("--quick", action="store_true", help="small shapes, q4g32 (CI)")
+    ap.add_argument("--weights", nargs="*", choices=FORMATS,
+                    help="the weight formats to run (default: every one; --quick: q4g32, iron)")
     ap.add_argument("--gbps", type=float, default=TimingModel.gbps,
                     help="the memory bandwidth the NPU reaches (default: %(default)s GB/s)")
     args = ap.parse_args()
@@ -163,7 +169,7 @@ def shapes(args: argparse.Namespace, timing: TimingModel) -> None:
     models = ({"quick": (QUICK, None)} if args.quick else
               {"llama-3.2-1b": (LLAMA_1B, FASTFLOWLM["llama-3.2-1b"]),
                "qwen3-0.6b": (QWEN3_06B, FASTFLOWLM["qwen3-0.6b"])})
-    formats = ("q4g32", "iron") if args.quick else ("q4g32", "bfp16ebs8", "bf16", "iron")
+    formats = args.weights or (("q4g32", "iron") if args.quick else FORMATS)
     print(f"timing model: {timing.launch_us:.0f} us a launch, {timing.runlist_launch_us:.0f} us "
           f"in a runlist, {timing.context_switch_us:.0f} us a context switch, "
           f"{timing.gbps:.0f} GB/s; decode after a {PROMPT}-token prompt")

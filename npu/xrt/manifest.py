@@ -15,8 +15,15 @@ kernel name, e.g. `main:gemv_0`; called with the buffers from argument 0), the d
 bf16; `w` bf16 | bfp16ebs8 | q4g32; `y` bf16 | f32; `acc`), the weight layout (a packer in
 `npu.xrt.packing`), the rounding (`floor`: toward minus infinity | `conv_even`) and
 whether the output is rounded after every K tile, the padding granules, the buffer arguments
-in order (at most 5), and the finite list of shapes it was built for, each with its own
-instruction stream. There is no `sizes` buffer: a launch's shape is its instruction stream.
+in order (at most 5: the order the design's runtime sequence takes them, e.g. IRON's GEMV
+`["w", "x", "y"]`), and the finite list of shapes it was built for, each with its own
+instruction stream (and, for a kernel compiled per shape like IRON's GEMV per K, its own
+`xclbin` / `kernel`). There is no `sizes` buffer: a launch's shape is its instruction
+stream. Declared numerics: `bfp16_mmul` (linear ops: AIE2P's bf16 matmul emulated on bfp16),
+`math` (layer ops: "exact" or "aie2p", exp and 1/x from the runtime library's tables).
+Per-launch scalars of the layer ops: `scalars` "rtp" (a buffer), "insts" (words of the
+stream) or "scratchpad" (a full ELF's control scratchpad, by its `params` file's symbols:
+`npu.xrt.scratchpad`).
 
 Ops: `gemv` (y[1, N] = x[1, K] W.T) and `gemm` (M rows at a time) are linear layers; `attn`,
 `mlp` and `layer` are a Llama/Qwen3 decoder layer's attention block, MLP block or both for
@@ -210,6 +217,10 @@ def _check(where: Path, m: ManifestV2) -> None:
             raise bad(f"op {name}: no shapes")
         if name == "gemv" and any(s.m != 1 for s in op.shapes):
             raise bad("op gemv: every shape has m = 1")
+        gm = op.granule.get("m", 1)
+        if name == "gemm" and any(s.m % gm for s in op.shapes):
+            raise bad(f"op gemm: a shape's m must be a multiple of its m granule {gm} (e.g. "
+                      "IRON's GEMM: 4 rows of 64-row tiles, M % 256)")
 
 
 def generation_dir(kernel_dir: Path, generation: str, device_name: str) -> Path:

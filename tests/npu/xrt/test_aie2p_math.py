@@ -80,3 +80,19 @@ def test_a_layer_op_with_aie2p_math_computes_with_the_tables(tiny, tmp_path) -> 
     for a, b in zip(out["aie2p"], out["exact"]):
         assert not np.array_equal(a, b)
         assert np.abs(a - b).max() < 0.05 * np.abs(b).max()  # close: a few bf16 steps
+
+
+def test_math_is_declared_for_layer_ops_only(tmp_path) -> None:
+    from npu.xrt import XRTError
+    from npu.xrt.manifest import load_manifest
+
+    cfg = config_from_json({
+        "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 96,
+        "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+        "vocab_size": 100, "max_position_embeddings": 64})
+    for overrides, message in [({"gemv": {"math": "aie2p"}}, "math is for the layer ops"),
+                               ({"layer": {"math": "lut"}}, "not exact or aie2p")]:
+        kd = make_kernel_dir(tmp_path / message[:4], [cfg], weights="bf16", ctx=64,
+                             ops=("gemv", "layer"), overrides=overrides)
+        with pytest.raises(XRTError, match=message):
+            load_manifest(kd / "npu2")

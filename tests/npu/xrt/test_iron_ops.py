@@ -147,6 +147,7 @@ def _bfp16_s4(m: dict) -> None:
      "bfp16_mmul is for gemv / gemm with a k granule"),
     (lambda m: m["ops"]["gemv"].update(xclbin=""), None),  # every shape has its own: fine
     (lambda m: m["ops"]["gemv"]["shapes"][0].pop("xclbin"), "needs an xclbin"),
+    (lambda m: m["ops"]["gemm"]["shapes"][0].update(m=12), "multiple of its m granule 8"),
 ])
 def test_iron_manifests_are_checked(tmp_path, edit, message) -> None:
     kd = _iron_dir(tmp_path)
