@@ -24,8 +24,8 @@ A wrong s, t or ct_k gives a buffer of the right size in the wrong order, which 
 wrong numbers silently: the geometry is named, and the tests' expected bytes are worked
 out by hand from the description above, not from this code.
 
-As manifest layouts, `iron.pack_b` (w bf16: NPU1's flm.GEMM, and FastFlowLM's shipped
-overlay) and `iron.pack_b.bfp16ebs8` (w bfp16ebs8: NPU2's flm.GEMM, whose `pack_B` quantizes
+As manifest layouts, `iron.pack_b` (w bf16: NPU1's flm.GEMM; not FastFlowLM's shipped
+overlay, whose `overlay_order` swaps i and s_in) and `iron.pack_b.bfp16ebs8` (w bfp16ebs8: NPU2's flm.GEMM, whose `pack_B` quantizes
 B in the core's rounding mode, the op's `rounding`) are this order with the op's granules as
 k_tile and n_tile and its `mmul` as [s, t, ct_k] (`npu.xrt.packing.pack` / `unpack` call
 this module). `quantize_bfp16` is what an AIE2P bf16 matmul built with
@@ -128,7 +128,12 @@ def quantize_bfp16(x: np.ndarray, rounding: str = "conv_even") -> np.ndarray:
     x = np.asarray(x, dtype=np.float32)
     if x.shape[-1] % 8:
         raise ModelError(f"bfp16 blocks of 8 along K: K = {x.shape[-1]}")
-    return decode_bfp16ebs8(encode_bfp16ebs8(x.reshape(-1, 8), rounding)).reshape(x.shape)
+    groups = x.reshape(-1, 8)
+    out = np.empty_like(groups)
+    for start in range(0, len(groups), 1 << 20):  # in pieces: the encoder's int64 temporaries
+        piece = groups[start : start + (1 << 20)]
+        out[start : start + len(piece)] = decode_bfp16ebs8(encode_bfp16ebs8(piece, rounding))
+    return out.reshape(x.shape)
 
 
 def unpack_b_bfp16ebs8(buf: np.ndarray, np_: int, kp: int, g: IronGeometry) -> np.ndarray:
