@@ -124,15 +124,24 @@ def test_flm_gemm_bfp16_layout_on_npu2(tmp_path) -> None:
     """flm.GEMM on NPU2: B pre-packed as bfp16ebs8 in IRON's order, in the op's rounding."""
     kd = make_kernel_dir(tmp_path, [_cfg()], ops=("gemv", "gemm"), weights="bfp16ebs8",
                          layout="iron.pack_b.bfp16ebs8", mmul=(8, 8, 32), gemm_m=4,
-                         granule_k=32, granule_n=16, rounding="floor")
+                         granule_k=32, granule_n=16, rounding="floor", y="bf16",
+                         overrides={"gemm": {"bfp16_mmul": True}})
     _, _, (gemv, gemm) = _ops(kd)
     ops = LinearOps(gemv, gemm)
-    w = np.random.default_rng(1).standard_normal((100, 64)).astype(np.float32)
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((100, 64)).astype(np.float32)
+    x = rng.standard_normal((4, 64)).astype(np.float32)
     dw = ops.upload(w)
     g = IronGeometry(k_tile=32, n_tile=16, s=8, t=8, ct_k=32)
     wp = np.zeros((112, 64), dtype=np.float32)
     wp[:100] = w
-    np.testing.assert_array_equal(dw.bo.dev, pack_b_bfp16ebs8(wp, g, "floor"))
+    packed = pack_b_bfp16ebs8(wp, g, "floor")
+    np.testing.assert_array_equal(dw.bo.dev, packed)
+    # its mmul: A in bfp16 too (floor), one f32 accumulation, one floor rounding to bf16
+    wq = unpack_b_bfp16ebs8(packed, 112, 64, g)[:100]
+    xq = quantize_bfp16(packing.round_bf16(x), "floor")
+    np.testing.assert_array_equal(ops.matmul(x, dw),
+                                  packing.round_bf16(xq @ wq.T, "floor"))
     assert all(r.matched for r in check_kernels(kd, XRT(simulator_for(kd, ["npu4"]))))
 
 
