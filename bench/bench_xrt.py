@@ -2,7 +2,8 @@
 
 For the Llama-3.2-1B and Qwen3-0.6B shapes (random weights), in each launch mode (linear:
 4L+1 launches a token, block: 2L+1, layer: L+1 with the KV cache on the device) and weight
-format (bf16, bfp16ebs8, q4g32), the XRT engine runs on the pyxrt simulator after a 128-token
+format (bf16, bfp16ebs8, q4g32; and `iron`: linear mode on kernels shaped as amd/IRON's
+published GEMV / GEMM, bf16 row-major weights, one GEMV xclbin per K, 27 GB/s), the XRT engine runs on the pyxrt simulator after a 128-token
 prompt and the bench reports: launches per token, bytes the kernels read per token (weights,
 KV), bytes crossing between host and device per token (target: <= 1% of what the kernels
 read), and the modelled tokens/s at the timing model's bandwidth beside FastFlowLM's published
@@ -18,7 +19,8 @@ they are) answers a question greedily in layer mode on the simulator, beside the
 
     python bench/bench_xrt.py           # both shapes, every mode and format; SmolLM2
     python bench/bench_xrt.py shapes    # the shapes only; `smollm2`: SmolLM2 only
-    python bench/bench_xrt.py --quick   # small shapes, q4g32 (CI)
+    python bench/bench_xrt.py --quick   # small shapes, q4g32 and iron (CI)
+    python bench/bench_xrt.py shapes --weights iron   # one format
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ from bench.bench_engine import QUICK, QWEN3_06B, random_weights  # noqa: E402
 from npu import config_from_json  # noqa: E402
 from npu.xrt import XRT  # noqa: E402
 from npu.xrt.engine import XRTEngine  # noqa: E402
-from npu.xrt.sim_kernels import make_kernel_dir, simulator_for  # noqa: E402
+from npu.xrt.sim_kernels import (make_iron_kernel_dir, make_kernel_dir,  # noqa: E402
+                                 simulator_for)
 from npu.xrt.timing import TimingModel  # noqa: E402
 
 LLAMA_1B = {"architectures": ["LlamaForCausalLM"], "hidden_size": 2048,
@@ -72,12 +75,19 @@ class Step:
         return Step(*(a * k for a in vars(self).values()))
 
 
+FORMATS = ("q4g32", "bfp16ebs8", "bf16", "iron")
+
+
 def one_step(raw: dict, layers: int, weights: str, mode: str, timing: TimingModel,
              folder: Path) -> Step:
     """One decode step's figures after the prompt, for the model with `layers` layers."""
     raw = {**raw, "num_hidden_layers": layers}
     config = config_from_json(raw)
-    kd = make_kernel_dir(folder / f"{weights}-{layers}", [config], weights=weights, ctx=1024)
+    if weights == "iron":  # IRON's GEMV / GEMM: linear mode, their granules
+        kd = make_iron_kernel_dir(folder / f"{weights}-{layers}", [config])
+    else:
+        kd = make_kernel_dir(folder / f"{weights}-{layers}", [config], weights=weights,
+                             ctx=1024)
     sim = simulator_for(kd, ["RyzenAI-npu5"], timing=timing)
     engine = XRTEngine(config, random_weights(raw, np.random.default_rng(0)), xrt=XRT(sim),
                        device_index=0, kernel_dir=kd, mode=mode)
@@ -102,6 +112,8 @@ def main() -> int:
     ap.add_argument("parts", nargs="*", choices=["shapes", "smollm2", []],
                     help="what to run (default: both)")
     ap.add_argument("--quick", action="store_true", help="small shapes, q4g32 (CI)")
+    ap.add_argument("--weights", nargs="*", choices=FORMATS,
+                    help="the weight formats to run (default: every one; --quick: q4g32, iron)")
     ap.add_argument("--gbps", type=float, default=TimingModel.gbps,
                     help="the memory bandwidth the NPU reaches (default: %(default)s GB/s)")
     args = ap.parse_args()
@@ -157,7 +169,7 @@ def shapes(args: argparse.Namespace, timing: TimingModel) -> None:
     models = ({"quick": (QUICK, None)} if args.quick else
               {"llama-3.2-1b": (LLAMA_1B, FASTFLOWLM["llama-3.2-1b"]),
                "qwen3-0.6b": (QWEN3_06B, FASTFLOWLM["qwen3-0.6b"])})
-    formats = ("q4g32",) if args.quick else ("q4g32", "bfp16ebs8", "bf16")
+    formats = args.weights or (("q4g32", "iron") if args.quick else FORMATS)
     print(f"timing model: {timing.launch_us:.0f} us a launch, {timing.runlist_launch_us:.0f} us "
           f"in a runlist, {timing.context_switch_us:.0f} us a context switch, "
           f"{timing.gbps:.0f} GB/s; decode after a {PROMPT}-token prompt")
@@ -168,7 +180,7 @@ def shapes(args: argparse.Namespace, timing: TimingModel) -> None:
     for name, (raw, fflm) in models.items():
         depth = raw["num_hidden_layers"]
         for weights in formats:
-            for mode in ("layer", "block", "linear"):
+            for mode in ("linear",) if weights == "iron" else ("layer", "block", "linear"):
                 one = one_step(raw, 1, weights, mode, timing, folder)
                 two = one_step(raw, 2, weights, mode, timing, folder)
                 full = one + (two - one).times(depth - 1)
@@ -189,6 +201,8 @@ def shapes(args: argparse.Namespace, timing: TimingModel) -> None:
           "modelled tok/s / FastFlowLM's published tok/s; even: the bandwidth at which the "
           "modelled tok/s equals FastFlowLM's; sim s: the simulator's own wall time for a token of "
           "the 2-layer model (numpy: not a hardware figure)")
+    print("iron: IRON's GEMV per K (its own xclbin: a context switch between K's) at its "
+          "published 20-35 GB/s (27 modelled), bf16 weights")
     print("targets: layer mode with q4g32 weights >= 1.0x FastFlowLM at the same bandwidth; "
           "cross <= 1% of read")
 

@@ -37,8 +37,12 @@ XRT_PYTHON = "/opt/xilinx/xrt/python"
 RUN_TIMEOUT_MS = 10_000
 # (XRT version, what) each feature needs; the binding landed in XRT's master at
 # d4a92e8740 (runlist, ext.kernel) and 2a6ffe7a7f (hw_context(device, elf), master at 2.23)
+# (6dd06dc947, run.get_ctrl_scratchpad_bo, landed while master said 2.23 and ships in 2.25:
+# its presence on pyxrt.run is what is checked, the version only named)
 NEEDS = {"runlist": ((2, 21), "runlists (pyxrt.runlist)"),
-         "elf": ((2, 23), "full-ELF kernels (pyxrt.hw_context(device, elf))")}
+         "elf": ((2, 23), "full-ELF kernels (pyxrt.hw_context(device, elf))"),
+         "scratchpad": ((2, 25), "control scratchpads (pyxrt.run.get_ctrl_scratchpad_bo)")}
+Prepare = Callable[[Any], None]  # a run set up, before it starts: e.g. its scratchpad written
 
 
 class XRTError(ModelError):
@@ -143,6 +147,27 @@ class XRT:
             raise XRTError(f"{what} need XRT {_dotted(need)} or newer; this is XRT "
                            f"{_dotted(self.version or ())}: update XRT and the NPU driver, or "
                            "use a kernel directory without them")
+
+    def scratchpad_run(self, kernel: Any) -> Any:
+        """A run of an ELF kernel with its control scratchpad, checked before any launch:
+        refused where pyxrt does not bind `get_ctrl_scratchpad_bo` (XRT before 2.25) or the
+        ELF has no scratchpad section (XRT throws)."""
+        run = self.x.run(kernel)
+        if not hasattr(run, "get_ctrl_scratchpad_bo"):
+            need, what = NEEDS["scratchpad"]
+            raise XRTError(f"{what} need XRT {_dotted(need)} or newer; this is XRT "
+                           f"{_dotted(self.version or ()) or 'of unknown version'}: update "
+                           "XRT, or use a kernel directory whose ops take their scalars in "
+                           "the instruction stream")
+        self.ctrl_scratchpad(run)
+        return run
+
+    def ctrl_scratchpad(self, run: Any) -> Any:
+        """The run's control scratchpad buffer."""
+        try:
+            return run.get_ctrl_scratchpad_bo()
+        except Exception as exc:
+            raise XRTError(f"the kernel's run has no control scratchpad: {exc}") from None
 
     def enumerate_devices(self) -> list[DeviceInfo]:
         """Every device that opens, in index order (stops at the first that does not)."""
@@ -277,15 +302,20 @@ class XRT:
             raise XRTError(f"kernel run failed: {exc}") from None
         self._check_state(state)
 
-    def run_built(self, kernel: Any, *args: Any) -> None:
-        """A run set up argument by argument (the ELF kernels' way: buffers from 0)."""
+    def run_built(self, kernel: Any, *args: Any, prepare: Prepare | None = None) -> None:
+        """A run set up argument by argument (the ELF kernels' way: buffers from 0), then
+        `prepare(run)` before it starts."""
         self._check_args(kernel, args)
         try:
             r = self.x.run(kernel)
             for i, a in enumerate(args):
                 r.set_arg(i, a)
+            if prepare is not None:
+                prepare(r)
             r.start()
             state = r.wait(self.run_timeout_ms)
+        except XRTError:
+            raise
         except Exception as exc:
             raise XRTError(f"kernel run failed: {exc}") from None
         self._check_state(state)
@@ -300,15 +330,16 @@ class XRT:
         """pyxrt binds `runlist` and XRT is new enough for it (else runs one by one)."""
         return hasattr(self.x, "runlist") and self.supports("runlist")
 
-    def run_all(self, launches: list[tuple[Any, Any, tuple]]) -> None:
-        """(context, kernel, arguments) launches in order: each stretch of one hardware
-        context as one runlist submission when XRT has runlists (a runlist belongs to one
-        context), else one run after another."""
-        for _, kernel, args in launches:
+    def run_all(self, launches: list[tuple[Any, Any, tuple, Prepare | None]]) -> None:
+        """(context, kernel, arguments, prepare) launches in order: each stretch of one
+        hardware context as one runlist submission when XRT has runlists (a runlist belongs
+        to one context), else one run after another; `prepare(run)` (or None) on each run
+        once its arguments are set."""
+        for _, kernel, args, _ in launches:
             self._check_args(kernel, args)
         if not self.has_runlist:
-            for _, kernel, args in launches:
-                self.run_built(kernel, *args)
+            for _, kernel, args, prepare in launches:
+                self.run_built(kernel, *args, prepare=prepare)
             return
         start = 0
         while start < len(launches):
@@ -316,18 +347,22 @@ class XRT:
             end = start
             while end < len(launches) and launches[end][0] is ctx:
                 end += 1
-            self._runlist(ctx, [(k, a) for _, k, a in launches[start:end]])
+            self._runlist(ctx, [(k, a, p) for _, k, a, p in launches[start:end]])
             start = end
 
-    def _runlist(self, ctx: Any, launches: list[tuple[Any, tuple]]) -> None:
+    def _runlist(self, ctx: Any, launches: list[tuple[Any, tuple, Prepare | None]]) -> None:
         try:
             rl = self.x.runlist(ctx)
-            for kernel, args in launches:
+            for kernel, args, prepare in launches:
                 r = self.x.run(kernel)
                 for i, a in enumerate(args):
                     r.set_arg(i, a)
+                if prepare is not None:
+                    prepare(r)
                 rl.add(r)
             rl.execute()
+        except XRTError:
+            raise
         except Exception as exc:
             raise XRTError(f"runlist failed: {exc}") from None
         self._watchdog(rl.wait, f"a runlist of {len(launches)} runs")

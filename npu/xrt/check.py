@@ -23,10 +23,10 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-from npu.xrt import packing
+from npu.xrt import iron_pack, packing
 from npu.xrt.adapter import XRT, XRTError, generation_of
 from npu.xrt.kernels import LinearOps, OpKernel
-from npu.xrt.manifest import LINEAR_OPS, generation_dir, load_manifest
+from npu.xrt.manifest import LINEAR_OPS, Op, generation_dir, load_manifest
 
 # the largest relative error (of the output's peak) a shape may show and still match
 TOLERANCE = {"bf16": 2e-2, "f32": 2e-3}
@@ -60,13 +60,13 @@ def check_kernels(kernel_dir: Path, xrt: XRT, *, device_index: int = 0,
             continue
         ops = LinearOps(kernel, None) if op_name == "gemv" else LinearOps(kernel, kernel)
         for s in op.shapes:
-            out.append(_check_shape(ops, op_name, s.m, s.k, s.n, op.dtype["y"], op.rounding,
-                                     rng))
+            out.append(_check_shape(ops, op_name, s.m, s.k, s.n, op, rng))
     return out
 
 
-def _check_shape(ops: LinearOps, op: str, m: int, k: int, n: int, y: str, rounding: str,
+def _check_shape(ops: LinearOps, op: str, m: int, k: int, n: int, spec: Op,
                  rng: np.random.Generator) -> KernelCheck:
+    y, rounding = spec.dtype["y"], spec.rounding
     label = f"{m}x{k}x{n}"
     w = rng.standard_normal((n, k)).astype(np.float32) / np.sqrt(k)
     x = rng.standard_normal((m, k)).astype(np.float32)
@@ -78,8 +78,13 @@ def _check_shape(ops: LinearOps, op: str, m: int, k: int, n: int, y: str, roundi
     except XRTError as exc:
         return KernelCheck(op=op, shape=label, note=f"failed: {exc}")
     t = dw.tiling
-    encoded = packing.unpack(packing.pack(w, t), t, rounding)[:n, :k]
-    want = packing.round_bf16(x) @ encoded.T
+    encoded = packing.unpack(packing.pack(w, t), t, rounding)
+    xs = np.zeros((m, t.kp), dtype=np.float32)
+    xs[:, :k] = packing.round_bf16(x)
+    if spec.bfp16_mmul:  # the kernel's matmul converts both operands to bfp16 first
+        xs = iron_pack.quantize_bfp16(xs, rounding)
+        encoded = iron_pack.quantize_bfp16(encoded, rounding)
+    want = xs[:, :k] @ encoded[:n, :k].T
     peak = float(np.abs(want).max()) or 1.0
     err = float(np.nan_to_num(np.abs(got - want), nan=np.inf).max() / peak)
     moved = t.nbytes + m * t.kp * 2 + m * t.np_ * (2 if y == "bf16" else 4)

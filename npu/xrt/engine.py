@@ -305,9 +305,10 @@ class XRTEngine(NumpyEngine):
         launches = []
         for li in range(len(self.layers)):
             for op, w in zip(self._ops, self._packs[li]):
-                launches.append((op.ctx, *op.call(self._shapes[op.name][index], {
+                shape = self._shapes[op.name][index]
+                launches.append((op.context(shape), *op.call(shape, {
                     "x": x_bo, "w": w, "kv": slot.kv[li], "rtp": slot.rtp,
-                    "kvnew": kvnew[li]})))
+                    "kvnew": kvnew[li]}, pos=pos, len=pos + len(x))))
         self.xrt.run_all(launches)
         self.linear_ops.runs += len(launches)
         n = len(x)

@@ -14,14 +14,22 @@ order, from the published description (iron/operators/flm/packing.py, amd/IRON a
   group of 8 is 9 bytes: the largest biased f32 exponent of the 8, then 8 two's-complement
   mantissas, the 24-bit magnitude (implicit bit made explicit) shifted right by
   17 + (shared - own exponent), rounded to nearest even (the operators' `conv_even`) or
-  toward minus infinity (`floor`, the cores' power-up mode), saturated to [-128, 127].
+  toward minus infinity (`floor`, the cores' power-up mode), saturated to [-128, 127]; a
+  value whose own exponent is 32 or more below the shared one (zero and negative zero
+  included) is 0 when positive and -1 when negative, in either mode, as IRON's model of the
+  hardware's `to_v64bfp16ebs8` (its `f32_to_bfp16ebs8`) has it. A block decodes as
+  mantissa * 2^(shared - 133).
 
 A wrong s, t or ct_k gives a buffer of the right size in the wrong order, which computes
 wrong numbers silently: the geometry is named, and the tests' expected bytes are worked
 out by hand from the description above, not from this code.
 
-As a manifest layout, `iron.pack_b` (bf16) is this order with the op's granules as k_tile
-and n_tile and its `mmul` as [s, t, ct_k] (`npu.xrt.packing.pack` / `unpack` call this module).
+As manifest layouts, `iron.pack_b` (w bf16: NPU1's flm.GEMM; not FastFlowLM's shipped
+overlay, whose `overlay_order` swaps i and s_in) and `iron.pack_b.bfp16ebs8` (w bfp16ebs8: NPU2's flm.GEMM, whose `pack_B` quantizes
+B in the core's rounding mode, the op's `rounding`) are this order with the op's granules as
+k_tile and n_tile and its `mmul` as [s, t, ct_k] (`npu.xrt.packing.pack` / `unpack` call
+this module). `quantize_bfp16` is what an AIE2P bf16 matmul built with
+AIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16 does to its operands (blocks of 8 along K).
 """
 
 from __future__ import annotations
@@ -99,7 +107,39 @@ def encode_bfp16ebs8(groups: np.ndarray, rounding: str = "conv_even") -> np.ndar
         mant = signed >> shift  # an arithmetic shift: toward minus infinity
     else:
         mant = np.rint(signed / np.exp2(shift)).astype(np.int64)  # exact, ties to even
+    # 32 or more exponents below the block's: only the sign is left (-0.0 included)
+    mant = np.where(shared - exp >= 32, np.where(bits >> 31 != 0, -1, 0), mant)
     out = np.empty((len(groups), 9), dtype=np.uint8)
     out[:, 0] = shared[:, 0]
     out[:, 1:] = np.clip(mant, -128, 127).astype(np.int8).view(np.uint8)
     return out
+
+
+def decode_bfp16ebs8(groups: np.ndarray) -> np.ndarray:
+    """[G, 9] bytes -> [G, 8] float32: each mantissa times 2^(shared exponent - 133)."""
+    g = np.asarray(groups, dtype=np.uint8).reshape(-1, 9)
+    scale = np.ldexp(np.float32(1.0), g[:, :1].astype(np.int32) - 133).astype(np.float32)
+    return np.ascontiguousarray(g[:, 1:]).view(np.int8).astype(np.float32) * scale
+
+
+def quantize_bfp16(x: np.ndarray, rounding: str = "conv_even") -> np.ndarray:
+    """x [..., K] (K a multiple of 8) through bfp16ebs8 in blocks of 8 along K and back: the
+    values an AIE2P bf16 matmul emulated with bfp16 multiplies."""
+    x = np.asarray(x, dtype=np.float32)
+    if x.shape[-1] % 8:
+        raise ModelError(f"bfp16 blocks of 8 along K: K = {x.shape[-1]}")
+    groups = x.reshape(-1, 8)
+    out = np.empty_like(groups)
+    for start in range(0, len(groups), 1 << 20):  # in pieces: the encoder's int64 temporaries
+        piece = groups[start : start + (1 << 20)]
+        out[start : start + len(piece)] = decode_bfp16ebs8(encode_bfp16ebs8(piece, rounding))
+    return out.reshape(x.shape)
+
+
+def unpack_b_bfp16ebs8(buf: np.ndarray, np_: int, kp: int, g: IronGeometry) -> np.ndarray:
+    """A packed bfp16ebs8 B stream -> W [np_, kp] float32 (the order inverted)."""
+    index = np.arange(np_ * kp, dtype=np.int64).reshape(np_, kp)
+    order = np.ascontiguousarray(_blocked(index, g).swapaxes(-1, -2)).reshape(-1)
+    out = np.empty(np_ * kp, dtype=np.float32)
+    out[order] = decode_bfp16ebs8(np.asarray(buf[: np_ * kp // 8 * 9])).reshape(-1)
+    return out.reshape(np_, kp)

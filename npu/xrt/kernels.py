@@ -11,8 +11,8 @@ import msgspec
 import numpy as np
 
 from npu.engine.quant import QT
-from npu.xrt import packing
-from npu.xrt.adapter import XRT, XRTError
+from npu.xrt import packing, scratchpad
+from npu.xrt.adapter import XRT, Prepare, XRTError
 from npu.xrt.manifest import SCALARS, Op, Shape
 
 
@@ -48,15 +48,32 @@ class OpKernel:
         self._instr: dict[Shape, tuple[Any, int]] = {}
         self._words: dict[Shape, np.ndarray] = {}
         self._kernels: dict[Shape, Any] = {}
+        self._contexts: dict[Shape, Any] = {}
         if self.elf:
             self.ctx = xrt.elf_context(index, folder / op.elf)
             for s in op.shapes:
                 self._kernels[s] = xrt.elf_kernel(self.ctx, s.sequence)
+                self._contexts[s] = self.ctx
             self.kernel = next(iter(self._kernels.values()))
             self.groups = {arg: self.kernel.group_id(i) for i, arg in enumerate(op.args)}
+            if op.scalars == "scratchpad":
+                self.params = scratchpad.load_params(folder / op.params)
+                missing = [sym for sym in self._symbols() if sym not in self.params]
+                if missing:
+                    raise XRTError(f"{folder}: op {name}: {op.params} has no parameter "
+                                   f"{', '.join(missing)} (it has {', '.join(self.params)})")
+                for kernel in self._kernels.values():  # each sequence has its scratchpad
+                    xrt.scratchpad_run(kernel)
             return
-        self.ctx, xb = xrt.hw_context(index, folder / op.xclbin)
-        self.kernel = xrt.kernel(self.ctx, xb, op.kernel, buffers=len(op.args))
+        # one kernel per xclbin: the op's, or a shape's own (a kernel compiled per shape)
+        binaries: dict[tuple[str, str], tuple[Any, Any]] = {}
+        for s in op.shapes:
+            key = (s.xclbin or op.xclbin, s.kernel or op.kernel)
+            if key not in binaries:
+                ctx, xb = xrt.hw_context(index, folder / key[0])
+                binaries[key] = (ctx, xrt.kernel(ctx, xb, key[1], buffers=len(op.args)))
+            self._contexts[s], self._kernels[s] = binaries[key]
+        self.ctx, self.kernel = next(iter(binaries.values()))
         self.groups = {arg: self.kernel.group_id(3 + i) for i, arg in enumerate(op.args)}
         for s in op.shapes:
             try:
@@ -64,7 +81,8 @@ class OpKernel:
             except OSError as exc:
                 raise XRTError(f"{folder}: op {name}: cannot read {s.insts}: {exc}") from None
             check_header(words, Path(folder).name, f"{folder}: op {name}: {s.insts}")
-            bo = xrt.bo(index, words.nbytes, xrt.x.bo.cacheable, self.kernel.group_id(1))
+            bo = xrt.bo(index, words.nbytes, xrt.x.bo.cacheable,
+                        self._kernels[s].group_id(1))
             xrt.to_device(bo, words)
             self._words[s] = words
             if any(not 0 <= i < words.size for i in s.scalar_words):
@@ -79,6 +97,10 @@ class OpKernel:
                 return s
         return None
 
+    def context(self, shape: Shape) -> Any:
+        """The hardware context the shape's kernel runs in."""
+        return self._contexts[shape]
+
     def set_scalars(self, shape: Shape, **values: int) -> None:
         """Write this launch's scalars into the shape's instruction stream (op scalars
         "insts"): its words at `scalar_words`, the stream synced again."""
@@ -90,25 +112,47 @@ class OpKernel:
     def bo(self, arg: str, nbytes: int) -> Any:
         return self.xrt.bo(self.index, nbytes, self.xrt.x.bo.host_only, self.groups[arg])
 
-    def call(self, shape: Shape, bufs: dict[str, Any]) -> tuple[Any, tuple]:
-        """(kernel, its arguments) for a launch of `shape` on `bufs`."""
+    def _symbols(self) -> list[str]:
+        return [self.op.scalar_symbols.get(k, k) for k in SCALARS]
+
+    def call(self, shape: Shape, bufs: dict[str, Any], **scalars: int
+             ) -> tuple[Any, tuple, Prepare | None]:
+        """(kernel, its arguments, what to do to its run before it starts) for a launch of
+        `shape` on `bufs`; op scalars "scratchpad": `scalars` written into the run's
+        control scratchpad (the others take them elsewhere, or none)."""
         buffers = tuple(bufs[a] for a in self.op.args)
         if self.elf:
-            return self._kernels[shape], buffers
+            prepare = None
+            if self.op.scalars == "scratchpad":
+                values = {sym: scalars[k] for k, sym in zip(SCALARS, self._symbols())}
+                prepare = self._scratchpad_writer(values)
+            return self._kernels[shape], buffers, prepare
         bo, count = self._instr[shape]
-        return self.kernel, (3, bo, count, *buffers)
+        return self._kernels[shape], (3, bo, count, *buffers), None
 
-    def launch(self, shape: Shape, bufs: dict[str, Any]) -> None:
-        kernel, args = self.call(shape, bufs)
+    def _scratchpad_writer(self, values: dict[str, int]) -> Prepare:
+        def prepare(run: Any) -> None:
+            pad = scratchpad.Scratchpad(self.params)  # a new run handle's: from zero
+            for sym, value in values.items():
+                pad.write(sym, value)
+            scratchpad.sync(self.xrt, self.xrt.ctrl_scratchpad(run), pad)
+
+        return prepare
+
+    def launch(self, shape: Shape, bufs: dict[str, Any], **scalars: int) -> None:
+        kernel, args, prepare = self.call(shape, bufs, **scalars)
         if self.elf:
-            self.xrt.run_built(kernel, *args)
+            self.xrt.run_built(kernel, *args, prepare=prepare)
         else:
             self.xrt.run(kernel, *args)
 
 
 class DeviceWeight(msgspec.Struct):
-    bo: Any
+    bo: Any  # in the gemv kernel's memory group for its w argument
     tiling: packing.Tiling
+    # by memory group: the same bytes in the gemm kernel's group where that differs (a
+    # design may take w at another argument: IRON's GEMV as A, its GEMM as B)
+    bos: dict[int, Any] = {}
 
 
 def pack_weight(linear: Any, t: packing.Tiling) -> tuple[np.ndarray, bool]:
@@ -128,9 +172,11 @@ class LinearOps:
     def __init__(self, gemv: OpKernel, gemm: OpKernel | None) -> None:
         if gemm is not None and (gemm.op.layout != gemv.op.layout or any(
                 gemm.op.granule[d] != gemv.op.granule[d] for d in ("k", "n"))
-                or gemm.op.mmul != gemv.op.mmul):
-            raise XRTError("gemm and gemv must share the weight layout and K / N granules "
-                           "(each weight is on the device once, for both)")
+                or gemm.op.mmul != gemv.op.mmul or (gemv.op.layout in packing.IRON_B
+                                                    and gemm.op.rounding != gemv.op.rounding)):
+            raise XRTError("gemm and gemv must share the weight layout, its geometry and "
+                           "rounding and the K / N granules (each weight is on the device "
+                           "once, for both)")
         self.gemv, self.gemm = gemv, gemm
         self.layout = gemv.op.layout
         self.tk, self.tn = gemv.op.granule["k"], gemv.op.granule["n"]
@@ -148,14 +194,19 @@ class LinearOps:
 
     def upload(self, linear: Any) -> DeviceWeight:
         n, k = linear.shape
-        t = packing.tiling(self.layout, n, k, self.tn, self.tk, mmul=self.gemv.op.mmul)
+        t = packing.tiling(self.layout, n, k, self.tn, self.tk, mmul=self.gemv.op.mmul,
+                           rounding=self.gemv.op.rounding)
         data, requantized = pack_weight(linear, t)
         self.requantized += requantized
         xrt = self.gemv.xrt
-        bo = xrt.bo(self.gemv.index, t.nbytes, xrt.x.bo.host_only, self.gemv.groups["w"])
-        xrt.to_device(bo, data)
-        self.weight_bytes += t.nbytes
-        return DeviceWeight(bo=bo, tiling=t)
+        bos = {}
+        for op in (self.gemv, self.gemm) if self.gemm is not None else (self.gemv,):
+            group = op.groups["w"]
+            if group not in bos:
+                bos[group] = xrt.bo(self.gemv.index, t.nbytes, xrt.x.bo.host_only, group)
+                xrt.to_device(bos[group], data)
+                self.weight_bytes += t.nbytes
+        return DeviceWeight(bo=bos[self.gemv.groups["w"]], tiling=t, bos=bos)
 
     def _io(self, op: OpKernel, shape: Shape, t: packing.Tiling, mp: int) -> tuple[Any, Any]:
         key = (op.name, shape)
@@ -188,7 +239,7 @@ class LinearOps:
             a[:, : t.k] = packing.to_bf16(rows)
             # only the real rows cross; the kernel's other rows are undefined and dropped
             xrt.to_device(x_bo, a)
-            op.launch(shape, {"x": x_bo, "w": w.bo, "y": y_bo})
+            op.launch(shape, {"x": x_bo, "w": w.bos.get(op.groups["w"], w.bo), "y": y_bo})
             nbytes = len(rows) * t.np_ * (2 if y_bf16 else 4)
             raw = xrt.from_device(y_bo, nbytes)
             y = (packing.from_bf16(raw.view(np.uint16)) if y_bf16 else raw.view(np.float32))

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from npu.xrt import packing
+from npu.xrt import aie2p_math, packing
 from npu.xrt.packing import Tiling
 
 
@@ -137,10 +137,11 @@ def _matmul(x: np.ndarray, weight: np.ndarray, t: Tiling, rounding: str) -> np.n
 
 def run_attn(d: LayerDims, layout: str, tn: int, tk: int, rounding: str, w: np.ndarray,
              x: np.ndarray, kv: np.ndarray, pos: int, kvnew: np.ndarray,
-             unpack: Unpack | None = None) -> None:
+             unpack: Unpack | None = None, math: str = "exact") -> None:
     """x [m, hidden] f32 (in place), kv bf16 bits [2, kv_heads, ctx, head_dim] (in place),
     kvnew bf16 bits [m, 2, kv_heads, head_dim] (out); `unpack(offset, tiling)` decodes a
-    matrix of `w` (default: `unpacker(w)`; a caller may cache)."""
+    matrix of `w` (default: `unpacker(w)`; a caller may cache); `math` "aie2p": the
+    softmax's exp and 1/x from AIE2P's tables (`npu.xrt.aie2p_math`)."""
     unpack = unpack or unpacker(w, rounding)
     H, nq, nkv, hd, m = d.hidden, d.heads, d.kv_heads, d.head_dim, len(x)
     head = w[: 4 * attn_header_floats(d)].view(np.float32)
@@ -176,17 +177,20 @@ def run_attn(d: LayerDims, layout: str, tn: int, tk: int, rounding: str, w: np.n
     qg = packing.round_bf16(q, rounding).reshape(m, nkv, group, hd)
     scores = np.einsum("mhgd,htd->mhgt", qg, keys) * np.float32(scale)
     future = np.arange(pos + m)[None, :] > positions[:, None]  # [m, T]
-    scores = np.where(future[:, None, None, :], np.float32(-np.inf), scores)
-    scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
-    probs = scores / scores.sum(axis=-1, keepdims=True)
+    if math == "aie2p":
+        probs = aie2p_math.softmax(scores, future[:, None, None, :], rounding)
+    else:
+        scores = np.where(future[:, None, None, :], np.float32(-np.inf), scores)
+        scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        probs = scores / scores.sum(axis=-1, keepdims=True)
     out = np.einsum("mhgt,htd->mhgd", probs, vals).reshape(m, nq * hd)
     o = _matmul(out, unpack(at + t_qkv.nbytes, t_o), t_o, rounding)
     x += o
 
 
 def run_mlp(d: LayerDims, layout: str, tn: int, tk: int, rounding: str, w: np.ndarray,
-            x: np.ndarray, unpack: Unpack | None = None) -> None:
-    """x [m, hidden] f32, in place."""
+            x: np.ndarray, unpack: Unpack | None = None, math: str = "exact") -> None:
+    """x [m, hidden] f32, in place; `math` "aie2p": SiLU's exp and 1/x from the tables."""
     unpack = unpack or unpacker(w, rounding)
     H = d.hidden
     head = w[: 4 * mlp_header_floats(d)].view(np.float32)
@@ -195,5 +199,5 @@ def run_mlp(d: LayerDims, layout: str, tn: int, tk: int, rounding: str, w: np.nd
     at = 4 * mlp_header_floats(d)
     gu = _matmul(_rms(x, norm, eps), unpack(at, t_gu), t_gu, rounding)
     g, u = gu[:, : d.ffn], gu[:, d.ffn :]
-    a = g / (1.0 + np.exp(-g)) * u
+    a = (aie2p_math.silu(g, rounding) if math == "aie2p" else g / (1.0 + np.exp(-g))) * u
     x += _matmul(a.astype(np.float32), unpack(at + t_gu.nbytes, t_d), t_d, rounding)

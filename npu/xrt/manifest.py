@@ -15,8 +15,15 @@ kernel name, e.g. `main:gemv_0`; called with the buffers from argument 0), the d
 bf16; `w` bf16 | bfp16ebs8 | q4g32; `y` bf16 | f32; `acc`), the weight layout (a packer in
 `npu.xrt.packing`), the rounding (`floor`: toward minus infinity | `conv_even`) and
 whether the output is rounded after every K tile, the padding granules, the buffer arguments
-in order (at most 5), and the finite list of shapes it was built for, each with its own
-instruction stream. There is no `sizes` buffer: a launch's shape is its instruction stream.
+in order (at most 5: the order the design's runtime sequence takes them, e.g. IRON's GEMV
+`["w", "x", "y"]`), and the finite list of shapes it was built for, each with its own
+instruction stream (and, for a kernel compiled per shape like IRON's GEMV per K, its own
+`xclbin` / `kernel`). There is no `sizes` buffer: a launch's shape is its instruction
+stream. Declared numerics: `bfp16_mmul` (linear ops: AIE2P's bf16 matmul emulated on bfp16),
+`math` (layer ops: "exact" or "aie2p", exp and 1/x from the runtime library's tables).
+Per-launch scalars of the layer ops: `scalars` "rtp" (a buffer), "insts" (words of the
+stream) or "scratchpad" (a full ELF's control scratchpad, by its `params` file's symbols:
+`npu.xrt.scratchpad`).
 
 Ops: `gemv` (y[1, N] = x[1, K] W.T) and `gemm` (M rows at a time) are linear layers; `attn`,
 `mlp` and `layer` are a Llama/Qwen3 decoder layer's attention block, MLP block or both for
@@ -31,7 +38,7 @@ from pathlib import Path
 import msgspec
 
 from npu.xrt.adapter import XRTError
-from npu.xrt.packing import DTYPE_OF_LAYOUT, LAYOUTS
+from npu.xrt.packing import DTYPE_OF_LAYOUT, IRON_B, LAYOUTS
 
 GENERATIONS = {"XDNA1": "npu1", "XDNA2": "npu2"}
 MAX_BUFFERS = 5
@@ -49,6 +56,10 @@ class Shape(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
 
     insts: str = ""  # "bin": the instruction stream's file
     sequence: str = ""  # "elf": the kernel (sequence) name in the ELF
+    # "bin": this shape's own xclbin and kernel name, where the op's kernel is compiled per
+    # shape (IRON's GEMV compiles K in: one xclbin per K); empty: the op's
+    xclbin: str = ""
+    kernel: str = ""
     m: int = 0
     k: int = 0
     n: int = 0
@@ -74,9 +85,21 @@ class Op(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     layout: str
     rounding: str = "conv_even"
     round_per_k_tile: bool = False
-    # where a layer op takes its per-launch scalars: "rtp" (a buffer argument) or "insts"
+    # where a layer op takes its per-launch scalars: "rtp" (a buffer argument), "insts"
     # (words of the instruction stream, set before each launch, as real designs patch them)
+    # or "scratchpad" (a full ELF's control scratchpad, `run.get_ctrl_scratchpad_bo()`, by
+    # the symbols of the op's `params` file, aiecc's --get-scratchpad-parameters output)
     scalars: str = "rtp"
+    params: str = ""  # scalars "scratchpad": the params.txt
+    # scalars "scratchpad": the params.txt symbol of each of SCALARS (default: their names)
+    scalar_symbols: dict[str, str] = {}
+    # linear ops: the kernel's bf16 matmul runs on bfp16 (AIE2P's
+    # AIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16, IRON's GEMM default on NPU2): x, and a bf16
+    # w, enter as bfp16ebs8 blocks of 8 along K in the op's rounding
+    bfp16_mmul: bool = False
+    # layer ops: how the kernel computes exp and 1/x (softmax, SiLU): "exact" (f32) or
+    # "aie2p" (the AIE2P runtime library's lookup tables, npu.xrt.aie2p_math)
+    math: str = "exact"
     gbps: float = 0.0  # the bandwidth its kernel reaches, for the simulator's timing model
     mmul: tuple[int, ...] = ()  # layout iron.pack_b: IRON flm.GEMM's [s, t, ct_k]
     granule: dict[str, int]
@@ -105,8 +128,12 @@ def _check(where: Path, m: ManifestV2) -> None:
             raise bad(f"op {name!r} is not one of {', '.join(ARGS)}")
         if op.instr_format not in ("bin", "elf"):
             raise bad(f"op {name}: instr_format {op.instr_format!r} is not bin or elf")
-        if op.instr_format == "bin" and (not op.xclbin or any(not s.insts for s in op.shapes)):
-            raise bad(f"op {name}: instr_format bin needs an xclbin and each shape's insts")
+        if op.instr_format == "bin" and (any(not (s.xclbin or op.xclbin) for s in op.shapes)
+                                         or any(not s.insts for s in op.shapes)):
+            raise bad(f"op {name}: instr_format bin needs an xclbin (the op's, or each "
+                      "shape's) and each shape's insts")
+        if op.instr_format == "elf" and any(s.xclbin or s.kernel for s in op.shapes):
+            raise bad(f"op {name}: a shape's own xclbin / kernel is for instr_format bin")
         if op.instr_format == "elf" and (not op.elf or any(not s.sequence
                                                            for s in op.shapes)):
             raise bad(f"op {name}: instr_format elf needs an elf and each shape's sequence")
@@ -126,8 +153,20 @@ def _check(where: Path, m: ManifestV2) -> None:
         want = ARGS[name]
         if op.gbps < 0:
             raise bad(f"op {name}: gbps {op.gbps} is negative")
-        if op.scalars not in ("rtp", "insts"):
-            raise bad(f"op {name}: scalars {op.scalars!r} is not rtp or insts")
+        if op.scalars not in ("rtp", "insts", "scratchpad"):
+            raise bad(f"op {name}: scalars {op.scalars!r} is not rtp, insts or scratchpad")
+        if op.math not in ("exact", "aie2p"):
+            raise bad(f"op {name}: math {op.math!r} is not exact or aie2p")
+        if op.math != "exact" and name not in LAYER_OPS:
+            raise bad(f"op {name}: math is for the layer ops (their softmax and SiLU)")
+        if op.scalars == "scratchpad":
+            if name not in ("attn", "layer") or op.instr_format != "elf" or not op.params:
+                raise bad(f"op {name}: scalars in the control scratchpad are for the attn "
+                          "and layer ops of instr_format elf, with the ELF's params file")
+            if set(op.scalar_symbols) - set(SCALARS):
+                raise bad(f"op {name}: scalar_symbols names {sorted(op.scalar_symbols)}; the "
+                          f"scalars are {', '.join(SCALARS)}")
+            want = [a for a in want if a != "rtp"]
         if op.scalars == "insts":
             if name not in ("attn", "layer") or op.instr_format != "bin":
                 raise bad(f"op {name}: scalars in the instruction stream are for the attn and "
@@ -145,14 +184,22 @@ def _check(where: Path, m: ManifestV2) -> None:
             raise bad(f"op {name}: x (the residual stream) must be bf16 or f32, not "
                       f"{op.dtype.get('x')!r}")
         w = op.dtype.get("w")
-        if op.layout == "iron.pack_b":
+        if op.layout in IRON_B:
             s, t, ct_k = (list(op.mmul) + [0, 0, 0])[:3]
             gk, gn = op.granule.get("k", 0), op.granule.get("n", 0)
             if name not in LINEAR_OPS or len(op.mmul) != 3 or min(s, t, ct_k) <= 0 or \
                     gk % ct_k or ct_k % s or gn % t:
-                raise bad(f"op {name}: layout iron.pack_b is for gemv / gemm, with mmul "
+                raise bad(f"op {name}: layout {op.layout} is for gemv / gemm, with mmul "
                           "[s, t, ct_k] where ct_k divides the k granule, s divides ct_k "
                           "and t the n granule")
+            if op.layout == "iron.pack_b.bfp16ebs8" and s != 8:
+                raise bad(f"op {name}: layout iron.pack_b.bfp16ebs8 needs mmul s = 8 (a "
+                          "block is 8 in-features)")
+        if op.layout == "iron.rows" and name not in LINEAR_OPS:
+            raise bad(f"op {name}: layout iron.rows is for gemv / gemm")
+        if op.bfp16_mmul and (name not in LINEAR_OPS or op.granule.get("k", 0) % 8):
+            raise bad(f"op {name}: bfp16_mmul is for gemv / gemm with a k granule that is a "
+                      "multiple of 8 (a bfp16 block)")
         if op.layout == "flm.q4nx" and (name not in LINEAR_OPS or op.granule.get("n", 0) % 32
                                         or op.granule.get("k", 0) % 256):
             raise bad(f"op {name}: layout flm.q4nx is for gemv / gemm, with granules n a "
@@ -170,6 +217,10 @@ def _check(where: Path, m: ManifestV2) -> None:
             raise bad(f"op {name}: no shapes")
         if name == "gemv" and any(s.m != 1 for s in op.shapes):
             raise bad("op gemv: every shape has m = 1")
+        gm = op.granule.get("m", 1)
+        if name == "gemm" and any(s.m % gm for s in op.shapes):
+            raise bad(f"op gemm: a shape's m must be a multiple of its m granule {gm} (e.g. "
+                      "IRON's GEMM: 4 rows of 64-row tiles, M % 256)")
 
 
 def generation_dir(kernel_dir: Path, generation: str, device_name: str) -> Path:

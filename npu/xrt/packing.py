@@ -15,6 +15,15 @@ values are encoded by the format:
   bytes per 32 values. GGUF Q4_1 is the same group-32 asymmetric int4 with fp16 d and m: its
   codes are copied as they are and its d, m converted to bf16 (`from_q4_1`).
 
+Layouts named after the kernels that read them, each in its own order rather than tiles:
+
+- `iron.pack_b` / `iron.pack_b.bfp16ebs8`: amd/IRON flm.GEMM's pre-packed B, bf16 (NPU1) or
+  bfp16ebs8 (NPU2, packed in the op's rounding mode), `npu.xrt.iron_pack`.
+- `iron.rows`: W [N, K] row-major bf16 (rows padded to the K granule, N to the N granule):
+  what IRON's GEMV reads as its matrix A (C = A @ B, M = our N) and its GEMM with
+  `b_col_maj` reads as B (amd/IRON iron/operators/gemv/op.py, gemm/op.py at 00802545).
+- `flm.q4nx`: FastFlowLM's Q4NX blocks, `npu.xrt.q4nx`.
+
 Activations cross as bf16 (`to_bf16`, round to nearest even); K padding is zero.
 """
 
@@ -28,13 +37,16 @@ from npu.errors import ModelError
 from npu.xrt import iron_pack, q4nx
 from npu.xrt.bf16 import from_bf16, round_bf16, to_bf16
 
-LAYOUTS = ("bf16.v1", "bfp16ebs8.v1", "q4g32.v1", "iron.pack_b", "flm.q4nx")
+IRON_B = ("iron.pack_b", "iron.pack_b.bfp16ebs8")  # the layouts with an mmul geometry
+LAYOUTS = ("bf16.v1", "bfp16ebs8.v1", "q4g32.v1", *IRON_B, "iron.rows", "flm.q4nx")
 # values a format encodes together along K, and their bytes
 GROUP = {"bf16.v1": (1, 2), "bfp16ebs8.v1": (8, 9), "q4g32.v1": (32, 20),
-         "iron.pack_b": (1, 2), "flm.q4nx": (32, 20)}  # q4nx: 5 bits a weight
+         "iron.pack_b": (1, 2), "iron.pack_b.bfp16ebs8": (8, 9), "iron.rows": (1, 2),
+         "flm.q4nx": (32, 20)}  # q4nx: 5 bits a weight
 # the weight dtype each layout stores
 DTYPE_OF_LAYOUT = {"bf16.v1": "bf16", "bfp16ebs8.v1": "bfp16ebs8", "q4g32.v1": "q4g32",
-                   "iron.pack_b": "bf16", "flm.q4nx": "q4nx"}
+                   "iron.pack_b": "bf16", "iron.pack_b.bfp16ebs8": "bfp16ebs8",
+                   "iron.rows": "bf16", "flm.q4nx": "q4nx"}
 # what a weight's dtype in a manifest names
 LAYOUT_OF_DTYPE = {"bf16": "bf16.v1", "bfp16ebs8": "bfp16ebs8.v1", "q4g32": "q4g32.v1",
                    "q4nx": "flm.q4nx"}
@@ -50,7 +62,8 @@ class Tiling:
     k: int
     tn: int
     tk: int
-    mmul: tuple[int, ...] = ()  # "iron.pack_b": IRON flm.GEMM's (s, t, ct_k)
+    mmul: tuple[int, ...] = ()  # IRON_B layouts: IRON flm.GEMM's (s, t, ct_k)
+    rounding: str = "conv_even"  # "iron.pack_b.bfp16ebs8": the mode B is quantized in
 
     @property
     def np_(self) -> int:
@@ -76,13 +89,17 @@ def _geometry(t: Tiling) -> iron_pack.IronGeometry:
 
 
 def tiling(layout: str, n: int, k: int, tn: int, tk: int, *,
-           mmul: tuple[int, ...] = ()) -> Tiling:
+           mmul: tuple[int, ...] = (), rounding: str = "conv_even") -> Tiling:
     if layout not in LAYOUTS:
         raise ModelError(f"weight layout {layout!r} is not one of {', '.join(LAYOUTS)}")
-    if layout == "iron.pack_b":
+    if layout in IRON_B:
         if len(mmul) != 3:
-            raise ModelError("layout iron.pack_b needs the op's mmul: [s, t, ct_k]")
-        return Tiling(layout, n, k, tn, tk, tuple(mmul))
+            raise ModelError(f"layout {layout} needs the op's mmul: [s, t, ct_k]")
+        if layout == "iron.pack_b.bfp16ebs8" and mmul[0] != 8:
+            raise ModelError("layout iron.pack_b.bfp16ebs8 needs s = 8 (a block is 8 "
+                             "in-features)")
+        return Tiling(layout, n, k, tn, tk, tuple(mmul),
+                      rounding if layout == "iron.pack_b.bfp16ebs8" else "conv_even")
     if layout == "flm.q4nx" and (tn % q4nx.M_TILE or tk % q4nx.K_TILE):
         raise ModelError(f"layout flm.q4nx needs N and K granules that are multiples of "
                          f"{q4nx.M_TILE} and {q4nx.K_TILE} (its blocks), not {tn} and {tk}")
@@ -175,6 +192,11 @@ def pack(w: np.ndarray, t: Tiling) -> np.ndarray:
     if t.layout == "iron.pack_b":  # IRON's own order, not tiles of rows
         w = _padded(np.asarray(w, dtype=np.float32), t)
         return iron_pack.pack_b_bf16(w, _geometry(t)).view(np.uint8)
+    if t.layout == "iron.pack_b.bfp16ebs8":
+        w = _padded(np.asarray(w, dtype=np.float32), t)
+        return iron_pack.pack_b_bfp16ebs8(w, _geometry(t), t.rounding)
+    if t.layout == "iron.rows":  # one row after another: no tiles
+        return to_bf16(_padded(np.asarray(w, dtype=np.float32), t)).view(np.uint8).ravel()
     if t.layout == "flm.q4nx":  # FastFlowLM's blocks, in file order
         return q4nx.pack_q4nx(_padded(np.asarray(w, dtype=np.float32), t))
     rows = ENCODE[t.layout](_padded(np.asarray(w, dtype=np.float32), t))
@@ -201,6 +223,12 @@ def unpack(buf: np.ndarray, t: Tiling, rounding: str = "conv_even") -> np.ndarra
     """The float32 values [np_, kp] a kernel reads from a packed weight (padding included)."""
     if t.layout == "iron.pack_b":
         return iron_pack.unpack_b_bf16(np.asarray(buf[: t.nbytes]), t.np_, t.kp, _geometry(t))
+    if t.layout == "iron.pack_b.bfp16ebs8":
+        return iron_pack.unpack_b_bfp16ebs8(np.asarray(buf[: t.nbytes]), t.np_, t.kp,
+                                            _geometry(t))
+    if t.layout == "iron.rows":
+        raw = np.ascontiguousarray(buf[: t.nbytes]).view(np.uint16)
+        return from_bf16(raw).reshape(t.np_, t.kp)
     if t.layout == "flm.q4nx":  # min + scale * code, rounded to bf16 as the kernel does
         return round_bf16(q4nx.unpack_q4nx(np.asarray(buf[: t.nbytes]), t.np_, t.kp),
                           rounding)

@@ -287,6 +287,7 @@ class _Kernel(_Bound):
             raise SimulatorError(f"No kernel {name!r} in the {'ELF' if self.elf else 'xclbin'}")
         self.ctx, self.name = ctx, name
         self.n_args, self.fn = self.sim.kernels[key]
+        self.scratch_words = self.sim.scratchpads.get(key, 0)
 
     def group_id(self, arg: Any) -> int:
         if not _is_int(arg):
@@ -336,7 +337,8 @@ class _ExtKernel(_Kernel):
 class _Launch:
     """One execution on the device: its end state, and whether it hangs."""
 
-    def __init__(self, sim: Simulator, k: Any, args: tuple, *, in_runlist: bool) -> None:
+    def __init__(self, sim: Simulator, k: Any, args: tuple, *, in_runlist: bool,
+                 run: Any = None) -> None:
         self.state = ert_cmd_state.ERT_CMD_STATE_COMPLETED
         self.hung = False
         f = sim.faults
@@ -356,7 +358,10 @@ class _Launch:
             f.errors -= 1
             self.state = ert_cmd_state.ERT_CMD_STATE_ERROR
         else:
-            nbytes = k.fn(*args)
+            extra = {}
+            if k.scratch_words:  # the firmware applies the scratchpad as the run starts
+                extra["ctrl"] = run.apply_scratchpad()
+            nbytes = k.fn(*args, **extra)
             sim.clock.launch(k.ctx, int(nbytes or 0), in_runlist=in_runlist,
                              gbps=sim.gbps.get((k.ctx.uuid, k.name), 0.0))
             for a in args:
@@ -374,6 +379,28 @@ class _Run(_Bound):
         self.args: list[Any] = [None] * k.n_args
         self.launch: _Launch | None = None
         self.runlist: Any = None
+        self._ctrl: Any = None  # the control scratchpad's bo, made on first ask
+        self._registers = np.zeros(k.scratch_words, dtype=np.uint32)
+
+    def get_ctrl_scratchpad_bo(self) -> Any:
+        """This run's control scratchpad (XRT throws for a run of an xclbin kernel, or of an
+        ELF without a scratchpad section)."""
+        k = self.kernel
+        if not k.elf or not k.scratch_words:
+            raise SimulatorError("no control scratchpad: " + (
+                "the ELF has no scratchpad section" if k.elf else
+                "get_ctrl_scratchpad_bo is only valid for runs of an ELF kernel"))
+        if self._ctrl is None:
+            self._ctrl = self.sim.bo(k.ctx.device, 4 * k.scratch_words, _Flags.host_only, 0)
+        return self._ctrl
+
+    def apply_scratchpad(self) -> tuple[np.ndarray, np.ndarray]:
+        """(the words on the device, the registers they add up to): `core` values reach
+        the cores through UPDATE_REG increments, accumulated per run handle from zero."""
+        raw = (self._ctrl.dev.view(np.uint32).copy() if self._ctrl is not None
+               else np.zeros(self.kernel.scratch_words, dtype=np.uint32))
+        self._registers = (self._registers + raw).astype(np.uint32)  # modulo 2^32
+        return raw, self._registers.copy()
 
     def set_arg(self, index: Any, value: Any) -> None:
         if not (_is_int(index) and (isinstance(value, _Bo) or _is_int(value))):
@@ -387,7 +414,7 @@ class _Run(_Bound):
             raise SimulatorError("a run of a runlist is started by the runlist")
         args = tuple(self.args)
         self.kernel.check(args)
-        self.launch = _Launch(self.sim, self.kernel, args, in_runlist=False)
+        self.launch = _Launch(self.sim, self.kernel, args, in_runlist=False, run=self)
 
     def wait(self, *timeout_ms: Any) -> ert_cmd_state:
         if len(timeout_ms) > 1 or not all(_is_int(t) and t >= 0 for t in timeout_ms):
@@ -407,6 +434,14 @@ class _Run(_Bound):
             raise SimulatorError("state() cannot be called for a run that is part of a "
                                  "runlist (xrt_kernel.h)")
         return ert_cmd_state.ERT_CMD_STATE_NEW if self.launch is None else self.launch.state
+
+
+class _RunBefore225(_Run):
+    """pyxrt.run before XRT 2.25 (6dd06dc947): no get_ctrl_scratchpad_bo binding."""
+
+    @property
+    def get_ctrl_scratchpad_bo(self) -> Any:
+        raise AttributeError("'pyxrt.run' object has no attribute 'get_ctrl_scratchpad_bo'")
 
 
 class _Runlist(_Bound):
@@ -438,7 +473,7 @@ class _Runlist(_Bound):
         for r in self.runs:
             args = tuple(r.args)
             r.kernel.check(args)
-            r.launch = done = _Launch(self.sim, r.kernel, args, in_runlist=True)
+            r.launch = done = _Launch(self.sim, r.kernel, args, in_runlist=True, run=r)
             if done.state != ert_cmd_state.ERT_CMD_STATE_COMPLETED:
                 self.failed = done
                 break
@@ -464,7 +499,8 @@ def _bind(cls: type, sim: Simulator) -> type:
 
 class Simulator:
     """A pyxrt-like module. `devices` are the device names it shows (one per NPU); `version`
-    the XRT it stands for; `runlist` False leaves out the runlist binding (XRT < 2.21)."""
+    the XRT it stands for; `runlist` False leaves out the runlist binding (XRT < 2.21),
+    `scratchpad` False run.get_ctrl_scratchpad_bo (XRT < 2.25)."""
 
     xclBOSyncDirection = xclBOSyncDirection
     ert_cmd_state = ert_cmd_state
@@ -472,36 +508,44 @@ class Simulator:
     uuid = uuid
 
     def __init__(self, devices: list[str] | None = None, *, version: str = XRT_VERSION,
-                 runlist: bool = True, timing: TimingModel | None = None) -> None:
+                 runlist: bool = True, scratchpad: bool = True,
+                 timing: TimingModel | None = None) -> None:
         self.device_names = list(devices if devices is not None else ["RyzenAI-npu4"])
         self.xrt_version = version
         self.faults = Faults()
         self.kernels: dict[tuple[str, str], tuple[int, KernelFn]] = {}
         self.gbps: dict[tuple[str, str], float] = {}  # a kernel's own bandwidth
+        self.scratchpads: dict[tuple[str, str], int] = {}  # an ELF kernel's scratchpad words
         self.runs = 0
         self.clock = Clock(timing or TimingModel())
         self._released = threading.Event()
         self.device, self.xclbin, self.elf = (_bind(c, self) for c in (_Device, _Xclbin, _Elf))
         self.hw_context, self.bo, self.kernel = (_bind(c, self)
                                                  for c in (_HwContext, _Bo, _Kernel))
-        self.run = _bind(_Run, self)
+        self.run = _bind(_Run if scratchpad else _RunBefore225, self)
         self.ext = type("ext", (), {"kernel": _bind(_ExtKernel, self)})
         if runlist:  # older XRT builds' pyxrt has no runlist
             self.runlist = _bind(_Runlist, self)
 
     def register_kernel(self, xclbin_uuid: str, name: str, n_args: int, fn: KernelFn, *,
-                        elf: bool = False, gbps: float = 0.0) -> None:
+                        elf: bool = False, gbps: float = 0.0, scratchpad_words: int = 0
+                        ) -> None:
         """`fn(*args)` gets ints as ints and bos as bos (`.dev`: device memory, uint8;
         `.synced`: the byte ranges synced to the device since the last run); it returns the
         bytes the launch reads from memory (for the timing model). An xclbin's kernel takes
         (opcode, instructions, their length, buffers...); an ELF's (`elf`) buffers only.
-        `gbps`: the bandwidth its launches read at (0: the timing model's)."""
+        `gbps`: the bandwidth its launches read at (0: the timing model's).
+        `scratchpad_words` (ELF kernels): its control scratchpad's size; `fn` then also gets
+        `ctrl=(words, registers)` (`_Run.apply_scratchpad`)."""
         buffers = n_args if elf else n_args - 3
         if buffers > MAX_BUFFERS:
             raise SimulatorError(f"kernel {name}: {buffers} buffer arguments; an NPU kernel "
                                  f"takes at most {MAX_BUFFERS}")
+        if scratchpad_words and not elf:
+            raise SimulatorError(f"kernel {name}: a control scratchpad is a full ELF's")
         self.kernels[(xclbin_uuid, name)] = (n_args, fn)
         self.gbps[(xclbin_uuid, name)] = gbps
+        self.scratchpads[(xclbin_uuid, name)] = scratchpad_words
 
     def lose_device(self, index: int) -> None:
         self.faults.lost_devices.add(index)

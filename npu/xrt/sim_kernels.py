@@ -23,7 +23,7 @@ import msgspec
 import numpy as np
 
 from npu.config import ModelConfig
-from npu.xrt import layer_pack, packing
+from npu.xrt import iron_pack, layer_pack, packing, scratchpad
 from npu.xrt.layer_pack import LayerDims
 from npu.xrt.manifest import ARGS, LAYER_OPS, SCALARS, Op, Shape, load_manifest
 from npu.xrt.shapes import layer_dims, layer_support, linear_shapes
@@ -87,6 +87,15 @@ class Decoded:
             table[key] = packing.unpack(bo.dev[offset : offset + t.nbytes], t, rounding)
         return table[key]
 
+    def bfp16(self, bo: Any, t: packing.Tiling, rounding: str) -> np.ndarray:
+        """A bf16 weight as the bfp16-emulated matmul sees it (blocks of 8 along K)."""
+        version, table = self._cache.get(bo, (None, None))
+        key = ("bfp16", t, rounding)
+        if version != bo.version or key not in table:
+            w = iron_pack.quantize_bfp16(self.get(bo, 0, t, rounding), rounding)
+            self._cache[bo][1][key] = w
+        return self._cache[bo][1][key]
+
 
 def _bin(op: Op, streams: dict[bytes, Shape], compute):
     """An xclbin kernel: (opcode 3, instructions, their length, buffers); the launch's shape
@@ -100,9 +109,19 @@ def _bin(op: Op, streams: dict[bytes, Shape], compute):
     return run
 
 
-def _elf(shape: Shape, compute):
-    """One instruction sequence of a full ELF: buffers only, its shape fixed."""
-    return lambda *bufs: compute(shape, {}, bufs)
+def _elf(shape: Shape, compute, op: Op, params: dict[str, scratchpad.Param]):
+    """One instruction sequence of a full ELF: buffers only, its shape fixed; its scalars
+    (op scalars "scratchpad") what its cores read through the control scratchpad."""
+
+    def run(*bufs: Any, ctrl: tuple[np.ndarray, np.ndarray] | None = None) -> int:
+        scalars = {}
+        if params:
+            raw, registers = ctrl
+            scalars = {k: scratchpad.read_value(params[op.scalar_symbols.get(k, k)], raw,
+                                                registers) for k in SCALARS}
+        return compute(shape, scalars, bufs)
+
+    return run
 
 
 def linear_kernel(op: Op, decoded: Decoded):
@@ -112,7 +131,7 @@ def linear_kernel(op: Op, decoded: Decoded):
 
     def run(s: Shape, scalars: dict[str, int], bufs: tuple) -> int:
         args = dict(zip(op.args, bufs))
-        t = packing.tiling(layout, s.n, s.k, gn, gk, mmul=op.mmul)
+        t = packing.tiling(layout, s.n, s.k, gn, gk, mmul=op.mmul, rounding=rounding)
         mp = -(-s.m // gm) * gm
         _want(args["w"], t.nbytes, "the weight", s)
         _want(args["x"], mp * t.kp * 2, "the x", s)
@@ -123,6 +142,10 @@ def linear_kernel(op: Op, decoded: Decoded):
             raise SimulatorError(f"the activations' K padding (columns {s.k}..{t.kp}) is "
                                  "not zero")
         w = decoded.get(args["w"], 0, t, rounding)
+        if op.bfp16_mmul:  # the AIE2P bf16 matmul multiplies bfp16: both operands converted
+            x = iron_pack.quantize_bfp16(x, rounding)
+            if packing.DTYPE_OF_LAYOUT[layout] == "bf16":
+                w = decoded.bfp16(args["w"], t, rounding)
         if op.round_per_k_tile:
             acc = np.zeros((mp, t.np_), dtype=np.float32)
             for k0 in range(0, t.kp, gk):
@@ -158,7 +181,7 @@ def layer_kernel(name: str, op: Op, decoded: Decoded):
         if name != "mlp":
             _want(args["kv"], layer_pack.kv_bytes(d), "the kv", s)
             _want(args["kvnew"], layer_pack.kvnew_bytes(d), "the kvnew", s)
-            if op.scalars == "insts":  # set in the instruction stream for this launch
+            if op.scalars in ("insts", "scratchpad"):  # set for this launch
                 pos = scalars["pos"]
                 if not pos < scalars["len"] <= pos + d.m:
                     raise SimulatorError(f"the stream's length {scalars['len']} does not "
@@ -172,11 +195,13 @@ def layer_kernel(name: str, op: Op, decoded: Decoded):
             kv = args["kv"].dev.view(np.uint16).reshape(2, d.kv_heads, d.ctx, d.head_dim)
             kvnew = args["kvnew"].dev.view(np.uint16).reshape(d.m, 2, d.kv_heads, d.head_dim)
             layer_pack.run_attn(d, layout, gn, gk, rounding, args["w"].dev[:attn], x, kv, pos,
-                                kvnew, lambda off, t: decoded.get(args["w"], off, t, rounding))
+                                kvnew, lambda off, t: decoded.get(args["w"], off, t, rounding),
+                                math=op.math)
             read += 2 * d.kv_heads * (pos + d.m) * d.head_dim * 2
         if name != "attn":
             layer_pack.run_mlp(d, layout, gn, gk, rounding, args["w"].dev[attn:], x,
-                               lambda off, t: decoded.get(args["w"], attn + off, t, rounding))
+                               lambda off, t: decoded.get(args["w"], attn + off, t, rounding),
+                               math=op.math)
         out = packing.to_bf16(x, rounding) if x_bf16 else x.astype(np.float32)
         xb[:] = out.view(np.uint8).ravel()
         return read
@@ -184,10 +209,18 @@ def layer_kernel(name: str, op: Op, decoded: Decoded):
     return run
 
 
-def _streams(folder: Path, op: Op) -> dict[bytes, Shape]:
+def _binaries(op: Op) -> dict[tuple[str, str], list[Shape]]:
+    """The op's shapes by (xclbin, kernel): the op's, or a shape's own."""
+    out: dict[tuple[str, str], list[Shape]] = {}
+    for s in op.shapes:
+        out.setdefault((s.xclbin or op.xclbin, s.kernel or op.kernel), []).append(s)
+    return out
+
+
+def _streams(folder: Path, shapes: list[Shape]) -> dict[bytes, Shape]:
     """Each shape's stream, its scalar words (set per launch) zeroed."""
     out = {}
-    for s in op.shapes:
+    for s in shapes:
         words = np.fromfile(folder / s.insts, dtype=np.uint32)
         words[list(s.scalar_words)] = 0
         out[words.tobytes()] = s
@@ -208,13 +241,19 @@ def simulator_for(kernel_dir: Path, devices: list[str], **kwargs: Any) -> Simula
                        else linear_kernel(op, decoded))
             if op.instr_format == "elf":
                 uuid = json.loads((folder / op.elf).read_text())["uuid"]
+                params = (scratchpad.load_params(folder / op.params)
+                          if op.scalars == "scratchpad" else {})
+                words = max((p.index for p in params.values()), default=-1) + 1
                 for s in op.shapes:
-                    sim.register_kernel(uuid, s.sequence, len(op.args), _elf(s, compute),
-                                        elf=True, gbps=op.gbps)
-            else:
-                uuid = json.loads((folder / op.xclbin).read_text())["uuid"]
-                sim.register_kernel(uuid, op.kernel, 3 + len(op.args),
-                                    _bin(op, _streams(folder, op), compute), gbps=op.gbps)
+                    sim.register_kernel(uuid, s.sequence, len(op.args),
+                                        _elf(s, compute, op, params), elf=True, gbps=op.gbps,
+                                        scratchpad_words=words)
+            else:  # one kernel per xclbin, running the streams of its own shapes
+                for (xclbin, kernel), shapes in _binaries(op).items():
+                    uuid = json.loads((folder / xclbin).read_text())["uuid"]
+                    sim.register_kernel(uuid, kernel, 3 + len(op.args),
+                                        _bin(op, _streams(folder, shapes), compute),
+                                        gbps=op.gbps)
     return sim
 
 
@@ -225,15 +264,21 @@ def make_kernel_dir(folder: Path, configs: Sequence[ModelConfig], *,
                     ctx: int = 2048, y: str = "f32", rounding: str = "conv_even",
                     round_per_k_tile: bool = False, xclbins: str = "one",
                     instr_format: str = "bin", scalars: str = "rtp",
-                    layout: str | None = None, mmul: Sequence[int] = ()) -> Path:
+                    layout: str | None = None, mmul: Sequence[int] = (),
+                    args: dict[str, Sequence[str]] | None = None, math: str = "exact",
+                    overrides: dict[str, dict[str, Any]] | None = None) -> Path:
     """Write a simulator kernel directory built for the models `configs` (flm-tiny's:
     npu.load.tiny.tiny_config()):
     one sub-directory per generation with manifest.json, the xclbin(s) and one instruction
     stream per shape. `xclbins`: "one" puts every op in one xclbin (one hardware context),
-    "per_op" gives each op its own. `instr_format` "elf": full ELFs instead, one instruction
+    "per_op" gives each op its own, "gemv_per_k" each op its own and the gemv one per K (as
+    IRON's GEMV compiles K in). `instr_format` "elf": full ELFs instead, one instruction
     sequence (kernel) per shape. `scalars` "insts": the attn and layer ops take the position
-    and length in words 4 and 5 of their instruction streams instead of an rtp buffer.
-    `layout` (default: the weights' own) and `mmul`: e.g. "iron.pack_b", [s, t, ct_k]."""
+    and length in words 4 and 5 of their instruction streams instead of an rtp buffer;
+    "scratchpad" (elf): in the control scratchpad, symbols `pos` and `len` of `params.txt`.
+    `layout` (default: the weights' own) and `mmul`: e.g. "iron.pack_b", [s, t, ct_k];
+    `args`: an op's buffer order (default ARGS'); `math`: the layer ops'; `overrides`: an
+    op's manifest fields set last (e.g. {"gemm": {"bfp16_mmul": True}})."""
     folder = Path(folder)
     layout = layout or packing.LAYOUT_OF_DTYPE[weights]
     for gen in generations:
@@ -242,6 +287,8 @@ def make_kernel_dir(folder: Path, configs: Sequence[ModelConfig], *,
         ext = "elf" if instr_format == "elf" else "xclbin"
         xb_of = {name: (f"flm.{ext}" if xclbins == "one" else f"{name}.{ext}") for name in ops}
         kernels_of: dict[str, list[str]] = {xb: [] for xb in xb_of.values()}
+        if scalars == "scratchpad":  # aiecc's --get-scratchpad-parameters: count, then
+            (out / "params.txt").write_text("2\npos 0 i32 core\nlen 1 i32 core\n")
         manifest: dict[str, Any] = {"version": 2, "generation": gen, "ops": {}}
         for name in ops:
             shapes = []
@@ -275,11 +322,16 @@ def make_kernel_dir(folder: Path, configs: Sequence[ModelConfig], *,
                     extra = {"scalar_words": [4, 5]}
                     words[[4, 5]] = 0
                 words.tofile(out / insts)
+                if xclbins == "gemv_per_k" and name == "gemv":
+                    extra["xclbin"] = f"gemv_k{s['k']}.xclbin"
+                    kernels_of.setdefault(extra["xclbin"], [KERNEL_NAMES[name]])
                 listed.append({**s, "insts": insts, **extra})
-            if instr_format != "elf":
+            if instr_format != "elf" and not (xclbins == "gemv_per_k" and name == "gemv"):
                 kernels_of[xb_of[name]].append(KERNEL_NAMES[name])
             binary = {"elf": xb_of[name]} if instr_format == "elf" else {
-                "xclbin": xb_of[name], "kernel": KERNEL_NAMES[name]}
+                "xclbin": "" if xclbins == "gemv_per_k" and name == "gemv" else xb_of[name],
+                "kernel": KERNEL_NAMES[name]}
+            layered = name in ("attn", "layer")
             manifest["ops"][name] = {
                 **binary, "instr_format": instr_format, "instr_length": "words",
                 "dtype": {"x": "f32" if name in LAYER_OPS else "bf16", "w": weights, "y": y,
@@ -287,12 +339,37 @@ def make_kernel_dir(folder: Path, configs: Sequence[ModelConfig], *,
                 "layout": layout, "rounding": rounding, "round_per_k_tile": round_per_k_tile,
                 "granule": {"m": 1 if name == "gemv" else gemm_m, "k": granule_k,
                             "n": granule_n},
-                "args": [a for a in ARGS[name] if a != "rtp" or scalars == "rtp"
-                         or name not in ("attn", "layer")],
-                "scalars": scalars if name in ("attn", "layer") else "rtp",
+                "args": list((args or {}).get(name) or [
+                    a for a in ARGS[name] if a != "rtp" or scalars == "rtp" or not layered]),
+                "scalars": scalars if layered else "rtp",
+                **({"params": "params.txt"} if scalars == "scratchpad" and layered else {}),
                 "mmul": list(mmul),
-                "shapes": listed}
+                "math": math if name in LAYER_OPS else "exact",
+                "shapes": listed, **(overrides or {}).get(name, {})}
         for xb, kernels in kernels_of.items():
-            write_xclbin(out / xb, kernels)
+            if kernels:
+                write_xclbin(out / xb, kernels)
         (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     return folder
+
+
+# the buffer order of IRON's designs: each runtime sequence takes (A, B, C)
+IRON_ARGS = {"gemv": ["w", "x", "y"], "gemm": ["x", "w", "y"]}
+
+
+def make_iron_kernel_dir(folder: Path, configs: Sequence[ModelConfig], *,
+                         generations: Sequence[str] = ("npu2",), gemv_gbps: float = 27.0,
+                         granule_n: int = 512, gemm_m: int = 256) -> Path:
+    """A simulator kernel directory shaped as amd/IRON's published GEMV and GEMM operators
+    (iron/operators/gemv/op.py, gemm/op.py at 00802545) would be built for `configs`:
+    bf16 weights row-major (`iron.rows`: the GEMV's A, the GEMM's B with b_col_maj), the
+    GEMV first in its arguments and compiled per K (one xclbin each), rounding to nearest
+    even, bf16 out; the GEMM (NPU2) a bfp16-emulated matmul with 64 x 64 x 64 tiles on 4 x 8
+    cores (M % 256, K % 64, N % 512), C kept in bf16 between K tiles. `gemv_gbps`: the
+    bandwidth its launches model (published GEMV designs reach 20-35 GB/s)."""
+    return make_kernel_dir(folder, configs, generations=generations, ops=("gemv", "gemm"),
+                           weights="bf16", layout="iron.rows", args=IRON_ARGS,
+                           xclbins="gemv_per_k", gemm_m=gemm_m, granule_k=64,
+                           granule_n=granule_n, y="bf16",
+                           overrides={"gemv": {"gbps": gemv_gbps},
+                                      "gemm": {"bfp16_mmul": True, "round_per_k_tile": True}})

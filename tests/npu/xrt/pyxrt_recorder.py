@@ -14,7 +14,7 @@ CLASSES = ("device", "xclbin", "elf", "hw_context", "kernel", "run", "runlist", 
 ENUMS = ("xclBOSyncDirection", "ert_cmd_state", "xrt_info_device")
 # what a call returns, when it is a pyxrt object: its class
 RETURNS = {"device.register_xclbin": "uuid", "xclbin.get_uuid": "uuid",
-           "kernel.__call__": "run"}
+           "kernel.__call__": "run", "run.get_ctrl_scratchpad_bo": "bo"}
 
 Call = tuple[str, tuple[str, ...]]
 

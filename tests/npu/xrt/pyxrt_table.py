@@ -56,6 +56,8 @@ FORMS: dict[str, list[tuple[str, ...]]] = {
     "run.start": [()],
     "run.wait": [(), ("int",)],  # an unsigned int of milliseconds; returns ert_cmd_state
     "run.state": [()],
+    # the run's control scratchpad (an ELF kernel's run; throws where the ELF has none)
+    "run.get_ctrl_scratchpad_bo": [()],
     # xrt::runlist: wait() returns None and raises runlist::command_error on a failed run
     "runlist": [(), ("hw_context",)],
     "runlist.add": [("run",)],
@@ -97,4 +99,6 @@ ATTRIBUTES = {
 # the XRT release each binding first ships in (its commit in XRT's master, where the
 # version then said 2.20 and 2.23): older pyxrt modules lack the name or the form
 SINCE = {("runlist", None): (2, 21), ("ext.kernel", None): (2, 21),
-         ("hw_context", ("device", "elf")): (2, 23)}
+         ("hw_context", ("device", "elf")): (2, 23),
+         # 6dd06dc947 (2026-05-14), master then 2.23; the first release with it is 2.25
+         ("run.get_ctrl_scratchpad_bo", ()): (2, 25)}

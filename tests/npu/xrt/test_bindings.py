@@ -50,6 +50,8 @@ def test_the_table_is_what_the_checker_reads() -> None:
     assert not conforms(("hw_context", ("device", "elf")), (2, 22))
     assert not conforms(("runlist", ("hw_context",)), (2, 20))
     assert not conforms(("bo.nbytes", ("attribute",)))
+    assert conforms(("run.get_ctrl_scratchpad_bo", ()))
+    assert not conforms(("run.get_ctrl_scratchpad_bo", ()), (2, 24))
 
 
 @pytest.fixture(scope="module")
@@ -63,14 +65,19 @@ def tiny(tmp_path_factory) -> Path:
 def kdirs(tmp_path_factory, tiny: Path) -> dict[str, Path]:
     cfg = config_from_json(json.loads((tiny / "config.json").read_text()))
     root = tmp_path_factory.mktemp("k")
-    return {fmt: make_kernel_dir(root / fmt, [cfg], weights="bf16", ctx=64, instr_format=fmt,
-                                 ops=("gemv", "gemm", "layer"))
-            for fmt in ("bin", "elf")}
+    out = {fmt: make_kernel_dir(root / fmt, [cfg], weights="bf16", ctx=64, instr_format=fmt,
+                                ops=("gemv", "gemm", "layer"))
+           for fmt in ("bin", "elf")}
+    out["scratchpad"] = make_kernel_dir(root / "scratchpad", [cfg], weights="bf16", ctx=64,
+                                        instr_format="elf", scalars="scratchpad",
+                                        ops=("gemv", "gemm", "layer"))
+    return out
 
 
 @pytest.mark.parametrize("fmt,mode,runlist", [
     ("bin", "linear", True), ("bin", "layer", True), ("bin", "layer", False),
-    ("elf", "layer", True), ("elf", "linear", False),
+    ("elf", "layer", True), ("elf", "linear", False), ("scratchpad", "layer", True),
+    ("scratchpad", "layer", False),
 ])
 def test_the_adapter_calls_pyxrt_only_in_the_bindings_forms(tiny, kdirs, fmt: str, mode: str,
                                                             runlist: bool) -> None:
@@ -87,8 +94,9 @@ def test_the_adapter_calls_pyxrt_only_in_the_bindings_forms(tiny, kdirs, fmt: st
     if mode == "layer" and runlist:
         assert ("runlist.wait", ()) in pyxrt.calls
         assert "run.state" not in names  # never asked of a runlist's runs
-    assert ("hw_context", ("device", "elf") if fmt == "elf" else ("device", "uuid")) \
+    assert ("hw_context", ("device", "uuid") if fmt == "bin" else ("device", "elf")) \
         in pyxrt.calls
+    assert (("run.get_ctrl_scratchpad_bo", ()) in pyxrt.calls) == (fmt == "scratchpad")
 
 
 class _Rig:

@@ -48,8 +48,10 @@ def test_bfp16ebs8_blocks_by_hand() -> None:
                   [3, 0, 0, 0, 0, 0, 0, 2.0 ** -30]], dtype=np.float32)
     # shared exponent 128 (2.0 and 3.0); 1.0 = 0x800000 >> 18 = 32; 0.5 >> 19 = 16; 2.0 >> 17
     # = 64; 1.046875 = 0x860000 >> 18 = 33.5: 34 to even, 33 floor; -33.5: -34 both ways;
-    # 3.0 = 0xC00000 >> 17 = 96; 2**-30 shifted 48 places is 0; -0.0 has no magnitude: 0
-    even = [128, 32, 224, 16, 0, 64, 0, 34, 222, 128, 96, 0, 0, 0, 0, 0, 0, 0]
+    # 3.0 = 0xC00000 >> 17 = 96; 2**-30 shifted 48 places is 0; zeros have exponent 0, 128
+    # below the shared one (32 or more: only the sign is left): 0.0 is 0 and -0.0 is -1
+    # (IRON's f32_to_bfp16ebs8, in either rounding)
+    even = [128, 32, 224, 16, 255, 64, 0, 34, 222, 128, 96, 0, 0, 0, 0, 0, 0, 0]
     floor = even[:7] + [33] + even[8:]
     assert pack_b_bfp16ebs8(w, g).tolist() == even
     assert pack_b_bfp16ebs8(w, g, "floor").tolist() == floor

@@ -69,7 +69,8 @@ def test_scalars_in_the_stream_are_checked_in_the_manifest(tiny, tmp_path) -> No
         (lambda m: m["ops"]["gemv"].update(scalars="insts"), "for the attn and layer ops"),
         (lambda m: m["ops"]["layer"]["shapes"][0].pop("scalar_words"), "scalar_words"),
         (lambda m: m["ops"]["layer"]["args"].append("rtp"), "must name"),
-        (lambda m: m["ops"]["layer"].update(scalars="scratchpad"), "not rtp or insts"),
+        (lambda m: m["ops"]["layer"].update(scalars="patched"), "not rtp, insts or scratch"),
+        (lambda m: m["ops"]["layer"].update(scalars="scratchpad"), "of instr_format elf"),
     ]:
         m = json.loads(json.dumps(good))
         edit(m)
