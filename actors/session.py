@@ -61,6 +61,11 @@ class Choice:
         self.reasoning_tokens = 0
         self.forced: list[int] = []
         self.budget_spent = False
+        # speculative decoding: the drafter (made on the first draft), tokens drafted and
+        # drafted tokens kept
+        self.drafter: Any = None
+        self.drafted = 0
+        self.accepted = 0
 
     def prepare_mask(self) -> None:
         """Fill the mask for the next sample (runs while the forward pass runs)."""
@@ -97,7 +102,7 @@ class Choice:
             return events + self.finish("stop")
         if s.request.max_tokens is not None and self.generated >= s.request.max_tokens:
             return events + self.finish("length")
-        if s.model.engine.length(self.seq_id) + 1 >= s.context_limit:
+        if len(s.prompt_ids) + self.generated >= s.context_limit:  # (fed ones and this)
             return events + self.finish("length")
         self.next_token = token
         return events

@@ -1,0 +1,94 @@
+"""Speculative decoding from the prompt (prompt lookup, n-gram drafting): the per-model
+option, `Speculation`, and the drafter, `NgramDrafter`.
+
+A choice's next tokens are drafted by finding the last few tokens of its prompt and output
+so far earlier in them (the most recent match of the longest n-gram tried) and copying what
+followed; the scheduler verifies the draft in one forward with the choice's next token and
+keeps, by the standard acceptance rule (npu.Sampler.verify), the drafted tokens the model
+would have produced, so output is the same as without it (greedy: token for token; sampled:
+in distribution). Agents and code assistants repeat their input (a file rewritten with one
+line changed, JSON echoed back), where several tokens a step are kept.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+# the kernels multiply up to 8 rows straight from the weights' blocks (npu.engine.linear's
+# KERNEL_ROWS) at about 1.3x the cost of one: the next token and 7 drafted ones
+DEFAULT_TOKENS = 7
+
+
+class Speculation(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Speculative decoding for one model (vLLM's `speculative_config` for "ngram").
+
+    Attributes:
+        method: "ngram" (draft from the prompt and the output so far) or "off".
+            default: "ngram".
+        tokens: the most tokens drafted a step (vLLM's num_speculative_tokens, llama.cpp's
+            --draft-max). default: 7 (with the next token, the 8 rows the kernels multiply
+            for little more than one).
+        lookup_max: the longest n-gram matched (vLLM's prompt_lookup_max). default: 4.
+        lookup_min: the shortest n-gram matched (vLLM's prompt_lookup_min); shorter matches
+            draft more often and are wrong more often. default: 2.
+    """
+
+    method: Literal["ngram", "off"] = "ngram"
+    tokens: int = msgspec.field(default=DEFAULT_TOKENS)
+    lookup_max: int = 4
+    lookup_min: int = 2
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.tokens <= 64:
+            raise ValueError(f"speculative.tokens must be 1..64, not {self.tokens}")
+        if not 1 <= self.lookup_min <= self.lookup_max <= 16:
+            raise ValueError("speculative needs 1 <= lookup_min <= lookup_max <= 16, not "
+                             f"{self.lookup_min} and {self.lookup_max}")
+
+    @property
+    def on(self) -> bool:
+        return self.method != "off"
+
+
+class NgramDrafter:
+    """Drafts one choice's next tokens from its prompt and its output so far.
+
+    Args:
+        prompt: the prompt's tokens.
+        lookup_max, lookup_min: the n-gram lengths tried, longest first.
+    """
+
+    def __init__(self, prompt: list[int], *, lookup_max: int = 4, lookup_min: int = 2) -> None:
+        self.sizes = range(lookup_max, lookup_min - 1, -1)
+        self.history = list(prompt)
+        self.fed = 0  # the output's tokens taken into `history`
+        # n -> n-gram -> where the tokens after its latest occurrence start; n-grams that
+        # end before the history's last token only (the last one is the query)
+        self._index: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self.sizes}
+        self._indexed = 0  # n-grams ending before this position are indexed
+
+    def propose(self, output: list[int], limit: int) -> list[int]:
+        """Up to `limit` tokens to follow `output` (the choice's tokens so far, of which
+        the drafter has seen an earlier prefix): what followed the latest earlier
+        occurrence of the longest of its last n-grams found; [] when none is found."""
+        if len(output) > self.fed:
+            self.history.extend(output[self.fed :])
+            self.fed = len(output)
+        h = self.history
+        end = len(h) - 1
+        for stop in range(self._indexed, end):  # n-grams ending at stop - 1 .. end - 1
+            for n, index in self._index.items():
+                if stop + 1 >= n:
+                    index[tuple(h[stop + 1 - n : stop + 1])] = stop + 1
+        self._indexed = max(self._indexed, end)
+        if limit <= 0:
+            return []
+        for n in self.sizes:
+            if len(h) < n:
+                continue
+            at = self._index[n].get(tuple(h[len(h) - n :]))
+            if at is not None:
+                return h[at : at + limit]
+        return []
