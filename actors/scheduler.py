@@ -178,12 +178,17 @@ class Scheduler:
     def _drafts(self, batch: list[Choice]) -> list[list[int]] | None:
         """Each choice's drafted tokens for this step (those its grammar admits, no more than
         its max_tokens and context leave room for), or None when nothing is drafted (or
-        the KV cache has no room for the drafts): a plain decode step."""
+        the KV cache has no room for the drafts): a plain decode step.
+
+        The step's rows (one per choice, plus the drafts) stay within `tokens` + 1, drafts
+        going to choices in batch order: a product over a few rows costs little more than
+        over one, but a batch that is already many rows gains nothing from more."""
         spec = self.speculation
+        budget = spec.tokens + 1 - len(batch)
         out: list[list[int]] = []
         for c in batch:
             s = c.session
-            room = min(spec.tokens, s.context_limit - len(s.prompt_ids) - c.generated - 1)
+            room = min(budget, s.context_limit - len(s.prompt_ids) - c.generated - 1)
             if s.request.max_tokens is not None:
                 room = min(room, s.request.max_tokens - c.generated - 1)
             if room <= 0 or c.forced:
@@ -195,6 +200,7 @@ class Scheduler:
             draft = c.drafter.propose(c.tokens, room)
             if draft and c.constraint is not None:
                 del draft[c.constraint.admits(draft):]
+            budget -= len(draft)
             out.append(draft)
         if not any(out):
             return None

@@ -4,7 +4,8 @@ workload (a ~300-token JSON block rewritten with one change) and free text. Both
 alternate in one run, each request run after a warm-up (the prompt's KV is cached for both);
 the outputs must be the same token for token.
 
-    .venv/bin/python bench/bench_spec.py [--quick] [--rounds N] [--tokens K] [--lookup-min N]
+    .venv/bin/python bench/bench_spec.py [--quick] [--rounds N] [--threads N] [--tokens K]
+        [--lookup-min N]
 
 Targets (issue 31): echo >= 1.6x tokens/s, free text >= 0.97x.
 """
@@ -60,15 +61,18 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=Speculation().tokens)
+    ap.add_argument("--threads", type=int, default=0, help="kernel threads (0: every core)")
     ap.add_argument("--lookup-min", type=int, default=Speculation().lookup_min)
     args = ap.parse_args()
     rounds = 1 if args.quick else args.rounds
     model = load_model("smollm2-135m")
+    if args.threads:
+        model.engine.set_threads(args.threads)
     spec = Speculation(tokens=args.tokens, lookup_min=args.lookup_min,
                        lookup_max=max(4, args.lookup_min))
     sides = {"plain": Worker(lambda: model, speculation=Speculation(method="off")),
              "ngram": Worker(lambda: model, speculation=spec)}
-    print(f"SmolLM2-135M Q4_1, greedy, speculative tokens={spec.tokens} "
+    print(f"SmolLM2-135M Q4_1, greedy, {model.engine.linears.threads.n} thread(s), speculative tokens={spec.tokens} "
           f"lookup={spec.lookup_min}..{spec.lookup_max}, {rounds} round(s)")
     ok = True
     workloads = [("echo", ECHO, 120 if args.quick else 400, 1.6),

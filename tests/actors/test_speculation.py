@@ -36,3 +36,84 @@ def test_drafter_matches_in_its_own_output() -> None:
 def test_bad_options_are_refused(raw: dict) -> None:
     with pytest.raises(msgspec.ValidationError):
         msgspec.convert(raw, Speculation)
+
+
+# -- through the worker: the same output as without speculation ---------------------------------
+import asyncio  # noqa: E402
+import json  # noqa: E402
+
+from actors.events import ChatGenerate, Deltas, Finished, Usage  # noqa: E402
+from actors.worker import Worker  # noqa: E402
+from chat import constraint_request_from_openai  # noqa: E402
+from npu import ModelError, load_model  # noqa: E402
+
+RECORD = {"id": 4127, "name": "Ada Lovelace", "city": "London", "roles": ["admin", "editor"],
+          "address": {"street": "12 St James's Square", "postcode": "SW1Y 4JH"}}
+ECHO = ("Here is a JSON record:\n\n" + json.dumps(RECORD, indent=2) + "\n\nRewrite the record "
+        "exactly as it is, changing only \"city\" to \"Paris\". Answer with the JSON only.")
+SCHEMA = {"type": "json_schema", "json_schema": {"name": "record", "schema": {
+    "type": "object", "properties": {"id": {"type": "integer"}, "name": {"type": "string"},
+                                     "city": {"type": "string"}},
+    "required": ["id", "name", "city"]}}}
+
+
+@pytest.fixture(scope="module")
+def workers():
+    """SmolLM2 (the default model) with and without speculation, one model shared."""
+    try:
+        model = load_model("smollm2-135m")
+    except ModelError as exc:
+        pytest.skip(str(exc))
+    # one thread: two OpenMP threads on a busy 2-core host wait for each other (15x slower)
+    model.engine.set_threads(1)
+    pair = (Worker(lambda: model, speculation=Speculation(method="off")),
+            Worker(lambda: model, speculation=Speculation()))
+    yield pair
+    for w in pair:
+        w.close()
+
+
+def _run(worker: Worker, body: dict | None = None, **kw) -> tuple[str, Finished, Usage]:
+    body = body or {}
+    req = ChatGenerate(request_id="t", messages=[{"role": "user", "content": ECHO}],
+                       constraint=constraint_request_from_openai(body), **kw)
+
+    async def run():
+        return [ev async for batch in worker.generate(req) for ev in batch]
+
+    events = asyncio.run(asyncio.wait_for(run(), 120))
+    text = "".join(d.text for e in events if isinstance(e, Deltas) for d in e.deltas)
+    finished = next(e for e in events if isinstance(e, Finished))
+    return text, finished, events[-1]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("body,kw", [
+    ({}, dict(max_tokens=30)),  # greedy echo, cut by max_tokens inside a draft
+    ({"response_format": SCHEMA}, dict(max_tokens=40)),  # a grammar checks every draft
+    ({}, dict(max_tokens=40, stop=["editor"])),  # a stop string inside kept drafts
+])
+def test_greedy_output_is_the_same_and_drafts_are_kept(workers, body, kw) -> None:
+    plain, spec = workers
+    want = _run(plain, body, temperature=0.0, **kw)
+    got = _run(spec, body, temperature=0.0, **kw)
+    assert got[0] == want[0]
+    assert got[1].finish_reason == want[1].finish_reason
+    assert got[2].completion_tokens == want[2].completion_tokens
+    assert got[2].accepted_prediction_tokens > 0
+    assert want[2].accepted_prediction_tokens == want[2].rejected_prediction_tokens == 0
+    if "response_format" in body:
+        assert set(json.loads(got[0])) >= {"id", "name", "city"}
+    if not body and "stop" not in kw:
+        # again: the prompt's KV from the cache, where rejected drafts left nothing stale
+        again = _run(spec, body, temperature=0.0, **kw)
+        assert again[0] == want[0] and again[2].cached_tokens > 0
+
+
+@pytest.mark.timeout(120)
+def test_seeded_sampling_with_drafts_is_reproducible(workers) -> None:
+    _, spec = workers
+    a = _run(spec, temperature=0.7, top_p=0.9, seed=11, max_tokens=20)
+    b = _run(spec, temperature=0.7, top_p=0.9, seed=11, max_tokens=20)
+    assert a[0] == b[0] and a[2].completion_tokens == b[2].completion_tokens == 20
+    assert a[2].accepted_prediction_tokens > 0
