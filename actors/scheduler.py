@@ -182,13 +182,15 @@ class Scheduler:
 
         The step's rows (one per choice, plus the drafts) stay within `tokens` + 1, drafts
         going to choices in batch order: a product over a few rows costs little more than
-        over one, but a batch that is already many rows gains nothing from more."""
+        over one, but a batch that is already many rows gains nothing from more. A choice's
+        drafts are at most its `draft_limit`, which follows how many it keeps."""
         spec = self.speculation
         budget = spec.tokens + 1 - len(batch)
         out: list[list[int]] = []
         for c in batch:
             s = c.session
-            room = min(budget, s.context_limit - len(s.prompt_ids) - c.generated - 1)
+            room = min(budget, c.draft_limit or spec.tokens,
+                       s.context_limit - len(s.prompt_ids) - c.generated - 1)
             if s.request.max_tokens is not None:
                 room = min(room, s.request.max_tokens - c.generated - 1)
             if room <= 0 or c.forced:
@@ -249,6 +251,11 @@ class Scheduler:
             if draft:
                 c.drafted += len(draft)
                 c.accepted += kept
+                # drafts as long as they are kept: 2 more after a draft kept whole, 1 fewer
+                # after one cut short (Hugging Face's assisted generation schedule)
+                limit = c.draft_limit or self.speculation.tokens
+                c.draft_limit = (min(self.speculation.tokens, limit + 2) if kept == len(draft)
+                                 else max(1, limit - 1))
                 self.metrics.inc("flm_spec_draft_tokens_total", name, value=len(draft))
                 self.metrics.inc("flm_spec_accepted_tokens_total", name, value=kept)
 

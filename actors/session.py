@@ -61,11 +61,12 @@ class Choice:
         self.reasoning_tokens = 0
         self.forced: list[int] = []
         self.budget_spent = False
-        # speculative decoding: the drafter (made on the first draft), tokens drafted and
+        # speculative decoding: the drafter (made on the first draft), tokens drafted,
         # drafted tokens kept
         self.drafter: Any = None
         self.drafted = 0
         self.accepted = 0
+        self.draft_limit = 0  # the most tokens drafted next (0: the option's `tokens`)
 
     def prepare_mask(self) -> None:
         """Fill the mask for the next sample (runs while the forward pass runs)."""

@@ -102,6 +102,8 @@ def test_greedy_output_is_the_same_and_drafts_are_kept(workers, body, kw) -> Non
     assert got[2].completion_tokens == want[2].completion_tokens
     assert got[2].accepted_prediction_tokens > 0
     assert want[2].accepted_prediction_tokens == want[2].rejected_prediction_tokens == 0
+    assert spec.metrics.snapshot().get("flm_spec_accepted_tokens_total")
+    assert not plain.metrics.snapshot().get("flm_spec_draft_tokens_total")
     if "response_format" in body:
         assert set(json.loads(got[0])) >= {"id", "name", "city"}
     if not body and "stop" not in kw:
