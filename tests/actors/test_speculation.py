@@ -119,3 +119,44 @@ def test_seeded_sampling_with_drafts_is_reproducible(workers) -> None:
     b = _run(spec, temperature=0.7, top_p=0.9, seed=11, max_tokens=20)
     assert a[0] == b[0] and a[2].completion_tokens == b[2].completion_tokens == 20
     assert a[2].accepted_prediction_tokens > 0
+
+
+@pytest.fixture(scope="module")
+def tiny_workers(tmp_path_factory):
+    """flm-tiny (random weights; its greedy output soon repeats itself, so drafts from its
+    own output are kept) with and without speculation."""
+    from npu.load.tiny import ensure_tiny
+
+    folder = ensure_tiny(tmp_path_factory.mktemp("cache"))
+    model = load_model(folder, name="flm-tiny")
+    pair = (Worker(lambda: model, max_batch=4, speculation=Speculation(method="off")),
+            Worker(lambda: model, max_batch=4, speculation=Speculation(tokens=5)))
+    yield pair
+    for w in pair:
+        w.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_batch_with_drafts_decodes_as_without_them(tiny_workers) -> None:
+    """Requests decoded together (continuous batching), some drafting and some not, with n = 2
+    and seeds: every choice's greedy output is the one plain decoding gives."""
+    prompts = ["a b c a b c a b c a b", "hello there", "one two one two one"]
+
+    async def run(worker: Worker) -> list[tuple[list[str], int, int]]:
+        async def one(text: str):
+            req = ChatGenerate(request_id="t", messages=[{"role": "user", "content": text}],
+                               temperature=0.0, max_tokens=24, n=2,
+                               constraint=constraint_request_from_openai({}))
+            events = [ev async for batch in worker.generate(req) for ev in batch]
+            texts = ["".join(d.text for e in events if isinstance(e, Deltas)
+                             and e.index == i for d in e.deltas) for i in range(2)]
+            u = events[-1]
+            return texts, u.completion_tokens, u.accepted_prediction_tokens
+
+        return await asyncio.gather(*(one(p) for p in prompts))
+
+    plain, spec = tiny_workers
+    want = asyncio.run(asyncio.wait_for(run(plain), 60))
+    got = asyncio.run(asyncio.wait_for(run(spec), 60))
+    assert [g[:2] for g in got] == [w[:2] for w in want]
+    assert sum(g[2] for g in got) > 0
