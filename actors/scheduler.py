@@ -15,18 +15,20 @@ delivers them (actors.outbox).
 from __future__ import annotations
 
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from actors.events import Failed, Rejected, Usage
 from actors.metrics import Metrics
 from actors.outbox import End, Outbox
 from actors.session import Choice, Session
-from actors.speculation import NgramDrafter, Speculation
+from actors.speculation import NgramDrafter, Speculation, StepCost, draft_length
 from npu import KVCacheFull, Model
 from npu.sampler import sample_rows
 
 log = logging.getLogger(__name__)
 PREFILL_CHUNK = 256
+PROBE_EVERY = 16  # steps a choice whose drafts do not pay goes without drafting
 
 
 class Scheduler:
@@ -44,6 +46,7 @@ class Scheduler:
         self.model, self.metrics, self.max_batch, self._masks = model, metrics, max_batch, masks
         spec = speculation or Speculation(method="off")
         self.speculation = spec if spec.on and model.engine.can_rewind else None
+        self.cost = StepCost()  # what drafts add to a forward, measured
 
     @staticmethod
     def running_seqs(running: list[Session]) -> int:
@@ -161,8 +164,10 @@ class Scheduler:
             constrained = [c for c in batch if c.constraint is not None]
             masks = (self._masks.submit(lambda: [c.prepare_mask() for c in constrained])
                      if constrained else None)
+            start = time.perf_counter()
             logits = self.model.engine.decode([c.seq_id for c in batch],
                                               [c.next_token for c in batch])
+            self.cost.record(len(batch), time.perf_counter() - start)
             if masks is not None:
                 masks.result()
             tokens = sample_rows([c.sampler for c in batch], logits,
@@ -183,14 +188,14 @@ class Scheduler:
         The step's rows (one per choice, plus the drafts) stay within `tokens` + 1, drafts
         going to choices in batch order: a product over a few rows costs little more than
         over one, but a batch that is already many rows gains nothing from more. A choice's
-        drafts are at most its `draft_limit`, which follows how many it keeps."""
+        drafts are as many as pay for themselves (`draft_length`): at the rate the choice
+        keeps its drafts, against what more rows cost a forward here (`StepCost`)."""
         spec = self.speculation
         budget = spec.tokens + 1 - len(batch)
         out: list[list[int]] = []
         for c in batch:
             s = c.session
-            room = min(budget, c.draft_limit or spec.tokens,
-                       s.context_limit - len(s.prompt_ids) - c.generated - 1)
+            room = min(budget, s.context_limit - len(s.prompt_ids) - c.generated - 1)
             if s.request.max_tokens is not None:
                 room = min(room, s.request.max_tokens - c.generated - 1)
             if room <= 0 or c.forced:
@@ -202,6 +207,13 @@ class Scheduler:
             draft = c.drafter.propose(c.tokens, room)
             if draft and c.constraint is not None:
                 del draft[c.constraint.admits(draft):]
+            if draft:  # as many as pay for their rows, at the choice's rate of keeping them
+                rows = spec.tokens + 1 - budget
+                m = draft_length(c.keep_rate(), len(draft), lambda m: self.cost.ratio(rows, m))
+                c.idle = 0 if m else c.idle + 1
+                if c.idle >= PROBE_EVERY:  # a draft now and then: the text may start to repeat
+                    m, c.idle = min(2, len(draft)), 0
+                del draft[m:]
             budget -= len(draft)
             out.append(draft)
         if not any(out):
@@ -225,7 +237,9 @@ class Scheduler:
         masks = (self._masks.submit(lambda: [c.prepare_mask() for c in constrained])
                  if constrained else None)
         fed = [engine.length(c.seq_id) for c in batch]
+        start = time.perf_counter()
         logits = engine.verify([(c.seq_id, [c.next_token] + d) for c, d in zip(batch, drafts)])
+        self.cost.record(len(logits), time.perf_counter() - start)
         if masks is not None:
             masks.result()
         row = 0
@@ -251,11 +265,7 @@ class Scheduler:
             if draft:
                 c.drafted += len(draft)
                 c.accepted += kept
-                # drafts as long as they are kept: 2 more after a draft kept whole, 1 fewer
-                # after one cut short (Hugging Face's assisted generation schedule)
-                limit = c.draft_limit or self.speculation.tokens
-                c.draft_limit = (min(self.speculation.tokens, limit + 2) if kept == len(draft)
-                                 else max(1, limit - 1))
+                c.note_drafts(kept, kept + (kept < len(draft) and not c.done))
                 self.metrics.inc("flm_spec_draft_tokens_total", name, value=len(draft))
                 self.metrics.inc("flm_spec_accepted_tokens_total", name, value=kept)
 

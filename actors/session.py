@@ -61,12 +61,24 @@ class Choice:
         self.reasoning_tokens = 0
         self.forced: list[int] = []
         self.budget_spent = False
-        # speculative decoding: the drafter (made on the first draft), tokens drafted,
+        # speculative decoding: the drafter (made on the first draft), tokens drafted and
         # drafted tokens kept
         self.drafter: Any = None
         self.drafted = 0
         self.accepted = 0
-        self.draft_limit = 0  # the most tokens drafted next (0: the option's `tokens`)
+        self._kept_w = self._tried_w = 0.0  # the same, recent ones weighing most
+        self.idle = 0  # steps with drafts found but not worth verifying
+
+    def note_drafts(self, kept: int, tried: int) -> None:
+        """A step kept `kept` of the drafted tokens the sampler decided on (`tried`: the
+        kept ones and the first one rejected)."""
+        self._kept_w = 0.8 * self._kept_w + kept
+        self._tried_w = 0.8 * self._tried_w + tried
+
+    def keep_rate(self) -> float:
+        """The chance this choice's next drafted token is kept, from its recent drafts
+        (2 of 3 before any)."""
+        return (self._kept_w + 2.0) / (self._tried_w + 3.0)
 
     def prepare_mask(self) -> None:
         """Fill the mask for the next sample (runs while the forward pass runs)."""

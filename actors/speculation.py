@@ -92,3 +92,42 @@ class NgramDrafter:
             if at is not None:
                 return h[at : at + limit]
         return []
+
+
+# a row more in a step's forward, as a share of the step, before it is measured: low, so
+# drafts are tried (and their cost measured) from the start
+ASSUMED_ROW_COST = 0.05
+
+
+class StepCost:
+    """What a forward costs by the rows it computes (seconds, a moving average of those
+    measured): how much drafts add to a step on this machine, with these kernels."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[int, float] = {}
+
+    def record(self, rows: int, seconds: float) -> None:
+        prev = self.seconds.get(rows)
+        self.seconds[rows] = seconds if prev is None else 0.8 * prev + 0.2 * seconds
+
+    def ratio(self, rows: int, more: int) -> float:
+        """A forward of rows + more rows over one of `rows` rows."""
+        base, bigger = self.seconds.get(rows), self.seconds.get(rows + more)
+        if base and bigger:
+            return max(1.0, bigger / base)
+        return 1.0 + ASSUMED_ROW_COST * more
+
+
+def draft_length(accept: float, limit: int, cost) -> int:
+    """How many drafted tokens to verify: the m <= limit that maximizes the tokens a step is
+    expected to give (1 + accept + accept^2 + ... + accept^m: each drafted token kept with
+    probability `accept` once the ones before it were) per its cost, cost(m) (1 for a plain
+    step); 0 when no draft pays for itself."""
+    best, best_m, gain, p = 1.0, 0, 1.0, 1.0
+    for m in range(1, limit + 1):
+        p *= accept
+        gain += p
+        value = gain / cost(m)
+        if value > best:
+            best, best_m = value, m
+    return best_m

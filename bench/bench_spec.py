@@ -39,6 +39,7 @@ ECHO = ("Here is a JSON record:\n\n" + json.dumps(RECORD, indent=2) + "\n\nRewri
         "record exactly as it is, changing only \"city\" to \"Paris\". Answer with the JSON "
         "only.")
 FREE = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+FREE2 = "Explain in a few paragraphs how photosynthesis works and why it matters."
 
 
 async def _run(worker: Worker, prompt: str, max_tokens: int) -> tuple[str, int, float, Usage]:
@@ -61,13 +62,15 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=Speculation().tokens)
-    ap.add_argument("--threads", type=int, default=0, help="kernel threads (0: every core)")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="kernel threads (0: every core; --quick: 1)")
     ap.add_argument("--lookup-min", type=int, default=Speculation().lookup_min)
     args = ap.parse_args()
     rounds = 1 if args.quick else args.rounds
     model = load_model("smollm2-135m")
-    if args.threads:
-        model.engine.set_threads(args.threads)
+    threads = args.threads or (1 if args.quick else 0)  # quick (CI): one thread, steady
+    if threads:
+        model.engine.set_threads(threads)
     spec = Speculation(tokens=args.tokens, lookup_min=args.lookup_min,
                        lookup_max=max(4, args.lookup_min))
     sides = {"plain": Worker(lambda: model, speculation=Speculation(method="off")),
@@ -77,6 +80,8 @@ def main() -> None:
     ok = True
     workloads = [("echo", ECHO, 120 if args.quick else 400, 1.6),
                  ("free text", FREE, 40 if args.quick else 200, 0.97)]
+    if not args.quick:
+        workloads.append(("free text 2", FREE2, 200, 0.97))
     try:
         for label, prompt, max_tokens, target in workloads:
             rates: dict[str, list[float]] = {k: [] for k in sides}

@@ -31,6 +31,21 @@ def test_drafter_matches_in_its_own_output() -> None:
     assert d.propose([5, 6, 7, 5], 3) == [6, 7, 5]
 
 
+def test_drafts_are_as_long_as_they_pay_for_their_rows() -> None:
+    from actors.speculation import StepCost, draft_length
+
+    cheap = lambda m: 1.0 + 0.04 * m  # noqa: E731  (8 rows at 1.3x one)
+    assert draft_length(0.9, 7, cheap) == 7
+    assert draft_length(0.05, 7, cheap) == 1  # hardly ever kept: one is still worth it
+    assert draft_length(0.3, 7, lambda m: 1.0 + 0.5 * m) == 0  # rows as dear as a step
+    cost = StepCost()
+    assert cost.ratio(1, 3) == pytest.approx(1.15)  # not measured yet: assumed cheap
+    cost.record(1, 0.010)
+    cost.record(4, 0.020)
+    cost.record(4, 0.030)
+    assert cost.ratio(1, 3) == pytest.approx(2.2)  # moving average of the measured
+
+
 @pytest.mark.parametrize("raw", [{"tokens": 0}, {"lookup_min": 3, "lookup_max": 2},
                                  {"method": "eagle"}])
 def test_bad_options_are_refused(raw: dict) -> None:
