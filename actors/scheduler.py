@@ -258,14 +258,15 @@ class Scheduler:
                 else:
                     token = c.sampler.sample(x, mask)
                 pending += c.take(x, token)
-                if c.done or i == len(draft) or c.tokens[-1] != draft[i]:
+                hit = i < len(draft) and c.tokens[-1] == draft[i]
+                kept += hit
+                if c.done or not hit:
                     break
-                kept += 1
             engine.rewind(c.seq_id, length + 1 + kept)
             if draft:
                 c.drafted += len(draft)
                 c.accepted += kept
-                c.note_drafts(kept, kept + (kept < len(draft) and not c.done))
+                c.note_drafts(kept, min(len(draft), kept + 1))
                 self.metrics.inc("flm_spec_draft_tokens_total", name, value=len(draft))
                 self.metrics.inc("flm_spec_accepted_tokens_total", name, value=kept)
 

@@ -5,8 +5,8 @@ A choice's next tokens are drafted by finding the last few tokens of its prompt 
 so far earlier in them (the most recent match of the longest n-gram tried) and copying what
 followed; the scheduler verifies the draft in one forward with the choice's next token and
 keeps, by the standard acceptance rule (npu.Sampler.verify), the drafted tokens the model
-would have produced, so output is the same as without it (greedy: token for token; sampled:
-in distribution). Agents and code assistants repeat their input (a file rewritten with one
+would have produced, so output is the same as without it (greedy, and seeded sampling: token
+for token; sampling: in distribution). Agents and code assistants repeat their input (a file rewritten with one
 line changed, JSON echoed back), where several tokens a step are kept.
 """
 

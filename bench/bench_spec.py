@@ -104,6 +104,9 @@ def main() -> None:
                   f"{fast / plain:.2f} (target {target}); drafts kept "
                   f"{usage.accepted_prediction_tokens}/{drafted} of {usage.completion_tokens} "
                   f"tokens; same output: {same}")
+        cost = sides["ngram"].scheduler.cost.seconds
+        print("a forward by its rows (ms, moving average): " + ", ".join(
+            f"{rows}: {cost[rows] * 1e3:.1f}" for rows in sorted(cost)))
     finally:
         for w in sides.values():
             w.close()

@@ -97,19 +97,6 @@ class Sampler:
 
     def _draw(self, x: np.ndarray) -> int:
         """A token from the prepared row `x`, which it overwrites."""
-        target = self._target(x)
-        if isinstance(target, int):
-            return target
-        ids, cum = target
-        pick = min(int(np.searchsorted(cum, self.rng.random() * cum[-1], side="right")),
-                   cum.size - 1)
-        return int(ids[pick]) if ids is not None else pick
-
-    def _target(self, x: np.ndarray) -> int | tuple[np.ndarray | None, np.ndarray]:
-        """The distribution `_draw` samples from the prepared row `x` (overwritten): a
-        token when it is certain (greedy, or no finite logit), else (ids, cum): the
-        cumulative weights of the tokens ids (None: of every token, in order; weights need
-        not sum to 1)."""
         p = self.params
         if p.temperature <= 0.0:
             token = int(np.argmax(x))
@@ -138,44 +125,24 @@ class Sampler:
         total = cum[-1]
         if not np.isfinite(total) or total <= 0:
             token = int(np.argmax(probs))
-            return int(kept[token]) if kept is not None else token
-        if kept is not None:
-            ids = kept if ids is None else kept[ids]
-        return ids, cum
+        else:
+            pick = min(int(np.searchsorted(cum, self.rng.random() * total, side="right")),
+                       cum.size - 1)
+            token = int(ids[pick]) if ids is not None else pick
+        return int(kept[token]) if kept is not None else token
 
     def verify(self, logits: np.ndarray, draft: int, mask: np.ndarray | None = None) -> int:
-        """A token from `logits` [V] under `mask`, given a token `draft` proposed for this
-        place by a deterministic drafter (speculative decoding): the draft itself when
-        accepted, else another token. Accepted with the probability p(draft) that `sample`
-        gives it, and on rejection drawn from p without the draft (renormalized), so the
-        token has exactly `sample`'s distribution (Leviathan et al. 2023, with a draft
-        distribution that is a point mass); greedy: `sample`'s token, the draft when they
-        agree. p is the sampler's final distribution: after the penalties, the mask,
-        temperature, top-k, min-p and top-p."""
-        x, allowed = self._prepare(logits, mask)
-        target = self._target(x)
-        if isinstance(target, int):
-            return self._checked(target, logits, allowed)
-        ids, cum = target
-        weights = np.diff(cum, prepend=np.float64(0.0) if cum.dtype == np.float64 else
-                          np.float32(0.0))
-        at = draft if ids is None else _index_of(ids, draft)
-        total = float(cum[-1])
-        p_draft = float(weights[at]) / total if at is not None and at < weights.size else 0.0
-        if p_draft > 0.0 and self.rng.random() < p_draft:
-            return draft
-        if p_draft > 0.0:
-            weights = weights.copy()
-            weights[at] = 0.0
-            cum = np.cumsum(weights)
-            if cum[-1] <= 0:  # p(draft) was 1 within rounding: nothing else to draw
-                return draft
-        pick = min(int(np.searchsorted(cum, self.rng.random() * cum[-1], side="right")),
-                   cum.size - 1)
-        while pick > 0 and weights[pick] == 0.0:  # a rounding edge landing on a zero weight
-            pick -= 1
-        token = int(ids[pick]) if ids is not None else pick
-        return self._checked(token, logits, allowed)
+        """A token from `logits` [V] under `mask` where a deterministic drafter proposed
+        `draft` (speculative decoding); the draft is kept when the token is the draft.
+
+        The token is `sample`'s own draw, so the draft is kept with probability p(draft)
+        and, when it is not, the token follows p without the draft, renormalized: the
+        standard acceptance rule (Leviathan et al. 2023) for a draft distribution that is
+        a point mass, in the coupling that keeps the draw of every place what it would be
+        without drafts. p is the sampler's final distribution (penalties, mask,
+        temperature, top-k, min-p, top-p); a seeded request gives the same tokens with or
+        without drafts, and greedy keeps the draft only when it is the argmax."""
+        return self.sample(logits, mask)
 
     @staticmethod
     def _best_allowed(logits: np.ndarray, allowed: np.ndarray) -> int:
@@ -297,12 +264,6 @@ def _top_p(probs: np.ndarray, top_p: float) -> tuple[np.ndarray, np.ndarray]:
             cut = int(np.searchsorted(cum, target)) + 1
             return order[:cut], probs[order[:cut]]
         k = min(n, k * 4)
-
-
-def _index_of(ids: np.ndarray, token: int) -> int | None:
-    """Where `token` is in `ids` (None: absent)."""
-    at = np.flatnonzero(ids == token)
-    return int(at[0]) if at.size else None
 
 
 def _nanargmax(x: np.ndarray) -> int:
