@@ -28,7 +28,7 @@ from npu.sampler import sample_rows
 
 log = logging.getLogger(__name__)
 PREFILL_CHUNK = 256
-PROBE_EVERY = 16  # steps a choice whose drafts do not pay goes without drafting
+PROBE_EVERY = 64  # steps a choice whose drafts do not pay goes without drafting
 
 
 class Scheduler:

@@ -111,10 +111,13 @@ class StepCost:
         self.seconds[rows] = seconds if prev is None else 0.8 * prev + 0.2 * seconds
 
     def ratio(self, rows: int, more: int) -> float:
-        """A forward of rows + more rows over one of `rows` rows."""
-        base, bigger = self.seconds.get(rows), self.seconds.get(rows + more)
+        """A forward of rows + more rows over one of `rows` rows. A forward costs no more
+        than one of more rows: the least measured for rows + more or more rows counts (the
+        kernels work in tiles of rows, and a busy host makes some measures high)."""
+        base = self.seconds.get(rows)
+        bigger = [t for r, t in self.seconds.items() if r >= rows + more]
         if base and bigger:
-            return max(1.0, bigger / base)
+            return max(1.0, min(bigger) / base)
         return 1.0 + ASSUMED_ROW_COST * more
 
 

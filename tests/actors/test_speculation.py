@@ -44,6 +44,8 @@ def test_drafts_are_as_long_as_they_pay_for_their_rows() -> None:
     cost.record(4, 0.020)
     cost.record(4, 0.030)
     assert cost.ratio(1, 3) == pytest.approx(2.2)  # moving average of the measured
+    cost.record(8, 0.015)
+    assert cost.ratio(1, 3) == pytest.approx(1.5)  # 4 rows cost no more than 8
 
 
 @pytest.mark.parametrize("raw", [{"tokens": 0}, {"lookup_min": 3, "lookup_max": 2},
