@@ -209,7 +209,10 @@ class Scheduler:
                 del draft[c.constraint.admits(draft):]
             if draft:  # as many as pay for their rows, at the choice's rate of keeping them
                 rows = spec.tokens + 1 - budget
-                m = draft_length(c.keep_rate(), len(draft), lambda m: self.cost.ratio(rows, m))
+                m = draft_length(c.keep_rate(c.drafter.matched), len(draft),
+                                 (lambda m: 1.0 + spec.row_cost * m)
+                                 if spec.row_cost is not None
+                                 else lambda m: self.cost.ratio(rows, m))
                 c.idle = 0 if m else c.idle + 1
                 if c.idle >= PROBE_EVERY:  # a draft now and then: the text may start to repeat
                     m, c.idle = min(2, len(draft)), 0
@@ -266,7 +269,7 @@ class Scheduler:
             if draft:
                 c.drafted += len(draft)
                 c.accepted += kept
-                c.note_drafts(kept, min(len(draft), kept + 1))
+                c.note_drafts(c.drafter.matched, kept, min(len(draft), kept + 1))
                 self.metrics.inc("flm_spec_draft_tokens_total", name, value=len(draft))
                 self.metrics.inc("flm_spec_accepted_tokens_total", name, value=kept)
 

@@ -66,19 +66,23 @@ class Choice:
         self.drafter: Any = None
         self.drafted = 0
         self.accepted = 0
-        self._kept_w = self._tried_w = 0.0  # the same, recent ones weighing most
+        # per length of the n-gram matched: drafted tokens kept and tried (decided on: the
+        # kept ones and the first rejected), recent ones weighing most
+        self._rates: dict[int, list[float]] = {}
         self.idle = 0  # steps with drafts found but not worth verifying
 
-    def note_drafts(self, kept: int, tried: int) -> None:
+    def note_drafts(self, matched: int, kept: int, tried: int) -> None:
         """A step kept `kept` of the drafted tokens the sampler decided on (`tried`: the
-        kept ones and the first one rejected)."""
-        self._kept_w = 0.8 * self._kept_w + kept
-        self._tried_w = 0.8 * self._tried_w + tried
+        kept ones and the first one rejected), drafted from a match of `matched` tokens."""
+        rate = self._rates.setdefault(matched, [0.0, 0.0])
+        rate[0] = 0.8 * rate[0] + kept
+        rate[1] = 0.8 * rate[1] + tried
 
-    def keep_rate(self) -> float:
-        """The chance this choice's next drafted token is kept, from its recent drafts
-        (2 of 3 before any)."""
-        return (self._kept_w + 2.0) / (self._tried_w + 3.0)
+    def keep_rate(self, matched: int) -> float:
+        """The chance this choice's next token drafted from a match of `matched` tokens is
+        kept, from its recent such drafts (2 of 3 before any): longer matches are surer."""
+        kept, tried = self._rates.get(matched, (0.0, 0.0))
+        return (kept + 2.0) / (tried + 3.0)
 
     def prepare_mask(self) -> None:
         """Fill the mask for the next sample (runs while the forward pass runs)."""

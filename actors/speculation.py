@@ -33,16 +33,22 @@ class Speculation(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         lookup_max: the longest n-gram matched (vLLM's prompt_lookup_max). default: 4.
         lookup_min: the shortest n-gram matched (vLLM's prompt_lookup_min); shorter matches
             draft more often and are wrong more often. default: 2.
+        row_cost: what one more row adds to a forward, as a share of a one-row forward,
+            when deciding how many drafted tokens to verify; None: measured as the worker
+            runs (`StepCost`). default: None.
     """
 
     method: Literal["ngram", "off"] = "ngram"
     tokens: int = msgspec.field(default=DEFAULT_TOKENS)
     lookup_max: int = 4
     lookup_min: int = 2
+    row_cost: float | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.tokens <= 64:
             raise ValueError(f"speculative.tokens must be 1..64, not {self.tokens}")
+        if self.row_cost is not None and not 0.0 <= self.row_cost <= 10.0:
+            raise ValueError(f"speculative.row_cost must be 0..10, not {self.row_cost}")
         if not 1 <= self.lookup_min <= self.lookup_max <= 16:
             raise ValueError("speculative needs 1 <= lookup_min <= lookup_max <= 16, not "
                              f"{self.lookup_min} and {self.lookup_max}")
@@ -68,6 +74,7 @@ class NgramDrafter:
         # end before the history's last token only (the last one is the query)
         self._index: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in self.sizes}
         self._indexed = 0  # n-grams ending before this position are indexed
+        self.matched = 0  # the length of the n-gram the last draft came from
 
     def propose(self, output: list[int], limit: int) -> list[int]:
         """Up to `limit` tokens to follow `output` (the choice's tokens so far, of which
@@ -90,7 +97,9 @@ class NgramDrafter:
                 continue
             at = self._index[n].get(tuple(h[len(h) - n :]))
             if at is not None:
+                self.matched = n
                 return h[at : at + limit]
+        self.matched = 0
         return []
 
 

@@ -83,8 +83,9 @@ def workers():
         pytest.skip(str(exc))
     # one thread: two OpenMP threads on a busy 2-core host wait for each other (15x slower)
     model.engine.set_threads(1)
+    # drafts sized by a fixed row cost, not by timings (which a busy host makes vary)
     pair = (Worker(lambda: model, speculation=Speculation(method="off")),
-            Worker(lambda: model, speculation=Speculation()))
+            Worker(lambda: model, speculation=Speculation(row_cost=0.05)))
     yield pair
     for w in pair:
         w.close()
@@ -149,7 +150,7 @@ def tiny_workers(tmp_path_factory):
     folder = ensure_tiny(tmp_path_factory.mktemp("cache"))
     model = load_model(folder, name="flm-tiny")
     pair = (Worker(lambda: model, max_batch=4, speculation=Speculation(method="off")),
-            Worker(lambda: model, max_batch=4, speculation=Speculation(tokens=5)))
+            Worker(lambda: model, max_batch=4, speculation=Speculation(tokens=5, row_cost=0.05)))
     yield pair
     for w in pair:
         w.close()
