@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
+from actors.speculation import Speculation
 from npu import LoadOptions
 
 
@@ -27,6 +28,9 @@ class WorkerConfig(LoadOptions, kw_only=True):
         max_messages_per_s: the messages per second a worker's streams together aim not to
             exceed: with many open streams each one's interval grows to
             streams / max_messages_per_s (0: no bound).
+        speculative: speculative decoding from the prompt (`actors.speculation.Speculation`:
+            method "ngram" or "off", tokens drafted a step, n-gram lengths matched); greedy
+            output is the same token for token, sampled output the same in distribution.
         simulator_devices: testing only: run "npu" workers on the pyxrt simulator with these
             device names instead of the driver.
     """
@@ -38,6 +42,7 @@ class WorkerConfig(LoadOptions, kw_only=True):
     blas_threads: int | None = None
     stream_interval_ms: float = 100.0
     max_messages_per_s: float = 100.0
+    speculative: Speculation = msgspec.field(default_factory=Speculation)
     simulator_devices: list[str] | None = None
 
     def options(self) -> LoadOptions:

@@ -107,7 +107,8 @@ class ModelWorker:
             self.worker: Worker | None = Worker(
                 factory, max_batch=config.max_batch,
                 stream_interval_s=config.stream_interval_ms / 1000,
-                max_messages_per_s=config.max_messages_per_s)
+                max_messages_per_s=config.max_messages_per_s,
+                speculation=config.speculative)
         except Exception as exc:  # the replica stays up, answering why (not restarted)
             self.worker = None
             self.failure = load_failure(name, config.path, exc)

@@ -135,6 +135,10 @@ class Usage(msgspec.Struct, tag="usage", tag_field="event"):
     prompt_tokens: int  # the whole prompt, cached tokens included
     completion_tokens: int
     cached_tokens: int = 0  # of the prompt, taken from the KV cache (not computed)
+    # speculative decoding: of the tokens drafted from the prompt and output, those kept
+    # (part of completion_tokens) and those the model did not produce (not part of it)
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
 
 
 class Embeddings(msgspec.Struct, tag="embeddings", tag_field="event"):

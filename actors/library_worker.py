@@ -272,7 +272,8 @@ class LibraryWorkerBase:
 
         worker = Worker(factory, max_batch=cfg.max_batch,
                         stream_interval_s=cfg.stream_interval_ms / 1000,
-                        max_messages_per_s=cfg.max_messages_per_s)
+                        max_messages_per_s=cfg.max_messages_per_s,
+                        speculation=cfg.speculative)
         threads = blas_threads_for(worker.model.engine.weight_bytes, cfg.blas_threads)
         set_blas_threads(max(threads, os.cpu_count() or 1) if cfg.blas_threads is None
                          else threads)

@@ -54,6 +54,12 @@ SPECS: dict[str, MetricSpec] = {
     "flm_preemptions_total": MetricSpec(
         "counter", "Requests paused because the KV cache could not hold every running "
         "sequence's next token (they go on when there is room).", ("model",)),
+    "flm_spec_draft_tokens_total": MetricSpec(
+        "counter", "Tokens drafted from the prompt and output (speculative decoding) and "
+        "verified.", ("model",)),
+    "flm_spec_accepted_tokens_total": MetricSpec(
+        "counter", "Drafted tokens kept: the model produced them (speculative decoding).",
+        ("model",)),
     "flm_kv_cache_bytes": MetricSpec(
         "gauge", "Bytes a worker's KV cache holds.", ("model", "replica")),
     "flm_kv_cache_blocks": MetricSpec(

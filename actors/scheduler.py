@@ -15,17 +15,20 @@ delivers them (actors.outbox).
 from __future__ import annotations
 
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from actors.events import Failed, Rejected, Usage
 from actors.metrics import Metrics
 from actors.outbox import End, Outbox
 from actors.session import Choice, Session
+from actors.speculation import NgramDrafter, Speculation, StepCost, draft_length
 from npu import KVCacheFull, Model
 from npu.sampler import sample_rows
 
 log = logging.getLogger(__name__)
 PREFILL_CHUNK = 256
+PROBE_EVERY = 64  # steps a choice whose drafts do not pay goes without drafting
 
 
 class Scheduler:
@@ -39,8 +42,11 @@ class Scheduler:
     """
 
     def __init__(self, model: Model, metrics: Metrics, max_batch: int,
-                 masks: ThreadPoolExecutor) -> None:
+                 masks: ThreadPoolExecutor, speculation: Speculation | None = None) -> None:
         self.model, self.metrics, self.max_batch, self._masks = model, metrics, max_batch, masks
+        spec = speculation or Speculation(method="off")
+        self.speculation = spec if spec.on and model.engine.can_rewind else None
+        self.cost = StepCost()  # what drafts add to a forward, measured
 
     @staticmethod
     def running_seqs(running: list[Session]) -> int:
@@ -63,9 +69,13 @@ class Scheduler:
         """Free a finished session; its outbox ends with Usage (delivered at once)."""
         self._release(session)
         outbox = outboxes.pop(session.id)
+        accepted = sum(c.accepted for c in session.choices)
         outbox.put(Usage(prompt_tokens=len(session.prompt_ids),
                          completion_tokens=sum(c.generated for c in session.choices),
-                         cached_tokens=session.cached or 0))
+                         cached_tokens=session.cached or 0,
+                         accepted_prediction_tokens=accepted,
+                         rejected_prediction_tokens=sum(c.drafted for c in session.choices)
+                         - accepted))
         outbox.put(End)
         return outbox
 
@@ -147,12 +157,17 @@ class Scheduler:
         """One token for every running choice; returns the outboxes of ended sessions."""
         ended = self._make_room(running, paused, outboxes)
         batch: list[Choice] = [c for s in running for c in s.choices if not c.done]
-        if batch:
+        drafts = self._drafts(batch) if batch and self.speculation is not None else None
+        if drafts is not None:
+            self._verify_step(batch, drafts, outboxes)
+        elif batch:
             constrained = [c for c in batch if c.constraint is not None]
             masks = (self._masks.submit(lambda: [c.prepare_mask() for c in constrained])
                      if constrained else None)
+            start = time.perf_counter()
             logits = self.model.engine.decode([c.seq_id for c in batch],
                                               [c.next_token for c in batch])
+            self.cost.record(len(batch), time.perf_counter() - start)
             if masks is not None:
                 masks.result()
             tokens = sample_rows([c.sampler for c in batch], logits,
@@ -163,6 +178,100 @@ class Scheduler:
         for session in done:
             running.remove(session)
         return ended + [self._close(s, outboxes) for s in done]
+
+    # -- speculative decoding ------------------------------------------------------------------
+    def _drafts(self, batch: list[Choice]) -> list[list[int]] | None:
+        """Each choice's drafted tokens for this step (those its grammar admits, no more than
+        its max_tokens and context leave room for), or None when nothing is drafted (or
+        the KV cache has no room for the drafts): a plain decode step.
+
+        The step's rows (one per choice, plus the drafts) stay within `tokens` + 1, drafts
+        going to choices in batch order: a product over a few rows costs little more than
+        over one, but a batch that is already many rows gains nothing from more. A choice's
+        drafts are as many as pay for themselves (`draft_length`): at the rate the choice
+        keeps its drafts, against what more rows cost a forward here (`StepCost`)."""
+        spec = self.speculation
+        budget = spec.tokens + 1 - len(batch)
+        out: list[list[int]] = []
+        for c in batch:
+            s = c.session
+            room = min(budget, s.context_limit - len(s.prompt_ids) - c.generated - 1)
+            if s.request.max_tokens is not None:
+                room = min(room, s.request.max_tokens - c.generated - 1)
+            if room <= 0 or c.forced:
+                out.append([])
+                continue
+            if c.drafter is None:
+                c.drafter = NgramDrafter(s.prompt_ids, lookup_max=spec.lookup_max,
+                                         lookup_min=spec.lookup_min)
+            draft = c.drafter.propose(c.tokens, room)
+            if draft and c.constraint is not None:
+                del draft[c.constraint.admits(draft):]
+            if draft:  # as many as pay for their rows, at the choice's rate of keeping them
+                rows = spec.tokens + 1 - budget
+                m = draft_length(c.keep_rate(c.drafter.matched), len(draft),
+                                 (lambda m: 1.0 + spec.row_cost * m)
+                                 if spec.row_cost is not None
+                                 else lambda m: self.cost.ratio(rows, m))
+                c.idle = 0 if m else c.idle + 1
+                if c.idle >= PROBE_EVERY:  # a draft now and then: the text may start to repeat
+                    m, c.idle = min(2, len(draft)), 0
+                del draft[m:]
+            budget -= len(draft)
+            out.append(draft)
+        if not any(out):
+            return None
+        engine = self.model.engine
+        if engine.blocks_needed([(c.seq_id, 1 + len(d)) for c, d in zip(batch, out)]) \
+                > engine.blocks_available():
+            return None
+        return out
+
+    def _verify_step(self, batch: list[Choice], drafts: list[list[int]],
+                     outboxes: dict[int, Outbox]) -> None:
+        """One forward for the batch's next tokens and their drafts; each choice keeps its
+        drafted tokens up to the first the sampler rejects (`Sampler.verify`: the same
+        output as without drafts) and one token after them (the sampler's choice where it
+        rejected a draft, else a fresh sample), and its KV past what it kept is taken back.
+        The tokens go through `Choice.take` one by one, so an end token, a stop string,
+        the grammar's end or max_tokens ends the choice where it would have ended."""
+        engine = self.model.engine
+        constrained = [c for c in batch if c.constraint is not None]
+        masks = (self._masks.submit(lambda: [c.prepare_mask() for c in constrained])
+                 if constrained else None)
+        fed = [engine.length(c.seq_id) for c in batch]
+        start = time.perf_counter()
+        logits = engine.verify([(c.seq_id, [c.next_token] + d) for c, d in zip(batch, drafts)])
+        self.cost.record(len(logits), time.perf_counter() - start)
+        if masks is not None:
+            masks.result()
+        row = 0
+        name = self.model.name
+        for c, draft, length in zip(batch, drafts, fed):
+            rows = logits[row : row + 1 + len(draft)]
+            row += 1 + len(draft)
+            pending = outboxes[c.session.id].pending
+            kept = 0
+            for i, x in enumerate(rows):
+                if i:
+                    c.prepare_mask()
+                mask = c.mask if c.masked else None
+                if i < len(draft):
+                    token = c.sampler.verify(x, draft[i], mask)
+                else:
+                    token = c.sampler.sample(x, mask)
+                pending += c.take(x, token)
+                hit = i < len(draft) and c.tokens[-1] == draft[i]
+                kept += hit
+                if c.done or not hit:
+                    break
+            engine.rewind(c.seq_id, length + 1 + kept)
+            if draft:
+                c.drafted += len(draft)
+                c.accepted += kept
+                c.note_drafts(c.drafter.matched, kept, min(len(draft), kept + 1))
+                self.metrics.inc("flm_spec_draft_tokens_total", name, value=len(draft))
+                self.metrics.inc("flm_spec_accepted_tokens_total", name, value=kept)
 
     def _reject_unfittable(self, session: Session, waiting: list[Session],
                            outboxes: dict[int, Outbox]) -> Outbox:

@@ -62,6 +62,28 @@ class Choice:
         self.reasoning_tokens = 0
         self.forced: list[int] = []
         self.budget_spent = False
+        # speculative decoding: the drafter (made on the first draft), tokens drafted and
+        # drafted tokens kept
+        self.drafter: Any = None
+        self.drafted = 0
+        self.accepted = 0
+        # per length of the n-gram matched: drafted tokens kept and tried (decided on: the
+        # kept ones and the first rejected), recent ones weighing most
+        self._rates: dict[int, list[float]] = {}
+        self.idle = 0  # steps with drafts found but not worth verifying
+
+    def note_drafts(self, matched: int, kept: int, tried: int) -> None:
+        """A step kept `kept` of the drafted tokens the sampler decided on (`tried`: the
+        kept ones and the first one rejected), drafted from a match of `matched` tokens."""
+        rate = self._rates.setdefault(matched, [0.0, 0.0])
+        rate[0] = 0.8 * rate[0] + kept
+        rate[1] = 0.8 * rate[1] + tried
+
+    def keep_rate(self, matched: int) -> float:
+        """The chance this choice's next token drafted from a match of `matched` tokens is
+        kept, from its recent such drafts (2 of 3 before any): longer matches are surer."""
+        kept, tried = self._rates.get(matched, (0.0, 0.0))
+        return (kept + 2.0) / (tried + 3.0)
 
     def prepare_mask(self) -> None:
         """Fill the mask for the next sample (runs while the forward pass runs)."""
@@ -98,7 +120,7 @@ class Choice:
             return events + self.finish("stop")
         if s.request.max_tokens is not None and self.generated >= s.request.max_tokens:
             return events + self.finish("length")
-        if s.model.engine.length(self.seq_id) + 1 >= s.context_limit:
+        if len(s.prompt_ids) + self.generated >= s.context_limit:  # (fed ones and this)
             return events + self.finish("length")
         self.next_token = token
         return events

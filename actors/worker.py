@@ -41,6 +41,7 @@ from actors.metrics import Metrics
 from actors.outbox import End, Outbox, deliver
 from actors.scheduler import Scheduler
 from actors.session import Session, build_session, prompt_tokens
+from actors.speculation import Speculation
 from chat import FormatSpec, GrammarEngine, detect_format
 from npu import Model
 
@@ -56,10 +57,12 @@ class Worker:
         max_messages_per_s: the messages per second all streams together aim not to
             exceed: with many open streams each one's interval grows to
             streams / max_messages_per_s. 0: no bound. default: 0.
+        speculation: speculative decoding from the prompt. default: `Speculation()`.
     """
 
     def __init__(self, model_factory: Callable[[], Model], *, max_batch: int = 8,
-                 stream_interval_s: float = 0.0, max_messages_per_s: float = 0.0) -> None:
+                 stream_interval_s: float = 0.0, max_messages_per_s: float = 0.0,
+                 speculation: Speculation | None = None) -> None:
         self.model = model_factory()
         self.spec = detect_format(self.model.chat_template_source, self.model.tokenizer.is_token)
         self._specs: dict[str, FormatSpec] = {}  # requests' own templates' formats
@@ -78,7 +81,8 @@ class Worker:
         self.waiting = 0  # admitted sessions that wait: prompt not prefilled yet, or paused
         self.requests = 0  # requests received, answered or not
         self.metrics = Metrics()
-        self.scheduler = Scheduler(self.model, self.metrics, max_batch, self._masks)
+        self.scheduler = Scheduler(self.model, self.metrics, max_batch, self._masks,
+                                   speculation if speculation is not None else Speculation())
         self.embedder = Embedder(self.model)
         self.started = time.time()
         if self.model.generates:

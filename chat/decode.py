@@ -60,6 +60,8 @@ class DecodeConstraint(Protocol):
 
     def rollback(self, n: int) -> None: ...
 
+    def admits(self, tokens: list[int]) -> int: ...
+
 
 class TokenBanConstraint:
     """Bans one token (the tool opener under tool_choice "none")."""
@@ -87,6 +89,10 @@ class TokenBanConstraint:
 
     def rollback(self, n: int) -> None:
         pass
+
+    def admits(self, tokens: list[int]) -> int:
+        """How many of `tokens`, in order, may come next: those before the banned one."""
+        return tokens.index(self.token_id) if self.token_id in tokens else len(tokens)
 
 
 class GrammarConstraint:
@@ -169,6 +175,20 @@ class GrammarConstraint:
         if self.active and n > 0:
             self.matcher.rollback(n)
             del self._history[-n:]
+
+    def admits(self, tokens: list[int]) -> int:
+        """How many of `tokens` (drafted ones), in order, the grammar takes next; the matcher
+        is left as it was (all of them when masking has stopped)."""
+        if not self.active:
+            return len(tokens)
+        n = 0
+        for t in tokens:
+            if not self.matcher.accept_token(int(t)):
+                break
+            n += 1
+        if n:
+            self.matcher.rollback(n)
+        return n
 
     def give_up(self, why: str) -> None:
         if self.active:

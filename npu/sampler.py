@@ -131,6 +131,19 @@ class Sampler:
             token = int(ids[pick]) if ids is not None else pick
         return int(kept[token]) if kept is not None else token
 
+    def verify(self, logits: np.ndarray, draft: int, mask: np.ndarray | None = None) -> int:
+        """A token from `logits` [V] under `mask` where a deterministic drafter proposed
+        `draft` (speculative decoding); the draft is kept when the token is the draft.
+
+        The token is `sample`'s own draw, so the draft is kept with probability p(draft)
+        and, when it is not, the token follows p without the draft, renormalized: the
+        standard acceptance rule (Leviathan et al. 2023) for a draft distribution that is
+        a point mass, in the coupling that keeps the draw of every place what it would be
+        without drafts. p is the sampler's final distribution (penalties, mask,
+        temperature, top-k, min-p, top-p); a seeded request gives the same tokens with or
+        without drafts, and greedy keeps the draft only when it is the argmax."""
+        return self.sample(logits, mask)
+
     @staticmethod
     def _best_allowed(logits: np.ndarray, allowed: np.ndarray) -> int:
         x = np.where(np.isnan(logits[: allowed.size]), -np.inf, logits[: allowed.size])

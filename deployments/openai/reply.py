@@ -23,10 +23,17 @@ def sse(obj: Any) -> bytes:
 
 def usage_body(u: Usage) -> dict:
     """OpenAI's `usage`: `prompt_tokens` is the whole prompt, of which
-    `prompt_tokens_details.cached_tokens` came from the KV cache."""
-    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+    `prompt_tokens_details.cached_tokens` came from the KV cache; with speculative
+    decoding, `completion_tokens_details` counts the drafted tokens kept and rejected (the
+    fields OpenAI's predicted outputs report), present once a token was drafted."""
+    body = {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
             "total_tokens": u.prompt_tokens + u.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
+    if u.accepted_prediction_tokens or u.rejected_prediction_tokens:
+        body["completion_tokens_details"] = {
+            "accepted_prediction_tokens": u.accepted_prediction_tokens,
+            "rejected_prediction_tokens": u.rejected_prediction_tokens}
+    return body
 
 
 def chat_delta(event: Deltas, *, first: bool) -> dict:

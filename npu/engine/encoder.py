@@ -200,6 +200,8 @@ class EncoderEngine:
                          "generate text")
 
     prefill = prefill_many = decode = reuse_prefix = blocks_needed = fork = _no_generation
+    verify = rewind = _no_generation
+    can_rewind = False
 
     def cached_prefix(self, ids: Sequence[int]) -> int:
         """Nothing is ever cached."""

@@ -208,6 +208,26 @@ class BlockPool:
         dst.digests = list(src.digests)
         return dst
 
+    def truncate(self, seq: SeqBlocks, length: int) -> None:
+        """Keep `seq`'s first `length` tokens (taking back tokens written past them): the
+        blocks past them go back, and a block the kept tokens end inside stops being named
+        by the tokens it held, since the sequence will write others over its rest (only a
+        block the sequence holds alone can end partly kept: shared blocks are full and
+        before the tokens written since)."""
+        if length >= len(seq.tokens):
+            return
+        keep = -(-length // BLOCK)
+        for block in reversed(seq.table[keep:]):
+            self._drop(block)
+        del seq.table[keep:]
+        if length % BLOCK:
+            block = seq.table[-1]
+            digest = self.digest_of.pop(block, None)
+            if digest is not None:
+                del self.block_of[digest]
+        del seq.tokens[length:]
+        del seq.digests[length // BLOCK :]
+
     def release(self, seq: SeqBlocks) -> None:
         """`seq` ended: its blocks go back, named ones kept for reuse (its last block is
         the first to be evicted, its first the last)."""

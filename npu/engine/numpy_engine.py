@@ -32,7 +32,7 @@ from npu.engine.linear import Linear, LinearFactory, Threads
 from npu.engine.pooling import Pooling, pool
 from npu.engine.quant import INTEGER, QMatrix
 from npu.engine.roles import Roles, roles_for
-from npu.errors import ContextLengthError, ModelError
+from npu.errors import ContextLengthError, KVCacheFull, ModelError
 
 log = logging.getLogger(__name__)
 PREFILL_CHUNK = 512
@@ -343,6 +343,56 @@ class NumpyEngine:
             self.kv.reserve(seq.kv, seq.pos + n)
         return self._forward(np.asarray(ids, dtype=np.int64), segments)
 
+    @property
+    def can_rewind(self) -> bool:
+        """Whether `rewind` can take tokens back (all state is in the KV cache: not for a
+        model with convolution layers, whose state is not per token)."""
+        return len(self.kv.layers) == len(self.layers)
+
+    def verify(self, items: Sequence[tuple[object, Sequence[int]]]) -> np.ndarray:
+        """Tokens of several running sequences in one forward (speculative decoding: each
+        sequence's next token and the tokens drafted after it), with the logits after
+        every token: [sum of the pieces' lengths, V], the pieces' rows one after another.
+        A one-token piece gets the logits `decode` would give it. Take back the tokens not
+        kept with `rewind`.
+
+        Raises:
+            KVCacheFull: the pieces' KV does not fit (nothing has run).
+        """
+        if len({sid for sid, _ in items}) != len(items):
+            raise ValueError("verify takes each sequence once")
+        segments, ids = [], []
+        for sid, piece in items:
+            seq = self._seqs.get(sid)
+            if seq is None:
+                raise KeyError(f"unknown sequence {sid!r}: prefill it first")
+            if len(piece) == 0:
+                raise ValueError("verify needs at least one token per sequence")
+            self._check_room(seq, len(piece))
+            segments.append((seq, len(piece)))
+            ids.extend(piece)
+        if self.blocks_needed([(sid, len(p)) for sid, p in items]) > self.kv.available():
+            raise KVCacheFull("the KV cache cannot hold the drafted tokens")
+        for seq, n in segments:
+            self.kv.reserve(seq.kv, seq.pos + n)
+        return self._forward(np.asarray(ids, dtype=np.int64), segments, every_row=True)
+
+    def rewind(self, seq_id: object, length: int) -> None:
+        """Take `seq_id` back to its first `length` tokens (drafted tokens not kept): the
+        KV past them is dropped, and a cached block that named them is forgotten before
+        the sequence writes other tokens over it (blocks other sequences share, whole ones
+        before `length`, are never written).
+
+        Raises:
+            ModelError: the model keeps state outside the KV cache (`can_rewind` is False).
+        """
+        seq = self._seqs[seq_id]
+        if length >= seq.pos:
+            return
+        if not self.can_rewind:
+            raise ModelError("this model keeps state outside the KV cache: it cannot rewind")
+        self.kv.truncate(seq.kv, length)
+
     def _seq(self, seq_id: object) -> Seq:
         """The sequence `seq_id`, started (with no blocks yet) if it is new."""
         seq = self._seqs.get(seq_id)
@@ -448,7 +498,8 @@ class NumpyEngine:
                 limit=self.max_context, requested=seq.pos + n)
 
     # -- the forward pass -------------------------------------------------------------------
-    def _forward(self, ids: np.ndarray, segments: list[tuple[Seq, int]]) -> np.ndarray:
+    def _forward(self, ids: np.ndarray, segments: list[tuple[Seq, int]], *,
+                 every_row: bool = False) -> np.ndarray:
         positions = np.concatenate([np.arange(s.pos, s.pos + n) for s, n in segments])
         decoding = len(segments) == len(ids)  # one token per sequence: batched attention
         if not self.kv.layers:
@@ -466,7 +517,7 @@ class NumpyEngine:
         for seq, n in segments:
             self.kv.written(seq.kv, ids[start : start + n])
             start += n
-        ends = np.cumsum([n for _, n in segments]) - 1
+        ends = np.arange(len(ids)) if every_row else np.cumsum([n for _, n in segments]) - 1
         last = self.ops.rms_norm(x[ends], self.final_norm, self.config.rms_eps)
         return np.ascontiguousarray(self._mm(last, None, "lm_head"), dtype=np.float32)
 

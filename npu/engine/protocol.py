@@ -38,6 +38,17 @@ class Engine(Protocol):
     def decode(self, seq_ids: Sequence[object], tokens: Sequence[int]) -> np.ndarray:
         """One token for each sequence; logits [B, V]."""
 
+    @property
+    def can_rewind(self) -> bool:
+        """Whether `rewind` works (every layer's state is in the KV cache)."""
+
+    def verify(self, items: Sequence[tuple[object, Sequence[int]]]) -> np.ndarray:
+        """Running sequences' next tokens (each with tokens drafted after it) in one
+        forward; the logits after every token [sum of lengths, V]."""
+
+    def rewind(self, seq_id: object, length: int) -> None:
+        """Take a sequence back to its first `length` tokens (drafts not kept)."""
+
     def reuse_prefix(self, seq_id: object, ids: Sequence[int]) -> int:
         """Take the longest cached prefix of `ids` for a new sequence: tokens taken."""
 

@@ -196,9 +196,17 @@ class XRTEngine(NumpyEngine):
         return self.linear_ops.matmul(np.ascontiguousarray(x, dtype=np.float32),
                                       self._dev[key])
 
-    def _forward(self, ids: np.ndarray, segments: list[tuple[Seq, int]]) -> np.ndarray:
+    @property
+    def can_rewind(self) -> bool:
+        """Only in "linear" mode: the fused modes keep the KV cache on the device."""
+        return self.mode == "linear" and super().can_rewind
+
+    def _forward(self, ids: np.ndarray, segments: list[tuple[Seq, int]], *,
+                 every_row: bool = False) -> np.ndarray:
         if self.mode == "linear":
-            return super()._forward(ids, segments)
+            return super()._forward(ids, segments, every_row=every_row)
+        if every_row:
+            raise ModelError(f"npu_mode {self.mode!r} cannot verify drafted tokens")
         x = self.embed_tokens(ids)
         start = 0
         ends = []

@@ -282,6 +282,23 @@ def test_rollback_undoes_accepted_tokens(engine) -> None:
     assert c.check_text('{"name": "a", "age": 1}') == (True, "")
 
 
+def test_admits_counts_the_drafted_tokens_the_grammar_takes_and_changes_nothing(engine) -> None:
+    spec = spec_for_kind("hermes_json")
+    c = make_constraint(spec, constraint_request_from_openai(FMT), engine)
+    c.start("")
+    brace, opener = engine.token_id("{"), engine.token_id("<tool_call>")
+    before = np.zeros(mask_words(engine.vocab_size), dtype=np.uint32)
+    c.fill_mask(before)
+    assert c.admits([brace, opener, brace]) == 1  # a JSON document cannot go on with <tool_call>
+    assert c.admits([opener]) == 0 and c.admits([]) == 0
+    after = np.zeros_like(before)
+    c.fill_mask(after)
+    assert c.tokens == [] and c.active and np.array_equal(before, after)
+    ban = make_constraint(spec, constraint_request_from_openai(
+        {"tools": [WEATHER], "tool_choice": "none"}), engine)
+    assert ban.admits([brace, brace, opener, brace]) == 2
+
+
 def test_padded_vocabulary_entries_are_never_allowed() -> None:
     vocab, stops = small_vocab()
     padded = GrammarEngine(list(vocab) + [b""] * 40, stops)

@@ -46,7 +46,9 @@ def serve_url(tmp_path_factory):
     gpt_oss = tmp_path_factory.mktemp("gpt-oss") / "model"  # random, harmony format
     build_gpt_oss(gpt_oss, Path(cache))
     models.append({"name": "tiny-gpt-oss", "path": str(gpt_oss), "max_batch": 2})
-    models.append({"name": "smollm2-135m", "path": "smollm2-135m", "max_batch": 4})
+    # drafts sized by a fixed row cost (not timings): the speculative test sees drafts
+    models.append({"name": "smollm2-135m", "path": "smollm2-135m", "max_batch": 4,
+                   "speculative": {"row_cost": 0.05}})
     bert = build_bert(tmp_path_factory.mktemp("bert") / "model")  # random BERT encoder
     models.append({"name": "bert-tiny", "path": str(bert), "max_batch": 2})
     serve.run(build_app({"models": models, "max_request_bytes": 1 << 20}), name="flm",

@@ -4,6 +4,7 @@ model, a required tool call, the tool's result and a reply, the same streamed)."
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -76,3 +77,46 @@ def test_readme_tool_call_then_result_then_reply(client, openai_client) -> None:
     text = reply.choices[0].message.content
     assert text and "<tool_call>" not in text and not reply.choices[0].message.tool_calls
     assert reply.usage.prompt_tokens > 50
+
+
+def test_speculative_decoding_gives_the_same_constrained_output_over_http(client) -> None:
+    """The served model drafts from the prompt (speculation is on by default): a reply
+    under a JSON schema that echoes its input is the one the same model writes without
+    drafts, in this process, and the usage counts the drafts kept."""
+    from actors.events import ChatGenerate, Deltas
+    from actors.speculation import Speculation
+    from actors.worker import Worker
+    from chat import constraint_request_from_openai
+    from npu import load_model
+
+    record = {"id": 4127, "name": "Ada Lovelace", "city": "London",
+              "address": {"street": "12 St James's Square", "postcode": "SW1Y 4JH"}}
+    schema = {"type": "json_schema", "json_schema": {"name": "record", "schema": {
+        "type": "object", "properties": {"id": {"type": "integer"},
+                                         "name": {"type": "string"},
+                                         "city": {"type": "string"}},
+        "required": ["id", "name", "city"]}}}
+    messages = [{"role": "user", "content": "Copy this JSON record, with \"city\" set to "
+                 "\"Paris\":\n" + json.dumps(record, indent=2)}]
+    r = client.post("/v1/chat/completions", json={
+        "model": MODEL, "messages": messages, "temperature": 0, "max_tokens": 40,
+        "response_format": schema})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] > 0
+
+    model = load_model("smollm2-135m")
+    model.engine.set_threads(1)
+    worker = Worker(lambda: model, speculation=Speculation(method="off"))
+    req = ChatGenerate(request_id="plain", messages=messages, temperature=0.0, max_tokens=40,
+                       constraint=constraint_request_from_openai({"response_format": schema}))
+
+    async def plain() -> str:
+        return "".join([d.text async for batch in worker.generate(req) for e in batch
+                        if isinstance(e, Deltas) for d in e.deltas])
+
+    try:
+        text = asyncio.run(asyncio.wait_for(plain(), 120))
+    finally:
+        worker.close()
+    assert body["choices"][0]["message"]["content"] == text

@@ -156,3 +156,72 @@ def test_batched_sampling_draws_what_one_row_at_a_time_draws(vocab: int) -> None
         for (a, b), t in zip(pairs, one):
             a.accept(t)
             b.accept(t)
+
+
+# -- speculative decoding: verify() accepts a draft so the token keeps sample()'s law ------------
+CHI2_999 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 6: 22.46, 7: 24.32}
+
+
+def _law(logits: np.ndarray, *, temperature: float, top_k: int = 0, top_p: float = 1.0,
+         allowed: np.ndarray | None = None) -> np.ndarray:
+    """The sampler's final distribution, written out independently: mask, temperature,
+    top-k, then the smallest most-likely set reaching top_p."""
+    x = logits.astype(np.float64) / temperature
+    if allowed is not None:
+        x = np.where(allowed, x, -np.inf)
+    if top_k:
+        x = np.where(x >= np.sort(x)[-top_k], x, -np.inf)
+    p = np.exp(x - x.max())
+    p /= p.sum()
+    order = np.argsort(-p, kind="stable")
+    cut = int(np.searchsorted(np.cumsum(p[order]), top_p * p.sum())) + 1
+    out = np.zeros_like(p)
+    out[order[:cut]] = p[order[:cut]]
+    return out / out.sum()
+
+
+@pytest.mark.parametrize("options,draft,masked", [
+    (dict(temperature=1.0), 0, None),  # the likeliest token drafted
+    (dict(temperature=0.8), 3, None),  # an unlikely one
+    (dict(temperature=1.2, top_k=4, top_p=0.9), 5, None),  # one outside top-k: never kept
+    (dict(temperature=0.7, top_p=0.95), 1, [1, 2, 4, 6]),  # under a mask that allows it
+    (dict(temperature=0.7), 0, [1, 2, 4, 6]),  # a draft the mask forbids
+])
+def test_verify_keeps_the_samplers_distribution(options, draft, masked) -> None:
+    """Chi-square (p = 0.001) of 3,000 verified tokens against the sampler's final
+    distribution written out independently: the draft is kept as often as it gives the
+    draft, and the rest follow it."""
+    logits = np.array([2.0, 1.2, 0.9, 0.1, -0.4, 0.5, 0.3], np.float32)
+    allowed = None if masked is None else np.isin(np.arange(7), masked)
+    law = _law(logits, allowed=allowed, **options)
+    s = Sampler(SamplingParams(seed=7, **options), 7)
+    n = 3000
+    mask = None if masked is None else _mask(masked, 7)
+    draws = np.bincount([s.verify(logits, draft, mask) for _ in range(n)], minlength=7)
+    support = law > 0
+    assert draws[~support].sum() == 0
+    expected = law[support] * n
+    chi2 = float((((draws[support] - expected) ** 2) / expected).sum())
+    assert chi2 < CHI2_999[int(support.sum()) - 1], (draws, law)
+
+
+def test_verify_draws_what_sample_draws_whatever_the_draft() -> None:
+    """The draw of every place is the one without drafts (same seed, same tokens): the
+    draft decides only whether the tokens verified in one forward are kept."""
+    logits = np.array([1.5, 1.4, 0.2, 0.1], np.float32)
+    params = SamplingParams(seed=1, temperature=0.9, top_p=0.95, repetition_penalty=1.3)
+    a, b = Sampler(params, 4, prompt_ids=[0]), Sampler(params, 4, prompt_ids=[0])
+    for i in range(200):
+        token = a.sample(logits)
+        assert b.verify(logits, i % 4) == token
+        a.accept(token)
+        b.accept(token)
+
+
+def test_greedy_verify_keeps_the_draft_only_when_it_is_the_argmax() -> None:
+    s = Sampler(SamplingParams(temperature=0.0), 4)
+    logits = np.array([0.1, 2.0, 2.0, -1.0], np.float32)  # a tie: the first one wins
+    assert s.verify(logits, 1) == 1
+    assert s.verify(logits, 2) == 1
+    assert s.verify(logits, 3) == 1
+    assert s.verify(logits, 1, _mask([2, 3], 4)) == 2
