@@ -19,7 +19,7 @@
 #include <string.h>
 #include <math.h>
 #include <omp.h>
-#ifdef __F16C__
+#if defined(__F16C__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -123,48 +123,53 @@ static void k_as_1(const uint8_t *b, uint8_t *out, int five, float *err, float *
     }
 }
 
-/* One Q2_K / Q3_K / Q6_K super-block's 256 values, as gguf's numpy dequantizer. */
+/* One Q2_K / Q3_K / Q6_K super-block's 256 values, as gguf's numpy dequantizer: each a
+ * float32 product of its 16-value group's factor and its integer code (Q2_K: less the
+ * group's min). The codes are unpacked first (loops the compiler vectorizes). */
 static void k_values(int type, const uint8_t *b, float *v) {
+    int8_t q[256];
+    float dl[16], ml[16];
     if (type == C_Q6_K) { /* ql[128] qh[64] int8 scales[16] f16 d */
         const uint8_t *ql = b, *qh = b + 128;
         const int8_t *sc = (const int8_t *)(b + 192);
         const float d = rd_half(b + 208);
-        float dl[16];
         for (int k = 0; k < 16; k++) dl[k] = d * (float)sc[k];
-        for (int p = 0; p < 256; p++) {
-            const int half = p / 128, r = p % 128;
-            const int lo = (ql[half * 64 + r % 64] >> (4 * (r / 64))) & 15;
-            const int hi = (qh[half * 32 + r % 32] >> (2 * (r / 32))) & 3;
-            v[p] = dl[p / 16] * (float)((int8_t)(lo | (hi << 4)) - 32);
-        }
+        for (int half = 0; half < 2; half++)
+            for (int s = 0; s < 4; s++) /* values half * 128 + s * 32 + i */
+                for (int i = 0; i < 32; i++) {
+                    const int lo = (ql[half * 64 + (s & 1) * 32 + i] >> (4 * (s >> 1))) & 15;
+                    const int hi = (qh[half * 32 + i] >> (2 * s)) & 3;
+                    q[half * 128 + s * 32 + i] = (int8_t)((lo | (hi << 4)) - 32);
+                }
     } else if (type == C_Q2_K) { /* scales[16] qs[64] f16 d f16 dmin */
         const uint8_t *sc = b, *qs = b + 16;
         const float d = rd_half(b + 80), dmin = rd_half(b + 82);
-        float dl[16], ml[16];
         for (int k = 0; k < 16; k++) {
             dl[k] = d * (float)(sc[k] & 15);
             ml[k] = dmin * (float)(sc[k] >> 4);
         }
-        for (int p = 0; p < 256; p++) {
-            const int half = p / 128, r = p % 128;
-            const int q = (qs[half * 32 + r % 32] >> (2 * (r / 32))) & 3;
-            v[p] = dl[p / 16] * (float)q - ml[p / 16];
-        }
+        for (int half = 0; half < 2; half++)
+            for (int s = 0; s < 4; s++)
+                for (int i = 0; i < 32; i++)
+                    q[half * 128 + s * 32 + i] = (int8_t)((qs[half * 32 + i] >> (2 * s)) & 3);
+        for (int p = 0; p < 256; p++) v[p] = dl[p >> 4] * (float)q[p] - ml[p >> 4];
+        return;
     } else { /* Q3_K: hmask[32] qs[64] scales[12] f16 d */
-        const uint8_t *hm = b, *qs = b + 32, *s = b + 96;
+        const uint8_t *hm = b, *qs = b + 32, *s8 = b + 96;
         const float d = rd_half(b + 108);
-        float dl[16];
         for (int k = 0; k < 16; k++) {
-            const int l = (s[k % 8] >> (4 * (k / 8))) & 15, h = (s[8 + k % 4] >> (2 * (k / 4))) & 3;
+            const int l = (s8[k % 8] >> (4 * (k / 8))) & 15, h = (s8[8 + k % 4] >> (2 * (k / 4))) & 3;
             dl[k] = d * (float)((l | (h << 4)) - 32);
         }
-        for (int p = 0; p < 256; p++) {
-            const int half = p / 128, r = p % 128;
-            const int lo = (qs[half * 32 + r % 32] >> (2 * (r / 32))) & 3;
-            const int hb = ((hm[p % 32] >> (p / 32)) & 1) ^ 1;
-            v[p] = dl[p / 16] * (float)(lo - (hb << 2));
-        }
+        for (int half = 0; half < 2; half++)
+            for (int s = 0; s < 4; s++)
+                for (int i = 0; i < 32; i++) {
+                    const int lo = (qs[half * 32 + i] >> (2 * s)) & 3;
+                    const int hb = ((hm[i] >> (half * 4 + s)) & 1) ^ 1;
+                    q[half * 128 + s * 32 + i] = (int8_t)(lo - (hb << 2));
+                }
     }
+    for (int p = 0; p < 256; p++) v[p] = dl[p >> 4] * (float)q[p];
 }
 
 /* 256 values as 8 Q8_0 blocks (272 bytes), as gguf's (and ggml's reference) quantizer. */
@@ -173,15 +178,46 @@ static void q8_0_of(const float *v, uint8_t *out, float *steps, float *top) {
         const float *x = v + 32 * k;
         uint8_t *o = out + 34 * k;
         float amax = 0.0f;
-        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[i]));
+        int8_t c[32];
+#ifdef __AVX2__
+        const __m256 sign = _mm256_set1_ps(-0.0f);
+        __m256 m = _mm256_setzero_ps();
+        for (int i = 0; i < 32; i += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
+        float lanes[8];
+        _mm256_storeu_ps(lanes, m);
+        for (int i = 0; i < 8; i++) amax = lanes[i] > amax ? lanes[i] : amax;
+#else
+        for (int i = 0; i < 32; i++) {
+            const float a = fabsf(x[i]);
+            amax = a > amax ? a : amax;
+        }
+#endif
         const float d = amax / 127.0f, id = d == 0.0f ? 0.0f : 1.0f / d;
         uint16_t d16 = to_half(d);
         memcpy(o, &d16, 2);
-        for (int i = 0; i < 32; i++) {
-            const float a = fabsf(x[i] * id), f = floorf(a);
-            const float r = f + floorf(2.0f * (a - f)); /* numpy's np_roundf, exactly */
-            o[2 + i] = (uint8_t)(int8_t)(x[i] * id < 0.0f ? -r : r);
+        /* numpy's np_roundf (half away from zero), exactly: |y|'s floor f, plus 1 where
+         * 2 (|y| - f) reaches 1, y's sign put back */
+#ifdef __AVX2__
+        int32_t w[32];
+        const __m256 vid = _mm256_set1_ps(id);
+        for (int i = 0; i < 32; i += 8) {
+            const __m256 y = _mm256_mul_ps(_mm256_loadu_ps(x + i), vid);
+            const __m256 a = _mm256_andnot_ps(sign, y);
+            const __m256 f = _mm256_floor_ps(a);
+            const __m256 r = _mm256_add_ps(f, _mm256_floor_ps(_mm256_add_ps(_mm256_sub_ps(a, f),
+                                                                              _mm256_sub_ps(a, f))));
+            const __m256 signed_r = _mm256_xor_ps(r, _mm256_and_ps(sign, y));
+            _mm256_storeu_si256((__m256i *)(w + i), _mm256_cvttps_epi32(signed_r));
         }
+        for (int i = 0; i < 32; i++) c[i] = (int8_t)w[i];
+#else
+        for (int i = 0; i < 32; i++) {
+            const float y = x[i] * id, a = fabsf(y), f = floorf(a);
+            const float r = f + floorf(2.0f * (a - f));
+            c[i] = (int8_t)(int)(y < 0.0f ? -r : r);
+        }
+#endif
+        memcpy(o + 2, c, 32);
         const float s = fabsf(half_f(d16));
         if (s > *steps) *steps = s;
         if (amax > *top) *top = amax;
@@ -223,7 +259,7 @@ int fc_convert(int type, const uint8_t *src, int64_t n, uint8_t *dst, int thread
     if (isz < 0 || osz < 0) return -1;
     float s0 = 0.0f, s1 = 0.0f;
     const int same = type == C_Q4_K || type == C_Q5_K, five = type == C_Q5_K;
-#pragma omp parallel for num_threads(threads) schedule(static, 64) reduction(max : s0, s1) \
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 32) reduction(max : s0, s1) \
     if (n > 256)
     for (int64_t i = 0; i < n; i++) {
         if (same) {
