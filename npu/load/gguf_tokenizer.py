@@ -17,6 +17,8 @@ added tokens, both matched whole in text.
 from __future__ import annotations
 
 import json
+import operator
+from itertools import repeat
 from typing import Any
 
 from npu.errors import ModelError
@@ -76,7 +78,8 @@ def _spm_merges(tokens: list[str], scores: list[float]) -> list[list[str]]:
 def _merges(merges: list[str]) -> list[str] | list[list[str]]:
     """GGUF's merges ("left right") as tokenizer.json takes them: as they are where each has
     one space (`tokenizers` splits them there itself, faster), else split at the first."""
-    if sum(m.count(" ") for m in merges) == len(merges) and all(" " in m for m in merges):
+    if (" ".join(merges).count(" ") == 2 * len(merges) - 1
+            and all(map(operator.contains, merges, repeat(" ")))):
         return merges
     return [m.split(" ", 1) for m in merges]
 
