@@ -119,6 +119,8 @@ def release_pages(data: np.ndarray) -> None:
     owner = data
     while isinstance(owner, np.ndarray) and owner.base is not None:
         owner = owner.base
+    if isinstance(owner, memoryview):  # np.frombuffer's base
+        owner = owner.obj
     if not isinstance(owner, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED"):
         return
     view = memoryview(owner)

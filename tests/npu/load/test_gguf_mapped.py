@@ -70,7 +70,18 @@ def test_pages_handed_back_read_again_the_same(tmp_path: Path, tok_meta: dict) -
                              dims=(256, 4096, 2, 1, 128, 1))  # FFN matrices of many pages
     t = read_gguf(file, progress=False).tensors
     gate, up = t["model.layers.0.mlp.gate_proj.weight"], t["model.layers.0.mlp.up_proj.weight"]
-    before = gate.data.copy(), up.data.copy()
+    before = gate.data.copy(), up.data.copy()  # their pages now resident
+    resident = _rss_file()
     both = QMatrix.concat([gate, up])
+    handed_back = resident - _rss_file()
+    assert handed_back > 0.8 * (gate.nbytes + up.nbytes), (handed_back, gate.nbytes)
     assert np.array_equal(both.data, np.concatenate(before))
     assert np.array_equal(gate.data, before[0]) and np.array_equal(up.data, before[1])
+
+
+def _rss_file() -> int:
+    """This process's resident pages of mapped files, in bytes."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssFile:"):
+            return int(line.split()[1]) * 1024
+    pytest.skip("no RssFile in /proc/self/status")
