@@ -1,6 +1,6 @@
 """Loading GGUF files, ours against llama.cpp's on the same file, side by side in one run.
 
-    .venv/bin/python bench/bench_load.py [--quick] [--rounds N] [shape:format ...]
+    .venv/bin/python bench/bench_load.py [--quick] [--rounds N] [--steps N] [shape:format ...]
 
 Default files: smollm2-135m (the default model, Q4_1), qwen3-0.6b:Q4_K_M and
 llama-8b:Q4_K_M (random weights of those shapes, bench/gguf_shapes.py; any of its formats,
@@ -11,7 +11,7 @@ before each (the page cache warm for both). Ours reports: load time (`load_model
 tokenizer, tensors, engine); peak RSS (ru_maxrss, the process's own, less what it had before
 loading) against (the weights as held, the file's or more where k-quants are converted, +
 the largest tensor in float32 + 300 MB); RSS after load against 1.2x the weights as held;
-decode tokens/s at batch 1 after a short prompt; CPU seconds of the load (every thread:
+decode tokens/s at batch 1 after a short prompt (`--steps`, default 8); CPU seconds of the load (every thread:
 what a machine shared with other work stretches less than wall time). llama.cpp
 (llama-cpp-python, where the interpreter has it) reports its `Llama(...)` time, CPU seconds
 and peak RSS the same way. Printed: each side's median, and the median of the rounds'
@@ -153,9 +153,9 @@ def main() -> None:
     quick = "--quick" in args
     rounds = int(args[args.index("--rounds") + 1]) if "--rounds" in args else (1 if quick else 3)
     specs = [a for i, a in enumerate(args) if not a.startswith("--")
-             and (i == 0 or args[i - 1] != "--rounds")] or (
+             and (i == 0 or args[i - 1] not in ("--rounds", "--steps"))] or (
         ["smollm2-135m"] if quick else ["smollm2-135m", "qwen3-0.6b:Q4_K_M", "llama-8b:Q4_K_M"])
-    steps = 2 if quick else 8
+    steps = int(args[args.index("--steps") + 1]) if "--steps" in args else (2 if quick else 8)
     peer = has_peer()
     print(f"{rounds} round(s) a file, each load in a fresh process, page cache warm; "
           f"llama.cpp: {'llama-cpp-python' if peer else 'not installed (ours only)'}")
