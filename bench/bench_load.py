@@ -11,8 +11,9 @@ before each (the page cache warm for both). Ours reports: load time (`load_model
 tokenizer, tensors, engine); peak RSS (ru_maxrss, the process's own, less what it had before
 loading) against (the weights as held, the file's or more where k-quants are converted, +
 the largest tensor in float32 + 300 MB); RSS after load against 1.2x the weights as held;
-decode tokens/s at batch 1 after a short prompt (`--steps`, default 8); CPU seconds of the load (every thread:
-what a machine shared with other work stretches less than wall time). llama.cpp
+decode tokens/s at batch 1 after a short prompt (`--steps`, default 8); CPU seconds of the
+load (every thread: what a machine shared with other work stretches less than wall time).
+llama.cpp
 (llama-cpp-python, where the interpreter has it) reports its `Llama(...)` time, CPU seconds
 and peak RSS the same way. Printed: each side's median, and the median of the rounds'
 ratios ours / llama.cpp (target <= 1.5). llama-cpp-python may live in another environment:
