@@ -17,7 +17,7 @@ from gguf import GGMLQuantizationType as QT
 
 
 def threads() -> int:
-    """The cores this process may run on."""
+    """The cores this process may run on (the conversion's threads)."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux

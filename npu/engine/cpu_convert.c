@@ -2,7 +2,7 @@
  * block formats the CPU kernels compute, across threads, straight from a memory-mapped file.
  *
  * Bit for bit what npu/engine/quant.py's numpy reference makes (its docstrings describe the
- * layouts; tests/test_convert.py compares the two):
+ * layouts; tests/npu/engine/test_convert.py compares the two):
  *   Q4_K 12 -> Q4_1, Q5_K 13 -> Q5_1: the same codes; a sub-block of 32 values becomes one
  *     block whose f16 scale and offset are d * sc and -(dmin * m) (float32), rounded to f16.
  *     No value is computed. Stats: the largest error of that rounding (15 or 31 times the
@@ -18,7 +18,8 @@
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
-#include <omp.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #if defined(__F16C__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -250,25 +251,72 @@ static int64_t in_bytes(int type) {
     }
 }
 
+/* A conversion shared by threads: each takes CHUNK super-blocks at a time (a thread the
+ * system runs late holds up at most one chunk) and keeps its own maxima. */
+#define CHUNK 64
+typedef struct {
+    int type;
+    const uint8_t *src;
+    uint8_t *dst;
+    int64_t n, isz, osz;
+    atomic_llong next;
+} Job;
+
+typedef struct {
+    Job *job;
+    float s0, s1;
+} Part;
+
+static void *run_part(void *arg) {
+    Part *part = (Part *)arg;
+    Job *job = part->job;
+    const int same = job->type == C_Q4_K || job->type == C_Q5_K, five = job->type == C_Q5_K;
+    float s0 = 0.0f, s1 = 0.0f, v[256];
+    for (;;) {
+        const int64_t first = atomic_fetch_add(&job->next, CHUNK);
+        if (first >= job->n) break;
+        const int64_t last = first + CHUNK < job->n ? first + CHUNK : job->n;
+        for (int64_t i = first; i < last; i++) {
+            if (same) {
+                k_as_1(job->src + i * job->isz, job->dst + i * job->osz, five, &s0, &s1);
+            } else {
+                k_values(job->type, job->src + i * job->isz, v);
+                q8_0_of(v, job->dst + i * job->osz, &s0, &s1);
+            }
+        }
+    }
+    part->s0 = s0;
+    part->s1 = s1;
+    return NULL;
+}
+
+#define MAX_THREADS 256
+
 /* `n` super-blocks of `type` at `src` into `dst` (n * fc_out_bytes(type) bytes), on
- * `threads` threads; stats[0], stats[1]: the maxima named at the top. 0, or -1 for a type
+ * `threads` threads (plain threads that sleep when done: no OpenMP pool left spinning
+ * between tensors); stats[0], stats[1]: the maxima named at the top. 0, or -1 for a type
  * not converted here. */
 int fc_convert(int type, const uint8_t *src, int64_t n, uint8_t *dst, int threads,
                float *stats) {
     const int64_t isz = in_bytes(type), osz = fc_out_bytes(type);
     if (isz < 0 || osz < 0) return -1;
+    Job job = {type, src, dst, n, isz, osz, 0};
+    Part parts[MAX_THREADS];
+    pthread_t ids[MAX_THREADS];
+    int started = 0;
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    if (threads > (n + CHUNK - 1) / CHUNK) threads = (int)((n + CHUNK - 1) / CHUNK);
+    if (threads < 1) threads = 1;
+    for (int t = 0; t < threads; t++) parts[t] = (Part){&job, 0.0f, 0.0f};
+    for (int t = 1; t < threads; t++)
+        if (pthread_create(&ids[t], NULL, run_part, &parts[t]) == 0) started = t;
+        else break; /* fewer threads: the work is shared by those there are */
+    run_part(&parts[0]);
+    for (int t = 1; t <= started; t++) pthread_join(ids[t], NULL);
     float s0 = 0.0f, s1 = 0.0f;
-    const int same = type == C_Q4_K || type == C_Q5_K, five = type == C_Q5_K;
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 32) reduction(max : s0, s1) \
-    if (n > 256)
-    for (int64_t i = 0; i < n; i++) {
-        if (same) {
-            k_as_1(src + i * isz, dst + i * osz, five, &s0, &s1);
-        } else {
-            float v[256];
-            k_values(type, src + i * isz, v);
-            q8_0_of(v, dst + i * osz, &s0, &s1);
-        }
+    for (int t = 0; t <= started; t++) {
+        s0 = parts[t].s0 > s0 ? parts[t].s0 : s0;
+        s1 = parts[t].s1 > s1 ? parts[t].s1 : s1;
     }
     stats[0] = s0;
     stats[1] = s1;
