@@ -48,11 +48,12 @@ def available() -> bool:
     return _lib() is not None
 
 
-def convert(qtype: QT, data: np.ndarray, n_threads: int | None = None
-            ) -> tuple[QT, np.ndarray, float, float] | None:
+def convert(qtype: QT, data: np.ndarray, n_threads: int | None = None,
+            out: np.ndarray | None = None) -> tuple[QT, np.ndarray, float, float] | None:
     """`data` (uint8 [rows, row bytes] of super-blocks, C-contiguous; read only) converted:
     (the format, uint8 [rows, its row bytes], stat 0, stat 1) with the stats of
-    cpu_convert.c; None: no kernels here, or not a type converted in C."""
+    cpu_convert.c; None: no kernels here, or not a type converted in C. `out`: where to
+    write it (uint8 [rows, its row bytes], C-contiguous), else new memory."""
     lib = _lib()
     if lib is None:
         return None
@@ -62,7 +63,10 @@ def convert(qtype: QT, data: np.ndarray, n_threads: int | None = None
     rows = data.shape[0]
     data = np.ascontiguousarray(data)
     n = data.size // _IN_BYTES[qtype]
-    out = np.empty((rows, n * out_size // max(rows, 1)), dtype=np.uint8)
+    shape = (rows, n * out_size // max(rows, 1))
+    if out is None or out.shape != shape or out.dtype != np.uint8 \
+            or not out.flags.c_contiguous:
+        out = np.empty(shape, dtype=np.uint8)
     stats = np.zeros(2, dtype=np.float32)
     if lib.fc_convert(int(qtype), data.ctypes.data, n, out.ctypes.data,
                       n_threads or threads(), stats.ctypes.data):

@@ -133,6 +133,30 @@ def release_pages(data: np.ndarray) -> None:
         owner.madvise(mmap.MADV_DONTNEED, first, stop - first)
 
 
+def converted_type(qtype: QT) -> QT:
+    """The format `to_native` gives a matrix of `qtype`."""
+    if qtype in NATIVE:
+        return qtype
+    return SAME_CODES[qtype][1] if qtype in SAME_CODES else QT.Q8_0
+
+
+def _adjacent(arrays: list[np.ndarray]) -> np.ndarray | None:
+    """The arrays as one view when they are C-contiguous slices lying one after the other
+    in one buffer; else None."""
+    if len(arrays) < 2 or not all(a.flags.c_contiguous for a in arrays):
+        return None
+    owner = arrays[0].base
+    if not isinstance(owner, np.ndarray) or owner.ndim != 1 or owner.dtype != np.uint8:
+        return None
+    at = arrays[0].ctypes.data
+    for a in arrays:
+        if a.base is not owner or a.ctypes.data != at:
+            return None
+        at += a.nbytes
+    start = arrays[0].ctypes.data - owner.ctypes.data
+    return owner[start : start + at - arrays[0].ctypes.data]
+
+
 class QMatrix:
     """A matrix [rows, cols] in the block format `qtype`; `data` is uint8 [rows, row bytes]."""
 
@@ -179,12 +203,15 @@ class QMatrix:
         """The matrix with its rows in `order` (row i of the result is row order[i])."""
         return QMatrix(self.qtype, self.shape, self.data[order])
 
-    def to_native(self, reference: bool = False) -> tuple[QMatrix, float]:
+    def to_native(self, reference: bool = False,
+                  out: np.ndarray | None = None) -> tuple[QMatrix, float]:
         """This matrix in a format the CPU kernels compute, and a bound on the conversion's
         error relative to the largest value (0.0 when it is one already).
 
         k-quants convert in C on every core (npu.engine.convert, byte for byte this numpy
-        code's result), unless `reference` or the kernels cannot be built."""
+        code's result), unless `reference` or the kernels cannot be built; `out` (uint8
+        [rows, the result's row bytes]): where the C conversion writes (`converted_type`
+        names the format; a part of a buffer several matrices share, see `concat`)."""
         if self.qtype in NATIVE:
             return self, 0.0
         if self.qtype not in CONVERTED:
@@ -193,7 +220,7 @@ class QMatrix:
         if not reference:
             from npu.engine.convert import convert
 
-            done = convert(self.qtype, self.data)
+            done = convert(self.qtype, self.data, out=out)
             if done is not None:
                 qtype, data, s0, s1 = done
                 if qtype == QT.Q8_0:  # s0: the largest step d, s1: the largest value
@@ -218,12 +245,16 @@ class QMatrix:
 
     @staticmethod
     def concat(parts: list[QMatrix]) -> QMatrix:
-        """The parts stacked by rows (all of one format and width): a new copy (parts that
-        are views of a mapped file hand their pages back, `release_pages`)."""
+        """The parts stacked by rows (all of one format and width): a view where they lie
+        one after the other in one buffer (a loader converted them so), else a new copy
+        (parts that are views of a mapped file hand their pages back, `release_pages`)."""
         first = parts[0]
         if any(p.qtype != first.qtype or p.shape[1] != first.shape[1] for p in parts):
             raise ValueError("concat needs matrices of one format and width")
         rows = sum(p.shape[0] for p in parts)
+        joined = _adjacent([p.data for p in parts])
+        if joined is not None:
+            return QMatrix(first.qtype, (rows, first.shape[1]), joined)
         out = QMatrix(first.qtype, (rows, first.shape[1]),
                       np.concatenate([p.data for p in parts], axis=0))
         for p in parts:  # parts read from a mapped file: their pages go back

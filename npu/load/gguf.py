@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from npu.engine.quant import QT, QMatrix, release_pages
+from npu.engine.quant import CONVERTED, QT, QMatrix, converted_type, release_pages, row_bytes
 from npu.errors import ModelError
 from npu.load.gguf_header import TensorInfo, read_header
 from npu.load.mapped import MappedFile
@@ -304,6 +304,7 @@ def read_gguf(path: Path, *, progress: bool = True) -> GGUFModel:
     tensors: dict[str, np.ndarray | QMatrix] = {}
     converted: list[str] = []
     todo = [(name, t) for name, t in infos.items() if hf_name(arch, name) is not None]
+    slots = _fused_slots(infos)
     for i, (name, t) in enumerate(todo):
         target = hf_name(arch, name)
         shape = t.shape[::-1]  # [rows, cols]
@@ -318,7 +319,7 @@ def read_gguf(path: Path, *, progress: bool = True) -> GGUFModel:
             nxt = todo[i + 1][1]
             files[where[nxt.name]].prefetch(nxt.data_offset, nxt.n_bytes)
         try:
-            tensors[target], err = _tensor(qtype, shape, raw, arch, name, cfg)
+            tensors[target], err = _tensor(qtype, shape, raw, arch, name, cfg, slots.get(name))
         except ModelError as exc:
             raise ModelError(f"{path}: tensor {name}: {exc}") from None
         if not _is_view(tensors[target], raw):  # copied or converted: its pages go back
@@ -356,10 +357,52 @@ def _vector(file: MappedFile, t: TensorInfo) -> np.ndarray:
     return QMatrix(_qtype(file.path, t), (1, int(np.prod(t.shape))), raw).dequantize()[0]
 
 
+# a layer's matrices the engine stacks by rows (Q, K, V; gate, up), in its order
+FUSED = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"))
+
+
+def _fused_slots(infos: dict[str, TensorInfo]) -> dict[str, np.ndarray]:
+    """Where each k-quant matrix of a layer's stacked ones is converted to: runs of them
+    converted to one format share a buffer, one after the other in the engine's order, so
+    that stacking them (`QMatrix.concat`) is a view, not a copy of most of the weights."""
+    slots: dict[str, np.ndarray] = {}
+    layers = {n.split(".")[1] for n in infos if n.startswith("blk.")}
+    for layer in layers:
+        for group in FUSED:
+            run: list[tuple[str, QT, int, int]] = []  # name, format, rows, row bytes
+            for kind in (*group, None):
+                t = infos.get(f"blk.{layer}.{kind}.weight") if kind else None
+                member = None
+                if t is not None and len(t.shape) == 2 and t.tensor_type in _CONVERTED:
+                    to = converted_type(QT(t.tensor_type))
+                    rows, cols = int(t.shape[1]), int(t.shape[0])
+                    try:
+                        member = (t.name, to, rows, row_bytes(to, cols))
+                    except ModelError:
+                        member = None
+                if run and (member is None or member[1:2] + member[3:] != run[0][1:2]
+                            + run[0][3:]):
+                    if len(run) > 1:
+                        buf = np.empty(sum(r * b for _, _, r, b in run), dtype=np.uint8)
+                        at = 0
+                        for name, _, r, b in run:
+                            slots[name] = buf[at : at + r * b].reshape(r, b)
+                            at += r * b
+                    run = []
+                if member is not None:
+                    run.append(member)
+    return slots
+
+
+_CONVERTED = frozenset(int(q) for q in CONVERTED)
+
+
 def _tensor(qtype: QT, shape: tuple[int, ...], raw: np.ndarray, arch: str, name: str,
-            cfg: dict[str, Any]) -> tuple[np.ndarray | QMatrix, float | None]:
+            cfg: dict[str, Any], out: np.ndarray | None = None
+            ) -> tuple[np.ndarray | QMatrix, float | None]:
     """One tensor's value, a float32 vector or a QMatrix, and a bound on the error of its
-    conversion to a format the kernels compute (None: not converted)."""
+    conversion to a format the kernels compute (None: not converted; `out`: where a
+    conversion writes, `_fused_slots`)."""
     if len(shape) == 1:
         value = QMatrix(qtype, (1, shape[0]), raw).dequantize()[0]
         if arch == "gemma3" and name.endswith("norm.weight"):
@@ -371,7 +414,7 @@ def _tensor(qtype: QT, shape: tuple[int, ...], raw: np.ndarray, arch: str, name:
     if arch in PERMUTED and (".attn_q." in name or ".attn_k." in name):
         heads = cfg["num_attention_heads"] if ".attn_q." in name else cfg["num_key_value_heads"]
         m = m.reorder(unpermute_order(shape[0], heads))
-    native, err = m.to_native()
+    native, err = m.to_native(out=out)
     return native, (err if native is not m else None)
 
 

@@ -72,10 +72,10 @@ def test_pages_handed_back_read_again_the_same(tmp_path: Path, tok_meta: dict) -
     gate, up = t["model.layers.0.mlp.gate_proj.weight"], t["model.layers.0.mlp.up_proj.weight"]
     before = gate.data.copy(), up.data.copy()  # their pages now resident
     resident = _rss_file()
-    both = QMatrix.concat([gate, up])
+    both = QMatrix.concat([up, gate])  # (gate then up lie one after the other: a view)
     handed_back = resident - _rss_file()
     assert handed_back > 0.8 * (gate.nbytes + up.nbytes), (handed_back, gate.nbytes)
-    assert np.array_equal(both.data, np.concatenate(before))
+    assert np.array_equal(both.data, np.concatenate(before[::-1]))
     assert np.array_equal(gate.data, before[0]) and np.array_equal(up.data, before[1])
 
 
@@ -85,3 +85,20 @@ def _rss_file() -> int:
         if line.startswith("RssFile:"):
             return int(line.split()[1]) * 1024
     pytest.skip("no RssFile in /proc/self/status")
+
+
+def test_a_layers_converted_matrices_stack_without_a_copy(tmp_path: Path,
+                                                            tok_meta: dict) -> None:
+    """Q/K/V and gate/up converted into one buffer each, in the engine's order: stacking
+    them is a view with the bytes a copy would hold (V in another format stays apart)."""
+    file = write_random_gguf(tmp_path / "m.gguf", "llama", QT.Q4_K, tokenizer_meta=tok_meta,
+                             dims=DIMS, tensor_types={"attn_v": QT.Q6_K})
+    t = read_gguf(file, progress=False).tensors
+    p = "model.layers.0."
+    q, k, v = (t[p + f"self_attn.{n}_proj.weight"] for n in "qkv")
+    gate, up = t[p + "mlp.gate_proj.weight"], t[p + "mlp.up_proj.weight"]
+    for parts in ([q, k], [gate, up]):
+        both = QMatrix.concat(parts)
+        assert np.shares_memory(both.data, parts[0].data)
+        assert np.array_equal(both.data, np.concatenate([m.data for m in parts]))
+    assert v.qtype == QT.Q8_0 and not np.shares_memory(v.data, k.data)
