@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from npu.engine.convert import fresh
 from npu.engine.quant import CONVERTED, QT, QMatrix, converted_type, release_pages, row_bytes
 from npu.errors import ModelError
 from npu.load.gguf_header import TensorInfo, read_header
@@ -383,7 +384,7 @@ def _fused_slots(infos: dict[str, TensorInfo]) -> dict[str, np.ndarray]:
                 if run and (member is None or member[1:2] + member[3:] != run[0][1:2]
                             + run[0][3:]):
                     if len(run) > 1:
-                        buf = np.empty(sum(r * b for _, _, r, b in run), dtype=np.uint8)
+                        buf = fresh((sum(r * b for _, _, r, b in run),))
                         at = 0
                         for name, _, r, b in run:
                             slots[name] = buf[at : at + r * b].reshape(r, b)
