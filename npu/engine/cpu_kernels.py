@@ -29,6 +29,8 @@ from npu.paths import cache_dir
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
+# every C source built into the one library (cpu_convert.c: the k-quant conversion at load)
+SOURCES = [SOURCE, Path(__file__).with_name("cpu_convert.c")]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 LIBS = ["-lm"]
 
@@ -54,7 +56,8 @@ def build(out_dir: Path | None = None, extra: tuple[str, ...] = ()) -> Path:
     added) have no build in `out_dir` (default: the cache directory's kernels/)."""
     cc = _compiler()
     flags = [*FLAGS, *extra]
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join([cc, *flags, *LIBS]).encode()).hexdigest()[:16]
+    sources = b"".join(s.read_bytes() for s in SOURCES)
+    key = hashlib.sha256(sources + " ".join([cc, *flags, *LIBS]).encode()).hexdigest()[:16]
     out_dir = out_dir or cache_dir() / "kernels"
     target = out_dir / f"cpu_kernels-{key}.so"
     if target.exists():
@@ -63,10 +66,11 @@ def build(out_dir: Path | None = None, extra: tuple[str, ...] = ()) -> Path:
     fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=".so")
     os.close(fd)
     try:
-        done = subprocess.run([cc, *flags, "-o", tmp, str(SOURCE), *LIBS],
+        done = subprocess.run([cc, *flags, "-o", tmp, *map(str, SOURCES), *LIBS],
                               capture_output=True, text=True, timeout=300)
         if done.returncode:
-            raise KernelUnavailable(f"building {SOURCE.name} failed: {done.stderr.strip()[:2000]}")
+            raise KernelUnavailable(f"building {', '.join(s.name for s in SOURCES)} failed: "
+                                    f"{done.stderr.strip()[:2000]}")
         os.replace(tmp, target)  # atomic: concurrent builders each install a whole file
     finally:
         if os.path.exists(tmp):

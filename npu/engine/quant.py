@@ -9,11 +9,14 @@ compute them directly). The k-quants are converted at load (`to_native`, which r
 bound on the error it made): Q4_K and Q5_K to Q4_1 and Q5_1 with their own codes (a
 sub-block of 32 values is such a block whose scale and offset are products of the
 super-block's f16 factors and 6-bit integers, rounded here to f16), the others (Q2_K, Q3_K,
-Q6_K) to Q8_0. The numpy reference (`dequantize`) is gguf's own, the oracle for every other
-backend.
+Q6_K) to Q8_0: in C across every core (npu.engine.convert), this module's numpy code being
+the reference it equals byte for byte. The numpy reference (`dequantize`) is gguf's own, the
+oracle for every other backend.
 """
 
 from __future__ import annotations
+
+import mmap
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, quants
@@ -108,6 +111,52 @@ def _k_blocks_as_1(qtype: QT, b: np.ndarray, out: np.ndarray) -> tuple[float, fl
     return float(err.max(initial=0.0)), float(top.max(initial=0.0))
 
 
+def release_pages(data: np.ndarray) -> None:
+    """Hand the pages under `data` back to the page cache when it is a view of a read-only
+    file mapping (a GGUF file's, npu.load.mapped): its copy has been made, the process's
+    resident memory drops by its size. The view stays valid (a later read faults the pages
+    back in from the file). Anything else: nothing happens."""
+    owner = data
+    while isinstance(owner, np.ndarray) and owner.base is not None:
+        owner = owner.base
+    if isinstance(owner, memoryview):  # np.frombuffer's base
+        owner = owner.obj
+    if not isinstance(owner, mmap.mmap) or not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    view = memoryview(owner)
+    if not view.readonly or not data.size:
+        return
+    start = data.ctypes.data - np.frombuffer(owner, np.uint8, count=1).ctypes.data
+    first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE  # whole pages inside `data` only
+    stop = (start + data.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+    if stop > first:
+        owner.madvise(mmap.MADV_DONTNEED, first, stop - first)
+
+
+def converted_type(qtype: QT) -> QT:
+    """The format `to_native` gives a matrix of `qtype`."""
+    if qtype in NATIVE:
+        return qtype
+    return SAME_CODES[qtype][1] if qtype in SAME_CODES else QT.Q8_0
+
+
+def _adjacent(arrays: list[np.ndarray]) -> np.ndarray | None:
+    """The arrays as one view when they are C-contiguous slices lying one after the other
+    in one buffer; else None."""
+    if len(arrays) < 2 or not all(a.flags.c_contiguous for a in arrays):
+        return None
+    owner = arrays[0].base
+    if not isinstance(owner, np.ndarray) or owner.ndim != 1 or owner.dtype != np.uint8:
+        return None
+    at = arrays[0].ctypes.data
+    for a in arrays:
+        if a.base is not owner or a.ctypes.data != at:
+            return None
+        at += a.nbytes
+    start = arrays[0].ctypes.data - owner.ctypes.data
+    return owner[start : start + at - arrays[0].ctypes.data]
+
+
 class QMatrix:
     """A matrix [rows, cols] in the block format `qtype`; `data` is uint8 [rows, row bytes]."""
 
@@ -154,14 +203,29 @@ class QMatrix:
         """The matrix with its rows in `order` (row i of the result is row order[i])."""
         return QMatrix(self.qtype, self.shape, self.data[order])
 
-    def to_native(self) -> tuple[QMatrix, float]:
+    def to_native(self, reference: bool = False,
+                  out: np.ndarray | None = None) -> tuple[QMatrix, float]:
         """This matrix in a format the CPU kernels compute, and a bound on the conversion's
-        error relative to the largest value (0.0 when it is one already)."""
+        error relative to the largest value (0.0 when it is one already).
+
+        k-quants convert in C on every core (npu.engine.convert, byte for byte this numpy
+        code's result), unless `reference` or the kernels cannot be built; `out` (uint8
+        [rows, the result's row bytes]): where the C conversion writes (`converted_type`
+        names the format; a part of a buffer several matrices share, see `concat`)."""
         if self.qtype in NATIVE:
             return self, 0.0
         if self.qtype not in CONVERTED:
             raise ModelError(f"tensor type {self.qtype.name} is not supported (supported: "
                              f"{', '.join(sorted(t.name for t in NATIVE | CONVERTED))})")
+        if not reference:
+            from npu.engine.convert import convert
+
+            done = convert(self.qtype, self.data, out=out)
+            if done is not None:
+                qtype, data, s0, s1 = done
+                if qtype == QT.Q8_0:  # s0: the largest step d, s1: the largest value
+                    return QMatrix(qtype, self.shape, data), 0.5313 * s0 / (s1 or 1.0)
+                return QMatrix(qtype, self.shape, data), s0 / (s1 or 1.0)
         if self.qtype in SAME_CODES:
             data, bound = k_quant_as_1(self.data, self.qtype)
             return QMatrix(SAME_CODES[self.qtype][1], self.shape, data), bound
@@ -181,13 +245,21 @@ class QMatrix:
 
     @staticmethod
     def concat(parts: list[QMatrix]) -> QMatrix:
-        """The parts stacked by rows (all of one format and width)."""
+        """The parts stacked by rows (all of one format and width): a view where they lie
+        one after the other in one buffer (a loader converted them so), else a new copy
+        (parts that are views of a mapped file hand their pages back, `release_pages`)."""
         first = parts[0]
         if any(p.qtype != first.qtype or p.shape[1] != first.shape[1] for p in parts):
             raise ValueError("concat needs matrices of one format and width")
         rows = sum(p.shape[0] for p in parts)
-        return QMatrix(first.qtype, (rows, first.shape[1]),
-                       np.concatenate([p.data for p in parts], axis=0))
+        joined = _adjacent([p.data for p in parts])
+        if joined is not None:
+            return QMatrix(first.qtype, (rows, first.shape[1]), joined)
+        out = QMatrix(first.qtype, (rows, first.shape[1]),
+                      np.concatenate([p.data for p in parts], axis=0))
+        for p in parts:  # parts read from a mapped file: their pages go back
+            release_pages(p.data)
+        return out
 
     def __repr__(self) -> str:
         return f"QMatrix({self.qtype.name}, {self.shape[0]}x{self.shape[1]})"

@@ -1,9 +1,12 @@
 """read_gguf: a GGUF file as what a Hugging Face directory gives: a config.json dict, the
 tokenizer's metadata, the chat template and the tensors under Hugging Face names.
 
-The metadata and tensor table come from `gguf_header.read_header`; each tensor's bytes are
-then read into memory of our own (no float32 copy of any matrix): matrices become `QMatrix`
-in their block format (k-quants converted, logged with the error made), vectors float32.
+The metadata and tensor table come from `gguf_header.read_header`; the file is then mapped
+into memory (`MappedFile`) and read tensor by tensor, the next one read ahead (no float32
+copy of any matrix): matrices in a format the kernels compute become `QMatrix` views of the
+mapping (the engine repacks or fuses them from there; pages copied are handed back),
+k-quants are converted in C on every core into memory of our own (logged with the error
+made), vectors become float32.
 What llama.cpp's converter changed is undone: the Llama family's Q/K row permutation (rows
 are independent in every block format, so this reorders bytes) and Gemma's `1 +` folded
 into its norm weights. A file that cannot be read, an unknown
@@ -20,9 +23,11 @@ from typing import Any
 
 import numpy as np
 
-from npu.engine.quant import QT, QMatrix
+from npu.engine.convert import fresh
+from npu.engine.quant import CONVERTED, QT, QMatrix, converted_type, release_pages, row_bytes
 from npu.errors import ModelError
 from npu.load.gguf_header import TensorInfo, read_header
+from npu.load.mapped import MappedFile
 from npu.load.progress import Progress
 
 log = logging.getLogger(__name__)
@@ -106,8 +111,16 @@ class GGUFModel:
     """What a GGUF file holds, read."""
 
     def __init__(self, path: Path, meta: dict[str, Any], config: dict[str, Any],
-                 tensors: dict[str, np.ndarray | QMatrix]) -> None:
+                 tensors: dict[str, np.ndarray | QMatrix],
+                 files: list[MappedFile] | None = None) -> None:
         self.path, self.meta, self.config, self.tensors = path, meta, config, tensors
+        self.files = files or []  # the mapped files whose views `tensors` may hold
+
+    def release_pages(self) -> None:
+        """Hand the mapped files' resident pages back (once the engine has copied what it
+        repacks: what it holds as views faults back in as it is read)."""
+        for f in self.files:
+            f.release()
 
     @property
     def chat_template(self) -> str | None:
@@ -278,63 +291,58 @@ def read_gguf(path: Path, *, progress: bool = True) -> GGUFModel:
     for part in split_parts(path, meta):
         for t in (header if part == path else _header(part)).tensors:
             infos[t.name], where[t.name] = t, part
+    files = {part: MappedFile(part) for part in dict.fromkeys(where.values())}
     arch = meta.get("general.architecture")
     embed = infos.get("token_embd.weight")
     freqs = infos.get("rope_freqs.weight")
     cfg = config_from_gguf(meta, set(infos), path,
                            int(embed.shape[-1]) if embed is not None else None,
-                           _vector(where["rope_freqs.weight"], freqs)
+                           _vector(files[where["rope_freqs.weight"]], freqs)
                            if freqs is not None else None)
     shapes = _expected_shapes(cfg)
     total = sum(t.n_bytes for t in infos.values())
     bar = Progress(path.name, total) if progress else None
     tensors: dict[str, np.ndarray | QMatrix] = {}
     converted: list[str] = []
-    files: dict[Path, Any] = {}
-    try:
-        for name, t in infos.items():
-            target = hf_name(arch, name)
-            if target is None:
-                continue
-            shape = t.shape[::-1]  # [rows, cols]
-            kind = ".".join(name.split(".")[2:]) if name.startswith("blk.") else name
-            want = shapes.get(kind)
-            if want is not None and shape != want:
-                raise ModelError(f"{path}: tensor {name} has shape {list(shape)}, the metadata "
-                                 f"implies {list(want)}")
-            qtype = _qtype(path, t)
-            part = where[name]
-            if part not in files:
-                files[part] = open(part, "rb")  # noqa: SIM115 (closed below)
-            raw = _read(part, t, files[part])
-            if bar:
-                bar.add(raw.size)
-            try:
-                tensors[target], err = _tensor(qtype, shape, raw, arch, name, cfg)
-            except ModelError as exc:
-                raise ModelError(f"{path}: tensor {name}: {exc}") from None
-            if err is not None:
-                converted.append(f"{name} {qtype.name}->{tensors[target].qtype.name} "
-                                 f"(error at most {err:.2e} of max |w|)")
-    finally:
-        for f in files.values():
-            f.close()
+    todo = [(name, t) for name, t in infos.items() if hf_name(arch, name) is not None]
+    slots = _fused_slots(infos)
+    for i, (name, t) in enumerate(todo):
+        target = hf_name(arch, name)
+        shape = t.shape[::-1]  # [rows, cols]
+        kind = ".".join(name.split(".")[2:]) if name.startswith("blk.") else name
+        want = shapes.get(kind)
+        if want is not None and shape != want:
+            raise ModelError(f"{path}: tensor {name} has shape {list(shape)}, the metadata "
+                             f"implies {list(want)}")
+        qtype = _qtype(path, t)
+        raw = files[where[name]].view(t.data_offset, t.n_bytes, f"tensor {name}")
+        if i + 1 < len(todo):  # the next one is read ahead while this one is converted
+            nxt = todo[i + 1][1]
+            files[where[nxt.name]].prefetch(nxt.data_offset, nxt.n_bytes)
+        try:
+            tensors[target], err = _tensor(qtype, shape, raw, arch, name, cfg, slots.get(name))
+        except ModelError as exc:
+            raise ModelError(f"{path}: tensor {name}: {exc}") from None
+        if not _is_view(tensors[target], raw):  # copied or converted: its pages go back
+            release_pages(raw)
+        if bar:
+            bar.add(raw.size)
+        if err is not None:
+            converted.append(f"{name} {qtype.name}->{tensors[target].qtype.name} "
+                             f"(error at most {err:.2e} of max |w|)")
     elapsed = bar.end() if bar else 0.0
     if converted:
         log.warning("%s: converted %d tensors for the CPU kernels: %s%s", path.name,
                     len(converted), "; ".join(converted[:4]), " ..." if len(converted) > 4 else "")
     log.info("read %s (%s, %d tensors, %.0f MB) in %.1f s", path.name, arch, len(tensors),
              total / 1e6, elapsed)
-    return GGUFModel(path, meta, cfg, tensors)
+    return GGUFModel(path, meta, cfg, tensors, list(files.values()))
 
 
-def _read(path: Path, t: TensorInfo, f) -> np.ndarray:
-    """Tensor `t`'s bytes, read from `f`, the file `path` open."""
-    raw = np.empty(t.n_bytes, dtype=np.uint8)
-    f.seek(t.data_offset)
-    if f.readinto(raw) != raw.size:
-        raise ModelError(f"{path}: tensor {t.name} is cut short (truncated file)")
-    return raw
+def _is_view(value: np.ndarray | QMatrix, raw: np.ndarray) -> bool:
+    """Whether `value` holds the mapped bytes `raw` themselves (not a copy)."""
+    data = value.data if isinstance(value, QMatrix) else value
+    return np.may_share_memory(data, raw)
 
 
 def _qtype(path: Path, t: TensorInfo) -> QT:
@@ -344,17 +352,58 @@ def _qtype(path: Path, t: TensorInfo) -> QT:
         raise ModelError(f"{path}: tensor {t.name} has unknown type {t.tensor_type}") from None
 
 
-def _vector(path: Path, t: TensorInfo) -> np.ndarray:
+def _vector(file: MappedFile, t: TensorInfo) -> np.ndarray:
     """A tensor read whole as a float32 vector (rope_freqs)."""
-    with open(path, "rb") as f:
-        raw = _read(path, t, f)
-    return QMatrix(_qtype(path, t), (1, int(np.prod(t.shape))), raw).dequantize()[0]
+    raw = file.view(t.data_offset, t.n_bytes, f"tensor {t.name}")
+    return QMatrix(_qtype(file.path, t), (1, int(np.prod(t.shape))), raw).dequantize()[0]
+
+
+# a layer's matrices the engine stacks by rows (Q, K, V; gate, up), in its order
+FUSED = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"))
+
+
+def _fused_slots(infos: dict[str, TensorInfo]) -> dict[str, np.ndarray]:
+    """Where each k-quant matrix of a layer's stacked ones is converted to: runs of them
+    converted to one format share a buffer, one after the other in the engine's order, so
+    that stacking them (`QMatrix.concat`) is a view, not a copy of most of the weights."""
+    slots: dict[str, np.ndarray] = {}
+    layers = {n.split(".")[1] for n in infos if n.startswith("blk.")}
+    for layer in layers:
+        for group in FUSED:
+            run: list[tuple[str, QT, int, int]] = []  # name, format, rows, row bytes
+            for kind in (*group, None):
+                t = infos.get(f"blk.{layer}.{kind}.weight") if kind else None
+                member = None
+                if t is not None and len(t.shape) == 2 and t.tensor_type in _CONVERTED:
+                    to = converted_type(QT(t.tensor_type))
+                    rows, cols = int(t.shape[1]), int(t.shape[0])
+                    try:
+                        member = (t.name, to, rows, row_bytes(to, cols))
+                    except ModelError:
+                        member = None
+                if run and (member is None or member[1:2] + member[3:] != run[0][1:2]
+                            + run[0][3:]):
+                    if len(run) > 1:
+                        buf = fresh((sum(r * b for _, _, r, b in run),))
+                        at = 0
+                        for name, _, r, b in run:
+                            slots[name] = buf[at : at + r * b].reshape(r, b)
+                            at += r * b
+                    run = []
+                if member is not None:
+                    run.append(member)
+    return slots
+
+
+_CONVERTED = frozenset(int(q) for q in CONVERTED)
 
 
 def _tensor(qtype: QT, shape: tuple[int, ...], raw: np.ndarray, arch: str, name: str,
-            cfg: dict[str, Any]) -> tuple[np.ndarray | QMatrix, float | None]:
+            cfg: dict[str, Any], out: np.ndarray | None = None
+            ) -> tuple[np.ndarray | QMatrix, float | None]:
     """One tensor's value, a float32 vector or a QMatrix, and a bound on the error of its
-    conversion to a format the kernels compute (None: not converted)."""
+    conversion to a format the kernels compute (None: not converted; `out`: where a
+    conversion writes, `_fused_slots`)."""
     if len(shape) == 1:
         value = QMatrix(qtype, (1, shape[0]), raw).dequantize()[0]
         if arch == "gemma3" and name.endswith("norm.weight"):
@@ -366,7 +415,7 @@ def _tensor(qtype: QT, shape: tuple[int, ...], raw: np.ndarray, arch: str, name:
     if arch in PERMUTED and (".attn_q." in name or ".attn_k." in name):
         heads = cfg["num_attention_heads"] if ".attn_q." in name else cfg["num_key_value_heads"]
         m = m.reorder(unpermute_order(shape[0], heads))
-    native, err = m.to_native()
+    native, err = m.to_native(out=out)
     return native, (err if native is not m else None)
 
 

@@ -17,6 +17,8 @@ added tokens, both matched whole in text.
 from __future__ import annotations
 
 import json
+import operator
+from itertools import repeat
 from typing import Any
 
 from npu.errors import ModelError
@@ -73,6 +75,15 @@ def _spm_merges(tokens: list[str], scores: list[float]) -> list[list[str]]:
     return [[m[3], m[4]] for m in merges]
 
 
+def _merges(merges: list[str]) -> list[str] | list[list[str]]:
+    """GGUF's merges ("left right") as tokenizer.json takes them: as they are where each has
+    one space (`tokenizers` splits them there itself, faster), else split at the first."""
+    if (" ".join(merges).count(" ") == 2 * len(merges) - 1
+            and all(map(operator.contains, merges, repeat(" ")))):
+        return merges
+    return [m.split(" ", 1) for m in merges]
+
+
 def tokenizer_json(meta: dict[str, Any], path: str = "the GGUF file") -> dict[str, Any]:
     """A tokenizer.json document for the `tokenizer.ggml.*` metadata `meta`."""
     model = meta.get("tokenizer.ggml.model")
@@ -83,12 +94,15 @@ def tokenizer_json(meta: dict[str, Any], path: str = "the GGUF file") -> dict[st
     if model == "gpt2":
         alphabet = set(byte_decoder())
         spell = {b: c for c, b in byte_decoder().items()}
-        vocab = {}
-        for i, t in enumerate(tokens):
-            if not set(t) <= alphabet:  # stored as text: spell its bytes in the byte alphabet
-                t = "".join(spell[b] for b in t.encode("utf-8"))
-            vocab.setdefault(t, i)
-        merges = [m.split(" ", 1) for m in meta.get("tokenizer.ggml.merges") or []]
+        vocab = dict(zip(tokens, range(len(tokens))))
+        # the usual file: every token distinct and in the alphabet; else token by token
+        if len(vocab) != len(tokens) or not set("".join(tokens)) <= alphabet:
+            vocab = {}
+            for i, t in enumerate(tokens):
+                if not set(t) <= alphabet:  # stored as text: spell its bytes in the alphabet
+                    t = "".join(spell[b] for b in t.encode("utf-8"))
+                vocab.setdefault(t, i)
+        merges = _merges(meta.get("tokenizer.ggml.merges") or [])
         # a control token outside the byte alphabet is a converter's mislabel: not added
         added = _added(tokens, types, lambda t: set(t) <= alphabet)
         return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
@@ -102,7 +116,7 @@ def tokenizer_json(meta: dict[str, Any], path: str = "the GGUF file") -> dict[st
                           "vocab": vocab, "merges": merges}}
     if model == "llama":
         scores = list(meta.get("tokenizer.ggml.scores") or [0.0] * len(tokens))
-        merges = ([m.split(" ", 1) for m in meta["tokenizer.ggml.merges"]]
+        merges = (_merges(meta["tokenizer.ggml.merges"])
                   if meta.get("tokenizer.ggml.merges") else _spm_merges(tokens, scores))
         unk = meta.get("tokenizer.ggml.unknown_token_id")
         prefix = meta.get("tokenizer.ggml.add_space_prefix", True)

@@ -168,7 +168,7 @@ def load_model(path: str | Path, device: str = "cpu", options: LoadOptions | Non
     else:
         raise ModelError(f"model path {folder} does not exist (a model directory or a .gguf "
                          "file)")
-    config, tokenizer, source, eos_ids, defaults, weights, pooling = parts
+    config, tokenizer, source, eos_ids, defaults, weights, pooling, release = parts
     if chat_template is not None:
         try:
             source = Path(chat_template).read_text(encoding="utf-8")
@@ -197,6 +197,8 @@ def load_model(path: str | Path, device: str = "cpu", options: LoadOptions | Non
     if engine.vocab_size < tokenizer.size:
         raise ModelError(f"{folder}: the tokenizer has {tokenizer.size} tokens but the model "
                          f"only {engine.vocab_size} logits")
+    if release is not None:  # the engine has repacked what it copies from the mapped file
+        release()
     _return_freed_memory()
     where = gguf_file or folder
     return Model(name=name or (where.stem if gguf_file else folder.name), path=where,
@@ -250,7 +252,7 @@ def _from_gguf(file: Path):
                        meta.get("tokenizer.ggml.eot_token_id"),
                        meta.get("tokenizer.ggml.eom_token_id"))
     return (config, tokenizer, g.chat_template, eos_ids, SamplingParams(), g.tensors,
-            pooling_from_gguf(meta, file))
+            pooling_from_gguf(meta, file), g.release_pages)
 
 
 def _from_directory(folder: Path, quantize: str | None):
@@ -279,7 +281,7 @@ def _from_directory(folder: Path, quantize: str | None):
         repetition_penalty=float(gen.get("repetition_penalty") or 1.0))
     weights = load_weights(folder, keep=_quantizer(quantize, encoder=config.arch in ENCODERS))
     return (config, tokenizer, source, eos_ids, defaults, weights,
-            pooling_from_directory(folder))
+            pooling_from_directory(folder), None)
 
 
 __all__ = ["Model", "load_model"]

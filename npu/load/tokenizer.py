@@ -68,7 +68,12 @@ class Tokenizer:
         self.bos_token, self.eos_token = bos_token, eos_token
         self.unk_token, self.pad_token = unk_token, pad_token
         self.add_bos, self.add_eos = add_bos, add_eos
-        self._vocab = self._tok.get_vocab(with_added_tokens=True)
+        vocab = (doc.get("model") or {}).get("vocab") if isinstance(path, dict) else None
+        if isinstance(vocab, dict):  # built here (a GGUF file's): what get_vocab would copy
+            self._vocab = {**vocab, **{a["content"]: a["id"] for a in doc.get("added_tokens")
+                                       or [] if "content" in a and "id" in a}}
+        else:
+            self._vocab = self._tok.get_vocab(with_added_tokens=True)
         self.size = max(self._vocab.values()) + 1
         # the parts read later (not the vocabulary and merges: tens of MB of Python objects)
         self._json = {"decoder": doc.get("decoder"), "added_tokens": doc.get("added_tokens")}

@@ -40,6 +40,9 @@ def _every_kind(path: Path, *, alignment: int | None = None) -> Path:
     w.add_bool("test.bool", True)
     w.add_string("test.string", "héllo <|im_end|>")
     w.add_array("test.strings", ["a", "", "ü" * 300, "Ġthe"])
+    # long arrays are decoded at once, joined by NULs: one holding a NUL reads one by one
+    w.add_array("test.many", [f"{i}é" * (i % 5) for i in range(200)])
+    w.add_array("test.nul", [*("x" * 70), "a\0b", ""])
     w.add_array("test.ints", [1, -2, 3])
     w.add_array("test.floats", [0.5, -1.25])
     w.add_array("test.bools", [True, False])

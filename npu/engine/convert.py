@@ -1,0 +1,101 @@
+"""The k-quant conversion at load in C (cpu_convert.c, built into the kernels' library):
+`QMatrix.to_native`'s fast path, bit for bit its numpy reference, on every core, reading
+the blocks where they lie (a memory-mapped file's pages) and writing only the result.
+
+`convert(qtype, data)` returns None where the kernels cannot be built (the caller keeps the
+numpy reference then).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+from functools import cache
+
+import numpy as np
+from gguf import GGMLQuantizationType as QT
+
+
+def threads() -> int:
+    """The cores this process may run on (the conversion's threads)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+@cache
+def _lib() -> ctypes.CDLL | None:
+    from npu.engine.cpu_kernels import KernelUnavailable, kernels
+
+    try:
+        lib = kernels()
+    except KernelUnavailable:
+        return None
+    lib.fc_convert.restype = ctypes.c_int
+    lib.fc_convert.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                               ctypes.c_int, ctypes.c_void_p]
+    lib.fc_out_bytes.restype = ctypes.c_int64
+    lib.fc_out_bytes.argtypes = [ctypes.c_int]
+    lib.fc_target.restype = ctypes.c_int
+    lib.fc_target.argtypes = [ctypes.c_int]
+    lib.fc_half_soft_n.restype = None
+    lib.fc_half_soft_n.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+    return lib
+
+
+def fresh(shape: tuple[int, ...]) -> np.ndarray:
+    """New uint8 memory in a mapping of its own, which the kernel fills with 4 KB pages as
+    they are written. numpy asks for huge pages on large arrays; where memory is fragmented
+    (the page cache full of the model file) the kernel compacts memory to find them, which
+    measured 25-58 s of an 8B file's load here against 8-13 s without."""
+    n = int(np.prod(shape))
+    if n == 0:
+        return np.empty(shape, dtype=np.uint8)
+    return np.frombuffer(mmap.mmap(-1, n), dtype=np.uint8).reshape(shape)
+
+
+def available() -> bool:
+    return _lib() is not None
+
+
+def convert(qtype: QT, data: np.ndarray, n_threads: int | None = None,
+            out: np.ndarray | None = None) -> tuple[QT, np.ndarray, float, float] | None:
+    """`data` (uint8 [rows, row bytes] of super-blocks, C-contiguous; read only) converted:
+    (the format, uint8 [rows, its row bytes], stat 0, stat 1) with the stats of
+    cpu_convert.c; None: no kernels here, or not a type converted in C. `out`: where to
+    write it (uint8 [rows, its row bytes], C-contiguous), else new memory."""
+    lib = _lib()
+    if lib is None:
+        return None
+    out_size = lib.fc_out_bytes(int(qtype))
+    if out_size < 0:
+        return None
+    rows = data.shape[0]
+    data = np.ascontiguousarray(data)
+    n = data.size // _IN_BYTES[qtype]
+    shape = (rows, n * out_size // max(rows, 1))
+    if out is None or out.shape != shape or out.dtype != np.uint8 \
+            or not out.flags.c_contiguous:
+        out = fresh(shape)
+    stats = np.zeros(2, dtype=np.float32)
+    if lib.fc_convert(int(qtype), data.ctypes.data, n, out.ctypes.data,
+                      n_threads or threads(), stats.ctypes.data):
+        raise RuntimeError(f"fc_convert failed for {qtype.name}")
+    return QT(lib.fc_target(int(qtype))), out, float(stats[0]), float(stats[1])
+
+
+def half_soft(x: np.ndarray) -> np.ndarray | None:
+    """float32 -> float16 bits by cpu_convert.c's software rounding (builds without F16C);
+    None without the kernels. For the tests."""
+    lib = _lib()
+    if lib is None:
+        return None
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    out = np.empty(x.shape, dtype=np.uint16)
+    lib.fc_half_soft_n(x.ctypes.data, x.size, out.ctypes.data)
+    return out
+
+
+_IN_BYTES = {QT.Q2_K: 84, QT.Q3_K: 110, QT.Q4_K: 144, QT.Q5_K: 176, QT.Q6_K: 210}
