@@ -354,12 +354,12 @@ static inline float round_f16(float x) {
     return _cvtsh_ss(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT));
 }
 
-/* Rows t0 .. t1 of X (row t at X + t * K) rounded into `a`. */
-static void quantize_range(const float *X, int64_t t0, int64_t t1, int64_t K, Act8 *a) {
+/* Blocks b0 .. b1 of token t, whose values start at x, rounded into `a`. */
+static void quantize_blocks(const float *x0, int64_t t, int64_t b0, int64_t b1, Act8 *a) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
-    for (int64_t t = t0; t < t1; t++) {
-        for (int64_t b = 0; b < a->nb; b++) {
-            const float *x = X + t * K + 32 * b;
+    {
+        for (int64_t b = b0; b < b1; b++) {
+            const float *x = x0 + 32 * b;
             const int64_t at = act_at(a, t, b);
             __m256 v[4], m = _mm256_setzero_ps();
             for (int i = 0; i < 4; i++) {
@@ -394,6 +394,11 @@ static void quantize_range(const float *X, int64_t t0, int64_t t1, int64_t K, Ac
             if (a->qs) a->qs[at] = _mm_cvtsi128_si32(s4);
         }
     }
+}
+
+/* Rows t0 .. t1 of X (row t at X + t * K) rounded into `a`. */
+static void quantize_range(const float *X, int64_t t0, int64_t t1, int64_t K, Act8 *a) {
+    for (int64_t t = t0; t < t1; t++) quantize_blocks(X + t * K, t, 0, a->nb, a);
 }
 
 static void quantize_rows(const float *X, int64_t T, int64_t K, Act8 *a) {
@@ -1252,13 +1257,25 @@ static void attend_heads(const float *const q[2], float *const o[2], const float
  * last `window` of them when window > 0. sinks: NULL or [nq] logits that join each head's
  * normalisation and are then dropped (gpt-oss). The query heads of one key head go in
  * pairs (each key and value read once for both). */
+/* Heads h0 .. h1 of OUT's row t (nq heads of hd) rounded into `qa` (the next product's
+ * activations, hd a multiple of 32: a head is whole blocks), where a task has just written
+ * them: no phase of its own. */
+static void quantize_heads(const float *OUT, int64_t nq, int64_t hd, int64_t t, int64_t h0,
+                           int64_t h1, Act8 *qa) {
+#ifdef __AVX2__
+    if (qa) quantize_blocks(OUT + t * nq * hd, t, h0 * hd / 32, h1 * hd / 32, qa);
+#else
+    (void)OUT; (void)nq; (void)hd; (void)t; (void)h0; (void)h1; (void)qa;
+#endif
+}
+
 /* Team work (inside a parallel region, or alone): fk_attend's tasks, `buf` a thread's
- * 2 * longest floats. */
+ * 2 * longest floats; qa: NULL, or where the rows' outputs are rounded (quantize_heads). */
 static void attend_team(const float *Q, int64_t q_stride, int64_t B, int64_t nq, int64_t nkv,
                         int64_t hd, const void *K, const void *V, int64_t bs,
                         const int64_t *tables, int64_t tstride, const int64_t *lengths,
                         int64_t window, const float *sinks, float scale, float *OUT, int half,
-                        float *buf, size_t span) {
+                        float *buf, size_t span, Act8 *qa) {
     const int64_t group = nq / nkv, es = half ? 2 : 4;
     const int64_t row_bytes = hd * es, block_bytes = nkv * bs * hd * es;
     const int64_t pairs = (group + 1) / 2; /* tasks per row and key head */
@@ -1276,6 +1293,7 @@ static void attend_team(const float *Q, int64_t q_stride, int64_t B, int64_t nq,
         float *p[2] = {buf, buf + span};
         attend_heads(q, o, sink, nh, K, V, tables + b * tstride, hk * bs * row_bytes, bs,
                      block_bytes, row_bytes, lo, len, hd, scale, half, p);
+        quantize_heads(OUT, nq, hd, b, h0, h0 + nh, qa);
     }
 }
 
@@ -1298,7 +1316,7 @@ int fk_attend(const float *Q, int64_t q_stride, int64_t B, int64_t nq, int64_t n
 #pragma omp barrier
         if (!failed)
             attend_team(Q, q_stride, B, nq, nkv, hd, K, V, bs, tables, tstride, lengths, window,
-                        sinks, scale, OUT, half, buf, span);
+                        sinks, scale, OUT, half, buf, span, NULL);
         free(buf);
     }
     return failed ? -2 : 0;
@@ -1563,7 +1581,7 @@ static void flash_team(const float *Q, int64_t q_stride, int64_t nseg, const int
                        const int64_t *const *tables, int64_t nq, int64_t nkv, int64_t hd,
                        const void *K, const void *V, int64_t bs, int64_t window,
                        const float *sinks, float scale, float *OUT, int64_t o_stride, int half,
-                       float *scratch) {
+                       float *scratch, Act8 *qa) {
     int64_t tasks = 0;
     for (int64_t s = 0; s < nseg; s++) tasks += nkv * ((seg[3 * s + 1] + FQ - 1) / FQ);
 #pragma omp for schedule(dynamic, 1)
@@ -1581,6 +1599,9 @@ static void flash_team(const float *Q, int64_t q_stride, int64_t nseg, const int
         flash_task(Q + first * q_stride, q_stride, r0, r1, seg[3 * s + 2], nq, nkv, hd, K, V,
                    bs, tables[s], window, sinks, scale, OUT + first * o_stride, o_stride, half,
                    hk, scratch);
+        if (qa) /* OUT's rows are nq * hd wide here (fk_forward) */
+            for (int64_t r = r0; r < r1; r++)
+                quantize_heads(OUT, nq, hd, first + r, hk * (nq / nkv), (hk + 1) * (nq / nkv), qa);
     }
 }
 
@@ -1608,7 +1629,7 @@ int fk_attend_prompt(const float *Q, int64_t q_stride, int64_t n, int64_t nq, in
 #pragma omp barrier
         if (!failed)
             flash_team(Q, q_stride, 1, seg, tables, nq, nkv, hd, K, V, bs, window, sinks, scale,
-                       OUT, nq * hd, half, scratch);
+                       OUT, nq * hd, half, scratch, NULL);
         free(scratch);
     }
     return failed ? -2 : 0;
@@ -1824,22 +1845,28 @@ int fk_forward(const FkModel *m, const FkLayer *layers, int64_t nl, void *const 
                         fk_kv_write(r, nqkv, 1, nq, nkv, hd, (void *)K, (void *)V, m->bs,
                                     tables + s * tstride, 0, &position, m->half);
                     }
+                    act_as(&a, &L->o, Tp);
+                    /* heads of whole blocks: each attention task rounds its own outputs */
+                    Act8 *qa = hd % 32 == 0 ? &a : NULL;
 #pragma omp barrier
                     if (decode)
                         attend_team(qkv, nqkv, T, nq, nkv, hd, K, V, m->bs, tables, tstride,
                                     lengths, L->window, L->sinks, m->scale, att, m->half, scr,
-                                    span);
+                                    span, qa);
                     else {
                         const int64_t *tabs[64];
                         for (int64_t s = 0; s < nseg; s++) tabs[s] = tables + s * tstride;
                         flash_team(qkv, nqkv, nseg, seg, tabs, nq, nkv, hd, K, V, m->bs,
-                                   L->window, L->sinks, m->scale, att, nq * hd, m->half, scr);
+                                   L->window, L->sinks, m->scale, att, nq * hd, m->half, scr,
+                                   qa);
                     }
                     timer(timing, 1, &mark);
-                    act_as(&a, &L->o, Tp);
-                    for (int64_t t = t0; t < t1; t++) quantize_range(att, t, t + 1, nq * hd, &a);
+                    if (!qa) {
+                        for (int64_t t = t0; t < t1; t++)
+                            quantize_range(att, t, t + 1, nq * hd, &a);
 #pragma omp barrier
-                    timer(timing, 2, &mark);
+                        timer(timing, 2, &mark);
+                    }
                     lin_team(&L->o, &a, T, big, mw);
                     timer(timing, 0, &mark);
                     act_as(&a, &L->gu, Tp);
