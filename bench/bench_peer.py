@@ -20,7 +20,7 @@ Llama-3.1-8B-shaped files in Q4_0, Q8_0 and llama.cpp's Q4_K_M mix, and a 0.6B o
 Q5_K_M mix (bench/gguf_shapes.py writes them once into the cache directory; the 8B ones
 are 4.2, 8.5 and 4.9 GB).
 
-    .venv/bin/python bench/bench_peer.py                # every file (about 45 minutes)
+    .venv/bin/python bench/bench_peer.py                # every file (over an hour)
     .venv/bin/python bench/bench_peer.py smollm2 qwen3-0.6b-Q4_0   # some of them
     .venv/bin/python bench/bench_peer.py --quick        # SmolLM2, few tokens, ours only
     .venv/bin/python bench/bench_peer.py smollm2 --threads 1 --prefill 512,2048,8192
