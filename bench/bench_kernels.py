@@ -8,8 +8,14 @@ puts ours beside them. Printed: milliseconds for one pass over all the matrices 
 the rounds, the variants taking turns), the speed-up over numpy float32 and the weight
 bytes read per second.
 
+Then the prompt attention (one layer's, over an f16 cache): the kernel that reads every
+cached key once per query row (fk_attend, each row its own task) against the blocked one
+(fk_attend_prompt: each key once per block of 16 rows, online softmax), at SmolLM2's and
+Qwen3-0.6B's heads, one thread and `--threads`, in interleaved rounds.
+
     .venv/bin/python bench/bench_kernels.py            # 16 matrices 4096 x 4096, 2 threads
     .venv/bin/python bench/bench_kernels.py --quick    # 2 matrices 1024 x 1024
+    .venv/bin/python bench/bench_kernels.py --attention-only
 """
 
 from __future__ import annotations
@@ -65,11 +71,52 @@ def _torch_variants(weights: list[np.ndarray], threads: int) -> dict:
     return out
 
 
+def attention(threads: int, quick: bool) -> None:
+    """Row-at-a-time against blocked prompt attention, ms per layer."""
+    from npu.engine.cpu_kernels import kernels
+    from npu.engine.linear import Threads
+    from npu.engine.ops import KernelOps, NumpyOps
+
+    lib = kernels()
+    rng = np.random.default_rng(1)
+    print("\nprompt attention of one layer, f16 cache, ms (median of rounds, interleaved); "
+          "ratio: row-at-a-time / blocked")
+    for name, (nq, nkv, dim) in (("SmolLM2", (9, 3, 64)), ("Qwen3-0.6B", (16, 8, 128))):
+        for n in (128,) if quick else (512, 2048):
+            blocks = n // 16 + 1
+            K = rng.standard_normal((blocks, nkv, 16, dim)).astype(np.float16)
+            V = rng.standard_normal((blocks, nkv, 16, dim)).astype(np.float16)
+            table = np.arange(blocks, dtype=np.int64)
+            q = rng.standard_normal((n, nq, dim)).astype(np.float32)
+            scale = np.float32(dim ** -0.5)
+            line = []
+            for th in sorted({1, threads}):
+                ops = KernelOps(lib, Threads(th))
+                fns = {"rows": lambda o=ops: NumpyOps.attend_prompt(o, q, K, V, table, 0, 0,
+                                                                    None, scale),
+                       "blocked": lambda o=ops: o.attend_prompt(q, K, V, table, 0, 0, None,
+                                                                scale)}
+                times: dict[str, list[float]] = {k: [] for k in fns}
+                for _ in range(3 if quick else 5):
+                    for k, fn in fns.items():
+                        start = time.perf_counter()
+                        fn()
+                        times[k].append(time.perf_counter() - start)
+                med = {k: float(np.median(v)) * 1e3 for k, v in times.items()}
+                line.append(f"{th} thread{'s' * (th > 1)}: {med['rows']:.1f} / "
+                            f"{med['blocked']:.1f} ms, ratio {med['rows'] / med['blocked']:.2f}")
+            print(f"  {name} heads {nq}/{nkv} x {dim}, {n} rows: " + "; ".join(line))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--attention-only", action="store_true")
     args = ap.parse_args()
+    if args.attention_only:
+        attention(args.threads, args.quick)
+        return
     count, size = (2, 1024) if args.quick else (16, 4096)
     rounds = 3 if args.quick else 7
     from threadpoolctl import threadpool_limits
@@ -109,6 +156,7 @@ def main() -> None:
         for name, (_, nbytes) in variants.items():
             t = float(np.median(times[name]))
             print(f"  {name:20} {t * 1e3:8.2f} ms  {base / t:5.2f}x  {nbytes / t / 1e9:6.1f} GB/s")
+    attention(args.threads, args.quick)
 
 
 if __name__ == "__main__":

@@ -4,20 +4,26 @@ For each file, one child process per side holds the model (both loaded at once),
 parent asks them for measurements in rounds, the sides taking turns going first, so the
 machine's drift hits both: decode tokens/s for one sequence after a 128-token prompt;
 prefill tokens/s for a 512-token prompt; and (ours) aggregate decode tokens/s for 8
-sequences decoded together (each at the same 128-token position). Printed: each side's
-medians, the median of the rounds' ratios ours / llama.cpp with their range, where a decode
-step's time goes on our side (by kind of operation, for one sequence and for 8), and our
-decode's weight bytes per second against this machine's memory read bandwidth (a float32
-matrix-vector product over 1 GiB, measured in the same run).
+sequences decoded together (each at the same 128-token position); prefill tokens/s for
+prompts of each `--prefill` length (512 and 2,048 tokens by default; `--prefill
+512,2048,8192` for long prompts, lengths past a file's context skipped). Printed: each
+side's medians, the median of the rounds' ratios ours / llama.cpp with their range, where a
+decode step's time goes on our side (by kind of operation, for one sequence and for 8; with
+the layers in one kernel call, npu.engine.fused, its own timers split the call into
+products, attention and the rest, and "outside the products" is the share of a step not in
+a matrix product, the output head included as one), and our decode's weight bytes per
+second against this machine's memory read bandwidth (a float32 matrix-vector product over
+1 GiB, measured in the same run).
 
 Files: the default SmolLM2-135M-Instruct (Q4_1), and random-weight Qwen3-0.6B- and
 Llama-3.1-8B-shaped files in Q4_0, Q8_0 and llama.cpp's Q4_K_M mix, and a 0.6B one in its
 Q5_K_M mix (bench/gguf_shapes.py writes them once into the cache directory; the 8B ones
 are 4.2, 8.5 and 4.9 GB).
 
-    .venv/bin/python bench/bench_peer.py                # every file (about 45 minutes)
+    .venv/bin/python bench/bench_peer.py                # every file (over an hour)
     .venv/bin/python bench/bench_peer.py smollm2 qwen3-0.6b-Q4_0   # some of them
     .venv/bin/python bench/bench_peer.py --quick        # SmolLM2, few tokens, ours only
+    .venv/bin/python bench/bench_peer.py smollm2 --threads 1 --prefill 512,2048,8192
 
 `make bench-peer` installs llama-cpp-python first when the venv lacks it. Without it the
 script prints our side only.
@@ -89,6 +95,8 @@ def op_times(step, ids: list[int]) -> dict[str, float]:
              "embedding": [(linear.Embedding, "__call__")]}
     spent = dict.fromkeys(kinds, 0.0)
     saved = []
+    fused = getattr(step, "fused", None)  # one kernel call for the layers: its own timers
+    before = fused.seconds.copy() if fused is not None else None
 
     def timed(fn, kind):
         def wrapper(*a, **k):
@@ -112,9 +120,25 @@ def op_times(step, ids: list[int]) -> dict[str, float]:
     finally:
         for owner, attr, fn in saved:
             setattr(owner, attr, fn)
+    if fused is not None:
+        inside = (fused.seconds - before) / len(ids) * 1e3
+        spent["linear"] += inside[0] * len(ids) / 1e3
+        spent["attention"] += inside[1] * len(ids) / 1e3
+        spent["fused rest"] = inside[2] * len(ids) / 1e3
     out = {k: v / len(ids) * 1e3 for k, v in spent.items()}
     out["other"] = total / len(ids) * 1e3 - sum(out.values())
+    out["outside the products %"] = 100 * (1 - out["linear"] / (total / len(ids) * 1e3))
     return out
+
+
+class _Step:
+    """A decode step for op_times, with the engine's fused layers (their timers) if any."""
+
+    def __init__(self, fn, engine) -> None:
+        self.fn, self.fused = fn, getattr(engine, "fused", None)
+
+    def __call__(self, token: int):
+        return self.fn(token)
 
 
 class Ours:
@@ -133,7 +157,8 @@ class Ours:
         # bytes a decode step reads: every weight but the embedding (one row of it), unless
         # the head is the embedding itself
         tied = eng.lm_head.matrix is embed
-        self.info = {"step_bytes": eng.weight_bytes - (0 if tied else embed.nbytes)}
+        self.info = {"step_bytes": eng.weight_bytes - (0 if tied else embed.nbytes),
+                     "context": eng.max_context}
         eng.prefill("warm", tokens(16, 9))
         eng.release("warm")
 
@@ -163,21 +188,23 @@ class Ours:
             self.eng.decode(BATCH_SEQS, tokens(BATCH, 4 + s))
         return _rate(BATCH * steps, time.perf_counter() - start)
 
-    def prefill(self) -> float:
+    def prefill(self, n: str) -> float:
         self.eng.release("p")
-        ids = tokens(self.args.prefill, 5)
+        ids = tokens(int(n), 5)
         start = time.perf_counter()
         self.eng.prefill("p", ids)
-        return _rate(len(ids), time.perf_counter() - start)
+        rate = _rate(len(ids), time.perf_counter() - start)
+        self.eng.release("p")
+        return rate
 
     def profile(self) -> dict[str, float]:
         self._start(["d"])
-        return op_times(lambda t: self.eng.decode(["d"], [t]),
+        return op_times(_Step(lambda t: self.eng.decode(["d"], [t]), self.eng),
                         tokens(max(4, self.args.steps // 2), 6))
 
     def profile_batch(self) -> dict[str, float]:
         self._start(BATCH_SEQS)
-        return op_times(lambda t: self.eng.decode(BATCH_SEQS, [t] * BATCH),
+        return op_times(_Step(lambda t: self.eng.decode(BATCH_SEQS, [t] * BATCH), self.eng),
                         tokens(max(4, self.args.steps // 4), 7))
 
 
@@ -189,7 +216,7 @@ class Peer:
 
         self.args = args
         self.llm = Llama(model_path=str(path), n_ctx=max(1024, args.prompt + args.steps + 8,
-                                                         args.prefill + 8),
+                                                         max(_sizes(args.prefill)) + 8),
                          n_batch=512, n_ubatch=512, n_threads=args.threads,
                          n_threads_batch=args.threads, verbose=False)
         self.info = {}
@@ -206,9 +233,9 @@ class Peer:
             self.llm.eval([t])
         return _rate(self.args.steps, time.perf_counter() - start)
 
-    def prefill(self) -> float:
+    def prefill(self, n: str) -> float:
         self.llm.reset()
-        ids = tokens(self.args.prefill, 5)
+        ids = tokens(int(n), 5)
         start = time.perf_counter()
         self.llm.eval(ids)
         return _rate(len(ids), time.perf_counter() - start)
@@ -220,7 +247,8 @@ def serve_side(side: str, name: str, args) -> None:
     held = (Ours if side == "ours" else Peer)(model_path(name), args)
     print(json.dumps(held.info), flush=True)
     for line in sys.stdin:
-        print(json.dumps(getattr(held, line.strip())()), flush=True)
+        what, *args = line.split()
+        print(json.dumps(getattr(held, what)(*args)), flush=True)
 
 
 class Side:
@@ -278,6 +306,10 @@ def has_llama_cpp() -> bool:
     return True
 
 
+def _sizes(prefill: str) -> list[int]:
+    return [int(n) for n in str(prefill).split(",")]
+
+
 def _med(values: list[float]) -> float:
     return float(np.median(values))
 
@@ -289,12 +321,14 @@ def compare(name: str, args, peer: bool, bw: float) -> None:
     sides = {"ours": Side("ours", name, args)}
     if peer:
         sides["llama.cpp"] = Side("llama", name, args)
-    got: dict[str, dict[str, list[float]]] = {s: {"decode": [], "prefill": []} for s in sides}
+    sizes = [n for n in _sizes(args.prefill) if n <= sides["ours"].info["context"]]
+    kinds = ["decode"] + [f"prefill {n}" for n in sizes]
+    got: dict[str, dict[str, list[float]]] = {s: {k: [] for k in kinds} for s in sides}
     got["ours"]["batch"] = []
     try:
         for r in range(args.rounds):
             order = list(sides) if r % 2 == 0 else list(sides)[::-1]
-            for kind in ("decode", "prefill"):
+            for kind in kinds:
                 for side in order:
                     got[side][kind].append(sides[side].ask(kind))
             got["ours"]["batch"].append(sides["ours"].ask("batch"))
@@ -308,7 +342,8 @@ def compare(name: str, args, peer: bool, bw: float) -> None:
     each = lambda vals: " ".join(f"{v:.1f}" for v in vals)  # noqa: E731
     print(f"  ours      decode {ours['decode']:7.1f} tok/s [{each(got['ours']['decode'])}]"
           f" ({gbs:.1f} GB/s = {gbs * 1e9 / bw:.2f} of the bandwidth)")
-    print(f"            prefill {ours['prefill']:6.1f} tok/s [{each(got['ours']['prefill'])}]")
+    for kind in kinds[1:]:
+        print(f"            {kind} {ours[kind]:6.1f} tok/s [{each(got['ours'][kind])}]")
     print(f"            batch {BATCH} {ours['batch']:7.1f} tok/s [{each(got['ours']['batch'])}]"
           f" (ratio to one {ours['batch'] / ours['decode']:.2f})")
     print("            a decode step's ms by kind: " + ", ".join(
@@ -320,10 +355,10 @@ def compare(name: str, args, peer: bool, bw: float) -> None:
     theirs = {k: _med(v) for k, v in got["llama.cpp"].items()}
     print(f"  llama.cpp decode {theirs['decode']:7.1f} tok/s "
           f"[{each(got['llama.cpp']['decode'])}]")
-    print(f"            prefill {theirs['prefill']:6.1f} tok/s "
-          f"[{each(got['llama.cpp']['prefill'])}]")
+    for kind in kinds[1:]:
+        print(f"            {kind} {theirs[kind]:6.1f} tok/s [{each(got['llama.cpp'][kind])}]")
     line = []
-    for kind in ("decode", "prefill"):
+    for kind in kinds:
         ratios = sorted(o / t for o, t in zip(got["ours"][kind], got["llama.cpp"][kind]))
         line.append(f"{kind} {_med(ratios):.2f} ({ratios[0]:.2f}-{ratios[-1]:.2f})")
     print("  ours / llama.cpp, median of the rounds' ratios (range): " + ", ".join(line),
@@ -337,7 +372,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--steps", type=int, default=32)
-    ap.add_argument("--prefill", type=int, default=512)
+    ap.add_argument("--prefill", default="512,2048",
+                    help="prompt lengths to prefill, comma-separated (default 512,2048)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--child", nargs=2, metavar=("SIDE", "FILE"))
     args = ap.parse_args()
@@ -345,7 +381,7 @@ def main() -> None:
         serve_side(*args.child, args)
         return
     if args.quick:
-        args.prompt, args.steps, args.prefill, args.rounds = 16, 4, 32, 1
+        args.prompt, args.steps, args.prefill, args.rounds = 16, 4, "32,64", 1
     names = args.files or (["smollm2"] if args.quick else list(FILES))
     unknown = [n for n in names if n not in FILES and not _shaped(n)]
     if unknown:

@@ -354,11 +354,12 @@ static inline float round_f16(float x) {
     return _cvtsh_ss(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT));
 }
 
-static void quantize_rows(const float *X, int64_t T, int64_t K, Act8 *a) {
+/* Blocks b0 .. b1 of token t, whose values start at x, rounded into `a`. */
+static void quantize_blocks(const float *x0, int64_t t, int64_t b0, int64_t b1, Act8 *a) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
-    for (int64_t t = 0; t < T; t++) {
-        for (int64_t b = 0; b < a->nb; b++) {
-            const float *x = X + t * K + 32 * b;
+    {
+        for (int64_t b = b0; b < b1; b++) {
+            const float *x = x0 + 32 * b;
             const int64_t at = act_at(a, t, b);
             __m256 v[4], m = _mm256_setzero_ps();
             for (int i = 0; i < 4; i++) {
@@ -393,6 +394,15 @@ static void quantize_rows(const float *X, int64_t T, int64_t K, Act8 *a) {
             if (a->qs) a->qs[at] = _mm_cvtsi128_si32(s4);
         }
     }
+}
+
+/* Rows t0 .. t1 of X (row t at X + t * K) rounded into `a`. */
+static void quantize_range(const float *X, int64_t t0, int64_t t1, int64_t K, Act8 *a) {
+    for (int64_t t = t0; t < t1; t++) quantize_blocks(X + t * K, t, 0, a->nb, a);
+}
+
+static void quantize_rows(const float *X, int64_t T, int64_t K, Act8 *a) {
+    quantize_range(X, 0, T, K, a);
 }
 
 static void act8_free(Act8 *a) {
@@ -797,7 +807,7 @@ static inline xvi bcast4(const int8_t *q) {
 /* Rows n0 .. n0 + XR of Y for tokens t0 .. t0 + RN (RN a constant after inlining). */
 static inline __attribute__((always_inline)) void
 tile_packed(const int type, const int RN, const uint8_t *G, const Act8 *a, int64_t t0,
-            float *Y, int64_t N, int64_t n0) {
+            float *Y, int64_t ldy, int64_t N, int64_t n0) {
     const int64_t nb = a->nb, gbb = group_block_bytes(type);
     const int64_t codes = (has_min(type) ? 4 : 2) * XR;
     const int32_t offset = type == Q4_0 ? 8 : type == Q5_0 ? 16 : type == Q8_0 ? 128 : 0;
@@ -853,7 +863,7 @@ tile_packed(const int type, const int RN, const uint8_t *G, const Act8 *a, int64
     }
 #pragma GCC unroll 8
     for (int t = 0; t < RN; t++) {
-        float *y = Y + (t0 + t) * N + n0;
+        float *y = Y + (t0 + t) * ldy + n0;
         if (n0 + XR <= N) {
             X_STOREF(y, acc[t]);
         } else {
@@ -867,13 +877,13 @@ tile_packed(const int type, const int RN, const uint8_t *G, const Act8 *a, int64
 #define TILE_OF_8 8 /* a tile: the 8 tokens of an activation tile (2, 4, 6 measured no faster) */
 static inline __attribute__((always_inline)) void
 groups_as(const int type, const uint8_t *P, const Act8 *a, int64_t g0, int64_t g1, int64_t t0,
-          int64_t t1, float *Y, int64_t N) {
+          int64_t t1, float *Y, int64_t ldy, int64_t N) {
     const int64_t gb = a->nb * group_block_bytes(type);
     for (int64_t g = g0; g < g1; g++) {
         int64_t t = t0;
         for (; t + TILE_OF_8 <= t1; t += TILE_OF_8)
-            tile_packed(type, TILE_OF_8, P + g * gb, a, t, Y, N, XR * g);
-        for (; t < t1; t++) tile_packed(type, 1, P + g * gb, a, t, Y, N, XR * g);
+            tile_packed(type, TILE_OF_8, P + g * gb, a, t, Y, ldy, N, XR * g);
+        for (; t < t1; t++) tile_packed(type, 1, P + g * gb, a, t, Y, ldy, N, XR * g);
     }
 }
 #endif
@@ -894,11 +904,11 @@ int fk_matmul_packed(int type, const uint8_t *P, int64_t N, int64_t K, const flo
         for (int64_t t0 = 0; t0 < T; t0 += chunk) {
             const int64_t t1 = t0 + chunk < T ? t0 + chunk : T;
             switch (type) {
-            case Q4_0: groups_as(Q4_0, P, &a, g0, g1, t0, t1, Y, N); break;
-            case Q4_1: groups_as(Q4_1, P, &a, g0, g1, t0, t1, Y, N); break;
-            case Q5_0: groups_as(Q5_0, P, &a, g0, g1, t0, t1, Y, N); break;
-            case Q5_1: groups_as(Q5_1, P, &a, g0, g1, t0, t1, Y, N); break;
-            default: groups_as(Q8_0, P, &a, g0, g1, t0, t1, Y, N); break;
+            case Q4_0: groups_as(Q4_0, P, &a, g0, g1, t0, t1, Y, N, N); break;
+            case Q4_1: groups_as(Q4_1, P, &a, g0, g1, t0, t1, Y, N, N); break;
+            case Q5_0: groups_as(Q5_0, P, &a, g0, g1, t0, t1, Y, N, N); break;
+            case Q5_1: groups_as(Q5_1, P, &a, g0, g1, t0, t1, Y, N, N); break;
+            default: groups_as(Q8_0, P, &a, g0, g1, t0, t1, Y, N, N); break;
             }
         }
     }
@@ -1247,13 +1257,50 @@ static void attend_heads(const float *const q[2], float *const o[2], const float
  * last `window` of them when window > 0. sinks: NULL or [nq] logits that join each head's
  * normalisation and are then dropped (gpt-oss). The query heads of one key head go in
  * pairs (each key and value read once for both). */
+/* Heads h0 .. h1 of OUT's row t (nq heads of hd) rounded into `qa` (the next product's
+ * activations, hd a multiple of 32: a head is whole blocks), where a task has just written
+ * them: no phase of its own. */
+static void quantize_heads(const float *OUT, int64_t nq, int64_t hd, int64_t t, int64_t h0,
+                           int64_t h1, Act8 *qa) {
+#ifdef __AVX2__
+    if (qa) quantize_blocks(OUT + t * nq * hd, t, h0 * hd / 32, h1 * hd / 32, qa);
+#else
+    (void)OUT; (void)nq; (void)hd; (void)t; (void)h0; (void)h1; (void)qa;
+#endif
+}
+
+/* Team work (inside a parallel region, or alone): fk_attend's tasks, `buf` a thread's
+ * 2 * longest floats; qa: NULL, or where the rows' outputs are rounded (quantize_heads). */
+static void attend_team(const float *Q, int64_t q_stride, int64_t B, int64_t nq, int64_t nkv,
+                        int64_t hd, const void *K, const void *V, int64_t bs,
+                        const int64_t *tables, int64_t tstride, const int64_t *lengths,
+                        int64_t window, const float *sinks, float scale, float *OUT, int half,
+                        float *buf, size_t span, Act8 *qa) {
+    const int64_t group = nq / nkv, es = half ? 2 : 4;
+    const int64_t row_bytes = hd * es, block_bytes = nkv * bs * hd * es;
+    const int64_t pairs = (group + 1) / 2; /* tasks per row and key head */
+#pragma omp for schedule(dynamic, 1) /* rows of unequal lengths; a decode step has few tasks */
+    for (int64_t task = 0; task < B * nkv * pairs; task++) {
+        const int64_t b = task / (nkv * pairs), hk = (task / pairs) % nkv;
+        const int64_t h0 = hk * group + 2 * (task % pairs);
+        const int nh = h0 + 1 < (hk + 1) * group ? 2 : 1;
+        const int64_t len = lengths[b];
+        const int64_t lo = window > 0 && len > window ? len - window : 0;
+        const float *q[2] = {Q + b * q_stride + h0 * hd, Q + b * q_stride + (h0 + 1) * hd};
+        float *o[2] = {OUT + (b * nq + h0) * hd, OUT + (b * nq + h0 + 1) * hd};
+        const float *sink[2] = {sinks ? sinks + h0 : NULL,
+                                sinks && nh > 1 ? sinks + h0 + 1 : NULL};
+        float *p[2] = {buf, buf + span};
+        attend_heads(q, o, sink, nh, K, V, tables + b * tstride, hk * bs * row_bytes, bs,
+                     block_bytes, row_bytes, lo, len, hd, scale, half, p);
+        quantize_heads(OUT, nq, hd, b, h0, h0 + nh, qa);
+    }
+}
+
 int fk_attend(const float *Q, int64_t q_stride, int64_t B, int64_t nq, int64_t nkv, int64_t hd,
               const void *K, const void *V, int64_t bs, const int64_t *tables, int64_t tstride,
               const int64_t *lengths, int64_t window, const float *sinks, float scale,
               float *OUT, int half, int threads) {
-    const int64_t group = nq / nkv, es = half ? 2 : 4;
-    const int64_t row_bytes = hd * es, block_bytes = nkv * bs * hd * es;
-    const int64_t pairs = (group + 1) / 2; /* tasks per row and key head */
     int64_t longest = 0;
     for (int64_t b = 0; b < B; b++) longest = lengths[b] > longest ? lengths[b] : longest;
     const int many = B * nq * longest * hd > (1 << 15);
@@ -1266,22 +1313,10 @@ int fk_attend(const float *Q, int64_t q_stride, int64_t B, int64_t nq, int64_t n
 #pragma omp atomic write
             failed = 1;
         }
-#pragma omp for schedule(dynamic, 2) /* a prompt's rows grow: static halves would be 1:3 */
-        for (int64_t task = 0; task < B * nkv * pairs; task++) {
-            if (!buf) continue;
-            const int64_t b = task / (nkv * pairs), hk = (task / pairs) % nkv;
-            const int64_t h0 = hk * group + 2 * (task % pairs);
-            const int nh = h0 + 1 < (hk + 1) * group ? 2 : 1;
-            const int64_t len = lengths[b];
-            const int64_t lo = window > 0 && len > window ? len - window : 0;
-            const float *q[2] = {Q + b * q_stride + h0 * hd, Q + b * q_stride + (h0 + 1) * hd};
-            float *o[2] = {OUT + (b * nq + h0) * hd, OUT + (b * nq + h0 + 1) * hd};
-            const float *sink[2] = {sinks ? sinks + h0 : NULL,
-                                    sinks && nh > 1 ? sinks + h0 + 1 : NULL};
-            float *p[2] = {buf, buf + span};
-            attend_heads(q, o, sink, nh, K, V, tables + b * tstride, hk * bs * row_bytes, bs,
-                         block_bytes, row_bytes, lo, len, hd, scale, half, p);
-        }
+#pragma omp barrier
+        if (!failed)
+            attend_team(Q, q_stride, B, nq, nkv, hd, K, V, bs, tables, tstride, lengths, window,
+                        sinks, scale, OUT, half, buf, span, NULL);
         free(buf);
     }
     return failed ? -2 : 0;
@@ -1328,4 +1363,556 @@ void fk_swiglu(const float *GU, int64_t T, int64_t I, float *OUT) {
 #endif
         for (; i < I; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
     }
+}
+
+/* -- blocked (flash-style) prompt attention ------------------------------------------------
+ * The queries of a prompt piece against the cache, a block of FQ rows (each with all the
+ * query heads of one key head) per task: each cached key and value is read and converted
+ * once per block of rows, FK at a time, and the softmax runs online (a running maximum m,
+ * a running sum l and output O, rescaled when m grows). A row's arithmetic depends only on
+ * its position and the keys it sees, not on the block it is in: a key block it sees none
+ * of leaves it untouched. Within float rounding of fk_attend's two-pass softmax. */
+#define FQ 16 /* query rows per task */
+#define FK 16 /* keys per step */
+
+/* Keys (transposed: Kt[d][c]) and values (Vb[c][d]) j0 .. j0 + kn of one key head, float32. */
+static void flash_load(const void *K, const void *V, const int64_t *table, int64_t hk,
+                       int64_t nkv, int64_t bs, int64_t hd, int half, int64_t j0, int64_t kn,
+                       float *Kt, float *Vb) {
+    const int64_t es = half ? 2 : 4;
+    for (int64_t c = 0; c < kn; c++) {
+        const int64_t j = j0 + c;
+        const int64_t at = ((table[j / bs] * nkv + hk) * bs + j % bs) * hd * es;
+        const uint8_t *k = (const uint8_t *)K + at, *v = (const uint8_t *)V + at;
+        float *vb = Vb + c * hd;
+        int64_t d = 0;
+#if defined(__AVX2__) && defined(__F16C__)
+        if (half)
+            for (; d + 8 <= hd; d += 8) {
+                const __m256 kv8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + 2 * d)));
+                _mm256_storeu_ps(vb + d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + 2 * d))));
+                float tmp[8];
+                _mm256_storeu_ps(tmp, kv8);
+                for (int i = 0; i < 8; i++) Kt[(d + i) * FK + c] = tmp[i];
+            }
+#endif
+        for (; d < hd; d++) {
+            Kt[d * FK + c] = half ? h2f(k + 2 * d) : ((const float *)k)[d];
+            vb[d] = half ? h2f(v + 2 * d) : ((const float *)v)[d];
+        }
+    }
+    for (int64_t c = kn; c < FK; c++) { /* a short last step: zero keys and values */
+        for (int64_t d = 0; d < hd; d++) Kt[d * FK + c] = 0.0f;
+        memset(Vb + c * hd, 0, (size_t)hd * sizeof(float));
+    }
+}
+
+/* s[i][c] = (q_i . key c) * scale for n query vectors (each its sum over d in order). */
+static void flash_scores(const float *const *q, int n, const float *Kt, int64_t hd, float scale,
+                         float *s) {
+    int i = 0;
+#ifdef __AVX2__
+    for (; i + 4 <= n; i += 4) {
+        __m256 a[4][2];
+        for (int r = 0; r < 4; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
+        for (int64_t d = 0; d < hd; d++) {
+            const __m256 k0 = _mm256_loadu_ps(Kt + d * FK), k1 = _mm256_loadu_ps(Kt + d * FK + 8);
+            for (int r = 0; r < 4; r++) {
+                const __m256 x = _mm256_set1_ps(q[i + r][d]);
+                a[r][0] = _mm256_fmadd_ps(x, k0, a[r][0]);
+                a[r][1] = _mm256_fmadd_ps(x, k1, a[r][1]);
+            }
+        }
+        const __m256 sc = _mm256_set1_ps(scale);
+        for (int r = 0; r < 4; r++) {
+            _mm256_storeu_ps(s + (i + r) * FK, _mm256_mul_ps(a[r][0], sc));
+            _mm256_storeu_ps(s + (i + r) * FK + 8, _mm256_mul_ps(a[r][1], sc));
+        }
+    }
+    for (; i < n; i++) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        for (int64_t d = 0; d < hd; d++) {
+            const __m256 x = _mm256_set1_ps(q[i][d]);
+            a0 = _mm256_fmadd_ps(x, _mm256_loadu_ps(Kt + d * FK), a0);
+            a1 = _mm256_fmadd_ps(x, _mm256_loadu_ps(Kt + d * FK + 8), a1);
+        }
+        _mm256_storeu_ps(s + i * FK, _mm256_mul_ps(a0, _mm256_set1_ps(scale)));
+        _mm256_storeu_ps(s + i * FK + 8, _mm256_mul_ps(a1, _mm256_set1_ps(scale)));
+    }
+#endif
+    for (; i < n; i++)
+        for (int c = 0; c < FK; c++) {
+            float acc = 0.0f;
+            for (int64_t d = 0; d < hd; d++) acc = fmaf(q[i][d], Kt[d * FK + c], acc);
+            s[i * FK + c] = acc * scale;
+        }
+}
+
+/* o = o * corr + sum_c p[c] * Vb[c] over kn values. */
+static inline void flash_pv(float *o, float corr, const float *p, int64_t kn, const float *Vb,
+                            int64_t hd) {
+    int64_t d = 0;
+#ifdef __AVX2__
+    const __m256 cr = _mm256_set1_ps(corr);
+    for (; d + 32 <= hd; d += 32) {
+        __m256 a0 = _mm256_mul_ps(_mm256_loadu_ps(o + d), cr);
+        __m256 a1 = _mm256_mul_ps(_mm256_loadu_ps(o + d + 8), cr);
+        __m256 a2 = _mm256_mul_ps(_mm256_loadu_ps(o + d + 16), cr);
+        __m256 a3 = _mm256_mul_ps(_mm256_loadu_ps(o + d + 24), cr);
+        for (int64_t c = 0; c < kn; c++) {
+            const __m256 w = _mm256_set1_ps(p[c]);
+            const float *v = Vb + c * hd + d;
+            a0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v), a0);
+            a1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8), a1);
+            a2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 16), a2);
+            a3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 24), a3);
+        }
+        _mm256_storeu_ps(o + d, a0);
+        _mm256_storeu_ps(o + d + 8, a1);
+        _mm256_storeu_ps(o + d + 16, a2);
+        _mm256_storeu_ps(o + d + 24, a3);
+    }
+    for (; d + 8 <= hd; d += 8) {
+        __m256 a0 = _mm256_mul_ps(_mm256_loadu_ps(o + d), cr);
+        for (int64_t c = 0; c < kn; c++)
+            a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[c]), _mm256_loadu_ps(Vb + c * hd + d), a0);
+        _mm256_storeu_ps(o + d, a0);
+    }
+#endif
+    for (; d < hd; d++) {
+        float a = o[d] * corr;
+        for (int64_t c = 0; c < kn; c++) a = fmaf(p[c], Vb[c * hd + d], a);
+        o[d] = a;
+    }
+}
+
+/* Scratch floats a thread needs for flash_task. */
+static int64_t flash_scratch(int64_t group, int64_t hd) {
+    const int64_t nv = FQ * group;
+    return FK * hd * 2 + nv * FK + nv * hd + 2 * nv;
+}
+
+/* Rows r0 .. r1 of a prompt piece (row r at position pos + r, its query heads at
+ * Q + r * q_stride) for the query heads of key head hk; OUT rows o_stride floats apart. */
+static void flash_task(const float *Q, int64_t q_stride, int64_t r0, int64_t r1, int64_t pos,
+                       int64_t nq, int64_t nkv, int64_t hd, const void *K, const void *V,
+                       int64_t bs, const int64_t *table, int64_t window, const float *sinks,
+                       float scale, float *OUT, int64_t o_stride, int half, int64_t hk,
+                       float *scratch) {
+    const int64_t group = nq / nkv, nv = (r1 - r0) * group;
+    float *Kt = scratch, *Vb = Kt + FK * hd, *S = Vb + FK * hd, *O = S + FQ * group * FK;
+    float *m = O + FQ * group * hd, *l = m + FQ * group;
+    const float *qv[FQ * 64];
+    const float *qp[FQ * 64];
+    for (int64_t i = 0; i < nv; i++) {
+        const int64_t r = r0 + i / group, h = hk * group + i % group;
+        qv[i] = Q + r * q_stride + h * hd;
+        const float *sink = sinks ? sinks + h : NULL;
+        m[i] = sink ? *sink : -INFINITY;
+        l[i] = sink ? 1.0f : 0.0f; /* the sink: a key of weight e^(sink - m), value zero */
+    }
+    memset(O, 0, (size_t)(nv * hd) * sizeof(float));
+    /* row r sees positions lo(r) .. pos + r */
+    const int64_t last = pos + r1 - 1;
+    const int64_t first = window > 0 && pos + r0 + 1 > window ? pos + r0 + 1 - window : 0;
+    for (int64_t j0 = first / FK * FK; j0 <= last; j0 += FK) {
+        const int64_t kn = last + 1 - j0 < FK ? last + 1 - j0 : FK;
+        flash_load(K, V, table, hk, nkv, bs, hd, half, j0, kn, Kt, Vb);
+        /* the rows that see any of these keys */
+        int64_t a = r0, b = r1; /* rows a .. b */
+        while (a < r1 && pos + a < j0) a++;
+        while (b > a && window > 0 && pos + b - 1 + 1 - window > j0 + kn - 1) b--;
+        if (a >= b) continue;
+        const int64_t i0 = (a - r0) * group, n = (b - a) * group;
+        for (int64_t i = 0; i < n; i++) qp[i] = qv[i0 + i];
+        flash_scores(qp, (int)n, Kt, hd, scale, S + i0 * FK);
+        for (int64_t i = i0; i < i0 + n; i++) {
+            const int64_t r = r0 + i / group, p = pos + r;
+            const int64_t lo = window > 0 && p + 1 > window ? p + 1 - window : 0;
+            const int64_t c0 = lo > j0 ? lo - j0 : 0, c1 = p - j0 + 1 < kn ? p - j0 + 1 : kn;
+            float *s = S + i * FK;
+            float top = m[i], sum = 0.0f;
+#ifdef __AVX2__
+            {
+                const __m256 i0v = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+                const __m256 i1v = _mm256_add_ps(i0v, _mm256_set1_ps(8.0f));
+                const __m256 lo_v = _mm256_set1_ps((float)c0), hi_v = _mm256_set1_ps((float)c1);
+                const __m256 k0 = _mm256_and_ps(_mm256_cmp_ps(i0v, lo_v, _CMP_GE_OQ),
+                                                _mm256_cmp_ps(i0v, hi_v, _CMP_LT_OQ));
+                const __m256 k1 = _mm256_and_ps(_mm256_cmp_ps(i1v, lo_v, _CMP_GE_OQ),
+                                                _mm256_cmp_ps(i1v, hi_v, _CMP_LT_OQ));
+                const __m256 ninf = _mm256_set1_ps(-INFINITY);
+                __m256 s0 = _mm256_blendv_ps(ninf, _mm256_loadu_ps(s), k0);
+                __m256 s1 = _mm256_blendv_ps(ninf, _mm256_loadu_ps(s + 8), k1);
+                const float bm = hsum_max(_mm256_max_ps(s0, s1));
+                top = bm > top ? bm : top;
+                const __m256 t = _mm256_set1_ps(top);
+                s0 = _mm256_and_ps(exp8(_mm256_sub_ps(s0, t)), k0);
+                s1 = _mm256_and_ps(exp8(_mm256_sub_ps(s1, t)), k1);
+                _mm256_storeu_ps(s, s0);
+                _mm256_storeu_ps(s + 8, s1);
+                sum = hsum(_mm256_add_ps(s0, s1));
+            }
+#else
+            for (int64_t c = c0; c < c1; c++) top = s[c] > top ? s[c] : top;
+            for (int64_t c = 0; c < FK; c++) {
+                s[c] = c >= c0 && c < c1 ? expf(s[c] - top) : 0.0f;
+                sum += s[c];
+            }
+#endif
+            const float corr = expf(m[i] - top);
+            l[i] = l[i] * corr + sum;
+            m[i] = top;
+            flash_pv(O + i * hd, corr, s, c1, Vb, hd);
+        }
+    }
+    for (int64_t i = 0; i < nv; i++) {
+        const int64_t r = r0 + i / group, h = hk * group + i % group;
+        const float inv = 1.0f / l[i];
+        float *o = OUT + r * o_stride + h * hd;
+        for (int64_t d = 0; d < hd; d++) o[d] = O[i * hd + d] * inv;
+    }
+}
+
+/* Team work (inside a parallel region, or alone): the prompt attention of the pieces
+ * seg[s] = (first row, rows, position of the first row) with block tables tables[s],
+ * dynamically scheduled over (piece, key head, block of FQ rows), the latest rows first. */
+static void flash_team(const float *Q, int64_t q_stride, int64_t nseg, const int64_t *seg,
+                       const int64_t *const *tables, int64_t nq, int64_t nkv, int64_t hd,
+                       const void *K, const void *V, int64_t bs, int64_t window,
+                       const float *sinks, float scale, float *OUT, int64_t o_stride, int half,
+                       float *scratch, Act8 *qa) {
+    int64_t tasks = 0;
+    for (int64_t s = 0; s < nseg; s++) tasks += nkv * ((seg[3 * s + 1] + FQ - 1) / FQ);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < tasks; task++) {
+        int64_t t = task, s = 0;
+        for (;; s++) {
+            const int64_t here = nkv * ((seg[3 * s + 1] + FQ - 1) / FQ);
+            if (t < here) break;
+            t -= here;
+        }
+        const int64_t nblk = (seg[3 * s + 1] + FQ - 1) / FQ;
+        const int64_t blk = nblk - 1 - t / nkv, hk = t % nkv;
+        const int64_t r0 = blk * FQ, r1 = r0 + FQ < seg[3 * s + 1] ? r0 + FQ : seg[3 * s + 1];
+        const int64_t first = seg[3 * s];
+        flash_task(Q + first * q_stride, q_stride, r0, r1, seg[3 * s + 2], nq, nkv, hd, K, V,
+                   bs, tables[s], window, sinks, scale, OUT + first * o_stride, o_stride, half,
+                   hk, scratch);
+        if (qa) /* OUT's rows are nq * hd wide here (fk_forward) */
+            for (int64_t r = r0; r < r1; r++)
+                quantize_heads(OUT, nq, hd, first + r, hk * (nq / nkv), (hk + 1) * (nq / nkv), qa);
+    }
+}
+
+/* Causal attention of a prompt piece: rows 0 .. n - 1 of Q (q_stride floats apart) at
+ * positions pos .. pos + n - 1 of the sequence whose blocks are `table`, its keys and values
+ * up to there in the cache K, V [blocks, nkv, bs, hd]; OUT [n, nq * hd]. -2: no memory;
+ * -1: a shape it does not take (more than 64 query heads per key head). */
+int fk_attend_prompt(const float *Q, int64_t q_stride, int64_t n, int64_t nq, int64_t nkv,
+                     int64_t hd, const void *K, const void *V, int64_t bs,
+                     const int64_t *table, int64_t pos, int64_t window, const float *sinks,
+                     float scale, float *OUT, int half, int threads) {
+    const int64_t group = nq / nkv;
+    if (group > 64 || nq % nkv) return -1;
+    const int64_t seg[3] = {0, n, pos};
+    const int64_t *tables[1] = {table};
+    int failed = 0;
+    const int many = n * (pos + n) * nq * hd > (1 << 16);
+#pragma omp parallel num_threads(threads) if (many)
+    {
+        float *scratch = (float *)malloc((size_t)flash_scratch(group, hd) * sizeof(float));
+        if (!scratch) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp barrier
+        if (!failed)
+            flash_team(Q, q_stride, 1, seg, tables, nq, nkv, hd, K, V, bs, window, sinks, scale,
+                       OUT, nq * hd, half, scratch, NULL);
+        free(scratch);
+    }
+    return failed ? -2 : 0;
+}
+
+/* -- a whole forward's layers in one call ---------------------------------------------------
+ * fk_forward runs every decoder layer of a step (decode: one token per sequence; or prompt
+ * pieces) in one parallel region: the threads stay up across layers and go from one phase
+ * to the next at a barrier (norm and rounding of the activations; the q/k/v product; q/k
+ * norms, RoPE and the KV write; attention; the output product; residual, norm; gate/up;
+ * SwiGLU; down; residual), each phase the same arithmetic as the kernels called one by one
+ * (fk_rms_norm, fk_matmul / fk_matmul_packed, fk_qk_rope, fk_kv_write, fk_attend for decode
+ * and fk_attend_prompt for prompts), so its outputs are theirs bit for bit. Integer formats
+ * only (the weights' products on 8-bit activations), SwiGLU layers without post-norms. */
+typedef struct {
+    int32_t type, packed; /* packed: in fk_pack's layout */
+    const uint8_t *w;
+    int64_t n; /* rows */
+} FkPart;
+
+typedef struct {
+    int64_t nparts, n, k; /* parts side by side (their rows stacked): n rows of k columns */
+    FkPart part[3];
+} FkLin;
+
+typedef struct {
+    const float *norm_in, *norm_ff, *q_norm, *k_norm, *bqkv, *bo, *sinks; /* NULL: none */
+    int64_t window, rope;                                                 /* rope: its table */
+    FkLin qkv, o, gu, down;
+} FkLayer;
+
+typedef struct {
+    int64_t hidden, nq, nkv, hd, inter, bs;
+    float eps, scale;
+    int32_t half, unused;
+} FkModel;
+
+#ifdef __AVX2__
+#define LIN_ROWS 64 /* rows per unit of a prompt's dynamically scheduled product */
+
+/* Team work: Y[T, L->n] = act @ L.T, the activations already rounded into `a` (tiled when
+ * the parts are packed); ends at a barrier. Decode (T <= 8): each thread an even share of
+ * each part's rows, as fk_matmul / fk_matmul_packed; prompts: units of LIN_ROWS rows x a
+ * chunk of tokens, scheduled dynamically. `mw`: a thread's 4 * nb floats. */
+static void lin_team(const FkLin *L, const Act8 *a, int64_t T, float *Y, float *mw) {
+    int64_t c0 = 0;
+    for (int64_t p = 0; p < L->nparts; p++) {
+        const FkPart *P = &L->part[p];
+        const int64_t N = P->n, K = L->k;
+        float *Yp = Y + c0;
+        c0 += N;
+#if HAVE_PACKED
+        if (P->packed) {
+            const int64_t groups = (N + XR - 1) / XR;
+            const int64_t chunk = (TOKEN_CHUNK_BYTES / K > 8 ? TOKEN_CHUNK_BYTES / K : 8) & ~(int64_t)7;
+            const int64_t per = LIN_ROWS / XR, blocks = (groups + per - 1) / per;
+            const int64_t chunks = (T + chunk - 1) / chunk;
+            if (T <= 8) {
+                int64_t g0, g1;
+                thread_share(groups, &g0, &g1);
+                switch (P->type) {
+                case Q4_0: groups_as(Q4_0, P->w, a, g0, g1, 0, T, Yp, L->n, N); break;
+                case Q4_1: groups_as(Q4_1, P->w, a, g0, g1, 0, T, Yp, L->n, N); break;
+                case Q5_0: groups_as(Q5_0, P->w, a, g0, g1, 0, T, Yp, L->n, N); break;
+                case Q5_1: groups_as(Q5_1, P->w, a, g0, g1, 0, T, Yp, L->n, N); break;
+                default: groups_as(Q8_0, P->w, a, g0, g1, 0, T, Yp, L->n, N); break;
+                }
+                continue;
+            }
+#pragma omp for schedule(dynamic, 1) nowait
+            for (int64_t u = 0; u < chunks * blocks; u++) {
+                const int64_t t0 = (u / blocks) * chunk, t1 = t0 + chunk < T ? t0 + chunk : T;
+                const int64_t u0 = (u % blocks) * per, u1 = u0 + per < groups ? u0 + per : groups;
+                switch (P->type) {
+                case Q4_0: groups_as(Q4_0, P->w, a, u0, u1, t0, t1, Yp, L->n, N); break;
+                case Q4_1: groups_as(Q4_1, P->w, a, u0, u1, t0, t1, Yp, L->n, N); break;
+                case Q5_0: groups_as(Q5_0, P->w, a, u0, u1, t0, t1, Yp, L->n, N); break;
+                case Q5_1: groups_as(Q5_1, P->w, a, u0, u1, t0, t1, Yp, L->n, N); break;
+                default: groups_as(Q8_0, P->w, a, u0, u1, t0, t1, Yp, L->n, N); break;
+                }
+            }
+            continue;
+        }
+#endif
+        const int64_t rb = fk_row_bytes(P->type, K);
+        if (T <= 8) {
+            int64_t q0, q1;
+            thread_share((N + 3) / 4, &q0, &q1);
+            const int64_t n0 = 4 * q0 < N ? 4 * q0 : N, n1 = 4 * q1 < N ? 4 * q1 : N;
+            rows_int(P->type, P->w, rb, a, n0, n1, 0, T, Yp, L->n, mw);
+            continue;
+        }
+        const int64_t chunk = (TOKEN_CHUNK_BYTES / K) & ~(int64_t)7;
+        const int64_t step = chunk > 8 ? chunk : 8;
+        const int64_t blocks = (N + LIN_ROWS - 1) / LIN_ROWS, chunks = (T + step - 1) / step;
+#pragma omp for schedule(dynamic, 1) nowait
+        for (int64_t u = 0; u < chunks * blocks; u++) {
+            const int64_t t0 = (u / blocks) * step, t1 = t0 + step < T ? t0 + step : T;
+            const int64_t n0 = (u % blocks) * LIN_ROWS;
+            const int64_t n1 = n0 + LIN_ROWS < N ? n0 + LIN_ROWS : N;
+            rows_int(P->type, P->w, rb, a, n0, n1, t0, t1, Yp, L->n, mw);
+        }
+    }
+#pragma omp barrier
+}
+
+/* The activations' rounding as `lin` takes them, over a buffer with room for any. */
+static inline void act_as(Act8 *a, const FkLin *lin, int64_t Tp) {
+    a->K = lin->k;
+    a->nb = lin->k / 32;
+    a->s = a->d + Tp * a->nb;
+    a->tiled = lin->part[0].packed;
+}
+
+static inline void timer(double *timing, int slot, double *mark) {
+    if (!timing || omp_get_thread_num() != 0) return;
+    const double now = omp_get_wtime();
+    timing[slot] += now - *mark;
+    *mark = now;
+}
+#endif
+
+/* The layers of one forward over X [T, hidden] (in place: the last layer's output).
+ * Pieces seg[s] = (first row, rows, position of the first row), s < nseg; nseg == T: a decode
+ * step (one token each, fk_attend's arithmetic), else prompt pieces (fk_attend_prompt's).
+ * Piece s's block table: tables + s * tstride. kv: layer i's K and V caches at kv[2 i],
+ * kv[2 i + 1]; rope tables cos[r], sin[r] [T, hd] for a layer whose `rope` is r. timing:
+ * NULL, or 3 doubles that get the seconds spent in the products, in attention (with RoPE
+ * and the KV write) and in the rest (thread 0's view). 0; -1: not built for this (no AVX2, a
+ * part not in an integer format); -2: no memory. */
+int fk_forward(const FkModel *m, const FkLayer *layers, int64_t nl, void *const *kv, float *X,
+               int64_t T, int64_t nseg, const int64_t *seg, const int64_t *tables,
+               int64_t tstride, const float *const *cos, const float *const *sin, int threads,
+               double *timing) {
+#ifndef __AVX2__
+    (void)m; (void)layers; (void)nl; (void)kv; (void)X; (void)T; (void)nseg; (void)seg;
+    (void)tables; (void)tstride; (void)cos; (void)sin; (void)threads; (void)timing;
+    return -1;
+#else
+    if (!table_ready || T <= 0) return -1;
+    const int64_t H = m->hidden, nq = m->nq, nkv = m->nkv, hd = m->hd, I = m->inter;
+    const int64_t nqkv = (nq + 2 * nkv) * hd, group = nq / nkv;
+    const int decode = nseg == T;
+    int64_t kmax = H > nq * hd ? H : nq * hd;
+    kmax = kmax > I ? kmax : I;
+    for (int64_t i = 0; i < nl; i++) {
+        const FkLin *lins[4] = {&layers[i].qkv, &layers[i].o, &layers[i].gu, &layers[i].down};
+        for (int j = 0; j < 4; j++) {
+            if (lins[j]->k % 32 || lins[j]->nparts < 1 || lins[j]->nparts > 3) return -1;
+            for (int64_t p = 0; p < lins[j]->nparts; p++)
+                if (!is_integer(lins[j]->part[p].type) ||
+                    lins[j]->part[p].packed != lins[j]->part[0].packed ||
+                    (lins[j]->part[p].packed && !HAVE_PACKED))
+                    return -1;
+        }
+    }
+    if (group > 64 || nq % nkv || (!decode && nseg > 64)) return -1;
+    int64_t longest = 1;
+    for (int64_t s = 0; s < nseg; s++)
+        longest = seg[3 * s + 2] + seg[3 * s + 1] > longest ? seg[3 * s + 2] + seg[3 * s + 1] : longest;
+    int64_t *lengths = (int64_t *)malloc((size_t)nseg * sizeof(int64_t));
+    for (int64_t s = 0; lengths && s < nseg; s++) lengths[s] = seg[3 * s + 2] + 1;
+    const int64_t Tp = (T + 7) / 8 * 8, nbmax = kmax / 32;
+    float *h = (float *)malloc((size_t)(T * kmax) * sizeof(float));
+    float *qkv = (float *)malloc((size_t)(T * nqkv) * sizeof(float));
+    float *big = (float *)malloc((size_t)(T * (2 * I > H ? 2 * I : H)) * sizeof(float));
+    Act8 a = {kmax, nbmax, (int8_t *)malloc((size_t)(Tp * kmax)),
+              (float *)malloc((size_t)(2 * Tp * nbmax) * sizeof(float)), NULL,
+              (int32_t *)malloc((size_t)(Tp * nbmax) * sizeof(int32_t)), 0};
+    int failed = !lengths || !h || !qkv || !big || !a.q || !a.d || !a.qs;
+    const size_t span = (size_t)longest;
+    const int64_t own = 4 * nbmax + (decode ? 2 * (int64_t)span : flash_scratch(group, hd));
+    if (!failed) {
+#pragma omp parallel num_threads(threads)
+        {
+            float *mine = (float *)malloc((size_t)own * sizeof(float));
+            if (!mine) {
+#pragma omp atomic write
+                failed = 1;
+            }
+#pragma omp barrier
+            if (!failed) {
+                float *mw = mine, *scr = mine + 4 * nbmax;
+                double mark = omp_get_wtime();
+                int64_t t0, t1; /* this thread's rows for the row-wise phases */
+                thread_share(T, &t0, &t1);
+                float *att = h; /* attention's output: the o product's input */
+                for (int64_t li = 0; li < nl; li++) {
+                    const FkLayer *L = &layers[li];
+                    const void *K = kv[2 * li], *V = kv[2 * li + 1];
+                    if (li == 0) { /* the first norm; later ones end the layer before */
+                        act_as(&a, &L->qkv, Tp);
+                        for (int64_t t = t0; t < t1; t++) {
+                            fk_rms_norm(X + t * H, L->norm_in, 1, H, m->eps, h + t * H);
+                            quantize_range(h, t, t + 1, H, &a);
+                        }
+#pragma omp barrier
+                        timer(timing, 2, &mark);
+                    }
+                    lin_team(&L->qkv, &a, T, qkv, mw);
+                    timer(timing, 0, &mark);
+                    /* bias, q/k norms and RoPE, and the new keys and values into the cache */
+                    for (int64_t t = t0; t < t1; t++) {
+                        float *r = qkv + t * nqkv;
+                        if (L->bqkv)
+                            for (int64_t i = 0; i < nqkv; i++) r[i] = r[i] + L->bqkv[i];
+                        fk_qk_rope(r, nqkv, 1, nq, nkv, hd, L->q_norm, L->k_norm, m->eps,
+                                   cos[L->rope] + t * hd, sin[L->rope] + t * hd);
+                        int64_t s = decode ? t : 0;
+                        if (!decode)
+                            while (t >= seg[3 * s] + seg[3 * s + 1]) s++;
+                        const int64_t position = seg[3 * s + 2] + (t - seg[3 * s]);
+                        fk_kv_write(r, nqkv, 1, nq, nkv, hd, (void *)K, (void *)V, m->bs,
+                                    tables + s * tstride, 0, &position, m->half);
+                    }
+                    act_as(&a, &L->o, Tp);
+                    /* heads of whole blocks: each attention task rounds its own outputs */
+                    Act8 *qa = hd % 32 == 0 ? &a : NULL;
+#pragma omp barrier
+                    if (decode)
+                        attend_team(qkv, nqkv, T, nq, nkv, hd, K, V, m->bs, tables, tstride,
+                                    lengths, L->window, L->sinks, m->scale, att, m->half, scr,
+                                    span, qa);
+                    else {
+                        const int64_t *tabs[64];
+                        for (int64_t s = 0; s < nseg; s++) tabs[s] = tables + s * tstride;
+                        flash_team(qkv, nqkv, nseg, seg, tabs, nq, nkv, hd, K, V, m->bs,
+                                   L->window, L->sinks, m->scale, att, nq * hd, m->half, scr,
+                                   qa);
+                    }
+                    timer(timing, 1, &mark);
+                    if (!qa) {
+                        for (int64_t t = t0; t < t1; t++)
+                            quantize_range(att, t, t + 1, nq * hd, &a);
+#pragma omp barrier
+                        timer(timing, 2, &mark);
+                    }
+                    lin_team(&L->o, &a, T, big, mw);
+                    timer(timing, 0, &mark);
+                    act_as(&a, &L->gu, Tp);
+                    for (int64_t t = t0; t < t1; t++) {
+                        float *x = X + t * H, *y = big + t * H;
+                        if (L->bo)
+                            for (int64_t i = 0; i < H; i++) x[i] = x[i] + (y[i] + L->bo[i]);
+                        else
+                            for (int64_t i = 0; i < H; i++) x[i] = x[i] + y[i];
+                        fk_rms_norm(x, L->norm_ff, 1, H, m->eps, h + t * H);
+                        quantize_range(h, t, t + 1, H, &a);
+                    }
+#pragma omp barrier
+                    timer(timing, 2, &mark);
+                    lin_team(&L->gu, &a, T, big, mw);
+                    timer(timing, 0, &mark);
+                    act_as(&a, &L->down, Tp);
+                    for (int64_t t = t0; t < t1; t++) {
+                        fk_swiglu(big + t * 2 * I, 1, I, h + t * I);
+                        quantize_range(h, t, t + 1, I, &a);
+                    }
+#pragma omp barrier
+                    timer(timing, 2, &mark);
+                    lin_team(&L->down, &a, T, big, mw);
+                    timer(timing, 0, &mark);
+                    if (li + 1 < nl) act_as(&a, &layers[li + 1].qkv, Tp);
+                    for (int64_t t = t0; t < t1; t++) {
+                        float *x = X + t * H, *y = big + t * H;
+                        for (int64_t i = 0; i < H; i++) x[i] = x[i] + y[i];
+                        if (li + 1 < nl) {
+                            fk_rms_norm(x, layers[li + 1].norm_in, 1, H, m->eps, h + t * H);
+                            quantize_range(h, t, t + 1, H, &a);
+                        }
+                    }
+#pragma omp barrier
+                    timer(timing, 2, &mark);
+                }
+            }
+            free(mine);
+        }
+    }
+    free(lengths);
+    free(h);
+    free(qkv);
+    free(big);
+    act8_free(&a);
+    return failed ? -2 : 0;
+#endif
 }

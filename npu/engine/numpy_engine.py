@@ -27,6 +27,7 @@ import numpy as np
 from npu.config import ModelConfig
 from npu.engine import rope as rope_mod
 from npu.engine.attention import attend_packed, embed_inputs
+from npu.engine.fused import FusedLayers
 from npu.engine.kv_cache import BlockPool, SeqBlocks
 from npu.engine.linear import Linear, LinearFactory, Threads
 from npu.engine.pooling import Pooling, pool
@@ -243,6 +244,10 @@ class NumpyEngine:
         self.kv = BlockPool(attention, len(self.layers), c.num_kv_heads, c.head_dim,
                             kv_cache_bytes or default_kv_budget(per_token, self.max_context),
                             kv_dtype, caching=self.prefix_cache)
+        # a step's layers in one call of the kernels where they apply (integer formats); an
+        # engine that replaces the products or the layers keeps its own path
+        own = type(self)._mm is NumpyEngine._mm and type(self)._layers is NumpyEngine._layers
+        self.fused: FusedLayers | None = FusedLayers.of(self) if own and integer else None
 
     def _integer_weights(self) -> bool:
         linears = [L.wqkv for L in self.layers] + [L.w_gate_up for L in self.layers]
@@ -512,7 +517,9 @@ class NumpyEngine:
         def attention(li: int, L: Layer, h: np.ndarray, cos, sin) -> np.ndarray:
             return self._attention(li, L, h, segments, tables, cos, sin)
 
-        x = self._layers(ids, segments, positions, attention)
+        x = self._fused_layers(ids, segments, positions, tables, decoding)
+        if x is None:
+            x = self._layers(ids, segments, positions, attention)
         start = 0
         for seq, n in segments:
             self.kv.written(seq.kv, ids[start : start + n])
@@ -520,6 +527,20 @@ class NumpyEngine:
         ends = np.arange(len(ids)) if every_row else np.cumsum([n for _, n in segments]) - 1
         last = self.ops.rms_norm(x[ends], self.final_norm, self.config.rms_eps)
         return np.ascontiguousarray(self._mm(last, None, "lm_head"), dtype=np.float32)
+
+    def _fused_layers(self, ids: np.ndarray, segments: list[tuple[Seq, int]],
+                      positions: np.ndarray, tables, decoding: bool) -> np.ndarray | None:
+        """`_layers` in one kernel call (npu.engine.fused), or None where it does not apply."""
+        if self.fused is None or not self.kv.layers:
+            return None
+        x = self.embed_tokens(ids)
+        if self.embed_scale is not None:
+            x = x * self.embed_scale
+        pieces, start = [], 0
+        for seq, n in segments:
+            pieces.append((start, n, seq.pos))
+            start += n
+        return self.fused.run(x, pieces, tables, positions, decoding)
 
     def _layers(self, ids: np.ndarray, segments: list[tuple[Seq, int]], positions: np.ndarray,
                 attention) -> np.ndarray:

@@ -289,3 +289,24 @@ class KernelOps(NumpyOps):
         self.kv_write(qkv, nq, K, V, tables, positions)
         return self._attend(qkv, qkv.shape[1], len(qkv), nq, K, V, tables, positions + 1,
                             window, sinks, scale)
+
+    def attend_prompt(self, q: np.ndarray, K: np.ndarray, V: np.ndarray, table: np.ndarray,
+                      pos: int, window: int, sinks: np.ndarray | None,
+                      scale: np.float32) -> np.ndarray:
+        """The blocked kernel (fk_attend_prompt: each cached key read once per block of
+        query rows, the softmax online); within float rounding of `NumpyOps`'."""
+        n, nq, dim = q.shape
+        self._check_cache(K, V)
+        q = np.ascontiguousarray(q, dtype=np.float32)
+        table = np.ascontiguousarray(table, dtype=np.int64).reshape(-1)
+        out = np.empty((n, nq * dim), dtype=np.float32)
+        if sinks is not None:
+            sinks = np.ascontiguousarray(sinks, dtype=np.float32)
+        if self._lib.fk_attend_prompt(q.ctypes.data, nq * dim, n, nq, K.shape[1], dim,
+                                      K.ctypes.data, V.ctypes.data, K.shape[2],
+                                      table.ctypes.data, pos, window,
+                                      None if sinks is None else sinks.ctypes.data,
+                                      float(scale), out.ctypes.data,
+                                      int(K.dtype == np.float16), self.threads.n):
+            return super().attend_prompt(q, K, V, table, pos, window, sinks, scale)
+        return out

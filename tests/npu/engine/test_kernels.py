@@ -290,3 +290,35 @@ def test_the_avx2_build_computes_the_block_products_bit_for_bit(tmp_path) -> Non
             x = rng.standard_normal((T, 576)).astype(np.float32) * 3
             got = CpuLinear(m, Threads(2), lib2)(x)
             assert np.array_equal(got, CpuLinear(m, Threads(2), LIB)(x)), (qtype.name, T)
+
+
+@pytest.mark.parametrize("half", [False, True], ids=["f32", "f16"])
+@pytest.mark.parametrize("nq,nkv,dim,n,pos,window,with_sinks", [
+    (4, 4, 16, 37, 0, 0, False),    # no GQA, a whole prompt, 37 rows: 3 row blocks, the last short
+    (9, 3, 64, 50, 21, 0, False),   # SmolLM2's heads (groups of 3), a prefix of 21 cached
+    (16, 8, 128, 17, 40, 0, True),  # Qwen3's, with sinks
+    (6, 2, 32, 45, 13, 20, False),  # a window shorter than the piece
+    (2, 1, 24, 1, 70, 0, False),    # one row; a head size not a multiple of 16
+])
+def test_blocked_prompt_attention_is_numpys(half: bool, nq: int, nkv: int, dim: int, n: int,
+                                            pos: int, window: int, with_sinks: bool) -> None:
+    """The blocked prompt attention (each key read once per block of rows, online softmax)
+    against numpy's two-pass softmax over the same cache, at shapes that cross its blocks
+    of rows and keys unevenly, with a prefix already cached, GQA groups, windows and sinks."""
+    rng = np.random.default_rng(n + pos)
+    blocks = -(-(pos + n) // 16) + 3
+    dt = np.float16 if half else np.float32
+    K = rng.standard_normal((blocks, nkv, 16, dim)).astype(dt)
+    V = rng.standard_normal((blocks, nkv, 16, dim)).astype(dt)
+    table = rng.permutation(blocks)[: -(-(pos + n) // 16)].astype(np.int64)
+    q = rng.standard_normal((n, nq, dim)).astype(np.float32)
+    sinks = rng.standard_normal(nq).astype(np.float32) if with_sinks else None
+    scale = np.float32(dim ** -0.5)
+    ops = KernelOps(LIB, LinearFactory("cpu", 2).threads)
+    got = ops.attend_prompt(q, K, V, table, pos, window, sinks, scale)
+    want = NumpyOps().attend_prompt(q, K.astype(np.float32), V.astype(np.float32), table, pos,
+                                    window, sinks, scale)
+    assert np.allclose(got, want, rtol=1e-5, atol=2e-6)
+    # a row's result does not depend on the rows computed with it
+    one = ops.attend_prompt(q[n - 1 :], K, V, table, pos + n - 1, window, sinks, scale)
+    assert np.array_equal(one[0], got[n - 1])

@@ -1,0 +1,164 @@
+"""A forward's decoder layers in one call of the compiled kernels (cpu_kernels.c's
+`fk_forward`): the threads stay up across every layer of a step and go from one phase to the
+next at a barrier, instead of ~4 ctypes calls and OpenMP regions per layer.
+
+`FusedLayers.of(engine)` describes the engine's layers to the kernels once (weights' and
+norms' addresses, shapes), or is None where the call does not apply: no kernels, a matrix
+not in an integer format (float checkpoints keep BLAS), convolution or expert layers,
+norms after attention or the MLP (Gemma 3), an activation other than SiLU. Its result is the
+per-call kernels' bit for bit (the same arithmetic in the same order), so the Python path
+stays the reference: `engine.fused = None` takes it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+
+import numpy as np
+
+from npu.engine import rope as rope_mod
+from npu.engine.kv_cache import BLOCK
+from npu.engine.linear import CpuLinear, PackedMatrix, SplitLinear
+from npu.engine.ops import KernelOps
+from npu.engine.quant import INTEGER
+
+_I32, _I64, _P, _F = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+MAX_PARTS = 3
+MAX_PIECES = 64  # prompt pieces in one call (more: the Python path)
+
+
+class FkPart(ctypes.Structure):
+    _fields_ = [("type", _I32), ("packed", _I32), ("w", _P), ("n", _I64)]
+
+
+class FkLin(ctypes.Structure):
+    _fields_ = [("nparts", _I64), ("n", _I64), ("k", _I64), ("part", FkPart * MAX_PARTS)]
+
+
+class FkLayer(ctypes.Structure):
+    _fields_ = [(n, _P) for n in ("norm_in", "norm_ff", "q_norm", "k_norm", "bqkv", "bo",
+                                  "sinks")] + [("window", _I64), ("rope", _I64), ("qkv", FkLin),
+                                               ("o", FkLin), ("gu", FkLin), ("down", FkLin)]
+
+
+class FkModel(ctypes.Structure):
+    _fields_ = [("hidden", _I64), ("nq", _I64), ("nkv", _I64), ("hd", _I64), ("inter", _I64),
+                ("bs", _I64), ("eps", _F), ("scale", _F), ("half", _I32), ("unused", _I32)]
+
+
+def _lin(linear, cols: int) -> FkLin | None:
+    parts = linear.parts if isinstance(linear, SplitLinear) else [linear]
+    if not 1 <= len(parts) <= MAX_PARTS:
+        return None
+    out = FkLin(nparts=len(parts), n=sum(p.shape[0] for p in parts), k=cols)
+    for i, p in enumerate(parts):
+        if not isinstance(p, CpuLinear) or p.matrix.qtype not in INTEGER or p.shape[1] != cols:
+            return None
+        out.part[i] = FkPart(type=int(p.matrix.qtype),
+                             packed=int(isinstance(p.matrix, PackedMatrix)),
+                             w=p.matrix.data.ctypes.data, n=p.shape[0])
+    return out
+
+
+def _addr(a: np.ndarray | None) -> int | None:
+    if a is None:
+        return None
+    if a.dtype != np.float32 or not a.flags.c_contiguous:
+        raise ValueError("fused layers take contiguous float32 vectors")
+    return a.ctypes.data
+
+
+class FusedLayers:
+    """The engine's layers as fk_forward takes them."""
+
+    def __init__(self, engine, lib, layers: ctypes.Array, model: FkModel,
+                 ropes: list[tuple[np.ndarray, float]]) -> None:
+        self._engine, self._lib = engine, lib
+        self._layers, self._model = layers, model
+        self._ropes = ropes
+        self._kv_arrays: list[np.ndarray] = []
+        self._kv = np.zeros(2 * len(layers), dtype=np.uint64)
+        self.seconds = np.zeros(3)  # time in the products, attention, the rest (thread 0)
+        self._held: list[np.ndarray] = []  # arrays whose addresses the layers hold
+
+    @classmethod
+    def of(cls, engine) -> FusedLayers | None:
+        c, ops = engine.config, engine.ops
+        lib = getattr(ops, "_lib", None)
+        if not isinstance(ops, KernelOps) or lib is None or not hasattr(lib, "fk_forward"):
+            return None
+        if engine.activation != "silu" or c.num_heads % c.num_kv_heads:
+            return None
+        held, ropes, rope_index = [], [], {}
+        layers = (FkLayer * len(engine.layers))()
+        qkv_cols = c.hidden_size
+        for i, L in enumerate(engine.layers):
+            if (L.kind == "conv" or L.router_w is not None or L.norm_post_attn is not None
+                    or L.norm_post_ff is not None or L.wqkv is None):
+                return None
+            lins = [_lin(L.wqkv, qkv_cols), _lin(L.wo, c.num_heads * c.head_dim),
+                    _lin(L.w_gate_up, c.hidden_size), _lin(L.w_down, c.intermediate_size)]
+            if any(x is None for x in lins):
+                return None
+            if (lins[0].n != (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
+                    or lins[2].n != 2 * c.intermediate_size or lins[3].n != c.hidden_size
+                    or lins[1].n != c.hidden_size):
+                return None
+            key = (id(L.inv_freq), L.rope_scale)
+            if key not in rope_index:
+                rope_index[key] = len(ropes)
+                ropes.append((L.inv_freq, L.rope_scale))
+            vecs = [L.norm_in, L.norm_pre_ff, L.q_norm, L.k_norm, L.bqkv, L.bo, L.sinks]
+            vecs = [None if v is None else np.ascontiguousarray(v, dtype=np.float32)
+                    for v in vecs]
+            held += [v for v in vecs if v is not None]
+            layers[i] = FkLayer(*(_addr(v) for v in vecs), L.window, rope_index[key], *lins)
+        model = FkModel(hidden=c.hidden_size, nq=c.num_heads, nkv=c.num_kv_heads,
+                        hd=c.head_dim, inter=c.intermediate_size, bs=BLOCK, eps=c.rms_eps,
+                        scale=float(engine.scale), half=int(ops.kv_dtype == np.float16))
+        fused = cls(engine, lib, layers, model, ropes)
+        fused._held = held
+        return fused
+
+    def _kv_pointers(self) -> int:
+        """The caches' addresses (looked up again only when the pool has grown them)."""
+        kv = self._engine.kv
+        arrays = [a for li in range(len(self._layers)) for a in (kv.k[li], kv.v[li])]
+        if len(arrays) != len(self._kv_arrays) or any(
+                a is not b for a, b in zip(arrays, self._kv_arrays)):
+            self._kv_arrays = arrays
+            self._kv[:] = [a.ctypes.data for a in arrays]
+        return self._kv.ctypes.data
+
+    def run(self, x: np.ndarray, pieces: Sequence[tuple[int, int, int]],
+            tables: Sequence[np.ndarray] | np.ndarray, positions: np.ndarray,
+            decoding: bool) -> np.ndarray | None:
+        """The layers over x [T, hidden] (a new array: the last layer's output), the
+        pieces (first row, rows, position of the first row) with their block tables (rows
+        of a 2-D array for a decode step, else one per piece); None where fk_forward does
+        not take this call (the caller runs the Python path, nothing having changed)."""
+        if not decoding and len(pieces) > MAX_PIECES:
+            return None
+        x = np.array(x, dtype=np.float32, order="C", copy=True)
+        seg = np.asarray(pieces, dtype=np.int64).reshape(-1, 3)
+        if decoding:
+            tab = np.ascontiguousarray(tables, dtype=np.int64)
+        else:
+            width = max(len(t) for t in tables)
+            tab = np.zeros((len(tables), width), dtype=np.int64)
+            for row, t in enumerate(tables):
+                tab[row, : len(t)] = t
+        cos_sin = [rope_mod.cos_sin(inv, positions, scale) for inv, scale in self._ropes]
+        cos_sin = [(np.ascontiguousarray(c, dtype=np.float32),
+                    np.ascontiguousarray(s, dtype=np.float32)) for c, s in cos_sin]
+        cos = np.array([c.ctypes.data for c, _ in cos_sin], dtype=np.uint64)
+        sin = np.array([s.ctypes.data for _, s in cos_sin], dtype=np.uint64)
+        rc = self._lib.fk_forward(ctypes.addressof(self._model), ctypes.addressof(self._layers),
+                                  len(self._layers), self._kv_pointers(), x.ctypes.data,
+                                  len(x), len(seg), seg.ctypes.data, tab.ctypes.data,
+                                  tab.shape[1], cos.ctypes.data, sin.ctypes.data,
+                                  self._engine.linears.threads.n, self.seconds.ctypes.data)
+        if rc == -2:
+            raise MemoryError("fk_forward could not allocate its buffers")
+        return None if rc else x

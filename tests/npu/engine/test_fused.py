@@ -1,0 +1,80 @@
+"""The fused layers (one kernel call per step, npu.engine.fused) against the Python path
+over the same kernels: the same logits bit for bit, for decode steps, batches, prompt pieces
+and prompts that start on a cached prefix, across the formats and architectures it takes;
+and the engines it does not take keep the Python path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+
+from npu import load_model
+from tests.npu.gguf_files import tiny_tokenizer_meta, write_random_gguf
+
+try:
+    from npu.engine.cpu_kernels import kernels
+
+    kernels()
+    HAVE_KERNELS = True
+except Exception:  # no C compiler here: the Python path is all there is
+    HAVE_KERNELS = False
+pytestmark = pytest.mark.skipif(not HAVE_KERNELS, reason="the CPU kernels cannot be built here")
+
+CASES = {  # name: (arch, format, other formats by tensor)
+    "llama-Q4_0": ("llama", QT.Q4_0, None),
+    "qwen3-Q8_0": ("qwen3", QT.Q8_0, None),               # q/k norms, head size 128
+    "qwen2-Q4_1-bias": ("qwen2", QT.Q4_1, None),          # q/k/v biases
+    "llama-mixed": ("llama", QT.Q4_1, {"attn_v": QT.Q8_0, "ffn_down": QT.Q5_0}),  # split q/k/v
+}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory, tiny_dir) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("fused")
+    meta = tiny_tokenizer_meta(tiny_dir)
+    return {name: write_random_gguf(folder / f"{name}.gguf", arch, qtype, seed=5,
+                                    tokenizer_meta=meta, tensor_types=types)
+            for name, (arch, qtype, types) in CASES.items()}
+
+
+def _run(engine) -> list[np.ndarray]:
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, 900, 120).tolist()
+    out = [engine.prefill("a", ids[:70])]                           # 70 rows: 5 row blocks
+    out.append(engine.prefill_many([("b", ids[:37]), ("c", ids[50:53])]))  # two pieces
+    out.append(engine.prefill("b", ids[37:61]))                     # a piece after a prefix
+    got = engine.reuse_prefix("d", ids[:70] + [5, 6, 7])            # whole blocks cached
+    out.append(engine.prefill("d", (ids[:70] + [5, 6, 7])[got:]))
+    for step in range(4):                                           # batched decode
+        out.append(engine.decode(["a", "b", "c", "d"], [step, 11, 12, 13]))
+    out.append(engine.decode(["c"], [3]))                           # one sequence
+    return out
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_one_call_per_step_is_the_python_path_bit_for_bit(files, name: str) -> None:
+    fused = load_model(files[name]).engine
+    python = load_model(files[name]).engine
+    assert fused.fused is not None
+    python.fused = None
+
+    def python_path(*args):
+        raise AssertionError("the fused engine took the Python path")
+
+    fused._layers = python_path
+    seconds = fused.fused.seconds.copy()
+    for got, want in zip(_run(fused), _run(python)):
+        assert np.array_equal(got, want)
+    assert (fused.fused.seconds > seconds).all()  # products, attention, the rest were timed
+
+
+def test_engines_it_does_not_take_keep_the_python_path(tmp_path, tiny_dir) -> None:
+    meta = tiny_tokenizer_meta(tiny_dir)
+    for arch, qtype in (("gemma3", QT.Q8_0), ("lfm2", QT.Q8_0), ("llama", QT.F32)):
+        path = write_random_gguf(tmp_path / f"{arch}.gguf", arch, qtype, tokenizer_meta=meta)
+        engine = load_model(path).engine
+        assert engine.fused is None, arch
+        assert np.isfinite(engine.prefill("p", [1, 2, 3])).all()
