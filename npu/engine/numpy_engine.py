@@ -75,6 +75,15 @@ class Seq:
         return self.kv.pos
 
 
+class _Row:
+    """One verified token of a sequence: its blocks, at one position (`NumpyEngine.verify`)."""
+
+    __slots__ = ("kv", "pos", "conv")
+
+    def __init__(self, seq: Seq, pos: int) -> None:
+        self.kv, self.pos, self.conv = seq.kv, pos, seq.conv
+
+
 class Tensors:
     """A checkpoint's tensors taken by name (each taken once: the dict shrinks as the
     engine takes them): small tensors as float32, matrices in their block formats, linear
@@ -380,7 +389,13 @@ class NumpyEngine:
             raise KVCacheFull("the KV cache cannot hold the drafted tokens")
         for seq, n in segments:
             self.kv.reserve(seq.kv, seq.pos + n)
-        return self._forward(np.asarray(ids, dtype=np.int64), segments, every_row=True)
+        # each row as its own one-token piece, so the forward takes the decode path (the
+        # keys and values of every row written first, then each row attending up to its
+        # own position): the same attention kernel, and so the same bits, as `decode`
+        # (the prompt path's blocked attention sums in another order, and a near-tie of
+        # greedy decoding would then go the other way with drafts than without)
+        rows = [(_Row(seq, seq.pos + i), 1) for seq, n in segments for i in range(n)]
+        return self._forward(np.asarray(ids, dtype=np.int64), rows, every_row=True)
 
     def rewind(self, seq_id: object, length: int) -> None:
         """Take `seq_id` back to its first `length` tokens (drafted tokens not kept): the
