@@ -33,6 +33,7 @@ stream updated in place (see `npu.xrt.layer_pack`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -124,103 +125,113 @@ def _check(where: Path, m: ManifestV2) -> None:
     if "gemv" not in m.ops:
         raise bad("it has no gemv op (every model needs one for its lm_head)")
     for name, op in m.ops.items():
-        if name not in ARGS:
-            raise bad(f"op {name!r} is not one of {', '.join(ARGS)}")
-        if op.instr_format not in ("bin", "elf"):
-            raise bad(f"op {name}: instr_format {op.instr_format!r} is not bin or elf")
-        if op.instr_format == "bin" and (any(not (s.xclbin or op.xclbin) for s in op.shapes)
-                                         or any(not s.insts for s in op.shapes)):
-            raise bad(f"op {name}: instr_format bin needs an xclbin (the op's, or each "
-                      "shape's) and each shape's insts")
-        if op.instr_format == "elf" and any(s.xclbin or s.kernel for s in op.shapes):
-            raise bad(f"op {name}: a shape's own xclbin / kernel is for instr_format bin")
-        if op.instr_format == "elf" and (not op.elf or any(not s.sequence
-                                                           for s in op.shapes)):
-            raise bad(f"op {name}: instr_format elf needs an elf and each shape's sequence")
-        if op.dtype.get("acc", "f32") != "f32":
-            raise bad(f"op {name}: accumulator {op.dtype.get('acc')!r}; the engine's numerics "
-                      "(and the simulator's) assume f32 accumulation")
-        text = [s.insts for s in op.shapes if s.insts.lower().endswith(".txt")]
-        if text:
-            raise bad(f"op {name}: instruction stream {text[0]} is a text listing; this engine "
-                      "reads binary streams (aiecc.py's --npu-insts-name=insts.bin, or "
-                      "convert each hex line to a little-endian 32-bit word)")
-        if op.instr_length not in ("words", "bytes"):
-            raise bad(f"op {name}: instr_length {op.instr_length!r} is not words or bytes")
-        if len(op.args) > MAX_BUFFERS:
-            raise bad(f"op {name}: {len(op.args)} buffer arguments; a kernel takes at most "
-                      f"{MAX_BUFFERS}")
-        want = ARGS[name]
-        if op.gbps < 0:
-            raise bad(f"op {name}: gbps {op.gbps} is negative")
-        if op.scalars not in ("rtp", "insts", "scratchpad"):
-            raise bad(f"op {name}: scalars {op.scalars!r} is not rtp, insts or scratchpad")
-        if op.math not in ("exact", "aie2p"):
-            raise bad(f"op {name}: math {op.math!r} is not exact or aie2p")
-        if op.math != "exact" and name not in LAYER_OPS:
-            raise bad(f"op {name}: math is for the layer ops (their softmax and SiLU)")
-        if op.scalars == "scratchpad":
-            if name not in ("attn", "layer") or op.instr_format != "elf" or not op.params:
-                raise bad(f"op {name}: scalars in the control scratchpad are for the attn "
-                          "and layer ops of instr_format elf, with the ELF's params file")
-            if set(op.scalar_symbols) - set(SCALARS):
-                raise bad(f"op {name}: scalar_symbols names {sorted(op.scalar_symbols)}; the "
-                          f"scalars are {', '.join(SCALARS)}")
-            want = [a for a in want if a != "rtp"]
-        if op.scalars == "insts":
-            if name not in ("attn", "layer") or op.instr_format != "bin":
-                raise bad(f"op {name}: scalars in the instruction stream are for the attn and "
-                          "layer ops of instr_format bin")
-            if any(len(s.scalar_words) != len(SCALARS) for s in op.shapes):
-                raise bad(f"op {name}: scalars insts needs each shape's scalar_words, the "
-                          f"indices of its stream's words for {' and '.join(SCALARS)}")
-            want = [a for a in want if a != "rtp"]
-        if sorted(op.args) != sorted(want):
-            raise bad(f"op {name}: args {op.args} must name {', '.join(want)}")
-        if name in LINEAR_OPS and op.dtype.get("x") != "bf16":
-            raise bad(f"op {name}: x must be bf16 (activations cross as bf16), not "
-                      f"{op.dtype.get('x')!r}")
-        if name in LAYER_OPS and op.dtype.get("x") not in ("bf16", "f32"):
-            raise bad(f"op {name}: x (the residual stream) must be bf16 or f32, not "
-                      f"{op.dtype.get('x')!r}")
-        w = op.dtype.get("w")
-        if op.layout in IRON_B:
-            s, t, ct_k = (list(op.mmul) + [0, 0, 0])[:3]
-            gk, gn = op.granule.get("k", 0), op.granule.get("n", 0)
-            if name not in LINEAR_OPS or len(op.mmul) != 3 or min(s, t, ct_k) <= 0 or \
-                    gk % ct_k or ct_k % s or gn % t:
-                raise bad(f"op {name}: layout {op.layout} is for gemv / gemm, with mmul "
-                          "[s, t, ct_k] where ct_k divides the k granule, s divides ct_k "
-                          "and t the n granule")
-            if op.layout == "iron.pack_b.bfp16ebs8" and s != 8:
-                raise bad(f"op {name}: layout iron.pack_b.bfp16ebs8 needs mmul s = 8 (a "
-                          "block is 8 in-features)")
-        if op.layout == "iron.rows" and name not in LINEAR_OPS:
-            raise bad(f"op {name}: layout iron.rows is for gemv / gemm")
-        if op.bfp16_mmul and (name not in LINEAR_OPS or op.granule.get("k", 0) % 8):
-            raise bad(f"op {name}: bfp16_mmul is for gemv / gemm with a k granule that is a "
-                      "multiple of 8 (a bfp16 block)")
-        if op.layout == "flm.q4nx" and (name not in LINEAR_OPS or op.granule.get("n", 0) % 32
-                                        or op.granule.get("k", 0) % 256):
-            raise bad(f"op {name}: layout flm.q4nx is for gemv / gemm, with granules n a "
-                      "multiple of 32 and k of 256 (its blocks)")
-        if DTYPE_OF_LAYOUT.get(op.layout) != w or op.layout not in LAYOUTS:
-            raise bad(f"op {name}: weight dtype {w!r} with layout {op.layout!r}; known: "
-                      + ", ".join(f"{d} -> {lay}" for lay, d in DTYPE_OF_LAYOUT.items()))
-        if op.dtype.get("y") not in ("bf16", "f32"):
-            raise bad(f"op {name}: y must be bf16 or f32, not {op.dtype.get('y')!r}")
-        if op.rounding not in ("floor", "conv_even"):
-            raise bad(f"op {name}: rounding {op.rounding!r} is not floor or conv_even")
-        if not {"n", "k"} <= set(op.granule):
-            raise bad(f"op {name}: granule needs n and k")
-        if not op.shapes:
-            raise bad(f"op {name}: no shapes")
-        if name == "gemv" and any(s.m != 1 for s in op.shapes):
-            raise bad("op gemv: every shape has m = 1")
-        gm = op.granule.get("m", 1)
-        if name == "gemm" and any(s.m % gm for s in op.shapes):
-            raise bad(f"op gemm: a shape's m must be a multiple of its m granule {gm} (e.g. "
-                      "IRON's GEMM: 4 rows of 64-row tiles, M % 256)")
+        _check_op(bad, name, op)
+        _check_weights(bad, name, op)
+
+
+def _check_op(bad: Callable[[str], XRTError], name: str, op: Op) -> None:
+    """One op's instruction streams, scalars and buffer arguments."""
+    if name not in ARGS:
+        raise bad(f"op {name!r} is not one of {', '.join(ARGS)}")
+    if op.instr_format not in ("bin", "elf"):
+        raise bad(f"op {name}: instr_format {op.instr_format!r} is not bin or elf")
+    if op.instr_format == "bin" and (any(not (s.xclbin or op.xclbin) for s in op.shapes)
+                                     or any(not s.insts for s in op.shapes)):
+        raise bad(f"op {name}: instr_format bin needs an xclbin (the op's, or each "
+                  "shape's) and each shape's insts")
+    if op.instr_format == "elf" and any(s.xclbin or s.kernel for s in op.shapes):
+        raise bad(f"op {name}: a shape's own xclbin / kernel is for instr_format bin")
+    if op.instr_format == "elf" and (not op.elf or any(not s.sequence
+                                                       for s in op.shapes)):
+        raise bad(f"op {name}: instr_format elf needs an elf and each shape's sequence")
+    if op.dtype.get("acc", "f32") != "f32":
+        raise bad(f"op {name}: accumulator {op.dtype.get('acc')!r}; the engine's numerics "
+                  "(and the simulator's) assume f32 accumulation")
+    text = [s.insts for s in op.shapes if s.insts.lower().endswith(".txt")]
+    if text:
+        raise bad(f"op {name}: instruction stream {text[0]} is a text listing; this engine "
+                  "reads binary streams (aiecc.py's --npu-insts-name=insts.bin, or "
+                  "convert each hex line to a little-endian 32-bit word)")
+    if op.instr_length not in ("words", "bytes"):
+        raise bad(f"op {name}: instr_length {op.instr_length!r} is not words or bytes")
+    if len(op.args) > MAX_BUFFERS:
+        raise bad(f"op {name}: {len(op.args)} buffer arguments; a kernel takes at most "
+                  f"{MAX_BUFFERS}")
+    want = ARGS[name]
+    if op.gbps < 0:
+        raise bad(f"op {name}: gbps {op.gbps} is negative")
+    if op.scalars not in ("rtp", "insts", "scratchpad"):
+        raise bad(f"op {name}: scalars {op.scalars!r} is not rtp, insts or scratchpad")
+    if op.math not in ("exact", "aie2p"):
+        raise bad(f"op {name}: math {op.math!r} is not exact or aie2p")
+    if op.math != "exact" and name not in LAYER_OPS:
+        raise bad(f"op {name}: math is for the layer ops (their softmax and SiLU)")
+    if op.scalars == "scratchpad":
+        if name not in ("attn", "layer") or op.instr_format != "elf" or not op.params:
+            raise bad(f"op {name}: scalars in the control scratchpad are for the attn "
+                      "and layer ops of instr_format elf, with the ELF's params file")
+        if set(op.scalar_symbols) - set(SCALARS):
+            raise bad(f"op {name}: scalar_symbols names {sorted(op.scalar_symbols)}; the "
+                      f"scalars are {', '.join(SCALARS)}")
+        want = [a for a in want if a != "rtp"]
+    if op.scalars == "insts":
+        if name not in ("attn", "layer") or op.instr_format != "bin":
+            raise bad(f"op {name}: scalars in the instruction stream are for the attn and "
+                      "layer ops of instr_format bin")
+        if any(len(s.scalar_words) != len(SCALARS) for s in op.shapes):
+            raise bad(f"op {name}: scalars insts needs each shape's scalar_words, the "
+                      f"indices of its stream's words for {' and '.join(SCALARS)}")
+        want = [a for a in want if a != "rtp"]
+    if sorted(op.args) != sorted(want):
+        raise bad(f"op {name}: args {op.args} must name {', '.join(want)}")
+    if name in LINEAR_OPS and op.dtype.get("x") != "bf16":
+        raise bad(f"op {name}: x must be bf16 (activations cross as bf16), not "
+                  f"{op.dtype.get('x')!r}")
+    if name in LAYER_OPS and op.dtype.get("x") not in ("bf16", "f32"):
+        raise bad(f"op {name}: x (the residual stream) must be bf16 or f32, not "
+                  f"{op.dtype.get('x')!r}")
+
+
+def _check_weights(bad: Callable[[str], XRTError], name: str, op: Op) -> None:
+    """One op's weight layout, dtypes, rounding, granules and shapes."""
+    w = op.dtype.get("w")
+    if op.layout in IRON_B:
+        s, t, ct_k = (list(op.mmul) + [0, 0, 0])[:3]
+        gk, gn = op.granule.get("k", 0), op.granule.get("n", 0)
+        if name not in LINEAR_OPS or len(op.mmul) != 3 or min(s, t, ct_k) <= 0 or \
+                gk % ct_k or ct_k % s or gn % t:
+            raise bad(f"op {name}: layout {op.layout} is for gemv / gemm, with mmul "
+                      "[s, t, ct_k] where ct_k divides the k granule, s divides ct_k "
+                      "and t the n granule")
+        if op.layout == "iron.pack_b.bfp16ebs8" and s != 8:
+            raise bad(f"op {name}: layout iron.pack_b.bfp16ebs8 needs mmul s = 8 (a "
+                      "block is 8 in-features)")
+    if op.layout == "iron.rows" and name not in LINEAR_OPS:
+        raise bad(f"op {name}: layout iron.rows is for gemv / gemm")
+    if op.bfp16_mmul and (name not in LINEAR_OPS or op.granule.get("k", 0) % 8):
+        raise bad(f"op {name}: bfp16_mmul is for gemv / gemm with a k granule that is a "
+                  "multiple of 8 (a bfp16 block)")
+    if op.layout == "flm.q4nx" and (name not in LINEAR_OPS or op.granule.get("n", 0) % 32
+                                    or op.granule.get("k", 0) % 256):
+        raise bad(f"op {name}: layout flm.q4nx is for gemv / gemm, with granules n a "
+                  "multiple of 32 and k of 256 (its blocks)")
+    if DTYPE_OF_LAYOUT.get(op.layout) != w or op.layout not in LAYOUTS:
+        raise bad(f"op {name}: weight dtype {w!r} with layout {op.layout!r}; known: "
+                  + ", ".join(f"{d} -> {lay}" for lay, d in DTYPE_OF_LAYOUT.items()))
+    if op.dtype.get("y") not in ("bf16", "f32"):
+        raise bad(f"op {name}: y must be bf16 or f32, not {op.dtype.get('y')!r}")
+    if op.rounding not in ("floor", "conv_even"):
+        raise bad(f"op {name}: rounding {op.rounding!r} is not floor or conv_even")
+    if not {"n", "k"} <= set(op.granule):
+        raise bad(f"op {name}: granule needs n and k")
+    if not op.shapes:
+        raise bad(f"op {name}: no shapes")
+    if name == "gemv" and any(s.m != 1 for s in op.shapes):
+        raise bad("op gemv: every shape has m = 1")
+    gm = op.granule.get("m", 1)
+    if name == "gemm" and any(s.m % gm for s in op.shapes):
+        raise bad(f"op gemm: a shape's m must be a multiple of its m granule {gm} (e.g. "
+                  "IRON's GEMM: 4 rows of 64-row tiles, M % 256)")
 
 
 def generation_dir(kernel_dir: Path, generation: str, device_name: str) -> Path:
