@@ -639,9 +639,10 @@ static void rows_int(int type, const uint8_t *W, int64_t rb, const Act8 *a, int6
 
 
 /* -- rows interleaved (packed) -------------------------------------------------------------
- * With VNNI (vpdpbusd: four u8 x s8 products summed into each int32 lane), Q4_0, Q4_1, Q5_0,
- * Q5_1 and Q8_0 weights are repacked once, in groups of XR rows (XR = the lanes of the widest
- * VNNI vector: 16 with AVX512-VNNI, 8 with AVX-VNNI): per block of 32 columns, the XR rows'
+ * Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 weights are repacked once, in groups of XR rows (XR = the
+ * int32 lanes of the widest vector with VNNI's vpdpbusd, four u8 x s8 products summed into
+ * each lane: 16 with AVX512-VNNI, 8 with AVX-VNNI; 8 with AVX2 alone, whose vpmaddubsw and
+ * vpmaddwd make the same exact sums in more steps): per block of 32 columns, the XR rows'
  * f16 scales (then Q4_1's / Q5_1's XR f16 offsets), then their codes arranged so that lane r
  * of a vector holds 4 consecutive codes of row r. A token's 4 codes broadcast to the XR
  * lanes, so one instruction adds 4 products to each of XR rows, and a block's scales apply to
@@ -650,7 +651,8 @@ static void rows_int(int type, const uint8_t *W, int64_t rb, const Act8 *a, int6
  *       code 4k + i, high: code 16 + 4k + i); Q5 then 1 vector of fifth bits: bit j of its
  *       byte 4r + i is the fifth bit of code 4j + i of row r (the code whose nibble is in
  *       the j-th vector of nibbles taken apart: low nibbles of vectors 0-3, then high ones)
- *   Q8_0: 8 vectors; byte 4r + i of vector k = code 4k + i of row r + 128 (unsigned)
+ *   Q8_0: 8 vectors; byte 4r + i of vector k = code 4k + i of row r + 128 (unsigned; AVX2
+ *       without VNNI: the code as it is, signed, see packed_sums)
  * A group-block is XR blocks' bytes (Q4_0 18 XR, Q4_1 20 XR, Q5_0 22 XR, Q5_1 24 XR, Q8_0
  * 34 XR). Rows past N (the last group) are zero. Per row and token the sum is exact in
  * integers, (codes - offset) . qx, then one float multiply-add per block: the same
@@ -679,7 +681,7 @@ typedef __m512 xvf;
 #define X_ZEROF _mm512_setzero_ps
 #define X_STOREF _mm512_storeu_ps
 #define X_SCALES(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
-#elif defined(__AVX2__) && defined(__F16C__) && defined(DPBUSD256)
+#elif defined(__AVX2__) && defined(__F16C__)
 #define HAVE_PACKED 1
 #define XR 8
 typedef __m256i xvi;
@@ -694,7 +696,9 @@ typedef __m256 xvf;
 #define X_ZEROI _mm256_setzero_si256
 #define X_ADDI _mm256_add_epi32
 #define X_SUBI _mm256_sub_epi32
+#ifdef DPBUSD256
 #define X_DPBUSD DPBUSD256
+#endif
 #define X_CVT _mm256_cvtepi32_ps
 #define X_FMA _mm256_fmadd_ps
 #define X_MUL _mm256_mul_ps
@@ -705,6 +709,14 @@ typedef __m256 xvf;
 #else
 #define HAVE_PACKED 0
 #define XR 8
+#endif
+
+/* What packing adds to Q8_0's codes: 128 where vpdpbusd takes them unsigned; none on AVX2
+ * alone (vpmaddubsw's pairs of 255 * 127 would saturate 16 bits). */
+#ifdef X_DPBUSD
+#define Q8_BIAS 128
+#else
+#define Q8_BIAS 0
 #endif
 
 /* Bytes of one group-block (XR blocks of 32 columns); -1: no packed layout for the type. */
@@ -718,6 +730,15 @@ static inline int has_fifth(int type) { return type == Q5_0 || type == Q5_1; }
 
 /* The rows in a group of this build's packed layout (0: this build has none). */
 int fk_packed_rows(void) { return HAVE_PACKED ? XR : 0; }
+
+/* 1 when this build's packed products take VNNI's vpdpbusd (else AVX2's two steps). */
+int fk_packed_vnni(void) {
+#ifdef X_DPBUSD
+    return 1;
+#else
+    return 0;
+#endif
+}
 
 /* Bytes of W [N, K] packed; -1: this build or this type has no packed layout. */
 int64_t fk_packed_bytes(int type, int64_t N, int64_t K) {
@@ -734,11 +755,11 @@ static void move_block(int type, uint8_t *P, int64_t nb, int64_t n, int64_t b, u
     uint8_t *g = P + ((n / XR) * nb + b) * group_block_bytes(type);
 #define MOVE(in_p, in_block, len) memcpy(pack ? (in_p) : (in_block), pack ? (in_block) : (in_p), len)
     MOVE(g + 2 * r, block, 2);
-    if (type == Q8_0) { /* stored + 128: unsigned */
+    if (type == Q8_0) { /* stored + Q8_BIAS */
         for (int k = 0; k < 8; k++)
             for (int i = 0; i < 4; i++) {
                 uint8_t *in_p = g + codes + 4 * XR * k + 4 * r + i, *in_block = block + 2 + 4 * k + i;
-                *(pack ? in_p : in_block) = *(pack ? in_block : in_p) ^ 0x80;
+                *(pack ? in_p : in_block) = *(pack ? in_block : in_p) ^ (uint8_t)Q8_BIAS;
             }
         return;
     }
@@ -767,10 +788,15 @@ int fk_pack(int type, const uint8_t *W, int64_t N, int64_t K, uint8_t *P) {
     const int64_t total = fk_packed_bytes(type, N, K);
     if (total < 0) return -1;
     const int64_t nb = K / 32, rb = fk_row_bytes(type, K), bs = fk_row_bytes(type, 32);
-    memset(P, 0, (size_t)total);
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t b = 0; b < nb; b++) /* W is only read */
-            move_block(type, P, nb, n, b, (uint8_t *)(W + n * rb + b * bs), 1);
+    const int64_t groups = (N + XR - 1) / XR, gb = nb * group_block_bytes(type);
+    /* a group's rows at a time, across the cores (each group its own bytes of P) */
+#pragma omp parallel for schedule(dynamic, 16) if (total > (1 << 20))
+    for (int64_t g = 0; g < groups; g++) {
+        memset(P + g * gb, 0, (size_t)gb);
+        for (int64_t n = g * XR; n < N && n < (g + 1) * XR; n++)
+            for (int64_t b = 0; b < nb; b++) /* W is only read */
+                move_block(type, P, nb, n, b, (uint8_t *)(W + n * rb + b * bs), 1);
+    }
     return 0;
 }
 
@@ -804,13 +830,56 @@ static inline xvi bcast4(const int8_t *q) {
     return X_SET1_32(v);
 }
 
+/* A token's 8 int32 sums per lane (row) of a group-block's codes c[8] times its codes q:
+ * lane r gets sum_k c[k]'s 4 bytes of row r . q[4k .. 4k + 4], exact. `ca`: Q8_0's codes'
+ * magnitudes (AVX2 without VNNI only). */
+static inline __attribute__((always_inline)) xvi
+packed_sums(const int type, const xvi c[8], const xvi ca[8], const int8_t *q) {
+#ifdef X_DPBUSD
+    (void)type; (void)ca;
+    xvi s0 = X_DPBUSD(X_ZEROI(), c[0], bcast4(q));
+    xvi s1 = X_DPBUSD(X_ZEROI(), c[1], bcast4(q + 4));
+    s0 = X_DPBUSD(s0, c[2], bcast4(q + 8));
+    s1 = X_DPBUSD(s1, c[3], bcast4(q + 12));
+    s0 = X_DPBUSD(s0, c[4], bcast4(q + 16));
+    s1 = X_DPBUSD(s1, c[5], bcast4(q + 20));
+    s0 = X_DPBUSD(s0, c[6], bcast4(q + 24));
+    s1 = X_DPBUSD(s1, c[7], bcast4(q + 28));
+    return X_ADDI(s0, s1);
+#else
+    /* vpmaddubsw: u8 x s8 products summed in pairs into 16 bits (saturating, so each step
+     * below stays under 2^15); vpmaddwd with ones: pairs of those into 32 bits */
+    const __m256i ones = _mm256_set1_epi16(1);
+    if (type == Q8_0) { /* signed codes: |c| times x with c's sign, a pair <= 2 * 128 * 127 */
+        __m256i s = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++)
+            s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(
+                    ca[k], _mm256_sign_epi8(bcast4(q + 4 * k), c[k])), ones));
+        return s;
+    }
+    /* Q4 codes < 16: a pair <= 2 * 15 * 127 = 3810, eight pairs 30480; Q5 codes < 32: a
+     * pair <= 7874, four pairs 31496 */
+    __m256i p[2];
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        p[h] = _mm256_add_epi16(_mm256_maddubs_epi16(c[4 * h], bcast4(q + 16 * h)),
+                                _mm256_maddubs_epi16(c[4 * h + 1], bcast4(q + 16 * h + 4)));
+        p[h] = _mm256_add_epi16(p[h], _mm256_maddubs_epi16(c[4 * h + 2], bcast4(q + 16 * h + 8)));
+        p[h] = _mm256_add_epi16(p[h], _mm256_maddubs_epi16(c[4 * h + 3], bcast4(q + 16 * h + 12)));
+    }
+    if (!has_fifth(type)) return _mm256_madd_epi16(_mm256_add_epi16(p[0], p[1]), ones);
+    return _mm256_add_epi32(_mm256_madd_epi16(p[0], ones), _mm256_madd_epi16(p[1], ones));
+#endif
+}
+
 /* Rows n0 .. n0 + XR of Y for tokens t0 .. t0 + RN (RN a constant after inlining). */
 static inline __attribute__((always_inline)) void
 tile_packed(const int type, const int RN, const uint8_t *G, const Act8 *a, int64_t t0,
             float *Y, int64_t ldy, int64_t N, int64_t n0) {
     const int64_t nb = a->nb, gbb = group_block_bytes(type);
     const int64_t codes = (has_min(type) ? 4 : 2) * XR;
-    const int32_t offset = type == Q4_0 ? 8 : type == Q5_0 ? 16 : type == Q8_0 ? 128 : 0;
+    const int32_t offset = type == Q4_0 ? 8 : type == Q5_0 ? 16 : type == Q8_0 ? Q8_BIAS : 0;
     xvf acc[8];
 #pragma GCC unroll 8
     for (int t = 0; t < RN; t++) acc[t] = X_ZEROF();
@@ -818,10 +887,15 @@ tile_packed(const int type, const int RN, const uint8_t *G, const Act8 *a, int64
         const uint8_t *p = G + b * gbb;
         const xvf dw = X_SCALES(p);
         const xvf mw = has_min(type) ? X_SCALES(p + 2 * XR) : X_ZEROF();
-        xvi c[8];
+        xvi c[8], ca[8];
         if (type == Q8_0) {
 #pragma GCC unroll 8
-            for (int k = 0; k < 8; k++) c[k] = X_LOADI(p + codes + 4 * XR * k);
+            for (int k = 0; k < 8; k++) {
+                c[k] = X_LOADI(p + codes + 4 * XR * k);
+#ifndef X_DPBUSD
+                ca[k] = _mm256_abs_epi8(c[k]);
+#endif
+            }
         } else {
             const xvi low4 = X_SET1_8(15);
 #pragma GCC unroll 4
@@ -847,15 +921,7 @@ tile_packed(const int type, const int RN, const uint8_t *G, const Act8 *a, int64
         for (int t = 0; t < RN; t++) {
             const int64_t at = at0 + t;
             const int8_t *q = a->q + 32 * at;
-            xvi s0 = X_DPBUSD(X_ZEROI(), c[0], bcast4(q));
-            xvi s1 = X_DPBUSD(X_ZEROI(), c[1], bcast4(q + 4));
-            s0 = X_DPBUSD(s0, c[2], bcast4(q + 8));
-            s1 = X_DPBUSD(s1, c[3], bcast4(q + 12));
-            s0 = X_DPBUSD(s0, c[4], bcast4(q + 16));
-            s1 = X_DPBUSD(s1, c[5], bcast4(q + 20));
-            s0 = X_DPBUSD(s0, c[6], bcast4(q + 24));
-            s1 = X_DPBUSD(s1, c[7], bcast4(q + 28));
-            xvi s = X_ADDI(s0, s1);
+            xvi s = packed_sums(type, c, ca, q);
             if (offset) s = X_SUBI(s, X_SET1_32(offset * a->qs[at]));
             acc[t] = X_FMA(X_CVT(s), X_MUL(dw, X_SET1F(a->d[at])), acc[t]);
             if (has_min(type)) acc[t] = X_FMA(mw, X_SET1F(a->s[at]), acc[t]);

@@ -104,6 +104,8 @@ def load(path: Path) -> ctypes.CDLL:
     lib.fk_matmul.argtypes = [ctypes.c_int, _U8, _I64, _I64, _F32P, _I64, _F32P, ctypes.c_int]
     lib.fk_packed_rows.restype = ctypes.c_int
     lib.fk_packed_rows.argtypes = []
+    lib.fk_packed_vnni.restype = ctypes.c_int
+    lib.fk_packed_vnni.argtypes = []
     lib.fk_packed_bytes.restype = _I64
     lib.fk_packed_bytes.argtypes = [ctypes.c_int, _I64, _I64]
     lib.fk_pack.restype = ctypes.c_int
@@ -162,7 +164,7 @@ def _cpu_flags() -> set[str]:
 
 def kernel_path() -> str:
     """The matrix products' code path on this machine, in words ("packed VNNI x16",
-    "packed VNNI x8", "AVX2", "scalar"; "numpy reference" when the kernels cannot be
+    "packed VNNI x8", "packed AVX2 x8", "scalar"; "numpy reference" when the kernels cannot be
     built): what the start block shows, since the arithmetic, and so a greedy reply's
     near-ties, differ by path."""
     try:
@@ -170,5 +172,5 @@ def kernel_path() -> str:
     except KernelUnavailable:
         return "numpy reference"
     if rows:
-        return f"packed VNNI x{rows}"
+        return f"packed {'VNNI' if kernels().fk_packed_vnni() else 'AVX2'} x{rows}"
     return "AVX2" if "avx2" in _cpu_flags() else "scalar"

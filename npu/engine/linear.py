@@ -21,7 +21,7 @@ import logging
 import numpy as np
 
 from npu.engine.ops import KernelOps, NumpyOps
-from npu.engine.quant import INTEGER, QT, QMatrix, row_bytes
+from npu.engine.quant import INTEGER, QT, QMatrix, release_pages, row_bytes
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +126,9 @@ class PackedMatrix:
         data = np.empty(size, dtype=np.uint8)
         if lib.fk_pack(int(m.qtype), m.data.ctypes.data, rows, cols, data.ctypes.data):
             raise RuntimeError(f"fk_pack failed for {m!r}")
+        # the copy made: a mapped file's pages under `m` leave resident memory now, so a
+        # load's peak is the packed bytes plus one matrix, not the file on top of them
+        release_pages(m.data)
         return cls(m.qtype, m.shape, data, lib)
 
     @property

@@ -43,8 +43,8 @@ def _matrix(rng: np.random.Generator, qtype: QT, rows: int, cols: int) -> QMatri
     return QMatrix.from_float(w, qtype)
 
 
-# the formats with a packed layout where the CPU has VNNI (else none: PackedMatrix.of is None),
-# in groups of GROUP rows (16 with AVX512-VNNI, 8 with AVX-VNNI)
+# the formats with a packed layout where the CPU has AVX2 (else none: PackedMatrix.of is None),
+# in groups of GROUP rows (16 with AVX512-VNNI, 8 with AVX-VNNI or AVX2 alone)
 PACKED = {QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0}
 GROUP = LIB.fk_packed_rows() if LIB is not None else 0
 
@@ -74,8 +74,7 @@ def test_integer_formats_are_the_product_with_8_bit_activations(qtype: QT, cols:
         assert np.all(np.abs(got - exact) <= bound + 1e-3 * scale), (qtype.name, T)
 
 
-@pytest.mark.skipif(GROUP == 0, reason="this build has no VNNI (an AVX2-only CPU, or "
-                                       "FLM_KERNEL_FLAGS=-march=x86-64-v3): no packed layout")
+@pytest.mark.skipif(GROUP == 0, reason="this build has no AVX2: no packed layout")
 @pytest.mark.parametrize("qtype", sorted(PACKED), ids=lambda q: q.name)
 def test_the_packed_layout_keeps_every_byte_and_every_sum(qtype: QT) -> None:
     """Packed, the blocks come back byte for byte and the rows read the same; a token's
@@ -269,27 +268,34 @@ def test_prompt_attention_kernel_is_numpys(cache, window: int) -> None:
     assert np.allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.skipif(GROUP == 0, reason="this build is the AVX2 one (no VNNI), which the "
-                                       "other tests check")
-def test_the_avx2_build_computes_the_block_products_bit_for_bit(tmp_path) -> None:
-    """A CPU with AVX2 but no VNNI (x86-64-v3: many AMD EPYC and older Intel) has no packed
-    layout and multiplies the blocks as they are in the file: that build, made here with
-    -march=x86-64-v3, gives the same bits as this machine's own block product, for every
-    integer format, decode and prompt rows (`make test` with FLM_KERNEL_FLAGS=-march=x86-64-v3
-    runs the whole suite on it)."""
+def test_the_avx2_build_packs_8_rows_and_computes_the_same_bits(tmp_path) -> None:
+    """A CPU with AVX2 but no VNNI (x86-64-v3: many AMD EPYC and older Intel) packs 8 rows to
+    a group too and makes the same exact integer sums with vpmaddubsw / vpmaddwd (Q8_0's codes
+    kept signed): that build, made here with -march=x86-64-v3, keeps the bytes and gives the
+    same bits as this machine's own build, packed and in the file's blocks, for every integer
+    format, decode and prompt rows (`make test` with FLM_KERNEL_FLAGS=-march=x86-64-v3 runs
+    the whole suite on it)."""
     from npu.engine.cpu_kernels import build, load
     from npu.engine.linear import Threads
 
     lib2 = load(build(tmp_path, extra=("-march=x86-64-v3",)))
-    assert lib2.fk_packed_rows() == 0
+    assert lib2.fk_packed_rows() == 8
     rng = np.random.default_rng(9)
     for qtype in sorted(INTEGER):
         m = _matrix(rng, qtype, 37, 576)
-        assert PackedMatrix.of(m, lib2) is None
+        p2 = PackedMatrix.of(m, lib2)
+        assert (p2 is not None) == (qtype in PACKED)
+        if p2 is not None:
+            assert np.array_equal(p2.blocks().data, m.data)
+            assert np.array_equal(p2.rows(np.array([0, 36, 9])), m.rows(np.array([0, 36, 9])))
+        own = PackedMatrix.of(m, LIB) if GROUP else None
         for T in ROWS:
             x = rng.standard_normal((T, 576)).astype(np.float32) * 3
             got = CpuLinear(m, Threads(2), lib2)(x)
             assert np.array_equal(got, CpuLinear(m, Threads(2), LIB)(x)), (qtype.name, T)
+            if p2 is not None and own is not None:
+                got = CpuLinear(p2, Threads(2), lib2)(x)
+                assert np.array_equal(got, CpuLinear(own, Threads(2), LIB)(x)), (qtype.name, T)
 
 
 @pytest.mark.parametrize("half", [False, True], ids=["f32", "f16"])
