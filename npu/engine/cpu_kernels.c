@@ -1442,11 +1442,56 @@ void fk_swiglu(const float *GU, int64_t T, int64_t I, float *OUT) {
 #define FK 16 /* keys per step */
 
 /* Keys (transposed: Kt[d][c]) and values (Vb[c][d]) j0 .. j0 + kn of one key head, float32. */
+#if defined(__AVX2__) && defined(__F16C__)
+/* r[i] = column i of the 8 x 8 matrix whose rows were r[0..7]. */
+static inline void transpose8(__m256 r[8]) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int h = 0; h < 2; h++) { /* rows 0-3, then 4-7 */
+        __m256 *x = t + 4 * h, *y = u + 4 * h;
+        y[0] = _mm256_shuffle_ps(x[0], x[2], _MM_SHUFFLE(1, 0, 1, 0));
+        y[1] = _mm256_shuffle_ps(x[0], x[2], _MM_SHUFFLE(3, 2, 3, 2));
+        y[2] = _mm256_shuffle_ps(x[1], x[3], _MM_SHUFFLE(1, 0, 1, 0));
+        y[3] = _mm256_shuffle_ps(x[1], x[3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+        r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+    }
+}
+#endif
+
 static void flash_load(const void *K, const void *V, const int64_t *table, int64_t hk,
                        int64_t nkv, int64_t bs, int64_t hd, int half, int64_t j0, int64_t kn,
                        float *Kt, float *Vb) {
     const int64_t es = half ? 2 : 4;
-    for (int64_t c = 0; c < kn; c++) {
+    int64_t c = 0;
+#if defined(__AVX2__) && defined(__F16C__)
+    if (half && hd % 8 == 0) /* 8 keys at a time: 8 x 8 values converted, turned in registers */
+        for (; c + 8 <= kn; c += 8) {
+            const uint16_t *k8[8];
+            for (int i = 0; i < 8; i++) {
+                const int64_t j = j0 + c + i;
+                const int64_t at = ((table[j / bs] * nkv + hk) * bs + j % bs) * hd * es;
+                k8[i] = (const uint16_t *)((const uint8_t *)K + at);
+                const uint16_t *v = (const uint16_t *)((const uint8_t *)V + at);
+                for (int64_t d = 0; d < hd; d += 8)
+                    _mm256_storeu_ps(Vb + (c + i) * hd + d,
+                                     _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + d))));
+            }
+            for (int64_t d = 0; d < hd; d += 8) {
+                __m256 r[8];
+                for (int i = 0; i < 8; i++)
+                    r[i] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k8[i] + d)));
+                transpose8(r);
+                for (int i = 0; i < 8; i++) _mm256_storeu_ps(Kt + (d + i) * FK + c, r[i]);
+            }
+        }
+#endif
+    for (; c < kn; c++) {
         const int64_t j = j0 + c;
         const int64_t at = ((table[j / bs] * nkv + hk) * bs + j % bs) * hd * es;
         const uint8_t *k = (const uint8_t *)K + at, *v = (const uint8_t *)V + at;
@@ -1473,24 +1518,27 @@ static void flash_load(const void *K, const void *V, const int64_t *table, int64
     }
 }
 
+#ifndef SQ
+#define SQ 6
+#endif
 /* s[i][c] = (q_i . key c) * scale for n query vectors (each its sum over d in order). */
 static void flash_scores(const float *const *q, int n, const float *Kt, int64_t hd, float scale,
                          float *s) {
     int i = 0;
 #ifdef __AVX2__
-    for (; i + 4 <= n; i += 4) {
-        __m256 a[4][2];
-        for (int r = 0; r < 4; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
+    for (; i + SQ <= n; i += SQ) { /* SQ queries x 16 keys in registers */
+        __m256 a[SQ][2];
+        for (int r = 0; r < SQ; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
         for (int64_t d = 0; d < hd; d++) {
             const __m256 k0 = _mm256_loadu_ps(Kt + d * FK), k1 = _mm256_loadu_ps(Kt + d * FK + 8);
-            for (int r = 0; r < 4; r++) {
+            for (int r = 0; r < SQ; r++) {
                 const __m256 x = _mm256_set1_ps(q[i + r][d]);
                 a[r][0] = _mm256_fmadd_ps(x, k0, a[r][0]);
                 a[r][1] = _mm256_fmadd_ps(x, k1, a[r][1]);
             }
         }
         const __m256 sc = _mm256_set1_ps(scale);
-        for (int r = 0; r < 4; r++) {
+        for (int r = 0; r < SQ; r++) {
             _mm256_storeu_ps(s + (i + r) * FK, _mm256_mul_ps(a[r][0], sc));
             _mm256_storeu_ps(s + (i + r) * FK + 8, _mm256_mul_ps(a[r][1], sc));
         }
@@ -1552,6 +1600,41 @@ static inline void flash_pv(float *o, float corr, const float *p, int64_t kn, co
     }
 }
 
+/* flash_pv for two query vectors, each value vector loaded once for both (each output's
+ * arithmetic is flash_pv's, in its order). p0, p1: zero past their own counts; kn the
+ * larger. */
+static inline void flash_pv2(float *o0, float *o1, float corr0, float corr1, const float *p0,
+                             const float *p1, int64_t kn, const float *Vb, int64_t hd) {
+#ifdef __AVX2__
+    if (hd % 32 == 0) {
+        const __m256 c0 = _mm256_set1_ps(corr0), c1 = _mm256_set1_ps(corr1);
+        for (int64_t d = 0; d < hd; d += 32) {
+            __m256 a[4], b[4];
+            for (int k = 0; k < 4; k++) {
+                a[k] = _mm256_mul_ps(_mm256_loadu_ps(o0 + d + 8 * k), c0);
+                b[k] = _mm256_mul_ps(_mm256_loadu_ps(o1 + d + 8 * k), c1);
+            }
+            for (int64_t c = 0; c < kn; c++) {
+                const __m256 w0 = _mm256_set1_ps(p0[c]), w1 = _mm256_set1_ps(p1[c]);
+                const float *v = Vb + c * hd + d;
+                for (int k = 0; k < 4; k++) {
+                    const __m256 x = _mm256_loadu_ps(v + 8 * k);
+                    a[k] = _mm256_fmadd_ps(w0, x, a[k]);
+                    b[k] = _mm256_fmadd_ps(w1, x, b[k]);
+                }
+            }
+            for (int k = 0; k < 4; k++) {
+                _mm256_storeu_ps(o0 + d + 8 * k, a[k]);
+                _mm256_storeu_ps(o1 + d + 8 * k, b[k]);
+            }
+        }
+        return;
+    }
+#endif
+    flash_pv(o0, corr0, p0, kn, Vb, hd);
+    flash_pv(o1, corr1, p1, kn, Vb, hd);
+}
+
 /* Scratch floats a thread needs for flash_task. */
 static int64_t flash_scratch(int64_t group, int64_t hd) {
     const int64_t nv = FQ * group;
@@ -1570,6 +1653,8 @@ static void flash_task(const float *Q, int64_t q_stride, int64_t r0, int64_t r1,
     float *m = O + FQ * group * hd, *l = m + FQ * group;
     const float *qv[FQ * 64];
     const float *qp[FQ * 64];
+    float cr[FQ * 64];  /* a step's corrections */
+    int64_t cn[FQ * 64]; /* and each vector's count of keys */
     for (int64_t i = 0; i < nv; i++) {
         const int64_t r = r0 + i / group, h = hk * group + i % group;
         qv[i] = Q + r * q_stride + h * hd;
@@ -1629,8 +1714,17 @@ static void flash_task(const float *Q, int64_t q_stride, int64_t r0, int64_t r1,
             const float corr = expf(m[i] - top);
             l[i] = l[i] * corr + sum;
             m[i] = top;
-            flash_pv(O + i * hd, corr, s, c1, Vb, hd);
+            cr[i - i0] = corr;
+            cn[i - i0] = c1;
         }
+        /* the weighted values, two query vectors at a time (a row's weights past its own
+         * count are zero) */
+        int64_t i = 0;
+        for (; i + 2 <= n; i += 2)
+            flash_pv2(O + (i0 + i) * hd, O + (i0 + i + 1) * hd, cr[i], cr[i + 1],
+                      S + (i0 + i) * FK, S + (i0 + i + 1) * FK,
+                      cn[i] > cn[i + 1] ? cn[i] : cn[i + 1], Vb, hd);
+        if (i < n) flash_pv(O + (i0 + i) * hd, cr[i], S + (i0 + i) * FK, cn[i], Vb, hd);
     }
     for (int64_t i = 0; i < nv; i++) {
         const int64_t r = r0 + i / group, h = hk * group + i % group;
