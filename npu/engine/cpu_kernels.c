@@ -1245,6 +1245,45 @@ static inline void kv_axpy_x2(float *o0, float *o1, float w0, float w1, const ui
 #define PAIRS 0
 #endif
 
+/* Byte offset of cached position j in a layer's cache (the block table's block j / bs, row
+ * j % bs, then `head`'s offset in the block); `shift`: log2(bs) when bs is a power of two
+ * (no division: a 64-bit divide per key cost more than the key's products), else -1. */
+static inline int64_t kv_at(const int64_t *table, int64_t j, int64_t bs, int shift,
+                            int64_t block_bytes, int64_t head, int64_t row_bytes) {
+    const int64_t b = shift >= 0 ? j >> shift : j / bs, r = shift >= 0 ? j & (bs - 1) : j % bs;
+    return table[b] * block_bytes + head + r * row_bytes;
+}
+
+#if PAIRS
+/* o[a] = sum_j w[a][j] * V row j over j = lo .. len - 1 for nh (1 or 2) query heads, each
+ * output accumulated in j's order from zero as repeated kv_axpy calls do (the same bits), but
+ * in registers, 32 values of the row at a time (a pass over the rows each). f16 rows,
+ * hd % 32 == 0. */
+static void kv_weighted_rows(float *const o[2], const float *const w[2], int nh, const void *V,
+                             const int64_t *table, int64_t head, int64_t bs, int shift,
+                             int64_t block_bytes, int64_t row_bytes, int64_t lo, int64_t len,
+                             int64_t hd) {
+    for (int64_t d = 0; d < hd; d += 32) {
+        __m256 a[2][4];
+        for (int h = 0; h < 2; h++)
+            for (int k = 0; k < 4; k++) a[h][k] = _mm256_setzero_ps();
+        for (int64_t j = lo; j < len; j++) {
+            const uint16_t *v = (const uint16_t *)((const uint8_t *)V +
+                                kv_at(table, j, bs, shift, block_bytes, head, row_bytes)) + d;
+            const __m256 w0 = _mm256_set1_ps(w[0][j]);
+            const __m256 w1 = _mm256_set1_ps(nh > 1 ? w[1][j] : 0.0f);
+            for (int k = 0; k < 4; k++) {
+                const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + 8 * k)));
+                a[0][k] = _mm256_fmadd_ps(w0, x, a[0][k]);
+                if (nh > 1) a[1][k] = _mm256_fmadd_ps(w1, x, a[1][k]);
+            }
+        }
+        for (int h = 0; h < nh; h++)
+            for (int k = 0; k < 4; k++) _mm256_storeu_ps(o[h] + d + 8 * k, a[h][k]);
+    }
+}
+#endif
+
 /* One (row, query head) or, paired, two query heads of one key head: scores, softmax, the
  * weighted values; each head's arithmetic is the same whether paired or not. */
 static void attend_heads(const float *const q[2], float *const o[2], const float *const sink[2],
@@ -1253,14 +1292,15 @@ static void attend_heads(const float *const q[2], float *const o[2], const float
                          int64_t lo, int64_t len, int64_t hd, float scale, int half,
                          float *const p[2]) {
     float top[2] = {sink[0] ? *sink[0] : -INFINITY, nh > 1 && sink[1] ? *sink[1] : -INFINITY};
+    const int shift = (bs & (bs - 1)) == 0 ? __builtin_ctzll((unsigned long long)bs) : -1;
     int64_t j = lo;
 #if PAIRS
     if (half && nh == 2 && hd % 16 == 0)
         for (; j + 2 <= len; j += 2) {
-            const uint16_t *k0 = (const uint16_t *)((const uint8_t *)K + table[j / bs] *
-                                 block_bytes + head + (j % bs) * row_bytes);
-            const uint16_t *k1 = (const uint16_t *)((const uint8_t *)K + table[(j + 1) / bs] *
-                                 block_bytes + head + ((j + 1) % bs) * row_bytes);
+            const uint16_t *k0 = (const uint16_t *)((const uint8_t *)K +
+                                 kv_at(table, j, bs, shift, block_bytes, head, row_bytes));
+            const uint16_t *k1 = (const uint16_t *)((const uint8_t *)K +
+                                 kv_at(table, j + 1, bs, shift, block_bytes, head, row_bytes));
             float d[4];
             kv_dot_2x2(q[0], q[1], k0, k1, hd, d);
             for (int a = 0; a < 2; a++)
@@ -1272,7 +1312,7 @@ static void attend_heads(const float *const q[2], float *const o[2], const float
         }
 #endif
     for (; j < len; j++) {
-        const int64_t at = table[j / bs] * block_bytes + head + (j % bs) * row_bytes;
+        const int64_t at = kv_at(table, j, bs, shift, block_bytes, head, row_bytes);
         for (int a = 0; a < nh; a++) {
             p[a][j] = kv_dot(q[a], (const uint8_t *)K + at, hd, half) * scale;
             top[a] = p[a][j] > top[a] ? p[a][j] : top[a];
@@ -1284,9 +1324,9 @@ static void attend_heads(const float *const q[2], float *const o[2], const float
         int64_t t = lo;
 #ifdef __AVX2__
         __m256 sum = _mm256_setzero_ps();
-        const __m256 shift = _mm256_set1_ps(top[a]);
+        const __m256 shift_v = _mm256_set1_ps(top[a]);
         for (; t + 8 <= len; t += 8) {
-            const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p[a] + t), shift));
+            const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p[a] + t), shift_v));
             _mm256_storeu_ps(p[a] + t, e);
             sum = _mm256_add_ps(sum, e);
         }
@@ -1297,19 +1337,29 @@ static void attend_heads(const float *const q[2], float *const o[2], const float
             total += p[a][t];
         }
         inv[a] = 1.0f / total;
-        memset(o[a], 0, (size_t)hd * sizeof(float));
     }
+#if PAIRS
+    if (half && (hd == 32 || hd == 64)) { /* wider heads: more passes over the rows than
+                                            the stores they save (measured slower at 128) */
+        for (int a = 0; a < nh; a++)
+            for (int64_t t = lo; t < len; t++) p[a][t] = p[a][t] * inv[a];
+        kv_weighted_rows(o, (const float *const *)p, nh, V, table, head, bs, shift, block_bytes,
+                         row_bytes, lo, len, hd);
+        return;
+    }
+#endif
+    for (int a = 0; a < nh; a++) memset(o[a], 0, (size_t)hd * sizeof(float));
     j = lo;
 #if PAIRS
     if (half && nh == 2 && hd % 8 == 0)
         for (; j < len; j++) {
-            const int64_t at = table[j / bs] * block_bytes + head + (j % bs) * row_bytes;
+            const int64_t at = kv_at(table, j, bs, shift, block_bytes, head, row_bytes);
             kv_axpy_x2(o[0], o[1], p[0][j] * inv[0], p[1][j] * inv[1],
                        (const uint16_t *)((const uint8_t *)V + at), hd);
         }
 #endif
     for (; j < len; j++) {
-        const int64_t at = table[j / bs] * block_bytes + head + (j % bs) * row_bytes;
+        const int64_t at = kv_at(table, j, bs, shift, block_bytes, head, row_bytes);
         for (int a = 0; a < nh; a++)
             kv_axpy(o[a], p[a][j] * inv[a], (const uint8_t *)V + at, hd, half);
     }
