@@ -20,6 +20,7 @@ import logging
 
 import numpy as np
 
+from npu.engine.convert import fresh
 from npu.engine.ops import KernelOps, NumpyOps
 from npu.engine.quant import INTEGER, QT, QMatrix, release_pages, row_bytes
 
@@ -123,7 +124,7 @@ class PackedMatrix:
         size = lib.fk_packed_bytes(int(m.qtype), rows, cols)
         if size < 0:
             return None
-        data = np.empty(size, dtype=np.uint8)
+        data = fresh((size,), populate=True)
         if lib.fk_pack(int(m.qtype), m.data.ctypes.data, rows, cols, data.ctypes.data):
             raise RuntimeError(f"fk_pack failed for {m!r}")
         # the copy made: a mapped file's pages under `m` leave resident memory now, so a
