@@ -1970,6 +1970,115 @@ static inline void timer(double *timing, int slot, double *mark) {
     timing[slot] += now - *mark;
     *mark = now;
 }
+/* What fk_forward's team shares over a step. */
+typedef struct {
+    const FkModel *m;
+    int64_t T, Tp, nseg, tstride, nqkv, span;
+    const int64_t *seg, *tables, *lengths;
+    const float *const *cos, *const *sin;
+    float *X, *h, *qkv, *big; /* h: normed rows, then attention's output (the o input) */
+    Act8 *a;
+    int decode;
+    double *timing;
+} FkStep;
+
+/* A thread's own: its rows for the row-wise phases, its scratch, its clock. */
+typedef struct {
+    int64_t t0, t1;
+    float *mw, *scr;
+    double mark;
+} FkMine;
+
+/* Team work, a layer's first half: the q/k/v product, bias, q/k norms and RoPE, the new keys
+ * and values into the cache (K, V), attention; its output rounded into S->a for the o
+ * product. */
+static void layer_attention(const FkStep *S, const FkLayer *L, const void *K, const void *V,
+                            FkMine *me) {
+    const FkModel *m = S->m;
+    const int64_t nq = m->nq, nkv = m->nkv, hd = m->hd, nqkv = S->nqkv, T = S->T;
+    const int64_t *seg = S->seg;
+    Act8 *a = S->a;
+    lin_team(&L->qkv, a, T, S->qkv, me->mw);
+    timer(S->timing, 0, &me->mark);
+    for (int64_t t = me->t0; t < me->t1; t++) {
+        float *r = S->qkv + t * nqkv;
+        if (L->bqkv)
+            for (int64_t i = 0; i < nqkv; i++) r[i] = r[i] + L->bqkv[i];
+        fk_qk_rope(r, nqkv, 1, nq, nkv, hd, L->q_norm, L->k_norm, m->eps,
+                   S->cos[L->rope] + t * hd, S->sin[L->rope] + t * hd);
+        int64_t s = S->decode ? t : 0;
+        if (!S->decode)
+            while (t >= seg[3 * s] + seg[3 * s + 1]) s++;
+        const int64_t position = seg[3 * s + 2] + (t - seg[3 * s]);
+        fk_kv_write(r, nqkv, 1, nq, nkv, hd, (void *)K, (void *)V, m->bs,
+                    S->tables + s * S->tstride, 0, &position, m->half);
+    }
+    act_as(a, &L->o, S->Tp);
+    /* heads of whole blocks: each attention task rounds its own outputs */
+    Act8 *qa = hd % 32 == 0 ? a : NULL;
+#pragma omp barrier
+    if (S->decode)
+        attend_team(S->qkv, nqkv, T, nq, nkv, hd, K, V, m->bs, S->tables, S->tstride,
+                    S->lengths, L->window, L->sinks, m->scale, S->h, m->half, me->scr,
+                    (size_t)S->span, qa);
+    else {
+        const int64_t *tabs[64];
+        for (int64_t s = 0; s < S->nseg; s++) tabs[s] = S->tables + s * S->tstride;
+        flash_team(S->qkv, nqkv, S->nseg, seg, tabs, nq, nkv, hd, K, V, m->bs, L->window,
+                   L->sinks, m->scale, S->h, nq * hd, m->half, me->scr, qa);
+    }
+    timer(S->timing, 1, &me->mark);
+    if (!qa) {
+        for (int64_t t = me->t0; t < me->t1; t++) quantize_range(S->h, t, t + 1, nq * hd, a);
+#pragma omp barrier
+        timer(S->timing, 2, &me->mark);
+    }
+}
+
+/* Team work, a layer's second half: the o product and the residual, the norm, gate/up,
+ * SwiGLU, down and the residual; then `next`'s first norm (NULL: the last layer). */
+static void layer_mlp(const FkStep *S, const FkLayer *L, const FkLayer *next, FkMine *me) {
+    const FkModel *m = S->m;
+    const int64_t H = m->hidden, I = m->inter, T = S->T;
+    float *X = S->X, *h = S->h, *big = S->big;
+    Act8 *a = S->a;
+    lin_team(&L->o, a, T, big, me->mw);
+    timer(S->timing, 0, &me->mark);
+    act_as(a, &L->gu, S->Tp);
+    for (int64_t t = me->t0; t < me->t1; t++) {
+        float *x = X + t * H, *y = big + t * H;
+        if (L->bo)
+            for (int64_t i = 0; i < H; i++) x[i] = x[i] + (y[i] + L->bo[i]);
+        else
+            for (int64_t i = 0; i < H; i++) x[i] = x[i] + y[i];
+        fk_rms_norm(x, L->norm_ff, 1, H, m->eps, h + t * H);
+        quantize_range(h, t, t + 1, H, a);
+    }
+#pragma omp barrier
+    timer(S->timing, 2, &me->mark);
+    lin_team(&L->gu, a, T, big, me->mw);
+    timer(S->timing, 0, &me->mark);
+    act_as(a, &L->down, S->Tp);
+    for (int64_t t = me->t0; t < me->t1; t++) {
+        fk_swiglu(big + t * 2 * I, 1, I, h + t * I);
+        quantize_range(h, t, t + 1, I, a);
+    }
+#pragma omp barrier
+    timer(S->timing, 2, &me->mark);
+    lin_team(&L->down, a, T, big, me->mw);
+    timer(S->timing, 0, &me->mark);
+    if (next) act_as(a, &next->qkv, S->Tp);
+    for (int64_t t = me->t0; t < me->t1; t++) {
+        float *x = X + t * H, *y = big + t * H;
+        for (int64_t i = 0; i < H; i++) x[i] = x[i] + y[i];
+        if (next) {
+            fk_rms_norm(x, next->norm_in, 1, H, m->eps, h + t * H);
+            quantize_range(h, t, t + 1, H, a);
+        }
+    }
+#pragma omp barrier
+    timer(S->timing, 2, &me->mark);
+}
 #endif
 
 /* The layers of one forward over X [T, hidden] (in place: the last layer's output).
@@ -2022,6 +2131,8 @@ int fk_forward(const FkModel *m, const FkLayer *layers, int64_t nl, void *const 
     int failed = !lengths || !h || !qkv || !big || !a.q || !a.d || !a.qs;
     const size_t span = (size_t)longest;
     const int64_t own = 4 * nbmax + (decode ? 2 * (int64_t)span : flash_scratch(group, hd));
+    const FkStep S = {m, T, Tp, nseg, tstride, nqkv, (int64_t)span, seg, tables, lengths, cos,
+                      sin, X, h, qkv, big, &a, decode, timing};
     if (!failed) {
 #pragma omp parallel num_threads(threads)
         {
@@ -2032,97 +2143,21 @@ int fk_forward(const FkModel *m, const FkLayer *layers, int64_t nl, void *const 
             }
 #pragma omp barrier
             if (!failed) {
-                float *mw = mine, *scr = mine + 4 * nbmax;
-                double mark = omp_get_wtime();
-                int64_t t0, t1; /* this thread's rows for the row-wise phases */
-                thread_share(T, &t0, &t1);
-                float *att = h; /* attention's output: the o product's input */
+                FkMine me = {0, 0, mine, mine + 4 * nbmax, omp_get_wtime()};
+                thread_share(T, &me.t0, &me.t1); /* this thread's rows for row-wise phases */
                 for (int64_t li = 0; li < nl; li++) {
                     const FkLayer *L = &layers[li];
-                    const void *K = kv[2 * li], *V = kv[2 * li + 1];
                     if (li == 0) { /* the first norm; later ones end the layer before */
                         act_as(&a, &L->qkv, Tp);
-                        for (int64_t t = t0; t < t1; t++) {
+                        for (int64_t t = me.t0; t < me.t1; t++) {
                             fk_rms_norm(X + t * H, L->norm_in, 1, H, m->eps, h + t * H);
                             quantize_range(h, t, t + 1, H, &a);
                         }
 #pragma omp barrier
-                        timer(timing, 2, &mark);
+                        timer(timing, 2, &me.mark);
                     }
-                    lin_team(&L->qkv, &a, T, qkv, mw);
-                    timer(timing, 0, &mark);
-                    /* bias, q/k norms and RoPE, and the new keys and values into the cache */
-                    for (int64_t t = t0; t < t1; t++) {
-                        float *r = qkv + t * nqkv;
-                        if (L->bqkv)
-                            for (int64_t i = 0; i < nqkv; i++) r[i] = r[i] + L->bqkv[i];
-                        fk_qk_rope(r, nqkv, 1, nq, nkv, hd, L->q_norm, L->k_norm, m->eps,
-                                   cos[L->rope] + t * hd, sin[L->rope] + t * hd);
-                        int64_t s = decode ? t : 0;
-                        if (!decode)
-                            while (t >= seg[3 * s] + seg[3 * s + 1]) s++;
-                        const int64_t position = seg[3 * s + 2] + (t - seg[3 * s]);
-                        fk_kv_write(r, nqkv, 1, nq, nkv, hd, (void *)K, (void *)V, m->bs,
-                                    tables + s * tstride, 0, &position, m->half);
-                    }
-                    act_as(&a, &L->o, Tp);
-                    /* heads of whole blocks: each attention task rounds its own outputs */
-                    Act8 *qa = hd % 32 == 0 ? &a : NULL;
-#pragma omp barrier
-                    if (decode)
-                        attend_team(qkv, nqkv, T, nq, nkv, hd, K, V, m->bs, tables, tstride,
-                                    lengths, L->window, L->sinks, m->scale, att, m->half, scr,
-                                    span, qa);
-                    else {
-                        const int64_t *tabs[64];
-                        for (int64_t s = 0; s < nseg; s++) tabs[s] = tables + s * tstride;
-                        flash_team(qkv, nqkv, nseg, seg, tabs, nq, nkv, hd, K, V, m->bs,
-                                   L->window, L->sinks, m->scale, att, nq * hd, m->half, scr,
-                                   qa);
-                    }
-                    timer(timing, 1, &mark);
-                    if (!qa) {
-                        for (int64_t t = t0; t < t1; t++)
-                            quantize_range(att, t, t + 1, nq * hd, &a);
-#pragma omp barrier
-                        timer(timing, 2, &mark);
-                    }
-                    lin_team(&L->o, &a, T, big, mw);
-                    timer(timing, 0, &mark);
-                    act_as(&a, &L->gu, Tp);
-                    for (int64_t t = t0; t < t1; t++) {
-                        float *x = X + t * H, *y = big + t * H;
-                        if (L->bo)
-                            for (int64_t i = 0; i < H; i++) x[i] = x[i] + (y[i] + L->bo[i]);
-                        else
-                            for (int64_t i = 0; i < H; i++) x[i] = x[i] + y[i];
-                        fk_rms_norm(x, L->norm_ff, 1, H, m->eps, h + t * H);
-                        quantize_range(h, t, t + 1, H, &a);
-                    }
-#pragma omp barrier
-                    timer(timing, 2, &mark);
-                    lin_team(&L->gu, &a, T, big, mw);
-                    timer(timing, 0, &mark);
-                    act_as(&a, &L->down, Tp);
-                    for (int64_t t = t0; t < t1; t++) {
-                        fk_swiglu(big + t * 2 * I, 1, I, h + t * I);
-                        quantize_range(h, t, t + 1, I, &a);
-                    }
-#pragma omp barrier
-                    timer(timing, 2, &mark);
-                    lin_team(&L->down, &a, T, big, mw);
-                    timer(timing, 0, &mark);
-                    if (li + 1 < nl) act_as(&a, &layers[li + 1].qkv, Tp);
-                    for (int64_t t = t0; t < t1; t++) {
-                        float *x = X + t * H, *y = big + t * H;
-                        for (int64_t i = 0; i < H; i++) x[i] = x[i] + y[i];
-                        if (li + 1 < nl) {
-                            fk_rms_norm(x, layers[li + 1].norm_in, 1, H, m->eps, h + t * H);
-                            quantize_range(h, t, t + 1, H, &a);
-                        }
-                    }
-#pragma omp barrier
-                    timer(timing, 2, &mark);
+                    layer_attention(&S, L, kv[2 * li], kv[2 * li + 1], &me);
+                    layer_mlp(&S, L, li + 1 < nl ? &layers[li + 1] : NULL, &me);
                 }
             }
             free(mine);
