@@ -269,7 +269,12 @@ def split_parts(path: Path, meta: dict[str, Any]) -> list[Path]:
     return parts
 
 
-def _header(path: Path):
+def read_gguf_header(path: Path):
+    """The file's header (metadata and tensor table), parsed.
+
+    Raises:
+        ModelError: not a readable GGUF file.
+    """
     try:
         return read_header(path)
     except (OSError, ValueError) as exc:  # bad magic, truncated, corrupt tables, bad UTF-8
@@ -277,19 +282,20 @@ def _header(path: Path):
             from None
 
 
-def read_gguf(path: Path, *, progress: bool = True) -> GGUFModel:
+def read_gguf(path: Path, *, progress: bool = True, header=None) -> GGUFModel:
     """Read a GGUF file, or the first of a split model's files (see the module's
-    docstring; the metadata is the first file's, the tensors every part's).
+    docstring; the metadata is the first file's, the tensors every part's). `header`: the
+    file's, already parsed (read_gguf_header).
 
     Raises:
         ModelError: naming the file (and the tensor) for anything that cannot be served.
     """
-    header = _header(path)
+    header = header or read_gguf_header(path)
     meta = header.meta
     where: dict[str, Path] = {}  # tensor -> the part that holds it
     infos: dict[str, TensorInfo] = {}
     for part in split_parts(path, meta):
-        for t in (header if part == path else _header(part)).tensors:
+        for t in (header if part == path else read_gguf_header(part)).tensors:
             infos[t.name], where[t.name] = t, part
     files = {part: MappedFile(part) for part in dict.fromkeys(where.values())}
     arch = meta.get("general.architecture")

@@ -228,13 +228,10 @@ def _eos_ids(*values: Any) -> list[int]:
     return out
 
 
-def _from_gguf(file: Path):
-    from npu.load.gguf import read_gguf
+def _gguf_tokenizer(meta: dict, file: Path) -> Tokenizer:
+    """The tokenizer a GGUF file's metadata describes."""
     from npu.load.gguf_tokenizer import tokenizer_json
 
-    g = read_gguf(file)
-    config = config_from_json(g.config)
-    meta = g.meta
     tokens = meta.get("tokenizer.ggml.tokens") or []
 
     def token(key: str) -> str | None:
@@ -242,12 +239,28 @@ def _from_gguf(file: Path):
         return tokens[i] if isinstance(i, int) and 0 <= i < len(tokens) else None
 
     model_kind = meta.get("tokenizer.ggml.model")
-    tokenizer = Tokenizer(tokenizer_json(meta, str(file)), bos_token=token("bos_token_id"),
-                          eos_token=token("eos_token_id"), unk_token=token("unknown_token_id"),
-                          pad_token=token("padding_token_id"),
-                          add_bos=bool(meta.get("tokenizer.ggml.add_bos_token",
-                                                model_kind == "llama")),
-                          add_eos=bool(meta.get("tokenizer.ggml.add_eos_token", False)))
+    return Tokenizer(tokenizer_json(meta, str(file)), bos_token=token("bos_token_id"),
+                     eos_token=token("eos_token_id"), unk_token=token("unknown_token_id"),
+                     pad_token=token("padding_token_id"),
+                     add_bos=bool(meta.get("tokenizer.ggml.add_bos_token",
+                                           model_kind == "llama")),
+                     add_eos=bool(meta.get("tokenizer.ggml.add_eos_token", False)))
+
+
+def _from_gguf(file: Path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from npu.load.gguf import read_gguf, read_gguf_header
+
+    header = read_gguf_header(file)
+    meta = header.meta
+    # the tokenizer is built (Python, mostly) while the tensors are mapped and converted (C,
+    # which lets the GIL go): a k-quant file's load overlaps the two
+    with ThreadPoolExecutor(1, thread_name_prefix="flm-tokenizer") as pool:
+        pending = pool.submit(_gguf_tokenizer, meta, file)
+        g = read_gguf(file, header=header)
+        tokenizer = pending.result()
+    config = config_from_json(g.config)
     eos_ids = _eos_ids(meta.get("tokenizer.ggml.eos_token_id"),
                        meta.get("tokenizer.ggml.eot_token_id"),
                        meta.get("tokenizer.ggml.eom_token_id"))
