@@ -106,6 +106,37 @@ def test_the_packed_layout_keeps_every_byte_and_every_sum(qtype: QT) -> None:
     assert np.abs(together - want).max() <= 1e-5 * np.abs(want).max()
 
 
+@pytest.mark.skipif(GROUP == 0, reason="this build has no AVX2: no packed layout")
+def test_packed_sums_hold_at_the_extreme_codes() -> None:
+    """Every code at its format's extreme (Q8_0's -128 and 127, Q4's 0 and 15, Q5's 0 and
+    31) against activations whose codes are all +-127: the largest partial sums AVX2's
+    16-bit steps make (vpmaddubsw saturates past 2^15) still come out exact."""
+    rng = np.random.default_rng(3)
+    rows, cols = 16, 256
+    signs = rng.choice([-1.0, 1.0], size=(4, cols)).astype(np.float32)
+    x = signs * 2.0  # every block's max: each code +-127
+    x[1] = 2.0       # all +127, and all -127: the sums' extremes
+    x[2] = -2.0
+    for qtype in sorted(PACKED):
+        if qtype == QT.Q8_0:  # d then 32 int8 codes per block, the codes -128 or 127
+            nb = cols // 32
+            data = np.zeros((rows, nb, 34), dtype=np.uint8)
+            data[:, :, :2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
+            codes = rng.choice(np.array([-128, 127], dtype=np.int8), size=(rows, nb, 32))
+            codes[0] = -128
+            data[:, :, 2:] = codes.view(np.uint8)
+            m = QMatrix(qtype, (rows, cols), data.reshape(rows, -1))
+        else:  # +-1 in every block: the codes at both ends of their range
+            m = QMatrix.from_float(rng.choice([-1.0, 1.0], size=(rows, cols)).astype(np.float32),
+                                   qtype)
+        got = CpuLinear(PackedMatrix.of(m, LIB), LinearFactory("cpu", 2).threads, LIB)(x)
+        if qtype in (QT.Q4_1, QT.Q5_1):  # offsets meet the activations' f16-rounded sums
+            want = LinearFactory("cpu", threads=2, pack=False).linear([m])(x)
+        else:
+            want = rounded_activations(x).astype(np.float64) @ m.dequantize().astype(np.float64).T
+        assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max(), qtype.name
+
+
 @pytest.mark.skipif(GROUP != 16, reason="this CPU has no AVX512-VNNI: its own build is the "
                                           "8-row one, which the other tests check")
 def test_the_8_row_layout_of_avx_vnni_cpus_gives_the_same_bits(tmp_path) -> None:
