@@ -164,8 +164,8 @@ def _cpu_flags() -> set[str]:
 
 def kernel_path() -> str:
     """The matrix products' code path on this machine, in words ("packed VNNI x16",
-    "packed VNNI x8", "packed AVX2 x8", "scalar"; "numpy reference" when the kernels cannot be
-    built): what the start block shows, since the arithmetic, and so a greedy reply's
+    "packed VNNI x8", "packed AVX2 x8", "AVX2", "scalar"; "numpy reference" when the kernels
+    cannot be built): what the start block shows, since the arithmetic, and so a greedy reply's
     near-ties, differ by path."""
     try:
         rows = kernels().fk_packed_rows()

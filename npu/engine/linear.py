@@ -6,7 +6,7 @@
   Q5_1) multiply straight from the blocks with x rounded to 8 bits per block of 32, as
   llama.cpp does (about 0.5% of the largest output; the reference keeps float32). Where the
   CPU has AVX2 (VNNI or not), they are first repacked in groups of 16 or 8 rows
-  (`PackedMatrix`: as many bytes, one copy; 2.5-4x faster products). F16 / BF16
+  (`PackedMatrix`: as many bytes, one copy; 2-4x faster products). F16 / BF16
   multiply a few rows (decode) from the blocks in float32 and many rows (prefill) with BLAS
   on float32 slices the kernels expand. Falls back to "reference" when the kernels cannot be
   built.
@@ -106,10 +106,10 @@ class ReferenceLinear(Linear):
 class PackedMatrix:
     """A Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0 matrix in the kernels' packed layout (cpu_kernels.c,
     "rows interleaved"): per block of 32 columns, a group of rows' scales side by side and
-    their codes interleaved 4 by 4 (16 rows with AVX512-VNNI, 8 with AVX-VNNI or AVX2 alone; Q5's fifth
-    bits in one more vector), the layout their integer products read fastest. As many bytes as
-    the blocks (the last group's rows padded); `blocks()` gives back the file's layout byte
-    for byte."""
+    their codes interleaved 4 by 4 (16 rows with AVX512-VNNI, 8 with AVX-VNNI or AVX2 alone;
+    Q5's fifth bits in one more vector), the layout their integer products read fastest. As
+    many bytes as the blocks (the last group's rows padded); `blocks()` gives back the file's
+    layout byte for byte."""
 
     __slots__ = ("qtype", "shape", "data", "_lib")
     floats = None

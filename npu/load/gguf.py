@@ -26,7 +26,7 @@ import numpy as np
 from npu.engine.convert import fresh
 from npu.engine.quant import CONVERTED, QT, QMatrix, converted_type, release_pages, row_bytes
 from npu.errors import ModelError
-from npu.load.gguf_header import TensorInfo, read_header
+from npu.load.gguf_header import GGUFHeader, TensorInfo, read_header
 from npu.load.mapped import MappedFile
 from npu.load.progress import Progress
 
@@ -269,7 +269,7 @@ def split_parts(path: Path, meta: dict[str, Any]) -> list[Path]:
     return parts
 
 
-def read_gguf_header(path: Path):
+def read_gguf_header(path: Path) -> GGUFHeader:
     """The file's header (metadata and tensor table), parsed.
 
     Raises:
@@ -282,7 +282,8 @@ def read_gguf_header(path: Path):
             from None
 
 
-def read_gguf(path: Path, *, progress: bool = True, header=None) -> GGUFModel:
+def read_gguf(path: Path, *, progress: bool = True,
+              header: GGUFHeader | None = None) -> GGUFModel:
     """Read a GGUF file, or the first of a split model's files (see the module's
     docstring; the metadata is the first file's, the tensors every part's). `header`: the
     file's, already parsed (read_gguf_header).
@@ -290,7 +291,7 @@ def read_gguf(path: Path, *, progress: bool = True, header=None) -> GGUFModel:
     Raises:
         ModelError: naming the file (and the tensor) for anything that cannot be served.
     """
-    header = header or read_gguf_header(path)
+    header = header if header is not None else read_gguf_header(path)
     meta = header.meta
     where: dict[str, Path] = {}  # tensor -> the part that holds it
     infos: dict[str, TensorInfo] = {}
