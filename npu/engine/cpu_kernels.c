@@ -789,10 +789,11 @@ int fk_pack(int type, const uint8_t *W, int64_t N, int64_t K, uint8_t *P) {
     if (total < 0) return -1;
     const int64_t nb = K / 32, rb = fk_row_bytes(type, K), bs = fk_row_bytes(type, 32);
     const int64_t groups = (N + XR - 1) / XR, gb = nb * group_block_bytes(type);
-    /* a group's rows at a time, across the cores (each group its own bytes of P) */
+    /* a group's rows at a time, across the cores (each group its own bytes of P); a whole
+     * group's rows write every byte of it, a last partial group's missing rows are zeros */
 #pragma omp parallel for schedule(dynamic, 16) if (total > (1 << 20))
     for (int64_t g = 0; g < groups; g++) {
-        memset(P + g * gb, 0, (size_t)gb);
+        if ((g + 1) * XR > N) memset(P + g * gb, 0, (size_t)gb);
         for (int64_t n = g * XR; n < N && n < (g + 1) * XR; n++)
             for (int64_t b = 0; b < nb; b++) /* W is only read */
                 move_block(type, P, nb, n, b, (uint8_t *)(W + n * rb + b * bs), 1);
