@@ -405,25 +405,35 @@ static void quantize_rows(const float *X, int64_t T, int64_t K, Act8 *a) {
     quantize_range(X, 0, T, K, a);
 }
 
-static void act8_free(Act8 *a) {
+static void act8_free(Act8 *a) { /* and forgets them: a second call frees nothing */
     free(a->q);
     free(a->d);
     free(a->qs);
+    a->q = NULL;
+    a->d = a->s = NULL;
+    a->qs = NULL;
+}
+
+/* Room in `a` for Tp tokens of K values (act8_free frees it), laid out as `tiled` says, with
+ * the codes' sums when `sums`. 0, or -2 when memory ran out. */
+static int act8_alloc(int64_t Tp, int64_t K, int tiled, int sums, Act8 *a) {
+    const int64_t nb = K / 32;
+    *a = (Act8){K, nb, (int8_t *)malloc((size_t)(Tp * K)),
+                (float *)malloc((size_t)(2 * Tp * nb) * sizeof(float)), NULL,
+                sums ? (int32_t *)malloc((size_t)(Tp * nb) * sizeof(int32_t)) : NULL, tiled};
+    if (!a->q || !a->d || (sums && !a->qs)) {
+        act8_free(a);
+        return -2;
+    }
+    a->s = a->d + Tp * nb;
+    return 0;
 }
 
 /* X's rows rounded to 8 bits into a new `a` (act8_free frees it): token-major, or in tiles
  * of 8 tokens with the codes' integer sums too (`tiled`: the packed product's). 0, or -2
  * when memory ran out. */
 static int act8_quantize(const float *X, int64_t T, int64_t K, int tiled, Act8 *a) {
-    const int64_t Tp = tiled ? (T + 7) / 8 * 8 : T, nb = K / 32;
-    *a = (Act8){K, nb, (int8_t *)malloc((size_t)(Tp * K)),
-                (float *)malloc((size_t)(2 * Tp * nb) * sizeof(float)), NULL,
-                tiled ? (int32_t *)malloc((size_t)(Tp * nb) * sizeof(int32_t)) : NULL, tiled};
-    if (!a->q || !a->d || (tiled && !a->qs)) {
-        act8_free(a);
-        return -2;
-    }
-    a->s = a->d + Tp * nb;
+    if (act8_alloc(tiled ? (T + 7) / 8 * 8 : T, K, tiled, tiled, a)) return -2;
     quantize_rows(X, T, K, a);
     return 0;
 }
@@ -963,6 +973,23 @@ groups_as(const int type, const uint8_t *P, const Act8 *a, int64_t g0, int64_t g
         if (t < t1) tile_packed(type, 1, P + g * gb, a, t, Y, ldy, N, XR * g);
     }
 }
+
+/* groups_as for a type known at run time (each case a copy specialised for its type). */
+static void groups_any(int type, const uint8_t *P, const Act8 *a, int64_t g0, int64_t g1,
+                       int64_t t0, int64_t t1, float *Y, int64_t ldy, int64_t N) {
+    switch (type) {
+    case Q4_0: groups_as(Q4_0, P, a, g0, g1, t0, t1, Y, ldy, N); return;
+    case Q4_1: groups_as(Q4_1, P, a, g0, g1, t0, t1, Y, ldy, N); return;
+    case Q5_0: groups_as(Q5_0, P, a, g0, g1, t0, t1, Y, ldy, N); return;
+    case Q5_1: groups_as(Q5_1, P, a, g0, g1, t0, t1, Y, ldy, N); return;
+    default: groups_as(Q8_0, P, a, g0, g1, t0, t1, Y, ldy, N); return;
+    }
+}
+
+/* Tokens a pass over a thread's packed rows takes: their codes stay in its L2 cache. */
+static inline int64_t packed_chunk(int64_t K) {
+    return (TOKEN_CHUNK_BYTES / K > 8 ? TOKEN_CHUNK_BYTES / K : 8) & ~(int64_t)7;
+}
 #endif
 
 /* Y[T, N] = X[T, K] @ W[N, K].T with W packed by fk_pack. */
@@ -977,17 +1004,9 @@ int fk_matmul_packed(int type, const uint8_t *P, int64_t N, int64_t K, const flo
     {
         int64_t g0, g1; /* this thread's groups of rows */
         thread_share((N + XR - 1) / XR, &g0, &g1);
-        const int64_t chunk = (TOKEN_CHUNK_BYTES / K > 8 ? TOKEN_CHUNK_BYTES / K : 8) & ~(int64_t)7;
-        for (int64_t t0 = 0; t0 < T; t0 += chunk) {
-            const int64_t t1 = t0 + chunk < T ? t0 + chunk : T;
-            switch (type) {
-            case Q4_0: groups_as(Q4_0, P, &a, g0, g1, t0, t1, Y, N, N); break;
-            case Q4_1: groups_as(Q4_1, P, &a, g0, g1, t0, t1, Y, N, N); break;
-            case Q5_0: groups_as(Q5_0, P, &a, g0, g1, t0, t1, Y, N, N); break;
-            case Q5_1: groups_as(Q5_1, P, &a, g0, g1, t0, t1, Y, N, N); break;
-            default: groups_as(Q8_0, P, &a, g0, g1, t0, t1, Y, N, N); break;
-            }
-        }
+        const int64_t chunk = packed_chunk(K);
+        for (int64_t t0 = 0; t0 < T; t0 += chunk)
+            groups_any(type, P, &a, g0, g1, t0, t0 + chunk < T ? t0 + chunk : T, Y, N, N);
     }
     act8_free(&a);
     return 0;
@@ -1265,6 +1284,11 @@ static inline int64_t kv_at(const int64_t *table, int64_t j, int64_t bs, int shi
     return table[b] * block_bytes + head + r * row_bytes;
 }
 
+/* kv_at's `shift` for a block size. */
+static inline int kv_shift(int64_t bs) {
+    return (bs & (bs - 1)) == 0 ? __builtin_ctzll((unsigned long long)bs) : -1;
+}
+
 #if PAIRS
 /* o[a] = sum_j w[a][j] * V row j over j = lo .. len - 1 for nh (1 or 2) query heads, each
  * output accumulated in j's order from zero as repeated kv_axpy calls do (the same bits), but
@@ -1303,7 +1327,7 @@ static void attend_heads(const float *const q[2], float *const o[2], const float
                          int64_t lo, int64_t len, int64_t hd, float scale, int half,
                          float *const p[2]) {
     float top[2] = {sink[0] ? *sink[0] : -INFINITY, nh > 1 && sink[1] ? *sink[1] : -INFINITY};
-    const int shift = (bs & (bs - 1)) == 0 ? __builtin_ctzll((unsigned long long)bs) : -1;
+    const int shift = kv_shift(bs);
     int64_t j = lo;
 #if PAIRS
     if (half && nh == 2 && hd % 16 == 0)
@@ -1528,15 +1552,17 @@ static inline void transpose8(__m256 r[8]) {
 static void flash_load(const void *K, const void *V, const int64_t *table, int64_t hk,
                        int64_t nkv, int64_t bs, int64_t hd, int half, int64_t j0, int64_t kn,
                        float *Kt, float *Vb) {
-    const int64_t es = half ? 2 : 4;
+    const int64_t es = half ? 2 : 4, row_bytes = hd * es, block_bytes = nkv * bs * row_bytes;
+    const int64_t head = hk * bs * row_bytes;
+    const int shift = kv_shift(bs);
     int64_t c = 0;
 #if defined(__AVX2__) && defined(__F16C__)
     if (half && hd % 8 == 0) /* 8 keys at a time: 8 x 8 values converted, turned in registers */
         for (; c + 8 <= kn; c += 8) {
             const uint16_t *k8[8];
             for (int i = 0; i < 8; i++) {
-                const int64_t j = j0 + c + i;
-                const int64_t at = ((table[j / bs] * nkv + hk) * bs + j % bs) * hd * es;
+                const int64_t at = kv_at(table, j0 + c + i, bs, shift, block_bytes, head,
+                                         row_bytes);
                 k8[i] = (const uint16_t *)((const uint8_t *)K + at);
                 const uint16_t *v = (const uint16_t *)((const uint8_t *)V + at);
                 for (int64_t d = 0; d < hd; d += 8)
@@ -1553,8 +1579,7 @@ static void flash_load(const void *K, const void *V, const int64_t *table, int64
         }
 #endif
     for (; c < kn; c++) {
-        const int64_t j = j0 + c;
-        const int64_t at = ((table[j / bs] * nkv + hk) * bs + j % bs) * hd * es;
+        const int64_t at = kv_at(table, j0 + c, bs, shift, block_bytes, head, row_bytes);
         const uint8_t *k = (const uint8_t *)K + at, *v = (const uint8_t *)V + at;
         float *vb = Vb + c * hd;
         int64_t d = 0;
@@ -1905,32 +1930,19 @@ static void lin_team(const FkLin *L, const Act8 *a, int64_t T, float *Y, float *
 #if HAVE_PACKED
         if (P->packed) {
             const int64_t groups = (N + XR - 1) / XR;
-            const int64_t chunk = (TOKEN_CHUNK_BYTES / K > 8 ? TOKEN_CHUNK_BYTES / K : 8) & ~(int64_t)7;
-            const int64_t per = LIN_ROWS / XR, blocks = (groups + per - 1) / per;
-            const int64_t chunks = (T + chunk - 1) / chunk;
             if (T <= 8) {
                 int64_t g0, g1;
                 thread_share(groups, &g0, &g1);
-                switch (P->type) {
-                case Q4_0: groups_as(Q4_0, P->w, a, g0, g1, 0, T, Yp, L->n, N); break;
-                case Q4_1: groups_as(Q4_1, P->w, a, g0, g1, 0, T, Yp, L->n, N); break;
-                case Q5_0: groups_as(Q5_0, P->w, a, g0, g1, 0, T, Yp, L->n, N); break;
-                case Q5_1: groups_as(Q5_1, P->w, a, g0, g1, 0, T, Yp, L->n, N); break;
-                default: groups_as(Q8_0, P->w, a, g0, g1, 0, T, Yp, L->n, N); break;
-                }
+                groups_any(P->type, P->w, a, g0, g1, 0, T, Yp, L->n, N);
                 continue;
             }
+            const int64_t chunk = packed_chunk(K), chunks = (T + chunk - 1) / chunk;
+            const int64_t per = LIN_ROWS / XR, blocks = (groups + per - 1) / per;
 #pragma omp for schedule(dynamic, 1) nowait
             for (int64_t u = 0; u < chunks * blocks; u++) {
                 const int64_t t0 = (u / blocks) * chunk, t1 = t0 + chunk < T ? t0 + chunk : T;
                 const int64_t u0 = (u % blocks) * per, u1 = u0 + per < groups ? u0 + per : groups;
-                switch (P->type) {
-                case Q4_0: groups_as(Q4_0, P->w, a, u0, u1, t0, t1, Yp, L->n, N); break;
-                case Q4_1: groups_as(Q4_1, P->w, a, u0, u1, t0, t1, Yp, L->n, N); break;
-                case Q5_0: groups_as(Q5_0, P->w, a, u0, u1, t0, t1, Yp, L->n, N); break;
-                case Q5_1: groups_as(Q5_1, P->w, a, u0, u1, t0, t1, Yp, L->n, N); break;
-                default: groups_as(Q8_0, P->w, a, u0, u1, t0, t1, Yp, L->n, N); break;
-                }
+                groups_any(P->type, P->w, a, u0, u1, t0, t1, Yp, L->n, N);
             }
             continue;
         }
@@ -2126,10 +2138,9 @@ int fk_forward(const FkModel *m, const FkLayer *layers, int64_t nl, void *const 
     float *h = (float *)malloc((size_t)(T * kmax) * sizeof(float));
     float *qkv = (float *)malloc((size_t)(T * nqkv) * sizeof(float));
     float *big = (float *)malloc((size_t)(T * (2 * I > H ? 2 * I : H)) * sizeof(float));
-    Act8 a = {kmax, nbmax, (int8_t *)malloc((size_t)(Tp * kmax)),
-              (float *)malloc((size_t)(2 * Tp * nbmax) * sizeof(float)), NULL,
-              (int32_t *)malloc((size_t)(Tp * nbmax) * sizeof(int32_t)), 0};
-    int failed = !lengths || !h || !qkv || !big || !a.q || !a.d || !a.qs;
+    Act8 a;
+    int failed = act8_alloc(Tp, kmax, 0, 1, &a) != 0;
+    failed = failed || !lengths || !h || !qkv || !big;
     const size_t span = (size_t)longest;
     const int64_t own = 4 * nbmax + (decode ? 2 * (int64_t)span : flash_scratch(group, hd));
     const FkStep S = {m, T, Tp, nseg, tstride, nqkv, (int64_t)span, seg, tables, lengths, cos,
