@@ -311,10 +311,10 @@ def read_gguf(path: Path, *, progress: bool = True,
     bar = Progress(path.name, total) if progress else None
     tensors: dict[str, np.ndarray | QMatrix] = {}
     converted: list[str] = []
-    todo = [(name, t) for name, t in infos.items() if hf_name(arch, name) is not None]
+    todo = [(name, target, t) for name, t in infos.items()
+            if (target := hf_name(arch, name)) is not None]
     slots = _fused_slots(infos)
-    for i, (name, t) in enumerate(todo):
-        target = hf_name(arch, name)
+    for i, (name, target, t) in enumerate(todo):
         shape = t.shape[::-1]  # [rows, cols]
         kind = ".".join(name.split(".")[2:]) if name.startswith("blk.") else name
         want = shapes.get(kind)
@@ -324,7 +324,7 @@ def read_gguf(path: Path, *, progress: bool = True,
         qtype = _qtype(path, t)
         raw = files[where[name]].view(t.data_offset, t.n_bytes, f"tensor {name}")
         if i + 1 < len(todo):  # the next one is read ahead while this one is converted
-            nxt = todo[i + 1][1]
+            nxt = todo[i + 1][2]
             files[where[nxt.name]].prefetch(nxt.data_offset, nxt.n_bytes)
         try:
             tensors[target], err = _tensor(qtype, shape, raw, arch, name, cfg, slots.get(name))

@@ -10,7 +10,7 @@ from gguf import GGMLQuantizationType as QT
 from npu.engine import convert
 from npu.engine.quant import QMatrix
 
-pytestmark = pytest.mark.skipif(not convert.available(), reason="no C compiler here")
+pytestmark = pytest.mark.skipif(not convert.available(), reason="the CPU kernels cannot be built here")
 
 # where each k-quant's f16 factors sit in its super-block
 HALVES = {QT.Q2_K: (80, 82), QT.Q3_K: (108,), QT.Q4_K: (0, 2), QT.Q5_K: (0, 2),

@@ -4,6 +4,7 @@ the formats held as stored are views of the map, not copies."""
 
 from __future__ import annotations
 
+import mmap
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 from gguf import GGUFReader
 
+from npu.engine import convert
 from npu.engine.quant import QMatrix
 from npu.load.gguf import hf_name, read_gguf, unpermute_order
 from tests.npu.gguf_files import tiny_tokenizer_meta, write_random_gguf
@@ -64,6 +66,8 @@ def test_mapped_reading_holds_the_former_bytes(tmp_path: Path, tok_meta: dict,
         assert mapped == (qtype in STORED and ".q_proj" not in name and ".k_proj" not in name), name
 
 
+@pytest.mark.skipif(not hasattr(mmap, "MADV_DONTNEED") or not Path("/proc/self/status").exists(),
+                    reason="needs Linux: madvise(MADV_DONTNEED) and /proc/self/status's RssFile")
 def test_pages_handed_back_read_again_the_same(tmp_path: Path, tok_meta: dict) -> None:
     """`QMatrix.concat` hands its mapped parts' pages back; the parts still read the file."""
     file = write_random_gguf(tmp_path / "m.gguf", "llama", QT.Q8_0, tokenizer_meta=tok_meta,
@@ -87,6 +91,8 @@ def _rss_file() -> int:
     pytest.skip("no RssFile in /proc/self/status")
 
 
+@pytest.mark.skipif(not convert.available(), reason="the CPU kernels cannot be built here (the "
+                    "numpy conversion makes each matrix its own)")
 def test_a_layers_converted_matrices_stack_without_a_copy(tmp_path: Path,
                                                             tok_meta: dict) -> None:
     """Q/K/V and gate/up converted into one buffer each, in the engine's order: stacking
