@@ -192,6 +192,8 @@ class Scheduler:
         keeps its drafts, against what more rows cost a forward here (`StepCost`)."""
         spec = self.speculation
         budget = spec.tokens + 1 - len(batch)
+        if budget <= 0:  # the batch alone is as many rows as a step takes
+            return None
         out: list[list[int]] = []
         for c in batch:
             s = c.session

@@ -395,7 +395,7 @@ class NumpyEngine:
         # (the prompt path's blocked attention sums in another order, and a near-tie of
         # greedy decoding would then go the other way with drafts than without)
         rows = [(_Row(seq, seq.pos + i), 1) for seq, n in segments for i in range(n)]
-        return self._forward(np.asarray(ids, dtype=np.int64), rows, every_row=True)
+        return self._forward(np.asarray(ids, dtype=np.int64), rows)
 
     def rewind(self, seq_id: object, length: int) -> None:
         """Take `seq_id` back to its first `length` tokens (drafted tokens not kept): the
@@ -518,8 +518,7 @@ class NumpyEngine:
                 limit=self.max_context, requested=seq.pos + n)
 
     # -- the forward pass -------------------------------------------------------------------
-    def _forward(self, ids: np.ndarray, segments: list[tuple[Seq, int]], *,
-                 every_row: bool = False) -> np.ndarray:
+    def _forward(self, ids: np.ndarray, segments: list[tuple[Seq, int]]) -> np.ndarray:
         positions = np.concatenate([np.arange(s.pos, s.pos + n) for s, n in segments])
         decoding = len(segments) == len(ids)  # one token per sequence: batched attention
         if not self.kv.layers:
@@ -539,7 +538,7 @@ class NumpyEngine:
         for seq, n in segments:
             self.kv.written(seq.kv, ids[start : start + n])
             start += n
-        ends = np.arange(len(ids)) if every_row else np.cumsum([n for _, n in segments]) - 1
+        ends = np.cumsum([n for _, n in segments]) - 1
         last = self.ops.rms_norm(x[ends], self.final_norm, self.config.rms_eps)
         return np.ascontiguousarray(self._mm(last, None, "lm_head"), dtype=np.float32)
 

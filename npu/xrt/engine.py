@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -201,12 +202,16 @@ class XRTEngine(NumpyEngine):
         """Only in "linear" mode: the fused modes keep the KV cache on the device."""
         return self.mode == "linear" and super().can_rewind
 
-    def _forward(self, ids: np.ndarray, segments: list[tuple[Seq, int]], *,
-                 every_row: bool = False) -> np.ndarray:
-        if self.mode == "linear":
-            return super()._forward(ids, segments, every_row=every_row)
-        if every_row:
+    def verify(self, items: Sequence[tuple[object, Sequence[int]]]) -> np.ndarray:
+        """NumpyEngine's, in "linear" mode only (the fused modes keep the KV cache on the
+        device, where it cannot be rewound)."""
+        if self.mode != "linear":
             raise ModelError(f"npu_mode {self.mode!r} cannot verify drafted tokens")
+        return super().verify(items)
+
+    def _forward(self, ids: np.ndarray, segments: list[tuple[Seq, int]]) -> np.ndarray:
+        if self.mode == "linear":
+            return super()._forward(ids, segments)
         x = self.embed_tokens(ids)
         start = 0
         ends = []
