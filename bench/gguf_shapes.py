@@ -25,9 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from npu.paths import cache_dir  # noqa: E402
 
-# arch, layers, hidden, ffn, heads, kv heads, head dim
-SHAPES = {"qwen3-0.6b": ("qwen3", 28, 1024, 3072, 16, 8, 128),
-          "llama-8b": ("llama", 32, 4096, 14336, 32, 8, 128)}
+# arch, layers, hidden, ffn, heads, kv heads, head dim, context (Qwen3-0.6B's own: its
+# 8,192-token prompts measured; the 8B's kept short)
+SHAPES = {"qwen3-0.6b": ("qwen3", 28, 1024, 3072, 16, 8, 128, 40960),
+          "llama-8b": ("llama", 32, 4096, 14336, 32, 8, 128, 4096)}
 TOKENIZER_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens",
                   "tokenizer.ggml.token_type", "tokenizer.ggml.merges",
                   "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id")
@@ -68,10 +69,10 @@ def shaped_gguf(shape: str, qtype_name: str) -> Path:
 
     qtype = GGMLQuantizationType[MIXES.get(qtype_name, qtype_name)]
     more = GGMLQuantizationType.Q6_K if qtype_name in MIXES else qtype
-    path = cache_dir() / "bench-gguf" / f"{shape}-{qtype_name}.gguf"
+    arch, layers, H, F, nq, nkv, hd, context = SHAPES[shape]
+    path = cache_dir() / "bench-gguf" / f"{shape}-{qtype_name}-{context // 1024}k.gguf"
     if path.exists():
         return path
-    arch, layers, H, F, nq, nkv, hd = SHAPES[shape]
     source = read_header(default_model_path()).meta
     meta = {k: source[k] for k in TOKENIZER_KEYS}
     V = len(meta["tokenizer.ggml.tokens"])
@@ -79,7 +80,7 @@ def shaped_gguf(shape: str, qtype_name: str) -> Path:
     tmp = path.with_suffix(".tmp")
     w = GGUFWriter(str(tmp), arch)
     w.add_name(f"random {shape}")
-    for key, value in (("block_count", layers), ("context_length", 4096),
+    for key, value in (("block_count", layers), ("context_length", context),
                        ("embedding_length", H), ("feed_forward_length", F),
                        ("attention.head_count", nq), ("attention.head_count_kv", nkv),
                        ("attention.key_length", hd), ("attention.value_length", hd)):

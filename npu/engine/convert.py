@@ -42,6 +42,9 @@ def _lib() -> ctypes.CDLL | None:
     lib.fc_target.argtypes = [ctypes.c_int]
     lib.fc_half_soft_n.restype = None
     lib.fc_half_soft_n.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+    lib.fc_strings_joined.restype = ctypes.c_int64
+    lib.fc_strings_joined.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.c_int64,
+                                      ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
     return lib
 
 
@@ -89,6 +92,22 @@ def convert(qtype: QT, data: np.ndarray, n_threads: int | None = None,
                       n_threads or threads(), stats.ctypes.data):
         raise RuntimeError(f"fc_convert failed for {qtype.name}")
     return QT(lib.fc_target(int(qtype))), out, float(stats[0]), float(stats[1])
+
+
+def strings_joined(buf: bytes, at: int, count: int) -> tuple[bytes, int] | None:
+    """`count` GGUF strings from `buf[at]` (each a u64 length and its bytes): their bytes
+    joined by NULs, and the offset after the last; None without the kernels. Raises
+    ValueError where they run past the end of `buf`."""
+    lib = _lib()
+    if lib is None:
+        return None
+    out = fresh((max(len(buf) - at, 1),))  # its pages made as written: a few of 8 MB
+    written = ctypes.c_int64(0)
+    end = lib.fc_strings_joined(buf, len(buf), at, count, out.ctypes.data,
+                                ctypes.byref(written))
+    if end < 0:
+        raise ValueError("the strings run past the bytes read")
+    return out[: written.value].tobytes(), int(end)
 
 
 def half_soft(x: np.ndarray) -> np.ndarray | None:

@@ -23,6 +23,7 @@
 #include <string.h>
 #include <math.h>
 #include <omp.h>
+#include <sys/mman.h>
 #ifdef __AVX2__
 #include <immintrin.h>
 #endif
@@ -793,20 +794,73 @@ static void move_block(int type, uint8_t *P, int64_t nb, int64_t n, int64_t b, u
     }
 }
 
-/* P = W [N, K] packed (fk_packed_bytes of room). */
-int fk_pack(int type, const uint8_t *W, int64_t N, int64_t K, uint8_t *P) {
+/* P = W [N, K] packed (fk_packed_bytes of room), on `threads` threads. P may be W itself
+ * where N is a multiple of XR (a group's packed bytes are its rows' bytes, reordered: each
+ * thread copies a group's rows aside first). */
+static int pack_on(int type, const uint8_t *W, int64_t N, int64_t K, uint8_t *P, int threads) {
     const int64_t total = fk_packed_bytes(type, N, K);
-    if (total < 0) return -1;
+    if (total < 0 || (P == W && N % XR)) return -1;
     const int64_t nb = K / 32, rb = fk_row_bytes(type, K), bs = fk_row_bytes(type, 32);
     const int64_t groups = (N + XR - 1) / XR, gb = nb * group_block_bytes(type);
+    int failed = 0;
     /* a group's rows at a time, across the cores (each group its own bytes of P); a whole
      * group's rows write every byte of it, a last partial group's missing rows are zeros */
-#pragma omp parallel for schedule(dynamic, 16) if (total > (1 << 20))
-    for (int64_t g = 0; g < groups; g++) {
-        if ((g + 1) * XR > N) memset(P + g * gb, 0, (size_t)gb);
-        for (int64_t n = g * XR; n < N && n < (g + 1) * XR; n++)
-            for (int64_t b = 0; b < nb; b++) /* W is only read */
-                move_block(type, P, nb, n, b, (uint8_t *)(W + n * rb + b * bs), 1);
+#pragma omp parallel num_threads(threads) if (total > (1 << 20))
+    {
+        uint8_t *aside = P == W ? malloc((size_t)gb) : NULL;
+        if (P == W && !aside) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(dynamic, 16)
+        for (int64_t g = 0; g < groups; g++) {
+            const uint8_t *rows = W + g * XR * rb;
+            if (P == W) {
+                if (!aside) continue;
+                memcpy(aside, rows, (size_t)gb);
+                rows = aside;
+            } else if ((g + 1) * XR > N) {
+                memset(P + g * gb, 0, (size_t)gb);
+            }
+            for (int64_t n = g * XR; n < N && n < (g + 1) * XR; n++)
+                for (int64_t b = 0; b < nb; b++) /* the rows are only read */
+                    move_block(type, P, nb, n, b, (uint8_t *)(rows + (n - g * XR) * rb + b * bs), 1);
+        }
+        free(aside);
+    }
+    return failed ? -1 : 0;
+}
+
+int fk_pack(int type, const uint8_t *W, int64_t N, int64_t K, uint8_t *P) {
+    return pack_on(type, W, N, K, P, omp_get_max_threads());
+}
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14; older kernels refuse it and fault pages in */
+#endif
+
+/* n matrices packed in one call on `threads` threads (a model's at load, the GIL let go the
+ * whole while: the loader builds the tokenizer meanwhile, on a core left to it): job i is
+ * fk_pack(types[i], srcs[i], rows[i], cols[i], dsts[i]), in place where dsts[i] is srcs[i]
+ * (rows[i] a multiple of fk_packed_rows()). Each other destination's pages are mapped
+ * first, the threads each taking a share (dsts[i] page-aligned, fresh mappings: 4 KB pages
+ * made at a fault's cost, 2x a populating call's). 0, or the failing job's index + 1. */
+int fk_pack_many(int n, const int *types, const uint8_t *const *srcs, const int64_t *rows,
+                 const int64_t *cols, uint8_t *const *dsts, int threads) {
+    if (threads < 1) threads = 1;
+    const int64_t page = 4096;
+    for (int i = 0; i < n; i++) {
+        const int64_t total = fk_packed_bytes(types[i], rows[i], cols[i]);
+        if (total < 0) return i + 1;
+        const int64_t pages = srcs[i] == dsts[i] ? 0 : (total + page - 1) / page;
+#pragma omp parallel num_threads(threads) if (pages > 256)
+        {
+            const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+            const int64_t a = pages * t / nt, b = pages * (t + 1) / nt;
+            if (b > a && ((uintptr_t)dsts[i] & (uintptr_t)(page - 1)) == 0)
+                (void)madvise(dsts[i] + a * page, (size_t)((b - a) * page), MADV_POPULATE_WRITE);
+        }
+        if (pack_on(types[i], srcs[i], rows[i], cols[i], dsts[i], threads)) return i + 1;
     }
     return 0;
 }

@@ -21,6 +21,7 @@ import logging
 import numpy as np
 
 from npu.engine.convert import fresh
+from npu.engine.convert import threads as cores
 from npu.engine.ops import KernelOps, NumpyOps
 from npu.engine.quant import INTEGER, QT, QMatrix, release_pages, row_bytes
 
@@ -120,17 +121,26 @@ class PackedMatrix:
     @classmethod
     def of(cls, m: QMatrix, lib) -> PackedMatrix | None:
         """`m` repacked, or None when this build or this format has no packed layout."""
+        p = cls.room(m, lib)
+        if p is not None:
+            pack_all([(m, p)], lib)
+        return p
+
+    @classmethod
+    def room(cls, m: QMatrix, lib, in_place: bool = False) -> PackedMatrix | None:
+        """A packed matrix of `m`'s format and shape whose bytes `pack_all` writes later
+        (zeros till then), or None when this build or this format has no packed layout.
+        `in_place`: in `m`'s own bytes where they are writable and of the same size (`m`
+        is not read after: a k-quant's conversion, not a file's view)."""
         rows, cols = m.shape
         size = lib.fk_packed_bytes(int(m.qtype), rows, cols)
         if size < 0:
             return None
-        data = fresh((size,), populate=True)
-        if lib.fk_pack(int(m.qtype), m.data.ctypes.data, rows, cols, data.ctypes.data):
-            raise RuntimeError(f"fk_pack failed for {m!r}")
-        # the copy made: a mapped file's pages under `m` leave resident memory now, so a
-        # load's peak is the packed bytes plus one matrix, not the file on top of them
-        release_pages(m.data)
-        return cls(m.qtype, m.shape, data, lib)
+        d = m.data
+        if (in_place and d.flags.writeable and d.flags.c_contiguous and d.nbytes == size
+                and rows % lib.fk_packed_rows() == 0):
+            return cls(m.qtype, m.shape, d.reshape(-1), lib)
+        return cls(m.qtype, m.shape, fresh((size,)), lib)
 
     @property
     def nbytes(self) -> int:
@@ -160,6 +170,27 @@ class PackedMatrix:
 
     def __repr__(self) -> str:
         return f"PackedMatrix({self.qtype.name}, {self.shape[0]}x{self.shape[1]})"
+
+
+def pack_all(jobs: list[tuple[QMatrix, PackedMatrix]], lib, threads: int | None = None) -> None:
+    """Each matrix written into its `PackedMatrix.room`, in one call of the kernels (which
+    lets the GIL go for the whole of it), on `threads` threads (default: every core)."""
+    if not jobs:
+        return
+    n = len(jobs)
+    types = np.array([int(m.qtype) for m, _ in jobs], dtype=np.int32)
+    rows = np.array([m.shape[0] for m, _ in jobs], dtype=np.int64)
+    cols = np.array([m.shape[1] for m, _ in jobs], dtype=np.int64)
+    srcs = np.array([m.data.ctypes.data for m, _ in jobs], dtype=np.uint64)
+    dsts = np.array([p.data.ctypes.data for _, p in jobs], dtype=np.uint64)
+    failed = lib.fk_pack_many(n, types.ctypes.data, srcs.ctypes.data, rows.ctypes.data,
+                              cols.ctypes.data, dsts.ctypes.data, threads or cores())
+    if failed:
+        raise RuntimeError(f"fk_pack failed for {jobs[failed - 1][0]!r}")
+    # the copies made: a mapped file's pages under them leave resident memory now, so a
+    # load's peak is the packed bytes plus the file's pages, not the file on top of them
+    for m, _ in jobs:
+        release_pages(m.data)
 
 
 class CpuLinear(Linear):
@@ -264,11 +295,31 @@ def _lib_for(backend: str):
 class LinearFactory:
     """Makes an engine's linear layers and embedding on one backend, sharing `threads`."""
 
-    def __init__(self, backend: str = "cpu", threads: int = 1, pack: bool = True) -> None:
+    def __init__(self, backend: str = "cpu", threads: int = 1, pack: bool = True,
+                 later: int = 0) -> None:
+        """`later`: packed matrices are made empty and written by `pack`, in one call, up to
+        `later` bytes of them (past that, those made so far are written at once: a
+        matrix's source stays in memory until its packed copy is written); and matrices in
+        memory of their own (a k-quant's conversion) are packed in place: the weights given
+        are the factory's, not read by anyone after."""
         self.threads = Threads(threads)
         self._lib = _lib_for(backend)
         self._keep = backend == "reference"
         self._pack = pack and self._lib is not None
+        self._later = later
+        self._pending: list[tuple[QMatrix, PackedMatrix]] = []
+        self._pending_bytes = 0
+
+    @property
+    def unpacked(self) -> int:
+        """Matrices made whose bytes `pack` has yet to write."""
+        return len(self._pending)
+
+    def pack(self, threads: int | None = None) -> None:
+        """Writes the packed matrices left by `later` (one call: the GIL let go meanwhile),
+        on `threads` threads (default: every core)."""
+        jobs, self._pending, self._pending_bytes = self._pending, [], 0
+        pack_all(jobs, self._lib, threads)
 
     def linear(self, parts: list[QMatrix]) -> Linear:
         """One linear layer over `parts` stacked by rows (the fused projections)."""
@@ -289,7 +340,18 @@ class LinearFactory:
         return CpuLinear(self._packed(m), self.threads, self._lib)
 
     def _packed(self, m: QMatrix) -> QMatrix | PackedMatrix:
-        return (PackedMatrix.of(m, self._lib) or m) if self._pack else m
+        if not self._pack:
+            return m
+        if not self._later:
+            return PackedMatrix.of(m, self._lib) or m
+        p = PackedMatrix.room(m, self._lib, in_place=True)
+        if p is None:
+            return m
+        if self._pending_bytes + p.nbytes > self._later:
+            self.pack()
+        self._pending.append((m, p))
+        self._pending_bytes += p.nbytes
+        return p
 
     def embedding(self, m: QMatrix, head: bool = False) -> Embedding:
         """`head`: the embedding is also the output head (tied): held in the head's layout,

@@ -37,6 +37,9 @@ from npu.errors import ContextLengthError, KVCacheFull, ModelError
 
 log = logging.getLogger(__name__)
 PREFILL_CHUNK = 512
+# `pack_later`: the packed weights' last bytes left for `pack` (about 0.1-0.2 s of packing on
+# 2 cores, the tokenizer's build; those before are packed as made, each batch in one call)
+PACK_LATER = 256 << 20
 
 
 def default_kv_budget(bytes_per_token: int, max_context: int) -> int:
@@ -202,19 +205,24 @@ class NumpyEngine:
         prefix_cache: keep finished prompts' KV for later ones that start alike (models with
             state outside the KV, LFM2's convolutions, never do).
         pooling: how `embed` pools a token list's hidden states (default: mean).
+        pack_later: the last PACK_LATER bytes of packed weights are written by `pack()`, which
+            the caller runs (on a thread of its own) before any forward pass; matrices in
+            writable memory (a k-quant's conversion) are packed in place (`weights` are the
+            engine's alone: a loader's).
     """
 
     def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray | QMatrix], *,
                  backend: str = "cpu", threads: int | None = None,
                  kv_cache_bytes: int | None = None, prefix_cache: bool = True,
-                 pooling: Pooling | None = None) -> None:
+                 pooling: Pooling | None = None, pack_later: bool = False) -> None:
         self.config = c = config
         self.pooling = pooling or Pooling()
         self.pooling.dims(c.hidden_size)  # a Dense layer of the wrong width fails here
         self.vocab_size = c.vocab_size
         self.max_context = c.max_position
         self._seqs: dict[object, Seq] = {}
-        self.linears = LinearFactory(backend, threads or os.cpu_count() or 1)
+        self.linears = LinearFactory(backend, threads or os.cpu_count() or 1,
+                                     later=PACK_LATER if pack_later else 0)
         self.ops = self.linears.ops()
 
         w = _Weights(weights, self.linears, roles_for(c.arch), c.arch)
@@ -257,6 +265,12 @@ class NumpyEngine:
         # engine that replaces the products or the layers keeps its own path
         own = type(self)._mm is NumpyEngine._mm and type(self)._layers is NumpyEngine._layers
         self.fused: FusedLayers | None = FusedLayers.of(self) if own and integer else None
+
+    def pack(self, threads: int | None = None) -> None:
+        """Writes the packed weights that `pack_later` left (up to PACK_LATER bytes), in one
+        call that lets the GIL go, on `threads` threads (default: every core): a loader
+        builds the tokenizer meanwhile. No forward pass runs before it."""
+        self.linears.pack(threads)
 
     def _integer_weights(self) -> bool:
         linears = [L.wqkv for L in self.layers] + [L.w_gate_up for L in self.layers]
@@ -519,6 +533,8 @@ class NumpyEngine:
 
     # -- the forward pass -------------------------------------------------------------------
     def _forward(self, ids: np.ndarray, segments: list[tuple[Seq, int]]) -> np.ndarray:
+        if self.linears.unpacked:
+            raise RuntimeError("the engine was made with pack_later: call pack() first")
         positions = np.concatenate([np.arange(s.pos, s.pos + n) for s, n in segments])
         decoding = len(segments) == len(ids)  # one token per sequence: batched attention
         if not self.kv.layers:

@@ -275,8 +275,10 @@ def read_gguf_header(path: Path) -> GGUFHeader:
     Raises:
         ModelError: not a readable GGUF file.
     """
+    from npu.engine.convert import strings_joined
+
     try:
-        return read_header(path)
+        return read_header(path, walk=strings_joined)
     except (OSError, ValueError) as exc:  # bad magic, truncated, corrupt tables, bad UTF-8
         raise ModelError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") \
             from None

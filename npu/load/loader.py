@@ -10,6 +10,8 @@ unsupported piece is a `ModelError` naming it.
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ import msgspec
 import numpy as np
 
 from npu.config import ENCODERS, config_from_json
+from npu.engine.convert import threads as cores
 from npu.engine.encoder import EncoderEngine
 from npu.engine.numpy_engine import NumpyEngine
 from npu.errors import ModelError
@@ -168,16 +171,13 @@ def load_model(path: str | Path, device: str = "cpu", options: LoadOptions | Non
     else:
         raise ModelError(f"model path {folder} does not exist (a model directory or a .gguf "
                          "file)")
-    config, tokenizer, source, eos_ids, defaults, weights, pooling, release = parts
+    config, make_tokenizer, source, eos_ids, defaults, weights, pooling, release = parts
     if chat_template is not None:
         try:
             source = Path(chat_template).read_text(encoding="utf-8")
         except OSError as exc:
             raise ModelError(f"chat_template {chat_template}: {exc.strerror}") from None
-    bos, eos = tokenizer.bos_token, tokenizer.eos_token
     encoder = config.arch in ENCODERS
-    template = (ChatTemplate(source, bos_token=bos or "", eos_token=eos or "")
-                if source and not encoder else None)
     if encoder:
         if device != "cpu":
             raise ModelError(f"{folder}: {config.arch} (an encoder) runs on the CPU only")
@@ -193,7 +193,18 @@ def load_model(path: str | Path, device: str = "cpu", options: LoadOptions | Non
     else:
         engine = NumpyEngine(config, weights, backend=opts.backend,
                              kv_cache_bytes=opts.kv_cache_bytes, prefix_cache=opts.prefix_cache,
-                             pooling=pooling)
+                             pooling=pooling, pack_later=True)
+    # the last weights are packed in C (the GIL let go) while the tokenizer and the template
+    # are built (Python, and `tokenizers`' parse, which holds the GIL) on a core of their own
+    with ThreadPoolExecutor(1, thread_name_prefix="flm-pack") as pool:
+        packing = (pool.submit(engine.pack, max(1, cores() - 1))
+                   if isinstance(engine, NumpyEngine) else None)
+        tokenizer = make_tokenizer()
+        bos, eos = tokenizer.bos_token, tokenizer.eos_token
+        template = (ChatTemplate(source, bos_token=bos or "", eos_token=eos or "")
+                    if source and not encoder else None)
+        if packing is not None:
+            packing.result()
     if engine.vocab_size < tokenizer.size:
         raise ModelError(f"{folder}: the tokenizer has {tokenizer.size} tokens but the model "
                          f"only {engine.vocab_size} logits")
@@ -248,24 +259,19 @@ def _gguf_tokenizer(meta: dict, file: Path) -> Tokenizer:
 
 
 def _from_gguf(file: Path):
-    from concurrent.futures import ThreadPoolExecutor
-
+    """A GGUF file's parts; its tokenizer as a function that builds it (`load_model` builds
+    it while the engine packs the weights)."""
     from npu.load.gguf import read_gguf, read_gguf_header
 
     header = read_gguf_header(file)
     meta = header.meta
-    # the tokenizer is built (Python, mostly) while the tensors are mapped and converted (C,
-    # which lets the GIL go): a k-quant file's load overlaps the two
-    with ThreadPoolExecutor(1, thread_name_prefix="flm-tokenizer") as pool:
-        pending = pool.submit(_gguf_tokenizer, meta, file)
-        g = read_gguf(file, header=header)
-        tokenizer = pending.result()
+    g = read_gguf(file, header=header)
     config = config_from_json(g.config)
     eos_ids = _eos_ids(meta.get("tokenizer.ggml.eos_token_id"),
                        meta.get("tokenizer.ggml.eot_token_id"),
                        meta.get("tokenizer.ggml.eom_token_id"))
-    return (config, tokenizer, g.chat_template, eos_ids, SamplingParams(), g.tensors,
-            pooling_from_gguf(meta, file), g.release_pages)
+    return (config, partial(_gguf_tokenizer, meta, file), g.chat_template, eos_ids,
+            SamplingParams(), g.tensors, pooling_from_gguf(meta, file), g.release_pages)
 
 
 def _from_directory(folder: Path, quantize: str | None):
@@ -293,7 +299,7 @@ def _from_directory(folder: Path, quantize: str | None):
         min_p=float(gen.get("min_p") or 0.0),
         repetition_penalty=float(gen.get("repetition_penalty") or 1.0))
     weights = load_weights(folder, keep=_quantizer(quantize, encoder=config.arch in ENCODERS))
-    return (config, tokenizer, source, eos_ids, defaults, weights,
+    return (config, lambda: tokenizer, source, eos_ids, defaults, weights,
             pooling_from_directory(folder), None)
 
 

@@ -107,6 +107,29 @@ def test_the_packed_layout_keeps_every_byte_and_every_sum(qtype: QT) -> None:
 
 
 @pytest.mark.skipif(GROUP == 0, reason="this build has no AVX2: no packed layout")
+def test_matrices_packed_later_are_written_in_one_call_as_packed_at_once() -> None:
+    """A factory that packs `later` makes empty packed matrices and writes them in one call
+    (`pack`); past its budget those made before are written at once. A matrix in writable
+    memory of its own with whole groups of rows is packed in place."""
+    rng = np.random.default_rng(7)
+    shapes = ((QT.Q4_0, 21), (QT.Q8_0, 5 * GROUP), (QT.Q5_1, 9))
+    ms = [_matrix(rng, q, r, 96) for q, r in shapes]
+    now = [PackedMatrix.of(m, LIB) for m in ms]
+    ms[0].data.flags.writeable = False  # as a file's view is
+    factory = LinearFactory("cpu", threads=2, later=now[1].nbytes + now[2].nbytes)
+    lins = [factory.linear([m]) for m in ms]
+    assert factory.unpacked == 2  # the second passed the budget: the first was written then
+    assert [np.shares_memory(lin.matrix.data, m.data) for lin, m in zip(lins, ms)] == \
+        [False, True, False]  # 21 rows: a partial group; 9 rows: the same
+    assert np.array_equal(lins[0].matrix.data, now[0].data)
+    assert not lins[2].matrix.data.any()
+    factory.pack(threads=1)
+    assert factory.unpacked == 0
+    for lin, packed in zip(lins, now):
+        assert np.array_equal(lin.matrix.data, packed.data)
+
+
+@pytest.mark.skipif(GROUP == 0, reason="this build has no AVX2: no packed layout")
 def test_packed_sums_hold_at_the_extreme_codes() -> None:
     """Every code at its format's extreme (Q8_0's -128 and 127, Q4's 0 and 15, Q5's 0 and
     31) against activations whose codes are all +-127: the largest partial sums AVX2's

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
 
-from npu import ModelError, load_model
+from npu import ModelError, NumpyEngine, config_from_json, load_model
 from npu.engine.quant import QMatrix
 from tests.npu.gguf_files import tiny_tokenizer_meta, write_random_gguf
 from tests.shared import MISSING, SHARED
@@ -93,6 +93,28 @@ def test_batched_and_prefill_paths_agree_on_a_quantized_model(tmp_path: Path,
     for row, n in ((0, 6), (1, 10)):
         alone = _teacher_forced(model, ids[:n])[-1]
         assert np.allclose(both[row], alone, atol=1e-4 * np.abs(alone).max())
+
+
+def test_an_engine_packed_later_runs_only_once_packed_and_as_one_packed_at_once(
+        tmp_path: Path, tok_meta: dict) -> None:
+    """The loader's engine leaves its last weights to `pack()` (built beside the tokenizer):
+    before it a forward pass is refused, after it the logits are those of an engine whose
+    weights were packed as they were made."""
+    from npu.load.gguf import read_gguf
+
+    path = write_random_gguf(tmp_path / "m.gguf", "llama", QT.Q4_0, tokenizer_meta=tok_meta)
+    g = read_gguf(path)
+    config = config_from_json(g.config)
+    later = NumpyEngine(config, dict(g.tensors), pack_later=True)
+    now = NumpyEngine(config, dict(read_gguf(path).tensors))
+    if not later.linears.unpacked:
+        pytest.skip("this build has no packed layout (no AVX2): nothing is left to pack")
+    with pytest.raises(RuntimeError, match="pack"):
+        later.prefill("a", IDS)
+    later.pack(threads=1)
+    assert later.linears.unpacked == 0
+    assert np.array_equal(later.prefill("a", IDS), now.prefill("a", IDS))
+    assert np.array_equal(later.decode(["a"], [IDS[0]]), now.decode(["a"], [IDS[0]]))
 
 
 def test_weights_stay_in_their_block_format(tmp_path: Path, tok_meta: dict) -> None:

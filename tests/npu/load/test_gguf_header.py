@@ -22,8 +22,20 @@ def _theirs(path: Path) -> tuple[dict, list[tuple]]:
     return meta, table
 
 
-def _ours(path: Path) -> tuple[dict, list[tuple]]:
-    h = read_header(path)
+@pytest.fixture(params=["python", "c"])
+def walk(request):
+    """The runs of strings walked in Python, or by the kernels' C (the loader's)."""
+    if request.param == "python":
+        return None
+    from npu.engine import convert
+
+    if not convert.available():
+        pytest.skip("the kernels cannot be built here (no C walk of strings)")
+    return convert.strings_joined
+
+
+def _ours(path: Path, walk=None) -> tuple[dict, list[tuple]]:
+    h = read_header(path, walk=walk)
     return h.meta, [(t.name, t.shape, t.tensor_type, t.data_offset, t.n_bytes)
                     for t in h.tensors]
 
@@ -64,9 +76,9 @@ def _every_kind(path: Path, *, alignment: int | None = None) -> Path:
 
 @pytest.mark.parametrize("alignment", [None, 64])
 def test_every_value_kind_and_the_tensor_table_read_as_gguf_reads_them(
-        tmp_path: Path, alignment: int | None) -> None:
+        tmp_path: Path, alignment: int | None, walk) -> None:
     path = _every_kind(tmp_path / "k.gguf", alignment=alignment)
-    meta, table = _ours(path)
+    meta, table = _ours(path, walk)
     # arrays of arrays: GGUFReader's contents() runs them together; ours keeps the nesting
     assert meta.pop("test.nested") == [[1, 2], [3]]
     theirs = _theirs(path)
@@ -76,18 +88,23 @@ def test_every_value_kind_and_the_tensor_table_read_as_gguf_reads_them(
     assert table[0][4] == 8 * 64 // 32 * 20 and table[0][3] % (alignment or 32) == 0
 
 
-def test_the_default_model_reads_as_gguf_reads_it() -> None:
+def test_the_default_model_reads_as_gguf_reads_it(walk) -> None:
     path = default_model_path()
-    assert _ours(path) == _theirs(path)
+    assert _ours(path, walk) == _theirs(path)
 
 
-def test_a_header_longer_than_the_first_read_is_read_on(tmp_path: Path, monkeypatch) -> None:
+def test_a_header_longer_than_the_first_read_is_read_on(tmp_path: Path, monkeypatch,
+                                                         walk) -> None:
     path = _every_kind(tmp_path / "k.gguf")
     monkeypatch.setattr(gguf_header, "FIRST_READ", 16)
-    assert _ours(path)[1] == _theirs(path)[1]
+    assert _ours(path, walk)[1] == _theirs(path)[1]
+    whole = _ours(path)
+    for first in range(500, 5000, 250):  # some cut inside the run of 200 strings
+        monkeypatch.setattr(gguf_header, "FIRST_READ", first)
+        assert _ours(path, walk) == whole
 
 
-def test_damaged_headers_are_value_errors(tmp_path: Path) -> None:
+def test_damaged_headers_are_value_errors(tmp_path: Path, walk) -> None:
     good = _every_kind(tmp_path / "k.gguf").read_bytes()
     # the table ends at most 31 bytes before the data (padded to the alignment, 32)
     end = read_header(tmp_path / "k.gguf").tensors[0].data_offset - 31
@@ -95,7 +112,7 @@ def test_damaged_headers_are_value_errors(tmp_path: Path) -> None:
     for cut in range(0, end, 7):  # cuts through the header
         bad.write_bytes(good[:cut])
         with pytest.raises(ValueError):
-            read_header(bad)
+            read_header(bad, walk=walk)
     for damaged in (b"GGML" + good[4:], good[:4] + b"\x09" + good[5:]):  # magic, version
         bad.write_bytes(damaged)
         with pytest.raises(ValueError, match="magic|version"):
