@@ -33,9 +33,10 @@ def _lib() -> ctypes.CDLL | None:
         lib = kernels()
     except KernelUnavailable:
         return None
-    lib.fc_convert.restype = ctypes.c_int
-    lib.fc_convert.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
-                               ctypes.c_int, ctypes.c_void_p]
+    lib.fc_convert_rows.restype = ctypes.c_int
+    lib.fc_convert_rows.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64,
+                                    ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                                    ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
     lib.fc_out_bytes.restype = ctypes.c_int64
     lib.fc_out_bytes.argtypes = [ctypes.c_int]
     lib.fc_target.restype = ctypes.c_int
@@ -69,11 +70,15 @@ def available() -> bool:
 
 
 def convert(qtype: QT, data: np.ndarray, n_threads: int | None = None,
-            out: np.ndarray | None = None) -> tuple[QT, np.ndarray, float, float] | None:
+            out: np.ndarray | None = None, order: np.ndarray | None = None,
+            packed: bool = False) -> tuple[QT, np.ndarray, float, float] | None:
     """`data` (uint8 [rows, row bytes] of super-blocks, C-contiguous; read only) converted:
     (the format, uint8 [rows, its row bytes], stat 0, stat 1) with the stats of
     cpu_convert.c; None: no kernels here, or not a type converted in C. `out`: where to
-    write it (uint8 [rows, its row bytes], C-contiguous), else new memory."""
+    write it (uint8 [rows, its row bytes], C-contiguous), else new memory. `order`: row i of
+    the result is row order[i] of `data`. `packed`: the result in the kernels' packed layout
+    (npu.engine.linear.PackedMatrix's bytes; rows a multiple of `packed_rows()`), each group
+    of rows packed as it is converted."""
     lib = _lib()
     if lib is None:
         return None
@@ -82,16 +87,30 @@ def convert(qtype: QT, data: np.ndarray, n_threads: int | None = None,
         return None
     rows = data.shape[0]
     data = np.ascontiguousarray(data)
-    n = data.size // _IN_BYTES[qtype]
-    shape = (rows, n * out_size // max(rows, 1))
+    blocks = data.size // _IN_BYTES[qtype] // max(rows, 1)  # super-blocks a row
+    shape = (rows, blocks * out_size)
     if out is None or out.shape != shape or out.dtype != np.uint8 \
             or not out.flags.c_contiguous:
         out = fresh(shape)
+    if order is not None:
+        order = np.ascontiguousarray(order, dtype=np.int64)
+        if order.shape != (rows,) or (rows and (order.min() < 0 or order.max() >= rows)):
+            raise ValueError("order must be a permutation's worth of row indices")
     stats = np.zeros(2, dtype=np.float32)
-    if lib.fc_convert(int(qtype), data.ctypes.data, n, out.ctypes.data,
-                      n_threads or threads(), stats.ctypes.data):
-        raise RuntimeError(f"fc_convert failed for {qtype.name}")
+    failed = lib.fc_convert_rows(int(qtype), data.ctypes.data, rows, blocks * 256,
+                                 None if order is None else order.ctypes.data,
+                                 out.ctypes.data, int(packed), n_threads or threads(),
+                                 stats.ctypes.data)
+    if failed:
+        raise RuntimeError(f"fc_convert_rows failed ({failed}) for {qtype.name}"
+                           f"{' packed' if packed else ''}")
     return QT(lib.fc_target(int(qtype))), out, float(stats[0]), float(stats[1])
+
+
+def packed_rows() -> int:
+    """Rows a group of the kernels' packed layout (0: none here, or no kernels)."""
+    lib = _lib()
+    return 0 if lib is None else int(lib.fk_packed_rows())
 
 
 def strings_joined(buf: bytes, at: int, count: int) -> tuple[bytes, int] | None:

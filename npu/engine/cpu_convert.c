@@ -16,6 +16,7 @@
  * nothing; clang is told below.
  */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <math.h>
 #include <pthread.h>
@@ -251,40 +252,67 @@ static int64_t in_bytes(int type) {
     }
 }
 
-/* A conversion shared by threads: each takes CHUNK super-blocks at a time (a thread the
- * system runs late holds up at most one chunk) and keeps its own maxima. */
+/* The kernels' packed layout (cpu_kernels.c, the same library): its rows per group, and
+ * one group's rows packed. */
+int fk_packed_rows(void);
+int fk_pack_group(int type, const uint8_t *rows, int64_t K, uint8_t *G);
+
+/* A conversion shared by threads: each takes a unit of rows at a time (CHUNK super-blocks'
+ * worth, or a packed group's rows; a thread the system runs late holds up at most one) and
+ * keeps its own maxima. */
 #define CHUNK 64
 typedef struct {
     int type;
     const uint8_t *src;
     uint8_t *dst;
-    int64_t n, isz, osz;
+    int64_t rows, sb, isz, osz; /* rows of sb super-blocks; bytes a super-block in, out */
+    const int64_t *order;       /* row r of dst is row order[r] of src (NULL: r) */
+    int64_t unit;               /* rows a unit */
+    int packed;                 /* dst in the kernels' packed layout, a unit a group */
     atomic_llong next;
 } Job;
 
 typedef struct {
     Job *job;
     float s0, s1;
+    int failed;
 } Part;
+
+static void convert_row(const Job *job, int64_t r, uint8_t *out, float *s0, float *s1) {
+    const int same = job->type == C_Q4_K || job->type == C_Q5_K, five = job->type == C_Q5_K;
+    const uint8_t *in = job->src + (job->order ? job->order[r] : r) * job->sb * job->isz;
+    float v[256];
+    for (int64_t i = 0; i < job->sb; i++) {
+        if (same) {
+            k_as_1(in + i * job->isz, out + i * job->osz, five, s0, s1);
+        } else {
+            k_values(job->type, in + i * job->isz, v);
+            q8_0_of(v, out + i * job->osz, s0, s1);
+        }
+    }
+}
 
 static void *run_part(void *arg) {
     Part *part = (Part *)arg;
     Job *job = part->job;
-    const int same = job->type == C_Q4_K || job->type == C_Q5_K, five = job->type == C_Q5_K;
-    float s0 = 0.0f, s1 = 0.0f, v[256];
-    for (;;) {
-        const int64_t first = atomic_fetch_add(&job->next, CHUNK);
-        if (first >= job->n) break;
-        const int64_t last = first + CHUNK < job->n ? first + CHUNK : job->n;
-        for (int64_t i = first; i < last; i++) {
-            if (same) {
-                k_as_1(job->src + i * job->isz, job->dst + i * job->osz, five, &s0, &s1);
-            } else {
-                k_values(job->type, job->src + i * job->isz, v);
-                q8_0_of(v, job->dst + i * job->osz, &s0, &s1);
-            }
-        }
+    const int64_t orow = job->sb * job->osz;
+    float s0 = 0.0f, s1 = 0.0f;
+    uint8_t *aside = job->packed ? malloc((size_t)(job->unit * orow)) : NULL;
+    if (job->packed && !aside) {
+        part->failed = 1;
+        return NULL;
     }
+    for (;;) {
+        const int64_t first = atomic_fetch_add(&job->next, job->unit);
+        if (first >= job->rows) break;
+        const int64_t last = first + job->unit < job->rows ? first + job->unit : job->rows;
+        for (int64_t r = first; r < last; r++)
+            convert_row(job, r, aside ? aside + (r - first) * orow : job->dst + r * orow, &s0, &s1);
+        /* a group's rows converted, still in cache: packed where they go */
+        if (aside && fk_pack_group(fc_target(job->type), aside, job->sb * 256, job->dst + first * orow))
+            part->failed = 1;
+    }
+    free(aside);
     part->s0 = s0;
     part->s1 = s1;
     return NULL;
@@ -292,35 +320,50 @@ static void *run_part(void *arg) {
 
 #define MAX_THREADS 256
 
-/* `n` super-blocks of `type` at `src` into `dst` (n * fc_out_bytes(type) bytes), on
- * `threads` threads (plain threads that sleep when done: no OpenMP pool left spinning
- * between tensors); stats[0], stats[1]: the maxima named at the top. 0, or -1 for a type
- * not converted here. */
-int fc_convert(int type, const uint8_t *src, int64_t n, uint8_t *dst, int threads,
-               float *stats) {
+/* `rows` rows of `cols` values (a multiple of 256) in super-blocks of `type` at `src` into
+ * `dst` (rows * cols / 256 * fc_out_bytes(type) bytes), row r of dst from row order[r] of
+ * src (order NULL: row r); `packed`: dst in the kernels' packed layout (rows a multiple of
+ * fk_packed_rows(): its bytes are the rows' own, reordered), each group packed as soon as
+ * it is converted. On `threads` threads (plain threads that sleep when done: no OpenMP pool
+ * left spinning between tensors); stats[0], stats[1]: the maxima named at the top. 0; -1
+ * for a type not converted here, -2 for a layout this build cannot pack, -3 out of memory. */
+int fc_convert_rows(int type, const uint8_t *src, int64_t rows, int64_t cols,
+                    const int64_t *order, uint8_t *dst, int packed, int threads, float *stats) {
     const int64_t isz = in_bytes(type), osz = fc_out_bytes(type);
-    if (isz < 0 || osz < 0) return -1;
-    Job job = {type, src, dst, n, isz, osz, 0};
+    if (isz < 0 || osz < 0 || cols % 256) return -1;
+    const int64_t sb = cols / 256, xr = packed ? fk_packed_rows() : 0;
+    if (packed && (xr <= 0 || rows % xr)) return -2;
+    const int64_t unit = packed ? xr : (sb >= CHUNK ? 1 : CHUNK / (sb ? sb : 1));
+    Job job = {type, src, dst, rows, sb, isz, osz, order, unit, packed, 0};
     Part parts[MAX_THREADS];
     pthread_t ids[MAX_THREADS];
     int started = 0;
     if (threads > MAX_THREADS) threads = MAX_THREADS;
-    if (threads > (n + CHUNK - 1) / CHUNK) threads = (int)((n + CHUNK - 1) / CHUNK);
+    if (threads > (rows + unit - 1) / unit) threads = (int)((rows + unit - 1) / unit);
     if (threads < 1) threads = 1;
-    for (int t = 0; t < threads; t++) parts[t] = (Part){&job, 0.0f, 0.0f};
+    for (int t = 0; t < threads; t++) parts[t] = (Part){&job, 0.0f, 0.0f, 0};
     for (int t = 1; t < threads; t++)
         if (pthread_create(&ids[t], NULL, run_part, &parts[t]) == 0) started = t;
         else break; /* fewer threads: the work is shared by those there are */
     run_part(&parts[0]);
     for (int t = 1; t <= started; t++) pthread_join(ids[t], NULL);
     float s0 = 0.0f, s1 = 0.0f;
+    int failed = 0;
     for (int t = 0; t <= started; t++) {
         s0 = parts[t].s0 > s0 ? parts[t].s0 : s0;
         s1 = parts[t].s1 > s1 ? parts[t].s1 : s1;
+        failed |= parts[t].failed;
     }
     stats[0] = s0;
     stats[1] = s1;
-    return 0;
+    return failed ? -3 : 0;
+}
+
+/* `n` super-blocks of `type` at `src` into `dst` (n * fc_out_bytes(type) bytes): the rows'
+ * conversion of n rows of 256 values. */
+int fc_convert(int type, const uint8_t *src, int64_t n, uint8_t *dst, int threads,
+               float *stats) {
+    return fc_convert_rows(type, src, n, 256, NULL, dst, 0, threads, stats);
 }
 
 /* f16 of n floats by the software rounding (tests compare it with numpy's). */

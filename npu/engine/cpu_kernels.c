@@ -18,6 +18,7 @@
  * of 8 or 16 rows (fk_pack, "rows interleaved" below) and multiplied from that layout
  * (fk_matmul_packed).
  */
+#define _DEFAULT_SOURCE /* madvise under -std=c11 */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -829,6 +830,17 @@ static int pack_on(int type, const uint8_t *W, int64_t N, int64_t K, uint8_t *P,
         free(aside);
     }
     return failed ? -1 : 0;
+}
+
+/* One group's XR rows of W (row-major, `rows`) into the group's packed bytes G: the k-quant
+ * conversion (cpu_convert.c) packs each group it has converted, still in cache. -1 where
+ * this build or `type` has no packed layout. */
+int fk_pack_group(int type, const uint8_t *rows, int64_t K, uint8_t *G) {
+    if (fk_packed_bytes(type, XR, K) < 0) return -1;
+    const int64_t nb = K / 32, rb = fk_row_bytes(type, K), bs = fk_row_bytes(type, 32);
+    for (int64_t n = 0; n < XR; n++)
+        for (int64_t b = 0; b < nb; b++) move_block(type, G, nb, n, b, (uint8_t *)(rows + n * rb + b * bs), 1);
+    return 0;
 }
 
 int fk_pack(int type, const uint8_t *W, int64_t N, int64_t K, uint8_t *P) {

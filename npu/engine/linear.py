@@ -23,7 +23,7 @@ import numpy as np
 from npu.engine.convert import fresh
 from npu.engine.convert import threads as cores
 from npu.engine.ops import KernelOps, NumpyOps
-from npu.engine.quant import INTEGER, QT, QMatrix, release_pages, row_bytes
+from npu.engine.quant import INTEGER, QT, QMatrix, adjacent, release_pages, row_bytes
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +141,21 @@ class PackedMatrix:
                 and rows % lib.fk_packed_rows() == 0):
             return cls(m.qtype, m.shape, d.reshape(-1), lib)
         return cls(m.qtype, m.shape, fresh((size,)), lib)
+
+    @classmethod
+    def concat(cls, parts: list[PackedMatrix]) -> PackedMatrix:
+        """The parts stacked by rows (each of whole groups: the result's bytes are theirs one
+        after the other): a view where they lie so in one buffer (a loader's), else a copy."""
+        first = parts[0]
+        if any(p.qtype != first.qtype or p.shape[1] != first.shape[1]
+               or p.shape[0] % first._lib.fk_packed_rows() for p in parts):
+            raise ValueError("concat needs packed matrices of one format and width, each of "
+                             "whole groups of rows")
+        data = adjacent([p.data for p in parts])
+        if data is None:
+            data = np.concatenate([p.data.reshape(-1) for p in parts])
+        return cls(first.qtype, (sum(p.shape[0] for p in parts), first.shape[1]),
+                   data.reshape(-1), first._lib)
 
     @property
     def nbytes(self) -> int:
@@ -321,15 +336,16 @@ class LinearFactory:
         jobs, self._pending, self._pending_bytes = self._pending, [], 0
         pack_all(jobs, self._lib, threads)
 
-    def linear(self, parts: list[QMatrix]) -> Linear:
-        """One linear layer over `parts` stacked by rows (the fused projections)."""
-        groups: list[list[QMatrix]] = []
+    def linear(self, parts: list[QMatrix | PackedMatrix]) -> Linear:
+        """One linear layer over `parts` stacked by rows (the fused projections); a part may
+        come packed already (a loader's k-quant, converted into the packed layout)."""
+        groups: list[list[QMatrix | PackedMatrix]] = []
         for p in parts:
-            if groups and groups[-1][0].qtype == p.qtype:
+            if groups and groups[-1][0].qtype == p.qtype and type(groups[-1][0]) is type(p):
                 groups[-1].append(p)
             else:
                 groups.append([p])
-        made = [self._one(g[0] if len(g) == 1 else QMatrix.concat(g)) for g in groups]
+        made = [self._one(g[0] if len(g) == 1 else type(g[0]).concat(g)) for g in groups]
         return made[0] if len(made) == 1 else SplitLinear(made)
 
     def _one(self, m: QMatrix | PackedMatrix) -> Linear:
@@ -339,8 +355,8 @@ class LinearFactory:
             return ReferenceLinear(m, keep=self._keep)
         return CpuLinear(self._packed(m), self.threads, self._lib)
 
-    def _packed(self, m: QMatrix) -> QMatrix | PackedMatrix:
-        if not self._pack:
+    def _packed(self, m: QMatrix | PackedMatrix) -> QMatrix | PackedMatrix:
+        if not self._pack or isinstance(m, PackedMatrix):
             return m
         if not self._later:
             return PackedMatrix.of(m, self._lib) or m

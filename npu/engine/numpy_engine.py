@@ -29,7 +29,7 @@ from npu.engine import rope as rope_mod
 from npu.engine.attention import attend_packed, embed_inputs
 from npu.engine.fused import FusedLayers
 from npu.engine.kv_cache import BlockPool, SeqBlocks
-from npu.engine.linear import Linear, LinearFactory, Threads
+from npu.engine.linear import Linear, LinearFactory, PackedMatrix, Threads
 from npu.engine.pooling import Pooling, pool
 from npu.engine.quant import INTEGER, QMatrix
 from npu.engine.roles import Roles, roles_for
@@ -108,9 +108,9 @@ class Tensors:
         arr = arr.dequantize() if isinstance(arr, QMatrix) else arr
         return np.ascontiguousarray(arr, dtype=np.float32)
 
-    def mat(self, name: str) -> QMatrix:
+    def mat(self, name: str) -> QMatrix | PackedMatrix:
         arr = self.pop(name)
-        return arr if isinstance(arr, QMatrix) else QMatrix.from_float(arr)
+        return arr if isinstance(arr, (QMatrix, PackedMatrix)) else QMatrix.from_float(arr)
 
     def linear(self, *names: str) -> Linear:
         return self.linears.linear([self.mat(n) for n in names])

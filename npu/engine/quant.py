@@ -140,7 +140,14 @@ def converted_type(qtype: QT) -> QT:
     return SAME_CODES[qtype][1] if qtype in SAME_CODES else QT.Q8_0
 
 
-def _adjacent(arrays: list[np.ndarray]) -> np.ndarray | None:
+def conversion_bound(target: QT, s0: float, s1: float) -> float:
+    """The C conversion's bound on its error relative to the largest value, from its stats
+    (npu.engine.convert): Q8_0's s0 is the largest step d and s1 the largest value (a value
+    off by at most 0.5313 d: see `QMatrix.to_native`); Q4_1 / Q5_1's s0 is the error."""
+    return (0.5313 * s0 if target == QT.Q8_0 else s0) / (s1 or 1.0)
+
+
+def adjacent(arrays: list[np.ndarray]) -> np.ndarray | None:
     """The arrays as one view when they are C-contiguous slices lying one after the other
     in one buffer; else None."""
     if len(arrays) < 2 or not all(a.flags.c_contiguous for a in arrays):
@@ -203,29 +210,31 @@ class QMatrix:
         """The matrix with its rows in `order` (row i of the result is row order[i])."""
         return QMatrix(self.qtype, self.shape, self.data[order])
 
-    def to_native(self, reference: bool = False,
-                  out: np.ndarray | None = None) -> tuple[QMatrix, float]:
+    def to_native(self, reference: bool = False, out: np.ndarray | None = None,
+                  order: np.ndarray | None = None) -> tuple[QMatrix, float]:
         """This matrix in a format the CPU kernels compute, and a bound on the conversion's
-        error relative to the largest value (0.0 when it is one already).
+        error relative to the largest value (0.0 when it is one already); `order`: its rows
+        in that order first (`reorder`).
 
         k-quants convert in C on every core (npu.engine.convert, byte for byte this numpy
-        code's result), unless `reference` or the kernels cannot be built; `out` (uint8
-        [rows, the result's row bytes]): where the C conversion writes (`converted_type`
-        names the format; a part of a buffer several matrices share, see `concat`)."""
-        if self.qtype in NATIVE:
-            return self, 0.0
-        if self.qtype not in CONVERTED:
+        code's result; the rows taken in `order` as they are read), unless `reference` or
+        the kernels cannot be built; `out` (uint8 [rows, the result's row bytes]): where the
+        C conversion writes (`converted_type` names the format; a part of a buffer several
+        matrices share, see `concat`)."""
+        if self.qtype not in NATIVE and self.qtype not in CONVERTED:
             raise ModelError(f"tensor type {self.qtype.name} is not supported (supported: "
                              f"{', '.join(sorted(t.name for t in NATIVE | CONVERTED))})")
-        if not reference:
+        if self.qtype in CONVERTED and not reference:
             from npu.engine.convert import convert
 
-            done = convert(self.qtype, self.data, out=out)
+            done = convert(self.qtype, self.data, out=out, order=order)
             if done is not None:
                 qtype, data, s0, s1 = done
-                if qtype == QT.Q8_0:  # s0: the largest step d, s1: the largest value
-                    return QMatrix(qtype, self.shape, data), 0.5313 * s0 / (s1 or 1.0)
-                return QMatrix(qtype, self.shape, data), s0 / (s1 or 1.0)
+                return QMatrix(qtype, self.shape, data), conversion_bound(qtype, s0, s1)
+        if order is not None:
+            return self.reorder(order).to_native(reference)
+        if self.qtype in NATIVE:
+            return self, 0.0
         if self.qtype in SAME_CODES:
             data, bound = k_quant_as_1(self.data, self.qtype)
             return QMatrix(SAME_CODES[self.qtype][1], self.shape, data), bound
@@ -252,7 +261,7 @@ class QMatrix:
         if any(p.qtype != first.qtype or p.shape[1] != first.shape[1] for p in parts):
             raise ValueError("concat needs matrices of one format and width")
         rows = sum(p.shape[0] for p in parts)
-        joined = _adjacent([p.data for p in parts])
+        joined = adjacent([p.data for p in parts])
         if joined is not None:
             return QMatrix(first.qtype, (rows, first.shape[1]), joined)
         out = QMatrix(first.qtype, (rows, first.shape[1]),

@@ -24,7 +24,10 @@ from typing import Any
 import numpy as np
 
 from npu.engine.convert import fresh
-from npu.engine.quant import CONVERTED, QT, QMatrix, converted_type, release_pages, row_bytes
+from npu.config import ENCODER_ARCHITECTURES
+from npu.engine.linear import PackedMatrix
+from npu.engine.quant import (CONVERTED, QT, QMatrix, conversion_bound, converted_type,
+                              release_pages, row_bytes)
 from npu.errors import ModelError
 from npu.load.gguf_header import GGUFHeader, TensorInfo, read_header
 from npu.load.mapped import MappedFile
@@ -39,6 +42,10 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
 ENCODERS = frozenset({"bert", "nomic-bert"})
 # the ones whose attn_q / attn_k rows llama.cpp's converter permutes for ggml's RoPE
 PERMUTED = frozenset({"llama"})
+# the matrices the decoder engine multiplies (or looks rows up in): `read_gguf(packed=...)`
+# converts these k-quants straight into the kernels' packed layout
+LINEAR = re.compile(r"(token_embd|output|blk\.\d+\.(attn_(q|k|v|output)|ffn_(gate|up|down)))"
+                    r"\.weight")
 
 _GLOBAL = {"token_embd.weight": "model.embed_tokens.weight",
            "output.weight": "lm_head.weight", "output_norm.weight": "model.norm.weight",
@@ -285,10 +292,13 @@ def read_gguf_header(path: Path) -> GGUFHeader:
 
 
 def read_gguf(path: Path, *, progress: bool = True,
-              header: GGUFHeader | None = None) -> GGUFModel:
+              header: GGUFHeader | None = None, packed: int = 0) -> GGUFModel:
     """Read a GGUF file, or the first of a split model's files (see the module's
     docstring; the metadata is the first file's, the tensors every part's). `header`: the
-    file's, already parsed (read_gguf_header).
+    file's, already parsed (read_gguf_header). `packed`: the CPU kernels' rows a group
+    (`npu.engine.convert.packed_rows()`; 0: none): the decoder's k-quant matrices (LINEAR)
+    come converted straight into that packed layout, as `PackedMatrix`es (the decoder
+    engine's own, multiplied as they are; not for the NPU or an encoder).
 
     Raises:
         ModelError: naming the file (and the tensor) for anything that cannot be served.
@@ -309,6 +319,8 @@ def read_gguf(path: Path, *, progress: bool = True,
                            _vector(files[where["rope_freqs.weight"]], freqs)
                            if freqs is not None else None)
     shapes = _expected_shapes(cfg)
+    if any(a in ENCODER_ARCHITECTURES for a in cfg.get("architectures", ())):
+        packed = 0  # the encoder engine multiplies blocks as they are
     total = sum(t.n_bytes for t in infos.values())
     bar = Progress(path.name, total) if progress else None
     tensors: dict[str, np.ndarray | QMatrix] = {}
@@ -329,7 +341,8 @@ def read_gguf(path: Path, *, progress: bool = True,
             nxt = todo[i + 1][2]
             files[where[nxt.name]].prefetch(nxt.data_offset, nxt.n_bytes)
         try:
-            tensors[target], err = _tensor(qtype, shape, raw, arch, name, cfg, slots.get(name))
+            tensors[target], err = _tensor(qtype, shape, raw, arch, name, cfg, slots.get(name),
+                                           packed)
         except ModelError as exc:
             raise ModelError(f"{path}: tensor {name}: {exc}") from None
         if not _is_view(tensors[target], raw):  # copied or converted: its pages go back
@@ -348,9 +361,9 @@ def read_gguf(path: Path, *, progress: bool = True,
     return GGUFModel(path, meta, cfg, tensors, list(files.values()))
 
 
-def _is_view(value: np.ndarray | QMatrix, raw: np.ndarray) -> bool:
+def _is_view(value: np.ndarray | QMatrix | PackedMatrix, raw: np.ndarray) -> bool:
     """Whether `value` holds the mapped bytes `raw` themselves (not a copy)."""
-    data = value.data if isinstance(value, QMatrix) else value
+    data = value.data if isinstance(value, (QMatrix, PackedMatrix)) else value
     return np.may_share_memory(data, raw)
 
 
@@ -408,11 +421,12 @@ _CONVERTED = frozenset(int(q) for q in CONVERTED)
 
 
 def _tensor(qtype: QT, shape: tuple[int, ...], raw: np.ndarray, arch: str, name: str,
-            cfg: dict[str, Any], out: np.ndarray | None = None
-            ) -> tuple[np.ndarray | QMatrix, float | None]:
-    """One tensor's value, a float32 vector or a QMatrix, and a bound on the error of its
-    conversion to a format the kernels compute (None: not converted; `out`: where a
-    conversion writes, `_fused_slots`)."""
+            cfg: dict[str, Any], out: np.ndarray | None = None, packed: int = 0
+            ) -> tuple[np.ndarray | QMatrix | PackedMatrix, float | None]:
+    """One tensor's value, a float32 vector, a QMatrix or (a k-quant linear layer's matrix
+    where `packed`, the kernels' rows a group, divides its rows) a PackedMatrix, and a bound
+    on the error of its conversion to a format the kernels compute (None: not converted;
+    `out`: where a conversion writes, `_fused_slots`)."""
     if len(shape) == 1:
         value = QMatrix(qtype, (1, shape[0]), raw).dequantize()[0]
         if arch == "gemma3" and name.endswith("norm.weight"):
@@ -421,11 +435,19 @@ def _tensor(qtype: QT, shape: tuple[int, ...], raw: np.ndarray, arch: str, name:
     if len(shape) != 2:
         raise ModelError(f"{len(shape)}-dimensional tensors are not supported")
     m = QMatrix(qtype, shape, raw)
+    order = None
     if arch in PERMUTED and (".attn_q." in name or ".attn_k." in name):
         heads = cfg["num_attention_heads"] if ".attn_q." in name else cfg["num_key_value_heads"]
-        m = m.reorder(unpermute_order(shape[0], heads))
-    native, err = m.to_native(out=out)
-    return native, (err if native is not m else None)
+        order = unpermute_order(shape[0], heads)
+    if packed and qtype in CONVERTED and shape[0] % packed == 0 and LINEAR.fullmatch(name):
+        from npu.engine.convert import convert
+        from npu.engine.cpu_kernels import kernels
+
+        target, data, s0, s1 = convert(qtype, m.data, out=out, order=order, packed=True)
+        return (PackedMatrix(target, shape, data.reshape(-1), kernels()),
+                conversion_bound(target, s0, s1))
+    native, err = m.to_native(out=out, order=order)
+    return native, (None if qtype not in CONVERTED else err)
 
 
 def unpermute_order(rows: int, heads: int) -> np.ndarray:

@@ -10,18 +10,20 @@ unsupported piece is a `ModelError` naming it.
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import numpy as np
 
-from npu.config import ENCODERS, config_from_json
+from npu.config import ENCODERS, ModelConfig, config_from_json
+from npu.engine.convert import packed_rows
 from npu.engine.convert import threads as cores
 from npu.engine.encoder import EncoderEngine
 from npu.engine.numpy_engine import NumpyEngine
+from npu.engine.pooling import Pooling
 from npu.errors import ModelError
 from npu.load.options import LoadOptions
 from npu.load.pooling import pooling_from_directory, pooling_from_gguf
@@ -161,42 +163,31 @@ def load_model(path: str | Path, device: str = "cpu", options: LoadOptions | Non
         raise ModelError("device 'npu' needs a kernel directory (kernel_dir)")
     folder = Path(path)
     gguf_file = find_gguf(folder)
-    if gguf_file is not None:
-        if quantize:
-            raise ModelError(f"{gguf_file}: quantize applies to Hugging Face checkpoints; a "
-                             "GGUF file keeps its own formats")
-        parts = _from_gguf(gguf_file)
-    elif folder.is_dir():
-        parts = _from_directory(folder, quantize)
-    else:
-        raise ModelError(f"model path {folder} does not exist (a model directory or a .gguf "
-                         "file)")
-    config, make_tokenizer, source, eos_ids, defaults, weights, pooling, release = parts
-    if chat_template is not None:
-        try:
-            source = Path(chat_template).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ModelError(f"chat_template {chat_template}: {exc.strerror}") from None
-    encoder = config.arch in ENCODERS
-    if encoder:
-        if device != "cpu":
-            raise ModelError(f"{folder}: {config.arch} (an encoder) runs on the CPU only")
-        engine = EncoderEngine(config, weights, backend=opts.backend, pooling=pooling)
-    elif device == "npu":
-        from npu.xrt import XRT
-        from npu.xrt.engine import XRTEngine
-
-        engine = XRTEngine(config, weights, xrt=xrt or XRT(),
-                           device_index=device_index, kernel_dir=Path(kernel_dir),
-                           mode=opts.npu_mode, kv_cache_bytes=opts.kv_cache_bytes,
-                           prefix_cache=opts.prefix_cache, pooling=pooling)
-    else:
-        engine = NumpyEngine(config, weights, backend=opts.backend,
-                             kv_cache_bytes=opts.kv_cache_bytes, prefix_cache=opts.prefix_cache,
-                             pooling=pooling, pack_later=True)
-    # the last weights are packed in C (the GIL let go) while the tokenizer and the template
-    # are built (Python, and `tokenizers`' parse, which holds the GIL) on a core of their own
-    with ThreadPoolExecutor(1, thread_name_prefix="flm-pack") as pool:
+    # a GGUF file's tokenizer is built on a thread while its k-quants convert (C, the GIL
+    # let go), and the engine's last weights pack (C, on a thread) while the tokenizer (if
+    # it is not done) and the template are built: `tokenizers`' parse holds the GIL
+    with ThreadPoolExecutor(2, thread_name_prefix="flm-load") as pool:
+        if gguf_file is not None:
+            if quantize:
+                raise ModelError(f"{gguf_file}: quantize applies to Hugging Face checkpoints; "
+                                 "a GGUF file keeps its own formats")
+            # the decoder's k-quants converted straight into the CPU kernels' packed layout
+            packed = packed_rows() if device == "cpu" and opts.backend == "cpu" else 0
+            parts = _from_gguf(gguf_file, packed, pool)
+        elif folder.is_dir():
+            parts = _from_directory(folder, quantize)
+        else:
+            raise ModelError(f"model path {folder} does not exist (a model directory or a "
+                             ".gguf file)")
+        config, make_tokenizer, source, eos_ids, defaults, weights, pooling, release = parts
+        if chat_template is not None:
+            try:
+                source = Path(chat_template).read_text(encoding="utf-8")
+            except OSError as exc:
+                raise ModelError(f"chat_template {chat_template}: {exc.strerror}") from None
+        encoder = config.arch in ENCODERS
+        engine = _engine(config, weights, device, opts, pooling, folder,
+                         xrt=xrt, device_index=device_index)
         packing = (pool.submit(engine.pack, max(1, cores() - 1))
                    if isinstance(engine, NumpyEngine) else None)
         tokenizer = make_tokenizer()
@@ -215,6 +206,26 @@ def load_model(path: str | Path, device: str = "cpu", options: LoadOptions | Non
     return Model(name=name or (where.stem if gguf_file else folder.name), path=where,
                  config=config, tokenizer=tokenizer, template=template, engine=engine,
                  eos_token_ids=tuple(eos_ids), defaults=defaults, pooling=pooling)
+
+
+def _engine(config: ModelConfig, weights: dict, device: str, opts: LoadOptions,
+            pooling: Pooling, folder: Path, *, xrt: Any, device_index: int):
+    """The engine for `device`; the CPU decoder's with its last weights left to `pack()`."""
+    if config.arch in ENCODERS:
+        if device != "cpu":
+            raise ModelError(f"{folder}: {config.arch} (an encoder) runs on the CPU only")
+        return EncoderEngine(config, weights, backend=opts.backend, pooling=pooling)
+    if device == "npu":
+        from npu.xrt import XRT
+        from npu.xrt.engine import XRTEngine
+
+        return XRTEngine(config, weights, xrt=xrt or XRT(), device_index=device_index,
+                         kernel_dir=Path(opts.kernel_dir), mode=opts.npu_mode,
+                         kv_cache_bytes=opts.kv_cache_bytes, prefix_cache=opts.prefix_cache,
+                         pooling=pooling)
+    return NumpyEngine(config, weights, backend=opts.backend,
+                       kv_cache_bytes=opts.kv_cache_bytes, prefix_cache=opts.prefix_cache,
+                       pooling=pooling, pack_later=True)
 
 
 def _return_freed_memory() -> None:
@@ -258,19 +269,25 @@ def _gguf_tokenizer(meta: dict, file: Path) -> Tokenizer:
                      add_eos=bool(meta.get("tokenizer.ggml.add_eos_token", False)))
 
 
-def _from_gguf(file: Path):
-    """A GGUF file's parts; its tokenizer as a function that builds it (`load_model` builds
-    it while the engine packs the weights)."""
+def _from_gguf(file: Path, packed: int, pool: ThreadPoolExecutor):
+    """A GGUF file's parts, its tokenizer as a function that gives it: built on `pool`
+    while k-quants convert (C: the GIL let go), else by the caller (beside the packing).
+    `packed`: read_gguf's."""
+    from npu.engine.quant import CONVERTED
     from npu.load.gguf import read_gguf, read_gguf_header
 
     header = read_gguf_header(file)
     meta = header.meta
-    g = read_gguf(file, header=header)
+    if any(t.tensor_type in CONVERTED for t in header.tensors):
+        make_tokenizer = pool.submit(_gguf_tokenizer, meta, file).result
+    else:  # nothing here lets the GIL go long: built later, while the weights pack
+        make_tokenizer = partial(_gguf_tokenizer, meta, file)
+    g = read_gguf(file, header=header, packed=packed)
     config = config_from_json(g.config)
     eos_ids = _eos_ids(meta.get("tokenizer.ggml.eos_token_id"),
                        meta.get("tokenizer.ggml.eot_token_id"),
                        meta.get("tokenizer.ggml.eom_token_id"))
-    return (config, partial(_gguf_tokenizer, meta, file), g.chat_template, eos_ids,
+    return (config, make_tokenizer, g.chat_template, eos_ids,
             SamplingParams(), g.tensors, pooling_from_gguf(meta, file), g.release_pages)
 
 

@@ -40,6 +40,33 @@ def test_c_conversion_equals_the_numpy_reference_byte_for_byte(qtype: QT) -> Non
     assert bound == pytest.approx(ref_bound, rel=1e-6)
 
 
+@pytest.mark.parametrize("qtype", list(HALVES))
+def test_rows_taken_in_an_order_and_packed_as_converted_are_the_same_bytes(qtype: QT) -> None:
+    """`order` is `reorder` before the conversion; `packed` is the packed layout of what the
+    conversion makes (each group packed as it is converted), on 1 and 3 threads."""
+    from npu.engine.cpu_kernels import kernels
+    from npu.engine.linear import PackedMatrix
+
+    rows = 4 * max(convert.packed_rows(), 1)
+    m = QMatrix(qtype, (rows, 512), _blocks(np.random.default_rng(7 + int(qtype)), rows, 512,
+                                            qtype))
+    order = np.random.default_rng(1).permutation(rows)
+    want, _ = m.reorder(order).to_native(reference=True)
+    got = convert.convert(qtype, m.data, order=order)
+    assert np.array_equal(got[1], want.data)
+    if not convert.packed_rows():
+        with pytest.raises(RuntimeError):
+            convert.convert(qtype, m.data, packed=True)
+        return
+    packed = PackedMatrix.of(want, kernels())
+    for threads in (1, 3):
+        p = convert.convert(qtype, m.data, n_threads=threads, order=order, packed=True)
+        assert p[0] == want.qtype and p[2:] == got[2:]
+        assert np.array_equal(p[1].reshape(-1), packed.data)
+    with pytest.raises(RuntimeError):  # a partial group: not packed here
+        convert.convert(qtype, m.data[:rows - 1], packed=True)
+
+
 def test_threads_make_the_same_bytes() -> None:
     data = _blocks(np.random.default_rng(5), 64, 2048, QT.Q6_K)
     one = convert.convert(QT.Q6_K, data, n_threads=1)

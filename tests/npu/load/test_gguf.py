@@ -117,6 +117,30 @@ def test_an_engine_packed_later_runs_only_once_packed_and_as_one_packed_at_once(
     assert np.array_equal(later.decode(["a"], [IDS[0]]), now.decode(["a"], [IDS[0]]))
 
 
+def test_k_quants_converted_straight_into_the_packed_layout_compute_the_same_bits(
+        tmp_path: Path, tok_meta: dict) -> None:
+    """The loader's k-quant matrices come converted straight into the kernels' packed
+    layout (Llama's Q/K rows reordered on the way; a layer's Q, K, V one buffer): the
+    logits are those of an engine that packed the converted matrices itself."""
+    from npu.engine.convert import packed_rows
+    from npu.engine.linear import PackedMatrix
+    from npu.load.gguf import read_gguf
+
+    if not packed_rows():
+        pytest.skip("this build has no packed layout (no AVX2)")
+    path = write_random_gguf(tmp_path / "m.gguf", "llama", QT.Q4_K, tokenizer_meta=tok_meta,
+                             dims=(256, 512, 2, 1, 128, 2))
+    model = load_model(path)
+    layer = model.engine.layers[0]
+    assert isinstance(layer.w_down.matrix, PackedMatrix)
+    assert layer.w_down.matrix.qtype == QT.Q4_1
+    g = read_gguf(path)
+    assert not isinstance(g.tensors["model.layers.0.mlp.down_proj.weight"], PackedMatrix)
+    own = NumpyEngine(model.config, dict(g.tensors))
+    assert np.array_equal(model.engine.prefill("a", IDS), own.prefill("a", IDS))
+    assert np.array_equal(model.engine.decode(["a"], [IDS[1]]), own.decode(["a"], [IDS[1]]))
+
+
 def test_weights_stay_in_their_block_format(tmp_path: Path, tok_meta: dict) -> None:
     model = load_model(write_random_gguf(tmp_path / "m.gguf", "llama", QT.Q4_0,
                                          tokenizer_meta=tok_meta))
