@@ -312,9 +312,10 @@ class LinearFactory:
 
     def __init__(self, backend: str = "cpu", threads: int = 1, pack: bool = True,
                  later: int = 0) -> None:
-        """`later`: packed matrices are made empty and written by `pack`, in one call, up to
-        `later` bytes of them (past that, those made so far are written at once: a
-        matrix's source stays in memory until its packed copy is written); and matrices in
+        """`later`: packed matrices are made empty and written by `pack`, in one call: those
+        made since `later` bytes of them were last passed (then those made so far are
+        written at once: a matrix's source stays in memory until its packed copy is
+        written; one larger than `later` alone waits for `pack`); and matrices in
         memory of their own (a k-quant's conversion) are packed in place: the weights given
         are the factory's, not read by anyone after."""
         self.threads = Threads(threads)
@@ -332,9 +333,9 @@ class LinearFactory:
 
     def pack(self, threads: int | None = None) -> None:
         """Writes the packed matrices left by `later` (one call: the GIL let go meanwhile),
-        on `threads` threads (default: every core)."""
-        jobs, self._pending, self._pending_bytes = self._pending, [], 0
-        pack_all(jobs, self._lib, threads)
+        on `threads` threads (default: every core). Where it fails they stay `unpacked`."""
+        pack_all(self._pending, self._lib, threads)
+        self._pending, self._pending_bytes = [], 0
 
     def linear(self, parts: list[QMatrix | PackedMatrix]) -> Linear:
         """One linear layer over `parts` stacked by rows (the fused projections); a part may
@@ -349,8 +350,9 @@ class LinearFactory:
         return made[0] if len(made) == 1 else SplitLinear(made)
 
     def _one(self, m: QMatrix | PackedMatrix) -> Linear:
-        if isinstance(m, PackedMatrix):
-            return CpuLinear(m, self.threads, self._lib)
+        if isinstance(m, PackedMatrix):  # a loader's, packed already (the reference: unpacked)
+            return (CpuLinear(m, self.threads, self._lib) if self._lib is not None
+                    else ReferenceLinear(m.blocks(), keep=self._keep))
         if self._lib is None or m.qtype == QT.F32:
             return ReferenceLinear(m, keep=self._keep)
         return CpuLinear(self._packed(m), self.threads, self._lib)

@@ -205,8 +205,9 @@ class NumpyEngine:
         prefix_cache: keep finished prompts' KV for later ones that start alike (models with
             state outside the KV, LFM2's convolutions, never do).
         pooling: how `embed` pools a token list's hidden states (default: mean).
-        pack_later: the last PACK_LATER bytes of packed weights are written by `pack()`, which
-            the caller runs (on a thread of its own) before any forward pass; matrices in
+        pack_later: the last packed weights (those made since the last PACK_LATER bytes were
+            passed) are written by `pack()`, which the caller runs (on a thread of its own)
+            before any forward pass; matrices in
             writable memory (a k-quant's conversion) are packed in place (`weights` are the
             engine's alone: a loader's).
     """
@@ -267,10 +268,16 @@ class NumpyEngine:
         self.fused: FusedLayers | None = FusedLayers.of(self) if own and integer else None
 
     def pack(self, threads: int | None = None) -> None:
-        """Writes the packed weights that `pack_later` left (up to PACK_LATER bytes), in one
-        call that lets the GIL go, on `threads` threads (default: every core): a loader
-        builds the tokenizer meanwhile. No forward pass runs before it."""
+        """Writes the packed weights that `pack_later` left (those made since the last
+        PACK_LATER bytes were passed), in one call that lets the GIL go, on `threads`
+        threads (default: every core): a loader builds the tokenizer meanwhile. A forward
+        pass (or `embed`) before it, or after it failed, raises RuntimeError."""
         self.linears.pack(threads)
+
+    def _check_packed(self) -> None:
+        if self.linears.unpacked:
+            raise RuntimeError("the engine was made with pack_later: its pack() has not "
+                               "written every weight")
 
     def _integer_weights(self) -> bool:
         linears = [L.wqkv for L in self.layers] + [L.w_gate_up for L in self.layers]
@@ -503,6 +510,7 @@ class NumpyEngine:
         """
         if not items:
             return np.zeros((0, self.embedding_dims), dtype=np.float32)
+        self._check_packed()
         lengths, ids = embed_inputs(items, self.max_context, self.vocab_size)
         segments = [(Seq(len(self.layers)), n) for n in lengths]  # scratch: never cached
         positions = np.concatenate([np.arange(n) for n in lengths])
@@ -533,8 +541,7 @@ class NumpyEngine:
 
     # -- the forward pass -------------------------------------------------------------------
     def _forward(self, ids: np.ndarray, segments: list[tuple[Seq, int]]) -> np.ndarray:
-        if self.linears.unpacked:
-            raise RuntimeError("the engine was made with pack_later: call pack() first")
+        self._check_packed()
         positions = np.concatenate([np.arange(s.pos, s.pos + n) for s, n in segments])
         decoding = len(segments) == len(ids)  # one token per sequence: batched attention
         if not self.kv.layers:

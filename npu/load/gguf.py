@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from npu.engine.convert import fresh
+from npu.engine.convert import fresh, packed_rows
 from npu.config import ENCODER_ARCHITECTURES
 from npu.engine.linear import PackedMatrix
 from npu.engine.quant import (CONVERTED, QT, QMatrix, conversion_bound, converted_type,
@@ -292,12 +292,12 @@ def read_gguf_header(path: Path) -> GGUFHeader:
 
 
 def read_gguf(path: Path, *, progress: bool = True,
-              header: GGUFHeader | None = None, packed: int = 0) -> GGUFModel:
+              header: GGUFHeader | None = None, packed: bool = False) -> GGUFModel:
     """Read a GGUF file, or the first of a split model's files (see the module's
     docstring; the metadata is the first file's, the tensors every part's). `header`: the
-    file's, already parsed (read_gguf_header). `packed`: the CPU kernels' rows a group
-    (`npu.engine.convert.packed_rows()`; 0: none): the decoder's k-quant matrices (LINEAR)
-    come converted straight into that packed layout, as `PackedMatrix`es (the decoder
+    file's, already parsed (read_gguf_header). `packed`: the decoder's k-quant matrices
+    (LINEAR; the embedding where it is the output head too) come converted straight into
+    the CPU kernels' packed layout where this build has one, as `PackedMatrix`es (the decoder
     engine's own, multiplied as they are; not for the NPU or an encoder).
 
     Raises:
@@ -320,7 +320,8 @@ def read_gguf(path: Path, *, progress: bool = True,
                            if freqs is not None else None)
     shapes = _expected_shapes(cfg)
     if any(a in ENCODER_ARCHITECTURES for a in cfg.get("architectures", ())):
-        packed = 0  # the encoder engine multiplies blocks as they are
+        packed = False  # the encoder engine multiplies blocks as they are
+    group = packed_rows() if packed else 0  # the packed layout's rows a group (0: none)
     total = sum(t.n_bytes for t in infos.values())
     bar = Progress(path.name, total) if progress else None
     tensors: dict[str, np.ndarray | QMatrix] = {}
@@ -342,7 +343,7 @@ def read_gguf(path: Path, *, progress: bool = True,
             files[where[nxt.name]].prefetch(nxt.data_offset, nxt.n_bytes)
         try:
             tensors[target], err = _tensor(qtype, shape, raw, arch, name, cfg, slots.get(name),
-                                           packed)
+                                           group)
         except ModelError as exc:
             raise ModelError(f"{path}: tensor {name}: {exc}") from None
         if not _is_view(tensors[target], raw):  # copied or converted: its pages go back
@@ -421,12 +422,13 @@ _CONVERTED = frozenset(int(q) for q in CONVERTED)
 
 
 def _tensor(qtype: QT, shape: tuple[int, ...], raw: np.ndarray, arch: str, name: str,
-            cfg: dict[str, Any], out: np.ndarray | None = None, packed: int = 0
+            cfg: dict[str, Any], out: np.ndarray | None = None, group: int = 0
             ) -> tuple[np.ndarray | QMatrix | PackedMatrix, float | None]:
     """One tensor's value, a float32 vector, a QMatrix or (a k-quant linear layer's matrix
-    where `packed`, the kernels' rows a group, divides its rows) a PackedMatrix, and a bound
-    on the error of its conversion to a format the kernels compute (None: not converted;
-    `out`: where a conversion writes, `_fused_slots`)."""
+    where `group`, the packed layout's rows a group, divides its rows; an untied embedding,
+    only looked up, stays a QMatrix) a PackedMatrix, and a bound on the error of its
+    conversion to a format the kernels compute (None: not converted; `out`: where a
+    conversion writes, `_fused_slots`)."""
     if len(shape) == 1:
         value = QMatrix(qtype, (1, shape[0]), raw).dequantize()[0]
         if arch == "gemma3" and name.endswith("norm.weight"):
@@ -439,7 +441,8 @@ def _tensor(qtype: QT, shape: tuple[int, ...], raw: np.ndarray, arch: str, name:
     if arch in PERMUTED and (".attn_q." in name or ".attn_k." in name):
         heads = cfg["num_attention_heads"] if ".attn_q." in name else cfg["num_key_value_heads"]
         order = unpermute_order(shape[0], heads)
-    if packed and qtype in CONVERTED and shape[0] % packed == 0 and LINEAR.fullmatch(name):
+    if (group and qtype in CONVERTED and shape[0] % group == 0 and LINEAR.fullmatch(name)
+            and (name != "token_embd.weight" or cfg.get("tie_word_embeddings"))):
         from npu.engine.convert import convert
         from npu.engine.cpu_kernels import kernels
 

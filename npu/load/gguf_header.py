@@ -86,6 +86,8 @@ class _Cursor:
         out at once), decoded at once and split again (the string by string loop where one
         holds a NUL itself)."""
         first = self.at
+        if count > (len(self.buf) - first) // 8:  # each takes 8 bytes at least
+            raise _Short
         if count < 64:
             starts, self.at = self._walk(count)
             return self._one_by_one(first, count)

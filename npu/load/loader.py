@@ -19,7 +19,6 @@ import msgspec
 import numpy as np
 
 from npu.config import ENCODERS, ModelConfig, config_from_json
-from npu.engine.convert import packed_rows
 from npu.engine.convert import threads as cores
 from npu.engine.encoder import EncoderEngine
 from npu.engine.numpy_engine import NumpyEngine
@@ -172,8 +171,7 @@ def load_model(path: str | Path, device: str = "cpu", options: LoadOptions | Non
                 raise ModelError(f"{gguf_file}: quantize applies to Hugging Face checkpoints; "
                                  "a GGUF file keeps its own formats")
             # the decoder's k-quants converted straight into the CPU kernels' packed layout
-            packed = packed_rows() if device == "cpu" and opts.backend == "cpu" else 0
-            parts = _from_gguf(gguf_file, packed, pool)
+            parts = _from_gguf(gguf_file, device == "cpu" and opts.backend == "cpu", pool)
         elif folder.is_dir():
             parts = _from_directory(folder, quantize)
         else:
@@ -269,7 +267,7 @@ def _gguf_tokenizer(meta: dict, file: Path) -> Tokenizer:
                      add_eos=bool(meta.get("tokenizer.ggml.add_eos_token", False)))
 
 
-def _from_gguf(file: Path, packed: int, pool: ThreadPoolExecutor):
+def _from_gguf(file: Path, packed: bool, pool: ThreadPoolExecutor):
     """A GGUF file's parts, its tokenizer as a function that gives it: built on `pool`
     while k-quants convert (C: the GIL let go), else by the caller (beside the packing).
     `packed`: read_gguf's."""

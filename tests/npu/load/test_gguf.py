@@ -111,6 +111,8 @@ def test_an_engine_packed_later_runs_only_once_packed_and_as_one_packed_at_once(
         pytest.skip("this build has no packed layout (no AVX2): nothing is left to pack")
     with pytest.raises(RuntimeError, match="pack"):
         later.prefill("a", IDS)
+    with pytest.raises(RuntimeError, match="pack"):
+        later.embed([IDS])
     later.pack(threads=1)
     assert later.linears.unpacked == 0
     assert np.array_equal(later.prefill("a", IDS), now.prefill("a", IDS))

@@ -117,3 +117,17 @@ def test_damaged_headers_are_value_errors(tmp_path: Path, walk) -> None:
         bad.write_bytes(damaged)
         with pytest.raises(ValueError, match="magic|version"):
             read_header(bad)
+
+
+def test_a_run_of_strings_longer_than_the_file_is_a_value_error(tmp_path: Path, walk) -> None:
+    """A count no file could hold (a corrupt header) fails as a damaged header does."""
+    import struct
+
+    key = b"test.strings"
+    for count in (2**64 - 1, 2**40, 1000):
+        data = (b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key
+                + struct.pack("<IIQ", 9, 8, count) + struct.pack("<Q", 1) + b"a" * 64)
+        bad = tmp_path / "bad.gguf"
+        bad.write_bytes(data)
+        with pytest.raises(ValueError):
+            read_header(bad, walk=walk)
