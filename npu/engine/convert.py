@@ -49,20 +49,16 @@ def _lib() -> ctypes.CDLL | None:
     return lib
 
 
-def fresh(shape: tuple[int, ...], populate: bool = False) -> np.ndarray:
+def fresh(shape: tuple[int, ...]) -> np.ndarray:
     """New uint8 memory in a mapping of its own, which the kernel fills with 4 KB pages as
     they are written. numpy asks for huge pages on large arrays; where memory is fragmented
     (the page cache full of the model file) the kernel compacts memory to find them, which
     measured 25-58 s of an 8B file's load here against 8-13 s without (and 1.5 s for 96 MB
-    in a fresh process). `populate`: every page mapped at once, for memory about to be
-    written whole by one thread (96 MB: 60 ms against 105-120 ms of page faults)."""
+    in a fresh process)."""
     n = int(np.prod(shape))
     if n == 0:
         return np.empty(shape, dtype=np.uint8)
-    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
-    if populate and hasattr(mmap, "MAP_POPULATE"):
-        flags |= mmap.MAP_POPULATE
-    return np.frombuffer(mmap.mmap(-1, n, flags=flags), dtype=np.uint8).reshape(shape)
+    return np.frombuffer(mmap.mmap(-1, n), dtype=np.uint8).reshape(shape)
 
 
 def available() -> bool:

@@ -359,13 +359,6 @@ int fc_convert_rows(int type, const uint8_t *src, int64_t rows, int64_t cols,
     return failed ? -3 : 0;
 }
 
-/* `n` super-blocks of `type` at `src` into `dst` (n * fc_out_bytes(type) bytes): the rows'
- * conversion of n rows of 256 values. */
-int fc_convert(int type, const uint8_t *src, int64_t n, uint8_t *dst, int threads,
-               float *stats) {
-    return fc_convert_rows(type, src, n, 256, NULL, dst, 0, threads, stats);
-}
-
 /* f16 of n floats by the software rounding (tests compare it with numpy's). */
 void fc_half_soft_n(const float *x, int64_t n, uint16_t *out) {
     for (int64_t i = 0; i < n; i++) out[i] = fc_half_soft(x[i]);

@@ -15,7 +15,7 @@
  *   Q8_0 8: f16 d, 32 int8: v = d * q
  * Nibbles: byte j holds element j (low) and element j + 16 (high).
  * Where the CPU has VNNI, matrices in these five integer formats are repacked once in groups
- * of 8 or 16 rows (fk_pack, "rows interleaved" below) and multiplied from that layout
+ * of 8 or 16 rows (fk_pack_many, "rows interleaved" below) and multiplied from that layout
  * (fk_matmul_packed).
  */
 #define _DEFAULT_SOURCE /* madvise under -std=c11 */
@@ -795,14 +795,22 @@ static void move_block(int type, uint8_t *P, int64_t nb, int64_t n, int64_t b, u
     }
 }
 
+/* The first n (<= XR) rows of a group, row-major at `rows` (only read), into the group's
+ * packed bytes G. */
+static void pack_rows(int type, const uint8_t *rows, int64_t n, int64_t K, uint8_t *G) {
+    const int64_t nb = K / 32, rb = fk_row_bytes(type, K), bs = fk_row_bytes(type, 32);
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t b = 0; b < nb; b++) move_block(type, G, nb, r, b, (uint8_t *)(rows + r * rb + b * bs), 1);
+}
+
 /* P = W [N, K] packed (fk_packed_bytes of room), on `threads` threads. P may be W itself
  * where N is a multiple of XR (a group's packed bytes are its rows' bytes, reordered: each
  * thread copies a group's rows aside first). */
 static int pack_on(int type, const uint8_t *W, int64_t N, int64_t K, uint8_t *P, int threads) {
     const int64_t total = fk_packed_bytes(type, N, K);
     if (total < 0 || (P == W && N % XR)) return -1;
-    const int64_t nb = K / 32, rb = fk_row_bytes(type, K), bs = fk_row_bytes(type, 32);
-    const int64_t groups = (N + XR - 1) / XR, gb = nb * group_block_bytes(type);
+    const int64_t rb = fk_row_bytes(type, K);
+    const int64_t groups = (N + XR - 1) / XR, gb = K / 32 * group_block_bytes(type);
     int failed = 0;
     /* a group's rows at a time, across the cores (each group its own bytes of P); a whole
      * group's rows write every byte of it, a last partial group's missing rows are zeros */
@@ -823,9 +831,7 @@ static int pack_on(int type, const uint8_t *W, int64_t N, int64_t K, uint8_t *P,
             } else if ((g + 1) * XR > N) {
                 memset(P + g * gb, 0, (size_t)gb);
             }
-            for (int64_t n = g * XR; n < N && n < (g + 1) * XR; n++)
-                for (int64_t b = 0; b < nb; b++) /* the rows are only read */
-                    move_block(type, P, nb, n, b, (uint8_t *)(rows + (n - g * XR) * rb + b * bs), 1);
+            pack_rows(type, rows, N - g * XR < XR ? N - g * XR : XR, K, P + g * gb);
         }
         free(aside);
     }
@@ -837,14 +843,8 @@ static int pack_on(int type, const uint8_t *W, int64_t N, int64_t K, uint8_t *P,
  * this build or `type` has no packed layout. */
 int fk_pack_group(int type, const uint8_t *rows, int64_t K, uint8_t *G) {
     if (fk_packed_bytes(type, XR, K) < 0) return -1;
-    const int64_t nb = K / 32, rb = fk_row_bytes(type, K), bs = fk_row_bytes(type, 32);
-    for (int64_t n = 0; n < XR; n++)
-        for (int64_t b = 0; b < nb; b++) move_block(type, G, nb, n, b, (uint8_t *)(rows + n * rb + b * bs), 1);
+    pack_rows(type, rows, XR, K, G);
     return 0;
-}
-
-int fk_pack(int type, const uint8_t *W, int64_t N, int64_t K, uint8_t *P) {
-    return pack_on(type, W, N, K, P, omp_get_max_threads());
 }
 
 #ifndef MADV_POPULATE_WRITE
@@ -853,7 +853,8 @@ int fk_pack(int type, const uint8_t *W, int64_t N, int64_t K, uint8_t *P) {
 
 /* n matrices packed in one call on `threads` threads (a model's at load, the GIL let go the
  * whole while: the loader builds the tokenizer meanwhile, on a core left to it): job i is
- * fk_pack(types[i], srcs[i], rows[i], cols[i], dsts[i]), in place where dsts[i] is srcs[i]
+ * matrix srcs[i] [rows[i], cols[i]] of types[i] packed into dsts[i] (fk_packed_bytes of
+ * room), in place where dsts[i] is srcs[i]
  * (rows[i] a multiple of fk_packed_rows()). Each other destination's pages are mapped
  * first, the threads each taking a share (dsts[i] page-aligned, fresh mappings: 4 KB pages
  * made at a fault's cost, 2x a populating call's). 0, or the failing job's index + 1. */
@@ -877,7 +878,7 @@ int fk_pack_many(int n, const int *types, const uint8_t *const *srcs, const int6
     return 0;
 }
 
-/* W [N, K] back from P (fk_pack's inverse, byte for byte). */
+/* W [N, K] back from P (the packing's inverse, byte for byte). */
 int fk_unpack(int type, const uint8_t *P, int64_t N, int64_t K, uint8_t *W) {
     if (fk_packed_bytes(type, N, K) < 0) return -1;
     const int64_t nb = K / 32, rb = fk_row_bytes(type, K), bs = fk_row_bytes(type, 32);
@@ -1058,7 +1059,7 @@ static inline int64_t packed_chunk(int64_t K) {
 }
 #endif
 
-/* Y[T, N] = X[T, K] @ W[N, K].T with W packed by fk_pack. */
+/* Y[T, N] = X[T, K] @ W[N, K].T with W packed by fk_pack_many. */
 int fk_matmul_packed(int type, const uint8_t *P, int64_t N, int64_t K, const float *X,
                      int64_t T, float *Y, int threads) {
 #if HAVE_PACKED
@@ -1957,7 +1958,7 @@ int fk_attend_prompt(const float *Q, int64_t q_stride, int64_t n, int64_t nq, in
  * and fk_attend_prompt for prompts), so its outputs are theirs bit for bit. Integer formats
  * only (the weights' products on 8-bit activations), SwiGLU layers without post-norms. */
 typedef struct {
-    int32_t type, packed; /* packed: in fk_pack's layout */
+    int32_t type, packed; /* packed: in fk_pack_many's layout */
     const uint8_t *w;
     int64_t n; /* rows */
 } FkPart;

@@ -108,8 +108,6 @@ def load(path: Path) -> ctypes.CDLL:
     lib.fk_packed_vnni.argtypes = []
     lib.fk_packed_bytes.restype = _I64
     lib.fk_packed_bytes.argtypes = [ctypes.c_int, _I64, _I64]
-    lib.fk_pack.restype = ctypes.c_int
-    lib.fk_pack.argtypes = [ctypes.c_int, _U8, _I64, _I64, _U8]
     lib.fk_pack_many.restype = ctypes.c_int
     lib.fk_pack_many.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 5 + [ctypes.c_int]
     lib.fk_unpack.restype = ctypes.c_int

@@ -201,7 +201,7 @@ def pack_all(jobs: list[tuple[QMatrix, PackedMatrix]], lib, threads: int | None 
     failed = lib.fk_pack_many(n, types.ctypes.data, srcs.ctypes.data, rows.ctypes.data,
                               cols.ctypes.data, dsts.ctypes.data, threads or cores())
     if failed:
-        raise RuntimeError(f"fk_pack failed for {jobs[failed - 1][0]!r}")
+        raise RuntimeError(f"fk_pack_many failed for {jobs[failed - 1][0]!r}")
     # the copies made: a mapped file's pages under them leave resident memory now, so a
     # load's peak is the packed bytes plus the file's pages, not the file on top of them
     for m, _ in jobs:

@@ -207,9 +207,8 @@ class NumpyEngine:
         pooling: how `embed` pools a token list's hidden states (default: mean).
         pack_later: the last packed weights (those made since the last PACK_LATER bytes were
             passed) are written by `pack()`, which the caller runs (on a thread of its own)
-            before any forward pass; matrices in
-            writable memory (a k-quant's conversion) are packed in place (`weights` are the
-            engine's alone: a loader's).
+            before any forward pass; matrices in writable memory (a k-quant's conversion)
+            are packed in place (`weights` are the engine's alone: a loader's).
     """
 
     def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray | QMatrix], *,

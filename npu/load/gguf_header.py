@@ -164,8 +164,8 @@ def _n_bytes(shape: tuple[int, ...], tensor_type: int) -> int:
 
 
 def read_header(path: Path, *, walk: Walk | None = None) -> GGUFHeader:
-    """The metadata and tensor table of the GGUF file `path`; `walk`: finds the offsets of
-    long runs of strings (npu.engine.convert.strings_joined: C, a tokenizer's 30 ms sooner).
+    """The metadata and tensor table of the GGUF file `path`; `walk`: joins long runs of
+    strings (npu.engine.convert.strings_joined: C, a tokenizer's 30 ms sooner).
 
     Raises:
         ValueError: not a GGUF file, or its header is cut short or malformed.
