@@ -58,7 +58,8 @@ def fresh(shape: tuple[int, ...]) -> np.ndarray:
     n = int(np.prod(shape))
     if n == 0:
         return np.empty(shape, dtype=np.uint8)
-    return np.frombuffer(mmap.mmap(-1, n), dtype=np.uint8).reshape(shape)
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS  # not mmap's default shared memory
+    return np.frombuffer(mmap.mmap(-1, n, flags=flags), dtype=np.uint8).reshape(shape)
 
 
 def available() -> bool:
