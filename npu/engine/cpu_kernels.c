@@ -1204,61 +1204,6 @@ void fk_rms_norm(const float *X, const float *w, int64_t rows, int64_t n, float 
     }
 }
 
-/* A cached key or value row: float32, or f16 when `half` (the kernels' KV cache). */
-static inline float kv_dot(const float *q, const void *kv, int64_t n, int half) {
-    int64_t i = 0;
-    float s = 0.0f;
-#if defined(__AVX2__) && defined(__F16C__)
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    if (half) {
-        const uint16_t *k = (const uint16_t *)kv;
-        for (; i + 16 <= n; i += 16) {
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i),
-                                 _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i))), a0);
-            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8),
-                                 _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + i + 8))), a1);
-        }
-        s = hsum(_mm256_add_ps(a0, a1));
-        for (; i < n; i++) s += q[i] * _cvtsh_ss(k[i]);
-        return s;
-    }
-#endif
-    if (half) { /* no F16C: convert one by one */
-        const uint8_t *k = (const uint8_t *)kv;
-        for (; i < n; i++) s += q[i] * h2f(k + 2 * i);
-        return s;
-    }
-    return dot(q, (const float *)kv, n);
-}
-
-/* o += w * row for a cached row (float32 or f16). */
-static inline void kv_axpy(float *o, float w, const void *kv, int64_t n, int half) {
-    int64_t i = 0;
-#if defined(__AVX2__) && defined(__F16C__)
-    const __m256 wv = _mm256_set1_ps(w);
-    if (half) {
-        const uint16_t *v = (const uint16_t *)kv;
-        for (; i + 8 <= n; i += 8)
-            _mm256_storeu_ps(o + i, _mm256_fmadd_ps(wv, _mm256_cvtph_ps(_mm_loadu_si128(
-                (const __m128i *)(v + i))), _mm256_loadu_ps(o + i)));
-        for (; i < n; i++) o[i] += w * _cvtsh_ss(v[i]);
-        return;
-    }
-    const float *v = (const float *)kv;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(o + i, _mm256_fmadd_ps(wv, _mm256_loadu_ps(v + i), _mm256_loadu_ps(o + i)));
-    for (; i < n; i++) o[i] += w * v[i];
-#else
-    if (half) {
-        const uint8_t *v = (const uint8_t *)kv;
-        for (; i < n; i++) o[i] += w * h2f(v + 2 * i);
-        return;
-    }
-    const float *v = (const float *)kv;
-    for (; i < n; i++) o[i] += w * v[i];
-#endif
-}
-
 static inline void store_kv(void *dst, const float *src, int64_t n, int half) {
     if (!half) {
         memcpy(dst, src, (size_t)n * sizeof(float));
@@ -1295,53 +1240,6 @@ void fk_kv_write(const float *QKV, int64_t stride, int64_t B, int64_t nq, int64_
     }
 }
 
-#if defined(__AVX2__) && defined(__F16C__)
-/* Two queries against two f16 keys: out[2 a + c] = kv_dot(q[a], k[c], n, 1) bit for bit
- * (each dot keeps kv_dot's two accumulators and order); a key is loaded and converted once
- * for both queries, a query loaded once for both keys. n is a multiple of 16. */
-static inline void kv_dot_2x2(const float *q0, const float *q1, const uint16_t *k0,
-                              const uint16_t *k1, int64_t n, float out[4]) {
-    __m256 a00 = _mm256_setzero_ps(), b00 = _mm256_setzero_ps();
-    __m256 a01 = _mm256_setzero_ps(), b01 = _mm256_setzero_ps();
-    __m256 a10 = _mm256_setzero_ps(), b10 = _mm256_setzero_ps();
-    __m256 a11 = _mm256_setzero_ps(), b11 = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n; i += 16) {
-        const __m256 x0 = _mm256_loadu_ps(q0 + i), y0 = _mm256_loadu_ps(q0 + i + 8);
-        const __m256 x1 = _mm256_loadu_ps(q1 + i), y1 = _mm256_loadu_ps(q1 + i + 8);
-        const __m256 c0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k0 + i)));
-        const __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k0 + i + 8)));
-        const __m256 c1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k1 + i)));
-        const __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k1 + i + 8)));
-        a00 = _mm256_fmadd_ps(x0, c0, a00);
-        b00 = _mm256_fmadd_ps(y0, d0, b00);
-        a01 = _mm256_fmadd_ps(x0, c1, a01);
-        b01 = _mm256_fmadd_ps(y0, d1, b01);
-        a10 = _mm256_fmadd_ps(x1, c0, a10);
-        b10 = _mm256_fmadd_ps(y1, d0, b10);
-        a11 = _mm256_fmadd_ps(x1, c1, a11);
-        b11 = _mm256_fmadd_ps(y1, d1, b11);
-    }
-    out[0] = hsum(_mm256_add_ps(a00, b00));
-    out[1] = hsum(_mm256_add_ps(a01, b01));
-    out[2] = hsum(_mm256_add_ps(a10, b10));
-    out[3] = hsum(_mm256_add_ps(a11, b11));
-}
-
-/* kv_axpy(o0, w0, v) and kv_axpy(o1, w1, v) for one f16 row, converted once. n % 8 == 0. */
-static inline void kv_axpy_x2(float *o0, float *o1, float w0, float w1, const uint16_t *v,
-                              int64_t n) {
-    const __m256 u0 = _mm256_set1_ps(w0), u1 = _mm256_set1_ps(w1);
-    for (int64_t i = 0; i < n; i += 8) {
-        const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + i)));
-        _mm256_storeu_ps(o0 + i, _mm256_fmadd_ps(u0, x, _mm256_loadu_ps(o0 + i)));
-        _mm256_storeu_ps(o1 + i, _mm256_fmadd_ps(u1, x, _mm256_loadu_ps(o1 + i)));
-    }
-}
-#define PAIRS 1
-#else
-#define PAIRS 0
-#endif
-
 /* Byte offset of cached position j in a layer's cache (the block table's block j / bs, row
  * j % bs, then `head`'s offset in the block); `shift`: log2(bs) when bs is a power of two
  * (no division: a 64-bit divide per key cost more than the key's products), else -1. */
@@ -1356,125 +1254,6 @@ static inline int kv_shift(int64_t bs) {
     return (bs & (bs - 1)) == 0 ? __builtin_ctzll((unsigned long long)bs) : -1;
 }
 
-#if PAIRS
-/* o[a] = sum_j w[a][j] * V row j over j = lo .. len - 1 for nh (1 or 2) query heads, each
- * output accumulated in j's order from zero as repeated kv_axpy calls do (the same bits), but
- * in registers, 32 values of the row at a time (a pass over the rows each). f16 rows,
- * hd % 32 == 0. */
-static void kv_weighted_rows(float *const o[2], const float *const w[2], int nh, const void *V,
-                             const int64_t *table, int64_t head, int64_t bs, int shift,
-                             int64_t block_bytes, int64_t row_bytes, int64_t lo, int64_t len,
-                             int64_t hd) {
-    for (int64_t d = 0; d < hd; d += 32) {
-        __m256 a[2][4];
-        for (int h = 0; h < 2; h++)
-            for (int k = 0; k < 4; k++) a[h][k] = _mm256_setzero_ps();
-        for (int64_t j = lo; j < len; j++) {
-            const uint16_t *v = (const uint16_t *)((const uint8_t *)V +
-                                kv_at(table, j, bs, shift, block_bytes, head, row_bytes)) + d;
-            const __m256 w0 = _mm256_set1_ps(w[0][j]);
-            const __m256 w1 = _mm256_set1_ps(nh > 1 ? w[1][j] : 0.0f);
-            for (int k = 0; k < 4; k++) {
-                const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + 8 * k)));
-                a[0][k] = _mm256_fmadd_ps(w0, x, a[0][k]);
-                if (nh > 1) a[1][k] = _mm256_fmadd_ps(w1, x, a[1][k]);
-            }
-        }
-        for (int h = 0; h < nh; h++)
-            for (int k = 0; k < 4; k++) _mm256_storeu_ps(o[h] + d + 8 * k, a[h][k]);
-    }
-}
-#endif
-
-/* One (row, query head) or, paired, two query heads of one key head: scores, softmax, the
- * weighted values; each head's arithmetic is the same whether paired or not. */
-static void attend_heads(const float *const q[2], float *const o[2], const float *const sink[2],
-                         int nh, const void *K, const void *V, const int64_t *table,
-                         int64_t head, int64_t bs, int64_t block_bytes, int64_t row_bytes,
-                         int64_t lo, int64_t len, int64_t hd, float scale, int half,
-                         float *const p[2]) {
-    float top[2] = {sink[0] ? *sink[0] : -INFINITY, nh > 1 && sink[1] ? *sink[1] : -INFINITY};
-    const int shift = kv_shift(bs);
-    int64_t j = lo;
-#if PAIRS
-    if (half && nh == 2 && hd % 16 == 0)
-        for (; j + 2 <= len; j += 2) {
-            const uint16_t *k0 = (const uint16_t *)((const uint8_t *)K +
-                                 kv_at(table, j, bs, shift, block_bytes, head, row_bytes));
-            const uint16_t *k1 = (const uint16_t *)((const uint8_t *)K +
-                                 kv_at(table, j + 1, bs, shift, block_bytes, head, row_bytes));
-            float d[4];
-            kv_dot_2x2(q[0], q[1], k0, k1, hd, d);
-            for (int a = 0; a < 2; a++)
-                for (int c = 0; c < 2; c++) {
-                    const float x = d[2 * a + c] * scale;
-                    p[a][j + c] = x;
-                    top[a] = x > top[a] ? x : top[a];
-                }
-        }
-#endif
-    for (; j < len; j++) {
-        const int64_t at = kv_at(table, j, bs, shift, block_bytes, head, row_bytes);
-        for (int a = 0; a < nh; a++) {
-            p[a][j] = kv_dot(q[a], (const uint8_t *)K + at, hd, half) * scale;
-            top[a] = p[a][j] > top[a] ? p[a][j] : top[a];
-        }
-    }
-    float inv[2];
-    for (int a = 0; a < nh; a++) {
-        float total = sink[a] ? expf(*sink[a] - top[a]) : 0.0f;
-        int64_t t = lo;
-#ifdef __AVX2__
-        __m256 sum = _mm256_setzero_ps();
-        const __m256 shift_v = _mm256_set1_ps(top[a]);
-        for (; t + 8 <= len; t += 8) {
-            const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p[a] + t), shift_v));
-            _mm256_storeu_ps(p[a] + t, e);
-            sum = _mm256_add_ps(sum, e);
-        }
-        total += hsum(sum);
-#endif
-        for (; t < len; t++) {
-            p[a][t] = expf(p[a][t] - top[a]);
-            total += p[a][t];
-        }
-        inv[a] = 1.0f / total;
-    }
-#if PAIRS
-    if (half && (hd == 32 || hd == 64)) { /* wider heads: more passes over the rows than
-                                            the stores they save (measured slower at 128) */
-        for (int a = 0; a < nh; a++)
-            for (int64_t t = lo; t < len; t++) p[a][t] = p[a][t] * inv[a];
-        kv_weighted_rows(o, (const float *const *)p, nh, V, table, head, bs, shift, block_bytes,
-                         row_bytes, lo, len, hd);
-        return;
-    }
-#endif
-    for (int a = 0; a < nh; a++) memset(o[a], 0, (size_t)hd * sizeof(float));
-    j = lo;
-#if PAIRS
-    if (half && nh == 2 && hd % 8 == 0)
-        for (; j < len; j++) {
-            const int64_t at = kv_at(table, j, bs, shift, block_bytes, head, row_bytes);
-            kv_axpy_x2(o[0], o[1], p[0][j] * inv[0], p[1][j] * inv[1],
-                       (const uint16_t *)((const uint8_t *)V + at), hd);
-        }
-#endif
-    for (; j < len; j++) {
-        const int64_t at = kv_at(table, j, bs, shift, block_bytes, head, row_bytes);
-        for (int a = 0; a < nh; a++)
-            kv_axpy(o[a], p[a][j] * inv[a], (const uint8_t *)V + at, hd, half);
-    }
-}
-
-/* Attention of one query token per row over cached keys and values.
- * Q: rows q_stride floats apart, each nq heads of hd; OUT: [B, nq, hd]. K, V: [blocks, nkv,
- * bs, hd] (a layer's paged cache, float32 or f16: `half`). Row b's positions are in the
- * blocks listed from TABLES + b * tstride (tstride 0: rows share one table, as a prompt's
- * tokens do, each with its own length); it sees positions 0 .. lengths[b] - 1, or only the
- * last `window` of them when window > 0. sinks: NULL or [nq] logits that join each head's
- * normalisation and are then dropped (gpt-oss). The query heads of one key head go in
- * pairs (each key and value read once for both). */
 /* Heads h0 .. h1 of OUT's row t (nq heads of hd) rounded into `qa` (the next product's
  * activations, hd a multiple of 32: a head is whole blocks), where a task has just written
  * them: no phase of its own. */
@@ -1485,59 +1264,6 @@ static void quantize_heads(const float *OUT, int64_t nq, int64_t hd, int64_t t, 
 #else
     (void)OUT; (void)nq; (void)hd; (void)t; (void)h0; (void)h1; (void)qa;
 #endif
-}
-
-/* Team work (inside a parallel region, or alone): fk_attend's tasks, `buf` a thread's
- * 2 * longest floats; qa: NULL, or where the rows' outputs are rounded (quantize_heads). */
-static void attend_team(const float *Q, int64_t q_stride, int64_t B, int64_t nq, int64_t nkv,
-                        int64_t hd, const void *K, const void *V, int64_t bs,
-                        const int64_t *tables, int64_t tstride, const int64_t *lengths,
-                        int64_t window, const float *sinks, float scale, float *OUT, int half,
-                        float *buf, size_t span, Act8 *qa) {
-    const int64_t group = nq / nkv, es = half ? 2 : 4;
-    const int64_t row_bytes = hd * es, block_bytes = nkv * bs * hd * es;
-    const int64_t pairs = (group + 1) / 2; /* tasks per row and key head */
-#pragma omp for schedule(dynamic, 1) /* rows of unequal lengths; a decode step has few tasks */
-    for (int64_t task = 0; task < B * nkv * pairs; task++) {
-        const int64_t b = task / (nkv * pairs), hk = (task / pairs) % nkv;
-        const int64_t h0 = hk * group + 2 * (task % pairs);
-        const int nh = h0 + 1 < (hk + 1) * group ? 2 : 1;
-        const int64_t len = lengths[b];
-        const int64_t lo = window > 0 && len > window ? len - window : 0;
-        const float *q[2] = {Q + b * q_stride + h0 * hd, Q + b * q_stride + (h0 + 1) * hd};
-        float *o[2] = {OUT + (b * nq + h0) * hd, OUT + (b * nq + h0 + 1) * hd};
-        const float *sink[2] = {sinks ? sinks + h0 : NULL,
-                                sinks && nh > 1 ? sinks + h0 + 1 : NULL};
-        float *p[2] = {buf, buf + span};
-        attend_heads(q, o, sink, nh, K, V, tables + b * tstride, hk * bs * row_bytes, bs,
-                     block_bytes, row_bytes, lo, len, hd, scale, half, p);
-        quantize_heads(OUT, nq, hd, b, h0, h0 + nh, qa);
-    }
-}
-
-int fk_attend(const float *Q, int64_t q_stride, int64_t B, int64_t nq, int64_t nkv, int64_t hd,
-              const void *K, const void *V, int64_t bs, const int64_t *tables, int64_t tstride,
-              const int64_t *lengths, int64_t window, const float *sinks, float scale,
-              float *OUT, int half, int threads) {
-    int64_t longest = 0;
-    for (int64_t b = 0; b < B; b++) longest = lengths[b] > longest ? lengths[b] : longest;
-    const int many = B * nq * longest * hd > (1 << 15);
-    int failed = 0;
-#pragma omp parallel num_threads(threads) if (many)
-    {
-        const size_t span = (size_t)(longest > 0 ? longest : 1);
-        float *buf = (float *)malloc(2 * span * sizeof(float));
-        if (!buf) {
-#pragma omp atomic write
-            failed = 1;
-        }
-#pragma omp barrier
-        if (!failed)
-            attend_team(Q, q_stride, B, nq, nkv, hd, K, V, bs, tables, tstride, lengths, window,
-                        sinks, scale, OUT, half, buf, span, NULL);
-        free(buf);
-    }
-    return failed ? -2 : 0;
 }
 
 /* In place on T rows of QKV (`stride` floats apart; nq query heads, then nkv key heads of
@@ -1674,38 +1400,47 @@ static void flash_load(const void *K, const void *V, const int64_t *table, int64
 #ifndef SQ
 #define SQ 6
 #endif
-/* s[i][c] = (q_i . key c) * scale for n query vectors (each its sum over d in order). */
+#ifdef __AVX2__
+/* flash_scores for queries i .. i + cnt - 1 (cnt <= SQ, a constant where it is inlined):
+ * cnt queries x 16 keys in registers, each score summed over d in order. */
+static inline __attribute__((always_inline)) void flash_scores_n(const float *const *q, int i,
+                                                                 const int cnt, const float *Kt,
+                                                                 int64_t hd, float scale,
+                                                                 float *s) {
+    __m256 a[SQ][2];
+    for (int r = 0; r < cnt; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < hd; d++) {
+        const __m256 k0 = _mm256_loadu_ps(Kt + d * FK), k1 = _mm256_loadu_ps(Kt + d * FK + 8);
+        for (int r = 0; r < cnt; r++) {
+            const __m256 x = _mm256_set1_ps(q[i + r][d]);
+            a[r][0] = _mm256_fmadd_ps(x, k0, a[r][0]);
+            a[r][1] = _mm256_fmadd_ps(x, k1, a[r][1]);
+        }
+    }
+    const __m256 sc = _mm256_set1_ps(scale);
+    for (int r = 0; r < cnt; r++) {
+        _mm256_storeu_ps(s + (i + r) * FK, _mm256_mul_ps(a[r][0], sc));
+        _mm256_storeu_ps(s + (i + r) * FK + 8, _mm256_mul_ps(a[r][1], sc));
+    }
+}
+#endif
+
+/* s[i][c] = (q_i . key c) * scale for n query vectors (each its sum over d in order, the
+ * same bits however many are computed together). */
 static void flash_scores(const float *const *q, int n, const float *Kt, int64_t hd, float scale,
                          float *s) {
     int i = 0;
 #ifdef __AVX2__
-    for (; i + SQ <= n; i += SQ) { /* SQ queries x 16 keys in registers */
-        __m256 a[SQ][2];
-        for (int r = 0; r < SQ; r++) a[r][0] = a[r][1] = _mm256_setzero_ps();
-        for (int64_t d = 0; d < hd; d++) {
-            const __m256 k0 = _mm256_loadu_ps(Kt + d * FK), k1 = _mm256_loadu_ps(Kt + d * FK + 8);
-            for (int r = 0; r < SQ; r++) {
-                const __m256 x = _mm256_set1_ps(q[i + r][d]);
-                a[r][0] = _mm256_fmadd_ps(x, k0, a[r][0]);
-                a[r][1] = _mm256_fmadd_ps(x, k1, a[r][1]);
-            }
-        }
-        const __m256 sc = _mm256_set1_ps(scale);
-        for (int r = 0; r < SQ; r++) {
-            _mm256_storeu_ps(s + (i + r) * FK, _mm256_mul_ps(a[r][0], sc));
-            _mm256_storeu_ps(s + (i + r) * FK + 8, _mm256_mul_ps(a[r][1], sc));
-        }
+    for (; i + SQ <= n; i += SQ) flash_scores_n(q, i, SQ, Kt, hd, scale, s);
+    switch (n - i) { /* the rest together: one query alone waits on its own sums */
+    case 5: flash_scores_n(q, i, 5, Kt, hd, scale, s); break;
+    case 4: flash_scores_n(q, i, 4, Kt, hd, scale, s); break;
+    case 3: flash_scores_n(q, i, 3, Kt, hd, scale, s); break;
+    case 2: flash_scores_n(q, i, 2, Kt, hd, scale, s); break;
+    case 1: flash_scores_n(q, i, 1, Kt, hd, scale, s); break;
+    default: break;
     }
-    for (; i < n; i++) {
-        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-        for (int64_t d = 0; d < hd; d++) {
-            const __m256 x = _mm256_set1_ps(q[i][d]);
-            a0 = _mm256_fmadd_ps(x, _mm256_loadu_ps(Kt + d * FK), a0);
-            a1 = _mm256_fmadd_ps(x, _mm256_loadu_ps(Kt + d * FK + 8), a1);
-        }
-        _mm256_storeu_ps(s + i * FK, _mm256_mul_ps(a0, _mm256_set1_ps(scale)));
-        _mm256_storeu_ps(s + i * FK + 8, _mm256_mul_ps(a1, _mm256_set1_ps(scale)));
-    }
+    i = n;
 #endif
     for (; i < n; i++)
         for (int c = 0; c < FK; c++) {
@@ -1948,6 +1683,318 @@ int fk_attend_prompt(const float *Q, int64_t q_stride, int64_t n, int64_t nq, in
     return failed ? -2 : 0;
 }
 
+/* -- decode attention ---------------------------------------------------------------------
+ * One query token per row over its cached keys and values (dec_span: each key and value
+ * row read and converted once for all the query heads of its key head; the key rows come
+ * cold, a step's weights having streamed through the caches since the layer's last step,
+ * so each is fetched a few keys ahead and its value row with it), in tasks of (row, key
+ * head, span of positions) so that one sequence keeps every thread busy: a row seeing n keys
+ * has them cut into spans of at least ATT_SPAN keys (at most ATT_SPANS of them, whole steps
+ * of FK keys), each span's maximum, sum and unnormalised output kept, then merged in span
+ * order. The spans depend on n alone (not on the batch or the thread count): a row's outputs
+ * are the same bits alone as among others, with any number of threads. */
+#define ATT_SPAN 48
+#define ATT_SPANS 16
+
+/* How many spans row's n keys are cut into, `per` keys each (a multiple of FK). */
+static inline int64_t att_spans(int64_t n, int64_t *per) {
+    int64_t c = (n + ATT_SPAN - 1) / ATT_SPAN;
+    c = c < 1 ? 1 : c > ATT_SPANS ? ATT_SPANS : c;
+    int64_t p = ((n + c - 1) / c + FK - 1) / FK * FK;
+    p = p > 0 ? p : FK;
+    *per = p;
+    return (n + p - 1) / p > 0 ? (n + p - 1) / p : 1;
+}
+
+/* Row b's first key (window) and span layout: keys from `lo`, spans starting at base + c * per. */
+static inline int64_t att_layout(int64_t len, int64_t window, int64_t *base, int64_t *per) {
+    const int64_t lo = window > 0 && len > window ? len - window : 0;
+    *base = lo / FK * FK;
+    return att_spans(len - *base, per);
+}
+
+#define ATT_HEADS 6 /* query heads of one key head a pass over its rows takes at most */
+
+#ifdef __AVX2__
+/* Eight values of a cached row from value i (f16 when `half`, else float32). */
+static inline __m256 kv_load8(const uint8_t *row, int64_t i, int half) {
+#ifdef __F16C__
+    if (half) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 2 * i)));
+#endif
+    return _mm256_loadu_ps((const float *)row + i);
+}
+
+/* Scores p[h][j - j0] = (q_h . key j) * scale of nh (a constant where inlined) query heads
+ * q + h * hd, each key row loaded (and converted) once for all of them; top[h]: their
+ * maximum (from its value on entry). hd % 16 == 0. */
+static inline __attribute__((always_inline)) void dec_scores_n(
+        const float *q, const int nh, const uint8_t *K, const uint8_t *V, const int64_t *table,
+        int64_t head, int64_t bs, int shift, int64_t block_bytes, int64_t row_bytes, int64_t j0,
+        int64_t j1, int64_t hd, float scale, int half, float *p, int64_t pn, float *top) {
+    for (int64_t j = j0; j < j1; j++) {
+        const int64_t at = kv_at(table, j, bs, shift, block_bytes, head, row_bytes);
+        const uint8_t *row = K + at;
+        for (int64_t c = 0; c < row_bytes; c += 64) __builtin_prefetch(V + at + c, 0, 3);
+        if (j + 4 < j1) {
+            const uint8_t *ahead = K + kv_at(table, j + 4, bs, shift, block_bytes, head, row_bytes);
+            for (int64_t c = 0; c < row_bytes; c += 64) __builtin_prefetch(ahead + c, 0, 3);
+        }
+        __m256 a[ATT_HEADS][2];
+        for (int h = 0; h < nh; h++) a[h][0] = a[h][1] = _mm256_setzero_ps();
+        for (int64_t i = 0; i < hd; i += 16) {
+            const __m256 k0 = kv_load8(row, i, half), k1 = kv_load8(row, i + 8, half);
+            for (int h = 0; h < nh; h++) {
+                a[h][0] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * hd + i), k0, a[h][0]);
+                a[h][1] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * hd + i + 8), k1, a[h][1]);
+            }
+        }
+        for (int h = 0; h < nh; h++) {
+            const float x = hsum(_mm256_add_ps(a[h][0], a[h][1])) * scale;
+            p[h * pn + j - j0] = x;
+            top[h] = x > top[h] ? x : top[h];
+        }
+    }
+}
+
+/* O[h] = sum_j w[h][j - j0] * value row j for nh (a constant where inlined) heads, each
+ * value row loaded (and converted) once for all of them, 16 of its values at a time. */
+static inline __attribute__((always_inline)) void dec_values_n(
+        const float *w, int64_t pn, const int nh, const uint8_t *V, const int64_t *table,
+        int64_t head, int64_t bs, int shift, int64_t block_bytes, int64_t row_bytes, int64_t j0,
+        int64_t j1, int64_t hd, int half, float *O) {
+    for (int64_t d = 0; d < hd; d += 16) {
+        __m256 a[ATT_HEADS][2];
+        for (int h = 0; h < nh; h++) a[h][0] = a[h][1] = _mm256_setzero_ps();
+        for (int64_t j = j0; j < j1; j++) {
+            const uint8_t *row = V + kv_at(table, j, bs, shift, block_bytes, head, row_bytes);
+            const __m256 v0 = kv_load8(row, d, half), v1 = kv_load8(row, d + 8, half);
+            for (int h = 0; h < nh; h++) {
+                const __m256 x = _mm256_set1_ps(w[h * pn + j - j0]);
+                a[h][0] = _mm256_fmadd_ps(x, v0, a[h][0]);
+                a[h][1] = _mm256_fmadd_ps(x, v1, a[h][1]);
+            }
+        }
+        for (int h = 0; h < nh; h++) {
+            _mm256_storeu_ps(O + h * hd + d, a[h][0]);
+            _mm256_storeu_ps(O + h * hd + d + 8, a[h][1]);
+        }
+    }
+}
+#endif
+
+/* One decode row's nh (<= ATT_HEADS) query heads q + h * hd, all of key head `head` (its
+ * byte offset in a block), over keys j0 .. j1 - 1: each head's maximum score m[h], the sum
+ * l[h] of e^(score - m) and the unnormalised output O [nh, hd]; sink: NULL or the heads'
+ * sinks (a key of value zero). p: nh * (j1 - j0) floats of scratch. */
+static void dec_span(const float *q, int nh, const void *K, const void *V, const int64_t *table,
+                     int64_t head, int64_t bs, int64_t block_bytes, int64_t row_bytes,
+                     int64_t j0, int64_t j1, int64_t hd, float scale, int half,
+                     const float *sink, float *p, float *O, float *m, float *l) {
+    const int shift = kv_shift(bs);
+    const int64_t pn = j1 - j0;
+    const uint8_t *Kb = (const uint8_t *)K, *Vb = (const uint8_t *)V;
+    for (int h = 0; h < nh; h++) m[h] = sink ? sink[h] : -INFINITY;
+#ifdef __AVX2__
+    if (hd % 16 == 0) {
+#define DEC_SCORES(n) dec_scores_n(q, n, Kb, Vb, table, head, bs, shift, block_bytes, row_bytes, \
+                                   j0, j1, hd, scale, half, p, pn, m)
+        switch (nh) {
+        case 1: DEC_SCORES(1); break;
+        case 2: DEC_SCORES(2); break;
+        case 3: DEC_SCORES(3); break;
+        case 4: DEC_SCORES(4); break;
+        case 5: DEC_SCORES(5); break;
+        default: DEC_SCORES(6); break;
+        }
+#undef DEC_SCORES
+        for (int h = 0; h < nh; h++) {
+            float *ph = p + h * pn;
+            const __m256 top = _mm256_set1_ps(m[h]);
+            __m256 acc = _mm256_setzero_ps();
+            int64_t t = 0;
+            for (; t + 8 <= pn; t += 8) {
+                const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(ph + t), top));
+                _mm256_storeu_ps(ph + t, e);
+                acc = _mm256_add_ps(acc, e);
+            }
+            float total = hsum(acc) + (sink ? expf(sink[h] - m[h]) : 0.0f);
+            for (; t < pn; t++) {
+                ph[t] = expf(ph[t] - m[h]);
+                total += ph[t];
+            }
+            l[h] = total;
+        }
+#define DEC_VALUES(n) dec_values_n(p, pn, n, Vb, table, head, bs, shift, block_bytes, \
+                                   row_bytes, j0, j1, hd, half, O)
+        switch (nh) {
+        case 1: DEC_VALUES(1); break;
+        case 2: DEC_VALUES(2); break;
+        case 3: DEC_VALUES(3); break;
+        case 4: DEC_VALUES(4); break;
+        case 5: DEC_VALUES(5); break;
+        default: DEC_VALUES(6); break;
+        }
+#undef DEC_VALUES
+        return;
+    }
+#endif
+    const int64_t es = half ? 2 : 4;
+    for (int64_t j = j0; j < j1; j++) {
+        const uint8_t *k = Kb + kv_at(table, j, bs, shift, block_bytes, head, row_bytes);
+        for (int h = 0; h < nh; h++) {
+            float acc = 0.0f;
+            for (int64_t d = 0; d < hd; d++)
+                acc += q[h * hd + d] * (half ? h2f(k + es * d) : ((const float *)k)[d]);
+            p[h * pn + j - j0] = acc * scale;
+            m[h] = acc * scale > m[h] ? acc * scale : m[h];
+        }
+    }
+    for (int h = 0; h < nh; h++) {
+        float total = sink ? expf(sink[h] - m[h]) : 0.0f;
+        for (int64_t t = 0; t < pn; t++) {
+            p[h * pn + t] = expf(p[h * pn + t] - m[h]);
+            total += p[h * pn + t];
+        }
+        l[h] = total;
+    }
+    memset(O, 0, (size_t)(nh * hd) * sizeof(float));
+    for (int64_t j = j0; j < j1; j++) {
+        const uint8_t *v = Vb + kv_at(table, j, bs, shift, block_bytes, head, row_bytes);
+        for (int h = 0; h < nh; h++)
+            for (int64_t d = 0; d < hd; d++)
+                O[h * hd + d] += p[h * pn + j - j0] * (half ? h2f(v + es * d)
+                                                            : ((const float *)v)[d]);
+    }
+}
+
+/* Scratch floats a thread needs for a decode step's tasks (rows up to `longest` keys). */
+static int64_t att_scratch(int64_t group, int64_t hd, int64_t longest) {
+    int64_t base, per;
+    att_layout(longest, 0, &base, &per);
+    return ATT_HEADS * (per + FK) + group * (hd + 2);
+}
+
+/* Floats of a decode step's spans (the maximum, sum and output of each row's query heads by
+ * span; 0: no row has more than one span). */
+static int64_t att_parts(int64_t B, int64_t nq, int64_t hd, const int64_t *lengths,
+                         int64_t window, int64_t *spans) {
+    int64_t most = 1, base, per;
+    for (int64_t b = 0; b < B; b++) {
+        const int64_t c = att_layout(lengths[b], window, &base, &per);
+        most = c > most ? c : most;
+    }
+    *spans = most;
+    return most > 1 ? B * nq * most * (hd + 2) : 0;
+}
+
+/* Team work (inside a parallel region, or alone): decode attention. Q: rows q_stride floats
+ * apart, each nq heads of hd; OUT [B, nq * hd]. scratch: a thread's att_scratch floats;
+ * part: att_parts' floats (spans: its count; NULL when 0); qa: NULL, or where the rows'
+ * outputs are rounded (quantize_heads). Ends at a barrier. */
+static void attend_team(const float *Q, int64_t q_stride, int64_t B, int64_t nq, int64_t nkv,
+                        int64_t hd, const void *K, const void *V, int64_t bs,
+                        const int64_t *tables, int64_t tstride, const int64_t *lengths,
+                        int64_t window, const float *sinks, float scale, float *OUT, int half,
+                        float *scratch, float *part, int64_t spans, Act8 *qa) {
+    const int64_t group = nq / nkv, width = hd + 2, es = half ? 2 : 4;
+    const int64_t row_bytes = hd * es, block_bytes = nkv * bs * row_bytes;
+    int64_t tasks = 0, base, per;
+    for (int64_t b = 0; b < B; b++) tasks += nkv * att_layout(lengths[b], window, &base, &per);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < tasks; task++) {
+        int64_t t = task, b = 0, n;
+        for (;; b++) {
+            n = att_layout(lengths[b], window, &base, &per);
+            if (t < nkv * n) break;
+            t -= nkv * n;
+        }
+        const int64_t hk = t / n, c = t % n, len = lengths[b];
+        const int64_t lo = window > 0 && len > window ? len - window : 0;
+        const int64_t j0 = base + c * per > lo ? base + c * per : lo;
+        const int64_t j1 = base + (c + 1) * per < len ? base + (c + 1) * per : len;
+        float *O = scratch, *m = O + group * hd, *l = m + group, *p = l + group;
+        for (int64_t h0 = 0; h0 < group; h0 += ATT_HEADS) { /* heads in sets of ATT_HEADS */
+            const int nh = (int)(group - h0 < ATT_HEADS ? group - h0 : ATT_HEADS);
+            const int64_t h = hk * group + h0;
+            dec_span(Q + b * q_stride + h * hd, nh, K, V, tables + b * tstride,
+                     hk * bs * row_bytes, bs, block_bytes, row_bytes, j0, j1, hd, scale, half,
+                     sinks && c == 0 ? sinks + h : NULL, p, O + h0 * hd, m + h0, l + h0);
+        }
+        for (int64_t i = 0; i < group; i++) {
+            const int64_t h = hk * group + i;
+            if (n == 1) { /* the whole row: normalised */
+                const float inv = 1.0f / l[i];
+                for (int64_t d = 0; d < hd; d++) OUT[(b * nq + h) * hd + d] = O[i * hd + d] * inv;
+            } else {
+                float *q = part + ((b * nq + h) * spans + c) * width;
+                q[0] = m[i];
+                q[1] = l[i];
+                memcpy(q + 2, O + i * hd, (size_t)hd * sizeof(float));
+            }
+        }
+        if (n == 1) quantize_heads(OUT, nq, hd, b, hk * group, (hk + 1) * group, qa);
+    }
+    if (!part) return;
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < B * nkv; t++) { /* rows of more than one span: merged */
+        const int64_t b = t / nkv, hk = t % nkv;
+        const int64_t n = att_layout(lengths[b], window, &base, &per);
+        if (n == 1) continue;
+        for (int64_t h = hk * group; h < (hk + 1) * group; h++) {
+            const float *p = part + (b * nq + h) * spans * width;
+            float top = -INFINITY, sum = 0.0f;
+            for (int64_t c = 0; c < n; c++) top = p[c * width] > top ? p[c * width] : top;
+            float *o = OUT + (b * nq + h) * hd;
+            memset(o, 0, (size_t)hd * sizeof(float));
+            for (int64_t c = 0; c < n; c++) {
+                const float *q = p + c * width, w = expf(q[0] - top);
+                sum += q[1] * w;
+                for (int64_t d = 0; d < hd; d++) o[d] += q[2 + d] * w;
+            }
+            const float inv = 1.0f / sum;
+            for (int64_t d = 0; d < hd; d++) o[d] *= inv;
+        }
+        quantize_heads(OUT, nq, hd, b, hk * group, (hk + 1) * group, qa);
+    }
+}
+
+/* Attention of one query token per row over cached keys and values.
+ * Q: rows q_stride floats apart, each nq heads of hd; OUT: [B, nq, hd]. K, V: [blocks, nkv,
+ * bs, hd] (a layer's paged cache, float32 or f16: `half`). Row b's positions are in the
+ * blocks listed from TABLES + b * tstride (tstride 0: rows share one table, as a prompt's
+ * tokens do, each with its own length); it sees positions 0 .. lengths[b] - 1, or only the
+ * last `window` of them when window > 0. sinks: NULL or [nq] logits that join each head's
+ * normalisation and are then dropped (gpt-oss). -2: no memory; -1: a shape it does not take
+ * (more than 64 query heads per key head). */
+int fk_attend(const float *Q, int64_t q_stride, int64_t B, int64_t nq, int64_t nkv, int64_t hd,
+              const void *K, const void *V, int64_t bs, const int64_t *tables, int64_t tstride,
+              const int64_t *lengths, int64_t window, const float *sinks, float scale,
+              float *OUT, int half, int threads) {
+    const int64_t group = nq / nkv;
+    if (group > 64 || nq % nkv) return -1;
+    int64_t spans, longest = 0;
+    for (int64_t b = 0; b < B; b++) longest = lengths[b] > longest ? lengths[b] : longest;
+    const int64_t parts = att_parts(B, nq, hd, lengths, window, &spans);
+    float *part = parts ? (float *)malloc((size_t)parts * sizeof(float)) : NULL;
+    int failed = parts && !part;
+    const int many = B * nq * longest * hd > (1 << 15);
+#pragma omp parallel num_threads(threads) if (many && !failed)
+    {
+        float *scratch = (float *)malloc((size_t)att_scratch(group, hd, longest) * sizeof(float));
+        if (!scratch) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp barrier
+        if (!failed)
+            attend_team(Q, q_stride, B, nq, nkv, hd, K, V, bs, tables, tstride, lengths, window,
+                        sinks, scale, OUT, half, scratch, part, spans, NULL);
+        free(scratch);
+    }
+    free(part);
+    return failed ? -2 : 0;
+}
+
 /* -- a whole forward's layers in one call ---------------------------------------------------
  * fk_forward runs every decoder layer of a step (decode: one token per sequence; or prompt
  * pieces) in one parallel region: the threads stay up across layers and go from one phase
@@ -2053,10 +2100,11 @@ static inline void timer(double *timing, int slot, double *mark) {
 /* What fk_forward's team shares over a step. */
 typedef struct {
     const FkModel *m;
-    int64_t T, Tp, nseg, tstride, nqkv, span;
+    int64_t T, Tp, nseg, tstride, nqkv, spans;
     const int64_t *seg, *tables, *lengths;
     const float *const *cos, *const *sin;
     float *X, *h, *qkv, *big; /* h: normed rows, then attention's output (the o input) */
+    float *part;              /* decode: att_parts' floats, or NULL */
     Act8 *a;
     int decode;
     double *timing;
@@ -2100,7 +2148,7 @@ static void layer_attention(const FkStep *S, const FkLayer *L, const void *K, co
     if (S->decode)
         attend_team(S->qkv, nqkv, T, nq, nkv, hd, K, V, m->bs, S->tables, S->tstride,
                     S->lengths, L->window, L->sinks, m->scale, S->h, m->half, me->scr,
-                    (size_t)S->span, qa);
+                    S->part, S->spans, qa);
     else {
         const int64_t *tabs[64];
         for (int64_t s = 0; s < S->nseg; s++) tabs[s] = S->tables + s * S->tstride;
@@ -2196,9 +2244,6 @@ int fk_forward(const FkModel *m, const FkLayer *layers, int64_t nl, void *const 
         }
     }
     if (group > 64 || nq % nkv || (!decode && nseg > 64)) return -1;
-    int64_t longest = 1;
-    for (int64_t s = 0; s < nseg; s++)
-        longest = seg[3 * s + 2] + seg[3 * s + 1] > longest ? seg[3 * s + 2] + seg[3 * s + 1] : longest;
     int64_t *lengths = (int64_t *)malloc((size_t)nseg * sizeof(int64_t));
     for (int64_t s = 0; lengths && s < nseg; s++) lengths[s] = seg[3 * s + 2] + 1;
     const int64_t Tp = (T + 7) / 8 * 8, nbmax = kmax / 32;
@@ -2207,11 +2252,17 @@ int fk_forward(const FkModel *m, const FkLayer *layers, int64_t nl, void *const 
     float *big = (float *)malloc((size_t)(T * (2 * I > H ? 2 * I : H)) * sizeof(float));
     Act8 a;
     int failed = act8_alloc(Tp, kmax, 0, 1, &a) != 0;
-    failed = failed || !lengths || !h || !qkv || !big;
-    const size_t span = (size_t)longest;
-    const int64_t own = 4 * nbmax + (decode ? 2 * (int64_t)span : flash_scratch(group, hd));
-    const FkStep S = {m, T, Tp, nseg, tstride, nqkv, (int64_t)span, seg, tables, lengths, cos,
-                      sin, X, h, qkv, big, &a, decode, timing};
+    int64_t spans = 1; /* decode: the most spans a row's keys are cut into (any window) */
+    const int64_t parts = decode && lengths ? att_parts(T, nq, hd, lengths, 0, &spans) : 0;
+    float *part = parts ? (float *)malloc((size_t)parts * sizeof(float)) : NULL;
+    failed = failed || !lengths || !h || !qkv || !big || (parts && !part);
+    int64_t longest = 1;
+    for (int64_t s = 0; decode && s < nseg; s++)
+        longest = seg[3 * s + 2] + 1 > longest ? seg[3 * s + 2] + 1 : longest;
+    const int64_t own = 4 * nbmax + (decode ? att_scratch(group, hd, longest)
+                                            : flash_scratch(group, hd));
+    const FkStep S = {m, T, Tp, nseg, tstride, nqkv, spans, seg, tables, lengths, cos,
+                      sin, X, h, qkv, big, part, &a, decode, timing};
     if (!failed) {
 #pragma omp parallel num_threads(threads)
         {
@@ -2246,6 +2297,7 @@ int fk_forward(const FkModel *m, const FkLayer *layers, int64_t nl, void *const 
     free(h);
     free(qkv);
     free(big);
+    free(part);
     act8_free(&a);
     return failed ? -2 : 0;
 #endif

@@ -293,6 +293,35 @@ def test_decode_attention_kernel_is_numpys(cache, window: int, with_sinks: bool)
                                atol=1e-5)
 
 
+@pytest.mark.parametrize("dim", [16, 24])  # whole 16-value steps, and not
+@pytest.mark.parametrize("half", [False, True])
+@pytest.mark.parametrize("window", [0, 100])
+def test_long_rows_attend_in_spans_as_numpy_does_and_alike_alone(dim: int, half: bool,
+                                                                 window: int) -> None:
+    """Rows seeing hundreds of keys are cut into spans that threads share and then merged:
+    still numpy's attention (sinks, windows, 3 query heads per key head, f16 or float32
+    cache), and a row's outputs are the same bits alone as among others, on 1 thread or 2."""
+    rng = np.random.default_rng(dim + half + window)
+    dtype = np.float16 if half else np.float32
+    K = rng.standard_normal((60, 2, 16, dim)).astype(dtype)
+    V = rng.standard_normal((60, 2, 16, dim)).astype(dtype)
+    tables = np.stack([rng.permutation(60) for _ in range(4)])
+    lengths = np.array([900, 1, 161, 49])
+    q = rng.standard_normal((4, 6, dim)).astype(np.float32)
+    sinks = rng.standard_normal(6).astype(np.float32)
+    scale = np.float32(dim ** -0.5)
+    ops, ref = KernelOps(LIB, LinearFactory("cpu", 2).threads), NumpyOps()
+    got = ops.attend(q, K, V, tables, lengths, window, sinks, scale)
+    want = ref.attend(q, K.astype(np.float32), V.astype(np.float32), tables, lengths, window,
+                      sinks, scale)
+    assert np.allclose(got, want, rtol=1e-5, atol=1e-5)
+    alone = KernelOps(LIB, LinearFactory("cpu", 1).threads)
+    for b in range(4):
+        one = alone.attend(q[b : b + 1], K, V, tables[b : b + 1], lengths[b : b + 1], window,
+                           sinks, scale)
+        assert np.array_equal(one[0], got[b]), b
+
+
 def test_new_tokens_join_an_f16_cache_and_attend(cache) -> None:
     """The kernels' cache for quantized models is f16: writing a step's keys and values and
     attending over them matches numpy over the same cache in float32 to f16's precision."""
