@@ -79,6 +79,7 @@ class FusedLayers:
         self._ropes = ropes
         self._kv_arrays: list[np.ndarray] = []
         self._kv = np.zeros(2 * len(layers), dtype=np.uint64)
+        self._kv_address = self._kv.ctypes.data
         self.seconds = np.zeros(3)  # time in the products, attention, the rest (thread 0)
         self._held: list[np.ndarray] = []  # arrays whose addresses the layers hold
 
@@ -122,14 +123,14 @@ class FusedLayers:
         return fused
 
     def _kv_pointers(self) -> int:
-        """The caches' addresses (looked up again only when the pool has grown them)."""
+        """The caches' addresses (looked up again only when the pool has replaced its
+        arrays: it replaces every layer's at once, so the first layer's keys tell)."""
         kv = self._engine.kv
-        arrays = [a for li in range(len(self._layers)) for a in (kv.k[li], kv.v[li])]
-        if len(arrays) != len(self._kv_arrays) or any(
-                a is not b for a, b in zip(arrays, self._kv_arrays)):
+        if not self._kv_arrays or kv.k[0] is not self._kv_arrays[0]:
+            arrays = [a for li in range(len(self._layers)) for a in (kv.k[li], kv.v[li])]
             self._kv_arrays = arrays
             self._kv[:] = [a.ctypes.data for a in arrays]
-        return self._kv.ctypes.data
+        return self._kv_address
 
     def run(self, x: np.ndarray, pieces: Sequence[tuple[int, int, int]],
             tables: Sequence[np.ndarray] | np.ndarray, positions: np.ndarray,

@@ -16,6 +16,7 @@ is matrix-matrix work of bounded size.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import os
@@ -560,8 +561,9 @@ class NumpyEngine:
         for seq, n in segments:
             self.kv.written(seq.kv, ids[start : start + n])
             start += n
-        ends = np.cumsum([n for _, n in segments]) - 1
-        last = self.ops.rms_norm(x[ends], self.final_norm, self.config.rms_eps)
+        ends = list(itertools.accumulate(n for _, n in segments))  # each segment's last row
+        last = self.ops.rms_norm(x[[end - 1 for end in ends]], self.final_norm,
+                                 self.config.rms_eps)
         return np.ascontiguousarray(self._mm(last, None, "lm_head"), dtype=np.float32)
 
     def _fused_layers(self, ids: np.ndarray, segments: list[tuple[Seq, int]],

@@ -71,6 +71,31 @@ def test_one_call_per_step_is_the_python_path_bit_for_bit(files, name: str) -> N
     assert (fused.fused.seconds > seconds).all()  # products, attention, the rest were timed
 
 
+def test_a_cache_given_back_and_made_anew_is_the_one_attended(files) -> None:
+    """With nothing held and nothing cached the KV arrays go back; the next prompt gets new
+    ones, and the one-call step reads and writes those (a fork's copied block is seen: the
+    same logits as the Python path), not the arrays it was given before."""
+    fused = load_model(files["llama-Q4_0"], prefix_cache=False).engine
+    python = load_model(files["llama-Q4_0"], prefix_cache=False).engine
+    python.fused = None
+    for engine in (fused, python):
+        engine.prefill("a", list(range(100, 140)))
+        engine.decode(["a"], [7])
+        engine.release("a")
+    assert fused.kv.capacity == 0  # given back
+    for ids in ([5, 6, 7], list(range(300, 360))):
+        out = []
+        for engine in (fused, python):
+            logits = [engine.prefill("e", ids)]
+            engine.fork("e", "f")  # the partial last block copied in the arrays themselves
+            logits.append(engine.decode(["e", "f"], [9, 10]))
+            engine.release("e")
+            engine.release("f")
+            out.append(logits)
+        for got, want in zip(*out):
+            assert np.array_equal(got, want)
+
+
 def test_engines_it_does_not_take_keep_the_python_path(tmp_path, tiny_dir) -> None:
     meta = tiny_tokenizer_meta(tiny_dir)
     for arch, qtype in (("gemma3", QT.Q8_0), ("lfm2", QT.Q8_0), ("llama", QT.F32)):
