@@ -8,7 +8,8 @@ sequences decoded together (each at the same 128-token position); prefill tokens
 prompts of each `--prefill` length (512 and 2,048 tokens by default; `--prefill
 512,2048,8192` for long prompts, lengths past a file's context skipped). Printed: each
 side's medians, the median of the rounds' ratios ours / llama.cpp with their range, where a
-decode step's time goes on our side (by kind of operation, for one sequence and for 8; with
+decode step's time goes on our side (by kind of operation, for one sequence (measured each
+round: medians, with the range of the share outside the products) and for 8; with
 the layers in one kernel call, npu.engine.fused, its own timers split the call into
 products, attention and the rest, and "outside the products" is the share of a step not in
 a matrix product, the output head included as one), and our decode's weight bytes per
@@ -325,6 +326,7 @@ def compare(name: str, args, peer: bool, bw: float) -> None:
     kinds = ["decode"] + [f"prefill {n}" for n in sizes]
     got: dict[str, dict[str, list[float]]] = {s: {k: [] for k in kinds} for s in sides}
     got["ours"]["batch"] = []
+    profiles: list[dict[str, float]] = []
     try:
         for r in range(args.rounds):
             order = list(sides) if r % 2 == 0 else list(sides)[::-1]
@@ -332,7 +334,7 @@ def compare(name: str, args, peer: bool, bw: float) -> None:
                 for side in order:
                     got[side][kind].append(sides[side].ask(kind))
             got["ours"]["batch"].append(sides["ours"].ask("batch"))
-        profile = sides["ours"].ask("profile")
+            profiles.append(sides["ours"].ask("profile"))  # one a round: the machine drifts
         profile_batch = sides["ours"].ask("profile_batch")
     finally:
         for side in sides.values():
@@ -346,8 +348,10 @@ def compare(name: str, args, peer: bool, bw: float) -> None:
         print(f"            {kind} {ours[kind]:6.1f} tok/s [{each(got['ours'][kind])}]")
     print(f"            batch {BATCH} {ours['batch']:7.1f} tok/s [{each(got['ours']['batch'])}]"
           f" (ratio to one {ours['batch'] / ours['decode']:.2f})")
-    print("            a decode step's ms by kind: " + ", ".join(
-        f"{k} {v:.2f}" for k, v in profile.items()))
+    profile = {k: _med([p[k] for p in profiles]) for k in profiles[0]}
+    outside = sorted(p["outside the products %"] for p in profiles)
+    print("            a decode step's ms by kind (medians of the rounds): " + ", ".join(
+        f"{k} {v:.2f}" for k, v in profile.items()) + f" ({outside[0]:.1f}-{outside[-1]:.1f})")
     print(f"            a batch {BATCH} step's ms by kind: " + ", ".join(
         f"{k} {v:.2f}" for k, v in profile_batch.items()))
     if not peer:
