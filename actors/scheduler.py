@@ -39,13 +39,15 @@ class Scheduler:
         metrics: the worker's metrics (preemptions, constraint give-ups).
         max_batch: sequences decoded together.
         masks: the thread that computes grammar masks while a forward runs.
+        speculation: speculative decoding from the prompt (the worker's; off for a model
+            that cannot take tokens back).
     """
 
     def __init__(self, model: Model, metrics: Metrics, max_batch: int,
-                 masks: ThreadPoolExecutor, speculation: Speculation | None = None) -> None:
+                 masks: ThreadPoolExecutor, speculation: Speculation) -> None:
         self.model, self.metrics, self.max_batch, self._masks = model, metrics, max_batch, masks
-        spec = speculation or Speculation(method="off")
-        self.speculation = spec if spec.on and model.engine.can_rewind else None
+        self.speculation = (speculation if speculation.on and model.engine.can_rewind
+                            else None)
         self.cost = StepCost()  # what drafts add to a forward, measured
 
     @staticmethod

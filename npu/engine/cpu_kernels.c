@@ -1209,16 +1209,14 @@ static inline void store_kv(void *dst, const float *src, int64_t n, int half) {
         memcpy(dst, src, (size_t)n * sizeof(float));
         return;
     }
+#if defined(__AVX2__) && defined(__F16C__)
     uint16_t *d = (uint16_t *)dst;
     int64_t i = 0;
-#if defined(__AVX2__) && defined(__F16C__)
     for (; i + 8 <= n; i += 8)
         _mm_storeu_si128((__m128i *)(d + i),
                          _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
     for (; i < n; i++) d[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
-#else
-    (void)d; /* not reached: without F16C the cache is float32 (fk_has_f16c) */
-#endif
+#endif /* else not reached: without F16C the cache is float32 (fk_has_f16c) */
 }
 
 /* The new tokens' keys and values into the paged cache: row b of QKV (q heads, then nkv key
