@@ -1872,23 +1872,28 @@ static int64_t att_scratch(int64_t group, int64_t hd, int64_t longest) {
     return ATT_HEADS * (per + FK) + group * (hd + 2);
 }
 
-/* Floats of a decode step's spans (the maximum, sum and output of each row's query heads by
- * span; 0: no row has more than one span). */
-static int64_t att_parts(int64_t B, int64_t nq, int64_t hd, const int64_t *lengths,
-                         int64_t window, int64_t *spans) {
+/* The most spans any of the B rows is cut into under `window` (more keys can make fewer
+ * spans: 768 keys are 16 spans of 48, 769 are 13 of 64). */
+static int64_t att_most(int64_t B, const int64_t *lengths, int64_t window) {
     int64_t most = 1, base, per;
     for (int64_t b = 0; b < B; b++) {
         const int64_t c = att_layout(lengths[b], window, &base, &per);
         most = c > most ? c : most;
     }
-    *spans = most;
-    return most > 1 ? B * nq * most * (hd + 2) : 0;
+    return most;
+}
+
+/* Floats of a decode step's spans (the maximum, sum and output of each row's query heads by
+ * span, `spans` a row-head) where some row has more than one span, else 0. */
+static inline int64_t att_parts(int64_t B, int64_t nq, int64_t hd, int64_t spans) {
+    return spans > 1 ? B * nq * spans * (hd + 2) : 0;
 }
 
 /* Team work (inside a parallel region, or alone): decode attention. Q: rows q_stride floats
  * apart, each nq heads of hd; OUT [B, nq * hd]. scratch: a thread's att_scratch floats;
- * part: att_parts' floats (spans: its count; NULL when 0); qa: NULL, or where the rows'
- * outputs are rounded (quantize_heads). Ends at a barrier. */
+ * part: att_parts' floats (spans: at least the most spans any row has under `window`;
+ * NULL when 0); qa: NULL, or where the rows' outputs are rounded (quantize_heads). Ends at
+ * a barrier. */
 static void attend_team(const float *Q, int64_t q_stride, int64_t B, int64_t nq, int64_t nkv,
                         int64_t hd, const void *K, const void *V, int64_t bs,
                         const int64_t *tables, int64_t tstride, const int64_t *lengths,
@@ -1970,9 +1975,10 @@ int fk_attend(const float *Q, int64_t q_stride, int64_t B, int64_t nq, int64_t n
               float *OUT, int half, int threads) {
     const int64_t group = nq / nkv;
     if (group > 64 || nq % nkv) return -1;
-    int64_t spans, longest = 0;
+    int64_t longest = 0;
     for (int64_t b = 0; b < B; b++) longest = lengths[b] > longest ? lengths[b] : longest;
-    const int64_t parts = att_parts(B, nq, hd, lengths, window, &spans);
+    const int64_t spans = att_most(B, lengths, window);
+    const int64_t parts = att_parts(B, nq, hd, spans);
     float *part = parts ? (float *)malloc((size_t)parts * sizeof(float)) : NULL;
     int failed = parts && !part;
     const int many = B * nq * longest * hd > (1 << 15);
@@ -2250,8 +2256,12 @@ int fk_forward(const FkModel *m, const FkLayer *layers, int64_t nl, void *const 
     float *big = (float *)malloc((size_t)(T * (2 * I > H ? 2 * I : H)) * sizeof(float));
     Act8 a;
     int failed = act8_alloc(Tp, kmax, 0, 1, &a) != 0;
-    int64_t spans = 1; /* decode: the most spans a row's keys are cut into (any window) */
-    const int64_t parts = decode && lengths ? att_parts(T, nq, hd, lengths, 0, &spans) : 0;
+    int64_t spans = 1; /* decode: the most spans a row's keys are cut into, any layer's window */
+    for (int64_t i = -1; decode && lengths && i < nl; i++) {
+        const int64_t most = att_most(T, lengths, i < 0 ? 0 : layers[i].window);
+        spans = most > spans ? most : spans;
+    }
+    const int64_t parts = decode ? att_parts(T, nq, hd, spans) : 0;
     float *part = parts ? (float *)malloc((size_t)parts * sizeof(float)) : NULL;
     failed = failed || !lengths || !h || !qkv || !big || (parts && !part);
     int64_t longest = 1;

@@ -12,6 +12,7 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 
 from npu import load_model
+from npu.engine.fused import FusedLayers
 from tests.npu.gguf_files import tiny_tokenizer_meta, write_random_gguf
 
 try:
@@ -94,6 +95,27 @@ def test_a_cache_given_back_and_made_anew_is_the_one_attended(files) -> None:
             out.append(logits)
         for got, want in zip(*out):
             assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("window, length", [(1024, 1039), (700, 799), (128, 1039)])
+def test_sliding_windows_of_any_length_decode_as_the_python_path(files, window: int,
+                                                                 length: int) -> None:
+    """Layers that see only the last `window` keys cut a row's keys into spans of their
+    own (1,024 of 1,040 keys: more spans than all 1,040 are cut into): the one-call step
+    holds every layer's spans and decodes as the Python path does, bit for bit."""
+    engines = []
+    for fused in (True, False):
+        engine = load_model(files["llama-Q4_0"], prefix_cache=False).engine
+        engine.max_context = 4096
+        for layer in engine.layers:
+            layer.window = window
+        engine.fused = FusedLayers.of(engine) if fused else None
+        engines.append(engine)
+    assert engines[0].fused is not None
+    ids = np.random.default_rng(1).integers(0, 900, length).tolist()
+    got, want = ([e.prefill("a", ids), e.decode(["a"], [7])] for e in engines)
+    for g, w in zip(got, want):
+        assert np.array_equal(g, w)
 
 
 def test_engines_it_does_not_take_keep_the_python_path(tmp_path, tiny_dir) -> None:
