@@ -1794,16 +1794,18 @@ static void dec_span(const float *q, int nh, const void *K, const void *V, const
     for (int h = 0; h < nh; h++) m[h] = sink ? sink[h] : -INFINITY;
 #ifdef __AVX2__
     if (hd % 16 == 0) {
+/* CALL(n) with n = nh as a constant (each count its own inlined code) */
+#define BY_HEADS(CALL) switch (nh) { \
+        case 1: CALL(1); break; \
+        case 2: CALL(2); break; \
+        case 3: CALL(3); break; \
+        case 4: CALL(4); break; \
+        case 5: CALL(5); break; \
+        default: CALL(6); break; \
+        }
 #define DEC_SCORES(n) dec_scores_n(q, n, Kb, Vb, table, head, bs, shift, block_bytes, row_bytes, \
                                    j0, j1, hd, scale, half, p, pn, m)
-        switch (nh) {
-        case 1: DEC_SCORES(1); break;
-        case 2: DEC_SCORES(2); break;
-        case 3: DEC_SCORES(3); break;
-        case 4: DEC_SCORES(4); break;
-        case 5: DEC_SCORES(5); break;
-        default: DEC_SCORES(6); break;
-        }
+        BY_HEADS(DEC_SCORES)
 #undef DEC_SCORES
         for (int h = 0; h < nh; h++) {
             float *ph = p + h * pn;
@@ -1824,15 +1826,9 @@ static void dec_span(const float *q, int nh, const void *K, const void *V, const
         }
 #define DEC_VALUES(n) dec_values_n(p, pn, n, Vb, table, head, bs, shift, block_bytes, \
                                    row_bytes, j0, j1, hd, half, O)
-        switch (nh) {
-        case 1: DEC_VALUES(1); break;
-        case 2: DEC_VALUES(2); break;
-        case 3: DEC_VALUES(3); break;
-        case 4: DEC_VALUES(4); break;
-        case 5: DEC_VALUES(5); break;
-        default: DEC_VALUES(6); break;
-        }
+        BY_HEADS(DEC_VALUES)
 #undef DEC_VALUES
+#undef BY_HEADS
         return;
     }
 #endif
