@@ -293,22 +293,25 @@ def test_decode_attention_kernel_is_numpys(cache, window: int, with_sinks: bool)
                                atol=1e-5)
 
 
-@pytest.mark.parametrize("dim", [16, 24])  # whole 16-value steps, and not
+@pytest.mark.parametrize("nq, nkv, dim", [
+    (6, 2, 16), (6, 2, 24),  # 3 query heads a key head; rows of whole 16-value steps, and not
+    (4, 4, 128), (8, 4, 64), (16, 2, 32)])  # 1, 2 and 8 (two sets) query heads a key head
 @pytest.mark.parametrize("half", [False, True])
 @pytest.mark.parametrize("window", [0, 100])
-def test_long_rows_attend_in_spans_as_numpy_does_and_alike_alone(dim: int, half: bool,
+def test_long_rows_attend_in_spans_as_numpy_does_and_alike_alone(nq: int, nkv: int, dim: int,
+                                                                 half: bool,
                                                                  window: int) -> None:
     """Rows seeing hundreds of keys are cut into spans that threads share and then merged:
-    still numpy's attention (sinks, windows, 3 query heads per key head, f16 or float32
+    still numpy's attention (sinks, windows, 1 to 8 query heads per key head, f16 or float32
     cache), and a row's outputs are the same bits alone as among others, on 1 thread or 2."""
-    rng = np.random.default_rng(dim + half + window)
+    rng = np.random.default_rng(nq + dim + half + window)
     dtype = np.float16 if half else np.float32
-    K = rng.standard_normal((60, 2, 16, dim)).astype(dtype)
-    V = rng.standard_normal((60, 2, 16, dim)).astype(dtype)
+    K = rng.standard_normal((60, nkv, 16, dim)).astype(dtype)
+    V = rng.standard_normal((60, nkv, 16, dim)).astype(dtype)
     tables = np.stack([rng.permutation(60) for _ in range(4)])
     lengths = np.array([900, 1, 161, 49])
-    q = rng.standard_normal((4, 6, dim)).astype(np.float32)
-    sinks = rng.standard_normal(6).astype(np.float32)
+    q = rng.standard_normal((4, nq, dim)).astype(np.float32)
+    sinks = rng.standard_normal(nq).astype(np.float32)
     scale = np.float32(dim ** -0.5)
     ops, ref = KernelOps(LIB, LinearFactory("cpu", 2).threads), NumpyOps()
     got = ops.attend(q, K, V, tables, lengths, window, sinks, scale)
