@@ -26,6 +26,7 @@ from npu.engine.quant import INTEGER
 _I32, _I64, _P, _F = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
 MAX_PARTS = 3
 MAX_PIECES = 64  # prompt pieces in one call (more: the Python path)
+ROPE_ROWS = 1024  # positions a rope's cos/sin table holds at first
 
 
 class FkPart(ctypes.Structure):
@@ -77,10 +78,16 @@ class FusedLayers:
         self._engine, self._lib = engine, lib
         self._layers, self._model = layers, model
         self._ropes = ropes
+        self._rope_tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._kv_arrays: list[np.ndarray] = []
         self._kv = np.zeros(2 * len(layers), dtype=np.uint64)
-        self._kv_address = self._kv.ctypes.data
         self.seconds = np.zeros(3)  # time in the products, attention, the rest (thread 0)
+        self._cos = np.zeros(len(ropes), dtype=np.uint64)
+        self._sin = np.zeros(len(ropes), dtype=np.uint64)
+        # what a step passes unchanged, looked up once (ctypes' lookups cost a step ~10 us)
+        self._kv_address, self._cos_at, self._sin_at, self._seconds_at = (
+            a.ctypes.data for a in (self._kv, self._cos, self._sin, self.seconds))
+        self._model_at, self._layers_at = ctypes.addressof(model), ctypes.addressof(layers)
         self._held: list[np.ndarray] = []  # arrays whose addresses the layers hold
 
     @classmethod
@@ -132,6 +139,20 @@ class FusedLayers:
             self._kv[:] = [a.ctypes.data for a in arrays]
         return self._kv_address
 
+    def _rope_rows(self, r: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """cos and sin [len(positions), dim] of rope table r (`rope.cos_sin`'s values, the
+        same bits), taken from a table of the positions up to the highest seen, grown by
+        doubling: a step indexes it instead of computing them again."""
+        table = self._rope_tables.get(r)
+        top = int(positions.max()) + 1
+        if table is None or len(table[0]) < top:
+            n = max(ROPE_ROWS, top, 2 * len(table[0]) if table is not None else 0)
+            inv, scale = self._ropes[r]
+            c, s = rope_mod.cos_sin(inv, np.arange(n), scale)
+            table = self._rope_tables[r] = (np.ascontiguousarray(c, dtype=np.float32),
+                                            np.ascontiguousarray(s, dtype=np.float32))
+        return table[0][positions], table[1][positions]
+
     def run(self, x: np.ndarray, pieces: Sequence[tuple[int, int, int]],
             tables: Sequence[np.ndarray] | np.ndarray, positions: np.ndarray,
             decoding: bool) -> np.ndarray | None:
@@ -150,16 +171,15 @@ class FusedLayers:
             tab = np.zeros((len(tables), width), dtype=np.int64)
             for row, t in enumerate(tables):
                 tab[row, : len(t)] = t
-        cos_sin = [rope_mod.cos_sin(inv, positions, scale) for inv, scale in self._ropes]
-        cos_sin = [(np.ascontiguousarray(c, dtype=np.float32),
-                    np.ascontiguousarray(s, dtype=np.float32)) for c, s in cos_sin]
-        cos = np.array([c.ctypes.data for c, _ in cos_sin], dtype=np.uint64)
-        sin = np.array([s.ctypes.data for _, s in cos_sin], dtype=np.uint64)
-        rc = self._lib.fk_forward(ctypes.addressof(self._model), ctypes.addressof(self._layers),
-                                  len(self._layers), self._kv_pointers(), x.ctypes.data,
-                                  len(x), len(seg), seg.ctypes.data, tab.ctypes.data,
-                                  tab.shape[1], cos.ctypes.data, sin.ctypes.data,
-                                  self._engine.linears.threads.n, self.seconds.ctypes.data)
+        cos_sin = [self._rope_rows(r, positions) for r in range(len(self._ropes))]
+        cos, sin = self._cos, self._sin  # their addresses, rope table by rope table
+        cos[:] = [c.ctypes.data for c, _ in cos_sin]
+        sin[:] = [s.ctypes.data for _, s in cos_sin]
+        rc = self._lib.fk_forward(self._model_at, self._layers_at, len(self._layers),
+                                  self._kv_pointers(), x.ctypes.data, len(x), len(seg),
+                                  seg.ctypes.data, tab.ctypes.data, tab.shape[1],
+                                  self._cos_at, self._sin_at, self._engine.linears.threads.n,
+                                  self._seconds_at)
         if rc == -2:
             raise MemoryError("fk_forward could not allocate its buffers")
         return None if rc else x

@@ -151,7 +151,7 @@ class BlockPool:
 
     def written(self, seq: SeqBlocks, tokens: Sequence[int]) -> None:
         """`tokens` joined the cache at `seq`'s next positions: name the blocks they fill."""
-        seq.tokens.extend(int(t) for t in tokens)
+        seq.tokens.extend(map(int, tokens))
         if not self.caching or len(seq.tokens) < (len(seq.digests) + 1) * BLOCK:
             return
         first = len(seq.digests)

@@ -542,8 +542,9 @@ class NumpyEngine:
     # -- the forward pass -------------------------------------------------------------------
     def _forward(self, ids: np.ndarray, segments: list[tuple[Seq, int]]) -> np.ndarray:
         self._check_packed()
-        positions = np.concatenate([np.arange(s.pos, s.pos + n) for s, n in segments])
         decoding = len(segments) == len(ids)  # one token per sequence: batched attention
+        positions = (np.array([s.pos for s, _ in segments], dtype=np.int64) if decoding else
+                     np.concatenate([np.arange(s.pos, s.pos + n) for s, n in segments]))
         if not self.kv.layers:
             tables = None
         elif decoding:
@@ -557,13 +558,13 @@ class NumpyEngine:
         x = self._fused_layers(ids, segments, positions, tables, decoding)
         if x is None:
             x = self._layers(ids, segments, positions, attention)
-        start = 0
+        start, tokens = 0, ids.tolist()
         for seq, n in segments:
-            self.kv.written(seq.kv, ids[start : start + n])
+            self.kv.written(seq.kv, tokens[start : start + n])
             start += n
-        ends = list(itertools.accumulate(n for _, n in segments))  # each segment's last row
-        last = self.ops.rms_norm(x[[end - 1 for end in ends]], self.final_norm,
-                                 self.config.rms_eps)
+        if not decoding:  # each segment's last row (decoding: every row is one)
+            x = x[[end - 1 for end in itertools.accumulate(n for _, n in segments)]]
+        last = self.ops.rms_norm(x, self.final_norm, self.config.rms_eps)
         return np.ascontiguousarray(self._mm(last, None, "lm_head"), dtype=np.float32)
 
     def _fused_layers(self, ids: np.ndarray, segments: list[tuple[Seq, int]],
