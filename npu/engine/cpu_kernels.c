@@ -887,10 +887,13 @@ int fk_unpack(int type, const uint8_t *P, int64_t N, int64_t K, uint8_t *W) {
     return 0;
 }
 
-/* OUT[r, K] = rows ids[r] of P's matrix, as float32 (a tied head's embedding lookups). */
-int fk_packed_lookup(int type, const uint8_t *P, int64_t K, const int64_t *ids, int64_t n,
-                     float *out) {
+/* OUT[r, K] = rows ids[r] of P's N-row matrix, as float32 (a tied head's embedding lookups);
+ * -2: an id outside 0 .. N - 1 (nothing written). */
+int fk_packed_lookup(int type, const uint8_t *P, int64_t N, int64_t K, const int64_t *ids,
+                     int64_t n, float *out) {
     if (fk_packed_bytes(type, XR, K) < 0 || !table_ready) return -1;
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= N) return -2; /* nothing written */
     const int64_t nb = K / 32;
     uint8_t block[128]; /* a block of any type (deq_row's F32 case reads 128) */
     for (int64_t i = 0; i < n; i++)

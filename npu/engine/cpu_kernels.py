@@ -113,7 +113,7 @@ def load(path: Path) -> ctypes.CDLL:
     lib.fk_unpack.restype = ctypes.c_int
     lib.fk_unpack.argtypes = [ctypes.c_int, _U8, _I64, _I64, _U8]
     lib.fk_packed_lookup.restype = ctypes.c_int
-    lib.fk_packed_lookup.argtypes = [ctypes.c_int, _U8, _I64, _I64P, _I64, _F32P]
+    lib.fk_packed_lookup.argtypes = [ctypes.c_int, _U8, _I64, _I64, _I64P, _I64, _F32P]
     lib.fk_matmul_packed.restype = ctypes.c_int
     lib.fk_matmul_packed.argtypes = [ctypes.c_int, _U8, _I64, _I64, _F32P, _I64, _F32P,
                                      ctypes.c_int]

@@ -172,11 +172,14 @@ class PackedMatrix:
     def rows(self, ids: np.ndarray) -> np.ndarray:
         """The rows `ids` as float32 [len(ids), cols]."""
         ids = np.ascontiguousarray(ids, dtype=np.int64)
-        if ids.size and (ids.min() < 0 or ids.max() >= self.shape[0]):
-            raise IndexError(f"row ids outside 0..{self.shape[0] - 1}")
         out = np.empty((len(ids), self.shape[1]), dtype=np.float32)
-        self._lib.fk_packed_lookup(int(self.qtype), self.data.ctypes.data, self.shape[1],
-                                   ids.ctypes.data, len(ids), out.ctypes.data)
+        rc = self._lib.fk_packed_lookup(int(self.qtype), self.data.ctypes.data, self.shape[0],
+                                        self.shape[1], ids.ctypes.data, len(ids),
+                                        out.ctypes.data)
+        if rc == -2:
+            raise IndexError(f"row ids outside 0..{self.shape[0] - 1}")
+        if rc:
+            raise RuntimeError(f"the kernels cannot read {self.qtype.name} rows packed")
         return out
 
     def dequantize(self, start: int = 0, stop: int | None = None) -> np.ndarray:
