@@ -2028,6 +2028,7 @@ typedef struct {
     int64_t hidden, nq, nkv, hd, inter, bs;
     float eps, scale;
     int32_t half, unused;
+    const float *final_norm; /* NULL, or the last layer's rows normed by it (in place) */
 } FkModel;
 
 #ifdef __AVX2__
@@ -2205,6 +2206,8 @@ static void layer_mlp(const FkStep *S, const FkLayer *L, const FkLayer *next, Fk
         if (next) {
             fk_rms_norm(x, next->norm_in, 1, H, m->eps, h + t * H);
             quantize_range(h, t, t + 1, H, a);
+        } else if (m->final_norm) {
+            fk_rms_norm(x, m->final_norm, 1, H, m->eps, x);
         }
     }
 #pragma omp barrier

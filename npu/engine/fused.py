@@ -45,7 +45,8 @@ class FkLayer(ctypes.Structure):
 
 class FkModel(ctypes.Structure):
     _fields_ = [("hidden", _I64), ("nq", _I64), ("nkv", _I64), ("hd", _I64), ("inter", _I64),
-                ("bs", _I64), ("eps", _F), ("scale", _F), ("half", _I32), ("unused", _I32)]
+                ("bs", _I64), ("eps", _F), ("scale", _F), ("half", _I32), ("unused", _I32),
+                ("final_norm", _P)]
 
 
 def _lin(linear, cols: int) -> FkLin | None:
@@ -122,9 +123,12 @@ class FusedLayers:
                     for v in vecs]
             held += [v for v in vecs if v is not None]
             layers[i] = FkLayer(*(_addr(v) for v in vecs), L.window, rope_index[key], *lins)
+        final = np.ascontiguousarray(engine.final_norm, dtype=np.float32)
+        held.append(final)
         model = FkModel(hidden=c.hidden_size, nq=c.num_heads, nkv=c.num_kv_heads,
                         hd=c.head_dim, inter=c.intermediate_size, bs=BLOCK, eps=c.rms_eps,
-                        scale=float(engine.scale), half=int(ops.kv_dtype == np.float16))
+                        scale=float(engine.scale), half=int(ops.kv_dtype == np.float16),
+                        final_norm=final.ctypes.data)
         fused = cls(engine, lib, layers, model, ropes)
         fused._held = held
         return fused
@@ -156,7 +160,8 @@ class FusedLayers:
     def run(self, x: np.ndarray, pieces: Sequence[tuple[int, int, int]],
             tables: Sequence[np.ndarray] | np.ndarray, positions: np.ndarray,
             decoding: bool) -> np.ndarray | None:
-        """The layers over x [T, hidden] (a new array: the last layer's output), the
+        """The layers over x [T, hidden] (a new array: the last layer's output normed by
+        the model's final norm, as `ops.rms_norm` norms it), the
         pieces (first row, rows, position of the first row) with their block tables (rows
         of a 2-D array for a decode step, else one per piece); None where fk_forward does
         not take this call (the caller runs the Python path, nothing having changed)."""

@@ -555,7 +555,8 @@ class NumpyEngine:
         def attention(li: int, L: Layer, h: np.ndarray, cos, sin) -> np.ndarray:
             return self._attention(li, L, h, segments, tables, cos, sin)
 
-        x = self._fused_layers(ids, segments, positions, tables, decoding)
+        x = self._fused_layers(ids, segments, positions, tables, decoding)  # final-normed
+        normed = x is not None
         if x is None:
             x = self._layers(ids, segments, positions, attention)
         start, tokens = 0, ids.tolist()
@@ -564,12 +565,13 @@ class NumpyEngine:
             start += n
         if not decoding:  # each segment's last row (decoding: every row is one)
             x = x[[end - 1 for end in itertools.accumulate(n for _, n in segments)]]
-        last = self.ops.rms_norm(x, self.final_norm, self.config.rms_eps)
+        last = x if normed else self.ops.rms_norm(x, self.final_norm, self.config.rms_eps)
         return np.ascontiguousarray(self._mm(last, None, "lm_head"), dtype=np.float32)
 
     def _fused_layers(self, ids: np.ndarray, segments: list[tuple[Seq, int]],
                       positions: np.ndarray, tables, decoding: bool) -> np.ndarray | None:
-        """`_layers` in one kernel call (npu.engine.fused), or None where it does not apply."""
+        """`_layers` in one kernel call (npu.engine.fused) and the final norm, or None where
+        it does not apply."""
         if self.fused is None or not self.kv.layers:
             return None
         x = self.embed_tokens(ids)
