@@ -1900,17 +1900,22 @@ static void attend_team(const float *Q, int64_t q_stride, int64_t B, int64_t nq,
                         float *scratch, float *part, int64_t spans, Act8 *qa) {
     const int64_t group = nq / nkv, width = hd + 2, es = half ? 2 : 4;
     const int64_t row_bytes = hd * es, block_bytes = nkv * bs * row_bytes;
-    int64_t tasks = 0, base, per;
+    int64_t tasks = 0, base = 0, per = FK;
     for (int64_t b = 0; b < B; b++) tasks += nkv * att_layout(lengths[b], window, &base, &per);
+    /* a task's row: a thread's tasks come in rising order (a shared counter hands them
+     * out), so its row cursor moves on from the last (back to row 0 should one not) */
+    int64_t b = 0, first = 0, n = B ? att_layout(lengths[0], window, &base, &per) : 0;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; task++) {
-        int64_t t = task, b = 0, n;
-        for (;; b++) {
-            n = att_layout(lengths[b], window, &base, &per);
-            if (t < nkv * n) break;
-            t -= nkv * n;
+        if (task < first) {
+            b = first = 0;
+            n = att_layout(lengths[0], window, &base, &per);
         }
-        const int64_t hk = t / n, c = t % n, len = lengths[b];
+        while (task >= first + nkv * n) {
+            first += nkv * n;
+            n = att_layout(lengths[++b], window, &base, &per);
+        }
+        const int64_t t = task - first, hk = t / n, c = t % n, len = lengths[b];
         const int64_t lo = window > 0 && len > window ? len - window : 0;
         const int64_t j0 = base + c * per > lo ? base + c * per : lo;
         const int64_t j1 = base + (c + 1) * per < len ? base + (c + 1) * per : len;
@@ -2258,17 +2263,18 @@ int fk_forward(const FkModel *m, const FkLayer *layers, int64_t nl, void *const 
     float *big = (float *)malloc((size_t)(T * (2 * I > H ? 2 * I : H)) * sizeof(float));
     Act8 a;
     int failed = act8_alloc(Tp, kmax, 0, 1, &a) != 0;
-    int64_t spans = 1; /* decode: the most spans a row's keys are cut into, any layer's window */
+    int64_t spans = 1, longest = 1; /* decode: the most spans a row's keys are cut into under
+                                       any layer's window (none, or a layer's own) */
     for (int64_t i = -1; decode && lengths && i < nl; i++) {
+        if (i >= 0 && layers[i].window == 0) continue; /* counted at i = -1 */
         const int64_t most = att_most(T, lengths, i < 0 ? 0 : layers[i].window);
         spans = most > spans ? most : spans;
     }
+    for (int64_t s = 0; decode && lengths && s < nseg; s++)
+        longest = lengths[s] > longest ? lengths[s] : longest;
     const int64_t parts = decode ? att_parts(T, nq, hd, spans) : 0;
     float *part = parts ? (float *)malloc((size_t)parts * sizeof(float)) : NULL;
     failed = failed || !lengths || !h || !qkv || !big || (parts && !part);
-    int64_t longest = 1;
-    for (int64_t s = 0; decode && s < nseg; s++)
-        longest = seg[3 * s + 2] + 1 > longest ? seg[3 * s + 2] + 1 : longest;
     const int64_t own = 4 * nbmax + (decode ? att_scratch(group, hd, longest)
                                             : flash_scratch(group, hd));
     const FkStep S = {m, T, Tp, nseg, tstride, nqkv, spans, seg, tables, lengths, cos,
