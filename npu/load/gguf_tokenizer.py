@@ -21,6 +21,8 @@ import operator
 from itertools import repeat
 from typing import Any
 
+import numpy as np
+
 from npu.errors import ModelError
 from npu.load.tokenizer import byte_decoder
 
@@ -53,17 +55,28 @@ def _byte_level_pre(pre: str | None) -> dict[str, Any]:
 
 
 def _added(tokens: list[str], types: list[int], keep=lambda t: True) -> list[dict]:
+    n = min(len(tokens), len(types))
+    kinds = np.asarray(types[:n])
     out = []
-    for i, (tok, kind) in enumerate(zip(tokens, types)):
-        if kind in (CONTROL, USER_DEFINED) and keep(tok):
-            out.append({"id": i, "content": tok, "single_word": False, "lstrip": False,
-                        "rstrip": False, "normalized": False, "special": kind == CONTROL})
+    for i in np.flatnonzero((kinds == CONTROL) | (kinds == USER_DEFINED)).tolist():
+        if keep(tokens[i]):
+            out.append({"id": i, "content": tokens[i], "single_word": False, "lstrip": False,
+                        "rstrip": False, "normalized": False, "special": types[i] == CONTROL})
     return out
 
 
-def _spm_merges(tokens: list[str], scores: list[float]) -> list[list[str]]:
+def _spm_merges(tokens: list[str], scores: list[float]) -> list[tuple[str, str]]:
     """Merges implied by a vocabulary: every split of a token into two tokens, ordered by
-    the token's score (best first), then by the pieces' ids."""
+    the token's score (best first), then by the pieces' ids. The cuts are found in C where
+    the kernels build (Gemma 3's 262,144 tokens: 1.7 s in Python), else here."""
+    from npu.engine.convert import spm_pairs
+
+    pairs = spm_pairs(tokens)
+    if pairs is not None:
+        token, left, right = pairs
+        order = _merge_order(np.asarray(scores, dtype=np.float64), token, left, right)
+        return list(zip(map(tokens.__getitem__, left[order].tolist()),
+                        map(tokens.__getitem__, right[order].tolist())))
     ids = {t: i for i, t in enumerate(tokens)}
     merges = []
     for tok, score in zip(tokens, scores):
@@ -72,16 +85,30 @@ def _spm_merges(tokens: list[str], scores: list[float]) -> list[list[str]]:
             if left in ids and right in ids:
                 merges.append((-score, ids[left], ids[right], left, right))
     merges.sort()
-    return [[m[3], m[4]] for m in merges]
+    return [(m[3], m[4]) for m in merges]
 
 
-def _merges(merges: list[str]) -> list[str] | list[list[str]]:
+def _merge_order(scores: np.ndarray, token: np.ndarray, left: np.ndarray,
+                 right: np.ndarray) -> np.ndarray:
+    """The order of the cuts (token, left, right) by the token's score, best first, then
+    the pieces' ids: one int64 key (the score's rank among the distinct scores, then the
+    ids) where they fit in 63 bits, else three sort keys (Gemma 3: 40 ms against 180)."""
+    values, rank = np.unique(-scores, return_inverse=True)
+    bits = max(int(len(scores) - 1).bit_length(), 1)
+    if len(values).bit_length() + 2 * bits <= 63 and not np.isnan(values).any():
+        key = ((rank[token].astype(np.int64) << (2 * bits)) | (left.astype(np.int64) << bits)
+               | right.astype(np.int64))
+        return np.argsort(key, kind="stable")
+    return np.lexsort((right, left, -scores[token]))
+
+
+def _merges(merges: list[str]) -> list[str] | list[tuple[str, str]]:
     """GGUF's merges ("left right") as tokenizer.json takes them: as they are where each has
     one space (`tokenizers` splits them there itself, faster), else split at the first."""
     if (" ".join(merges).count(" ") == 2 * len(merges) - 1
             and all(map(operator.contains, merges, repeat(" ")))):
         return merges
-    return [m.split(" ", 1) for m in merges]
+    return [tuple(m.split(" ", 1)) for m in merges]
 
 
 def tokenizer_json(meta: dict[str, Any], path: str = "the GGUF file") -> dict[str, Any]:
@@ -136,7 +163,7 @@ def tokenizer_json(meta: dict[str, Any], path: str = "the GGUF file") -> dict[st
                           "unk_token": tokens[unk] if unk is not None else None,
                           "continuing_subword_prefix": None, "end_of_word_suffix": None,
                           "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
-                          "vocab": {t: i for i, t in enumerate(tokens)}, "merges": merges}}
+                          "vocab": dict(zip(tokens, range(len(tokens)))), "merges": merges}}
     if model == "bert":
         return _wordpiece(meta, tokens, types, path)
     raise ModelError(f"{path}: tokenizer model {model!r} is not supported (supported: gpt2, "
