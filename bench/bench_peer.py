@@ -16,7 +16,8 @@ a matrix product, the output head included as one), and our decode's weight byte
 second against this machine's memory read bandwidth (a float32 matrix-vector product over
 1 GiB, measured in the same run).
 
-Files: the default SmolLM2-135M-Instruct (Q4_1), and random-weight Qwen3-0.6B- and
+Files: the default SmolLM2-135M-Instruct (Q4_1); gemma3-270m (the real Gemma 3 270M
+Q4_K_M file from PyPI, bench/bench_load.py's) or a .gguf path; and random-weight Qwen3-0.6B- and
 Llama-3.1-8B-shaped files in Q4_0, Q8_0 and llama.cpp's Q4_K_M mix, and a 0.6B one in its
 Q5_K_M mix (bench/gguf_shapes.py writes them once into the cache directory; the 8B ones
 are 4.2, 8.5 and 4.9 GB).
@@ -59,6 +60,10 @@ def model_path(name: str) -> Path:
         from npu.load.loader import default_model_path
 
         return default_model_path()
+    if name == "gemma3-270m" or name.endswith(".gguf"):  # the real Gemma 3 file, a path
+        from bench_load import model_path as load_path
+
+        return load_path(name)
     from gguf_shapes import shaped_gguf
 
     shape, qtype = name.rsplit("-", 1)
@@ -387,7 +392,8 @@ def main() -> None:
     if args.quick:
         args.prompt, args.steps, args.prefill, args.rounds = 16, 4, "32,64", 1
     names = args.files or (["smollm2"] if args.quick else list(FILES))
-    unknown = [n for n in names if n not in FILES and not _shaped(n)]
+    unknown = [n for n in names if n not in FILES and not _shaped(n)
+               and n != "gemma3-270m" and not n.endswith(".gguf")]
     if unknown:
         ap.error(f"unknown files {unknown}; known: {', '.join(FILES)}, or any shape of "
                  "bench/gguf_shapes.py with one of its formats (e.g. llama-8b-Q5_K_M)")

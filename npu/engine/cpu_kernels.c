@@ -1310,6 +1310,35 @@ void fk_swiglu(const float *GU, int64_t T, int64_t I, float *OUT) {
     }
 }
 
+/* OUT[t] = gelu_tanh(gate) * up for GU[t] = [gate | up] (Gemma's GeGLU): gelu_tanh(x) =
+ * 0.5 x (1 + tanh(u)), u = sqrt(2 / pi) (x + 0.044715 x^3), computed as x / (1 + exp(-2u))
+ * (the same function: 0.5 (1 + tanh u) = 1 / (1 + exp(-2u))), 8 lanes at a time as
+ * fk_swiglu, the rest with expf; an element's arithmetic depends only on its place. */
+void fk_geglu(const float *GU, int64_t T, int64_t I, float *OUT) {
+    const float c2 = 1.5957691216057308f, k = 0.044715f; /* 2 sqrt(2 / pi) */
+    for (int64_t t = 0; t < T; t++) {
+        const float *g = GU + t * 2 * I, *u = g + I;
+        float *o = OUT + t * I;
+        int64_t i = 0;
+#ifdef __AVX2__
+        const __m256 one = _mm256_set1_ps(1.0f), nc2 = _mm256_set1_ps(-c2),
+                     vk = _mm256_set1_ps(k);
+        for (; i + 8 <= I; i += 8) {
+            const __m256 x = _mm256_loadu_ps(g + i);
+            const __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+            const __m256 arg = _mm256_mul_ps(_mm256_add_ps(x, _mm256_mul_ps(vk, x3)), nc2);
+            const __m256 den = _mm256_add_ps(one, exp8(arg));
+            _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_div_ps(x, den),
+                                                  _mm256_loadu_ps(u + i)));
+        }
+#endif
+        for (; i < I; i++) {
+            const float x = g[i], x3 = x * x * x;
+            o[i] = x / (1.0f + expf((x + k * x3) * -c2)) * u[i];
+        }
+    }
+}
+
 /* -- blocked (flash-style) prompt attention ------------------------------------------------
  * The queries of a prompt piece against the cache, a block of FQ rows (each with all the
  * query heads of one key head) per task: each cached key and value is read and converted
@@ -2011,7 +2040,8 @@ int fk_attend(const float *Q, int64_t q_stride, int64_t B, int64_t nq, int64_t n
  * SwiGLU; down; residual), each phase the same arithmetic as the kernels called one by one
  * (fk_rms_norm, fk_matmul / fk_matmul_packed, fk_qk_rope, fk_kv_write, fk_attend for decode
  * and fk_attend_prompt for prompts), so its outputs are theirs bit for bit. Integer formats
- * only (the weights' products on 8-bit activations), SwiGLU layers without post-norms. */
+ * only (the weights' products on 8-bit activations), SwiGLU or GeGLU layers, with or without
+ * norms of the attention's and the MLP's outputs (Gemma 3). */
 typedef struct {
     int32_t type, packed; /* packed: in fk_pack_many's layout */
     const uint8_t *w;
@@ -2025,6 +2055,7 @@ typedef struct {
 
 typedef struct {
     const float *norm_in, *norm_ff, *q_norm, *k_norm, *bqkv, *bo, *sinks; /* NULL: none */
+    const float *norm_post_attn, *norm_post_ff; /* Gemma's norms of the two outputs, or NULL */
     int64_t window, rope;                                                 /* rope: its table */
     FkLin qkv, o, gu, down;
 } FkLayer;
@@ -2032,7 +2063,7 @@ typedef struct {
 typedef struct {
     int64_t hidden, nq, nkv, hd, inter, bs;
     float eps, scale;
-    int32_t half, unused;
+    int32_t half, act; /* act: 0 SwiGLU, 1 GeGLU (gelu_tanh) */
     const float *final_norm; /* NULL, or the last layer's rows normed by it (in place) */
 } FkModel;
 
@@ -2184,7 +2215,12 @@ static void layer_mlp(const FkStep *S, const FkLayer *L, const FkLayer *next, Fk
     act_as(a, &L->gu, S->Tp);
     for (int64_t t = me->t0; t < me->t1; t++) {
         float *x = X + t * H, *y = big + t * H;
-        if (L->bo)
+        if (L->norm_post_attn) { /* x + norm(o + bo), as the Python path */
+            if (L->bo)
+                for (int64_t i = 0; i < H; i++) y[i] = y[i] + L->bo[i];
+            fk_rms_norm(y, L->norm_post_attn, 1, H, m->eps, y);
+            for (int64_t i = 0; i < H; i++) x[i] = x[i] + y[i];
+        } else if (L->bo)
             for (int64_t i = 0; i < H; i++) x[i] = x[i] + (y[i] + L->bo[i]);
         else
             for (int64_t i = 0; i < H; i++) x[i] = x[i] + y[i];
@@ -2197,7 +2233,10 @@ static void layer_mlp(const FkStep *S, const FkLayer *L, const FkLayer *next, Fk
     timer(S->timing, 0, &me->mark);
     act_as(a, &L->down, S->Tp);
     for (int64_t t = me->t0; t < me->t1; t++) {
-        fk_swiglu(big + t * 2 * I, 1, I, h + t * I);
+        if (m->act)
+            fk_geglu(big + t * 2 * I, 1, I, h + t * I);
+        else
+            fk_swiglu(big + t * 2 * I, 1, I, h + t * I);
         quantize_range(h, t, t + 1, I, a);
     }
 #pragma omp barrier
@@ -2207,6 +2246,7 @@ static void layer_mlp(const FkStep *S, const FkLayer *L, const FkLayer *next, Fk
     if (next) act_as(a, &next->qkv, S->Tp);
     for (int64_t t = me->t0; t < me->t1; t++) {
         float *x = X + t * H, *y = big + t * H;
+        if (L->norm_post_ff) fk_rms_norm(y, L->norm_post_ff, 1, H, m->eps, y);
         for (int64_t i = 0; i < H; i++) x[i] = x[i] + y[i];
         if (next) {
             fk_rms_norm(x, next->norm_in, 1, H, m->eps, h + t * H);

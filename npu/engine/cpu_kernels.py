@@ -128,6 +128,8 @@ def load(path: Path) -> ctypes.CDLL:
                                ctypes.c_float, _F32P, _F32P]
     lib.fk_swiglu.restype = None
     lib.fk_swiglu.argtypes = [_F32P, _I64, _I64, _F32P]
+    lib.fk_geglu.restype = None
+    lib.fk_geglu.argtypes = [_F32P, _I64, _I64, _F32P]
     lib.fk_kv_write.restype = None
     lib.fk_kv_write.argtypes = [_F32P, _I64, _I64, _I64, _I64, _I64, _F32P, _F32P, _I64,
                                 _I64P, _I64, _I64P, ctypes.c_int]

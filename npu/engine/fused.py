@@ -4,8 +4,8 @@ next at a barrier, instead of ~4 ctypes calls and OpenMP regions per layer.
 
 `FusedLayers.of(engine)` describes the engine's layers to the kernels once (weights' and
 norms' addresses, shapes), or is None where the call does not apply: no kernels, a matrix
-not in an integer format (float checkpoints keep BLAS), convolution or expert layers,
-norms after attention or the MLP (Gemma 3), an activation other than SiLU. Its result is the
+not in an integer format (float checkpoints keep BLAS), convolution or expert layers, an
+activation other than SiLU or Gemma's tanh GELU. Its result is the
 per-call kernels' bit for bit (the same arithmetic in the same order), so the Python path
 stays the reference: `engine.fused = None` takes it.
 """
@@ -27,6 +27,7 @@ _I32, _I64, _P, _F = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p, ctypes.c_f
 MAX_PARTS = 3
 MAX_PIECES = 64  # prompt pieces in one call (more: the Python path)
 ROPE_ROWS = 1024  # positions a rope's cos/sin table holds at first
+ACTS = {"silu": 0, "gelu_tanh": 1}  # the gated activations fk_forward computes
 
 
 class FkPart(ctypes.Structure):
@@ -39,13 +40,14 @@ class FkLin(ctypes.Structure):
 
 class FkLayer(ctypes.Structure):
     _fields_ = [(n, _P) for n in ("norm_in", "norm_ff", "q_norm", "k_norm", "bqkv", "bo",
-                                  "sinks")] + [("window", _I64), ("rope", _I64), ("qkv", FkLin),
+                                  "sinks", "norm_post_attn", "norm_post_ff")] + [
+        ("window", _I64), ("rope", _I64), ("qkv", FkLin),
                                                ("o", FkLin), ("gu", FkLin), ("down", FkLin)]
 
 
 class FkModel(ctypes.Structure):
     _fields_ = [("hidden", _I64), ("nq", _I64), ("nkv", _I64), ("hd", _I64), ("inter", _I64),
-                ("bs", _I64), ("eps", _F), ("scale", _F), ("half", _I32), ("unused", _I32),
+                ("bs", _I64), ("eps", _F), ("scale", _F), ("half", _I32), ("act", _I32),
                 ("final_norm", _P)]
 
 
@@ -97,14 +99,13 @@ class FusedLayers:
         lib = getattr(ops, "_lib", None)
         if not isinstance(ops, KernelOps) or lib is None or not hasattr(lib, "fk_forward"):
             return None
-        if engine.activation != "silu" or c.num_heads % c.num_kv_heads:
+        if engine.activation not in ACTS or c.num_heads % c.num_kv_heads:
             return None
         held, ropes, rope_index = [], [], {}
         layers = (FkLayer * len(engine.layers))()
         qkv_cols = c.hidden_size
         for i, L in enumerate(engine.layers):
-            if (L.kind == "conv" or L.router_w is not None or L.norm_post_attn is not None
-                    or L.norm_post_ff is not None or L.wqkv is None):
+            if L.kind == "conv" or L.router_w is not None or L.wqkv is None:
                 return None
             lins = [_lin(L.wqkv, qkv_cols), _lin(L.wo, c.num_heads * c.head_dim),
                     _lin(L.w_gate_up, c.hidden_size), _lin(L.w_down, c.intermediate_size)]
@@ -118,7 +119,8 @@ class FusedLayers:
             if key not in rope_index:
                 rope_index[key] = len(ropes)
                 ropes.append((L.inv_freq, L.rope_scale))
-            vecs = [L.norm_in, L.norm_pre_ff, L.q_norm, L.k_norm, L.bqkv, L.bo, L.sinks]
+            vecs = [L.norm_in, L.norm_pre_ff, L.q_norm, L.k_norm, L.bqkv, L.bo, L.sinks,
+                    L.norm_post_attn, L.norm_post_ff]
             vecs = [None if v is None else np.ascontiguousarray(v, dtype=np.float32)
                     for v in vecs]
             held += [v for v in vecs if v is not None]
@@ -128,6 +130,7 @@ class FusedLayers:
         model = FkModel(hidden=c.hidden_size, nq=c.num_heads, nkv=c.num_kv_heads,
                         hd=c.head_dim, inter=c.intermediate_size, bs=BLOCK, eps=c.rms_eps,
                         scale=float(engine.scale), half=int(ops.kv_dtype == np.float16),
+                        act=ACTS[engine.activation],
                         final_norm=final.ctypes.data)
         fused = cls(engine, lib, layers, model, ropes)
         fused._held = held

@@ -225,11 +225,12 @@ class KernelOps(NumpyOps):
         return qkv
 
     def gated(self, gu: np.ndarray, activation: str) -> np.ndarray:
-        if activation != "silu":
+        kernel = {"silu": self._lib.fk_swiglu, "gelu_tanh": self._lib.fk_geglu}.get(activation)
+        if kernel is None:
             return super().gated(gu, activation)
         gu = np.ascontiguousarray(gu, dtype=np.float32)
         out = np.empty((len(gu), gu.shape[1] // 2), dtype=np.float32)
-        self._lib.fk_swiglu(gu.ctypes.data, len(gu), out.shape[1], out.ctypes.data)
+        kernel(gu.ctypes.data, len(gu), out.shape[1], out.ctypes.data)
         return out
 
     @staticmethod
