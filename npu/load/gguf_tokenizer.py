@@ -74,7 +74,11 @@ def _spm_merges(tokens: list[str], scores: list[float]) -> list[tuple[str, str]]
     pairs = spm_pairs(tokens)
     if pairs is not None:
         token, left, right = pairs
-        order = _merge_order(np.asarray(scores, dtype=np.float64), token, left, right)
+        if len(scores) < len(tokens):  # as the loop: only tokens with a score are merged
+            keep = token < len(scores)
+            token, left, right = token[keep], left[keep], right[keep]
+        order = _merge_order(np.asarray(scores, dtype=np.float64), token, left, right,
+                             len(tokens))
         return list(zip(map(tokens.__getitem__, left[order].tolist()),
                         map(tokens.__getitem__, right[order].tolist())))
     ids = {t: i for i, t in enumerate(tokens)}
@@ -89,12 +93,12 @@ def _spm_merges(tokens: list[str], scores: list[float]) -> list[tuple[str, str]]
 
 
 def _merge_order(scores: np.ndarray, token: np.ndarray, left: np.ndarray,
-                 right: np.ndarray) -> np.ndarray:
+                 right: np.ndarray, n_tokens: int) -> np.ndarray:
     """The order of the cuts (token, left, right) by the token's score, best first, then
     the pieces' ids: one int64 key (the score's rank among the distinct scores, then the
     ids) where they fit in 63 bits, else three sort keys (Gemma 3: 40 ms against 180)."""
     values, rank = np.unique(-scores, return_inverse=True)
-    bits = max(int(len(scores) - 1).bit_length(), 1)
+    bits = max(int(n_tokens - 1).bit_length(), 1)
     if len(values).bit_length() + 2 * bits <= 63 and not np.isnan(values).any():
         key = ((rank[token].astype(np.int64) << (2 * bits)) | (left.astype(np.int64) << bits)
                | right.astype(np.int64))

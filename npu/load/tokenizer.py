@@ -58,8 +58,10 @@ def _from_document(doc: dict):
     # the added tokens' own entries kept: where a text is both an added token and in the
     # vocabulary under another id (Gemma 3's "\t"), `tokenizers` takes the model's id
     vocab = model["vocab"]
-    own = {a["content"]: vocab[a["content"]] for a in doc.get("added_tokens") or ()
-           if a.get("content") in vocab}
+    added = doc.get("added_tokens") or ()
+    if not all(a.get("content") in vocab for a in added):  # ids the shell would not give
+        return HFTokenizer.from_str(msgspec.json.encode(doc).decode())
+    own = {a["content"]: vocab[a["content"]] for a in added}
     shell = {**doc, "model": {**model, "vocab": own, "merges": []}}
     tok = HFTokenizer.from_str(msgspec.json.encode(shell).decode())
     options = {k: model[k] for k in ("dropout", "unk_token", "continuing_subword_prefix",

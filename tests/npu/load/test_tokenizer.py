@@ -99,10 +99,12 @@ def test_sentencepiece_merges_found_in_c_are_the_python_loops(monkeypatch) -> No
     pairs = convert.spm_pairs(SPM_TOKENS)
     assert pairs is not None and len(pairs[0]) > 10
     fast = gguf_tokenizer._spm_merges(SPM_TOKENS, SPM_SCORES)
+    short = gguf_tokenizer._spm_merges(SPM_TOKENS, SPM_SCORES[:20])  # a file short of scores
     with_nul = [*SPM_TOKENS, "a\0b"]
     assert convert.spm_pairs(with_nul) is None
     monkeypatch.setattr(convert, "spm_pairs", lambda tokens: None)
     assert fast == gguf_tokenizer._spm_merges(SPM_TOKENS, SPM_SCORES)
+    assert short == gguf_tokenizer._spm_merges(SPM_TOKENS, SPM_SCORES[:20]) != fast
     assert ("a", "b") in fast and ("é", "日本") in fast and ("\u2581", "abc") in fast
     # best score first ("bc" -4.0 before "abc" -5.0), ties by the pieces' ids; "ab" twice
     assert fast.index(("b", "c")) < fast.index(("ab", "c")) < fast.index(("\u2581", "ab"))
@@ -125,3 +127,9 @@ def test_a_sentencepiece_tokenizer_built_from_objects_is_the_json_one() -> None:
     for text in SPM_TEXTS:
         assert ours.encode(text) == ref.encode(text, add_special_tokens=False).ids, text
     assert ours.encode("\t") == [21]  # the added token, not the piece's id 4
+    # an added token outside the vocabulary keeps its own id (the document read whole)
+    doc["added_tokens"].append({**doc["added_tokens"][-1], "id": 26, "content": "<new>"})
+    ours = Tokenizer(doc)
+    ref = HFTokenizer.from_str(msgspec.json.encode(doc).decode())
+    assert ours._tok.to_str() == ref.to_str()
+    assert ours.encode("a<new>b") == ref.encode("a<new>b", add_special_tokens=False).ids
