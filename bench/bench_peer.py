@@ -205,10 +205,14 @@ class Ours:
         return rate
 
     def prefill_one(self, n: str) -> float:
-        """`prefill` on one thread (the threads set back after): the scaling's baseline."""
+        """`prefill` on one thread, the kernels' and BLAS's (set back after): the
+        scaling's baseline."""
+        from threadpoolctl import threadpool_limits
+
         self.eng.set_threads(1)
         try:
-            return self.prefill(n)
+            with threadpool_limits(1):
+                return self.prefill(n)
         finally:
             self.eng.set_threads(self.args.threads)
 
