@@ -120,6 +120,28 @@ def test_sampling_follows_the_distribution() -> None:
     assert {s.sample(np.log(probs + 1e-30)) for _ in range(300)} == {0, 1}
 
 
+def test_a_large_vocabulary_draws_in_proportion_and_never_a_zero_weight() -> None:
+    """Past 16,384 tokens the draw finds its place block by block: the frequencies are the
+    distribution's (a chi-square test: 12 likely tokens spread over blocks, the rest of a
+    20,000-token vocabulary sharing the remaining mass), masked and min-p'd tokens (weight
+    0) never come, whatever the draw, and the first and last tokens can."""
+    V = 20_000
+    likely = np.array([0, 5, 1023, 1024, 2047, 4000, 4096, 5000, 8191, 8192, 19998, 19999])
+    logits = np.full(V, -30.0, np.float32)
+    logits[likely] = np.log(np.arange(1, 13, dtype=np.float32))
+    s = Sampler(SamplingParams(seed=3), V)
+    n = 6000
+    draws = np.bincount([s.sample(logits) for _ in range(n)], minlength=V)
+    assert draws.sum() - draws[likely].sum() <= 2  # 1e-12 of the mass elsewhere
+    want = np.arange(1, 13) / 78.0 * draws[likely].sum()
+    assert np.sum((draws[likely] - want) ** 2 / want) < 31.26  # chi-square, 11 dof, p 0.001
+    allowed = likely[::2]
+    s = Sampler(SamplingParams(seed=4, min_p=1e-6), V)
+    mask = _mask(allowed.tolist(), V)
+    got = {s.sample(logits, mask) for _ in range(2000)}
+    assert got == set(allowed.tolist())
+
+
 OPTIONS = [dict(temperature=0.7, top_p=0.9), dict(temperature=0.7, top_p=0.9),
            dict(temperature=1.0), dict(temperature=1.3, top_p=0.5), dict(temperature=0.0),
            dict(temperature=0.7, top_p=0.9, repetition_penalty=1.3), dict(top_k=5),
@@ -130,7 +152,7 @@ OPTIONS = [dict(temperature=0.7, top_p=0.9), dict(temperature=0.7, top_p=0.9),
 MASKED = {2, 6, 6 + len(OPTIONS), 8, 3, 3 + len(OPTIONS)}
 
 
-@pytest.mark.parametrize("vocab", [50, 300, 2000])
+@pytest.mark.parametrize("vocab", [50, 300, 2000, 20000])
 def test_batched_sampling_draws_what_one_row_at_a_time_draws(vocab: int) -> None:
     from npu.sampler import sample_rows
 
