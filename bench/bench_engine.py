@@ -9,6 +9,7 @@ this vocabulary and at a small one.
 
     python bench/bench_engine.py            # Qwen3-0.6B shapes (about 3 GB of fp32 weights)
     python bench/bench_engine.py --quick    # a small model, to check the script works
+    python bench/bench_engine.py --sampling-only   # the sampler alone, 49k / 152k / 262k
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from npu import NumpyEngine, config_from_json  # noqa: E402
 from npu.sampler import Sampler, SamplingParams, sample_rows  # noqa: E402
 
-SAMPLING = {"plain": {"temperature": 0.7, "top_p": 0.9},
+SAMPLING = {"temperature 1": {"temperature": 1.0},  # the OpenAI API's default: no nucleus
+            "plain": {"temperature": 0.7, "top_p": 0.9},
             "top-k + penalty": {"temperature": 0.8, "top_k": 40, "top_p": 0.9,
                                 "repetition_penalty": 1.1}}
 
@@ -120,7 +122,13 @@ def sampling_ms(vocab: int, rows: int, options: dict, repeat: int) -> tuple[floa
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a small model (CI)")
+    ap.add_argument("--sampling-only", action="store_true",
+                    help="only the sampler's lines, over more vocabularies (SmolLM2's 49,152, "
+                         "Qwen3's 151,936, Gemma 3's 262,144)")
     args = ap.parse_args()
+    if args.sampling_only:
+        sampling_lines((49152, 151936, 262144), 5 if args.quick else 20)
+        return 0
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # the interpreter
     raw = QUICK if args.quick else QWEN3_06B
     steps = 8 if args.quick else 24
@@ -153,14 +161,18 @@ def main() -> int:
     print(f"prefill, 512 tokens:  {rate:7.1f} tok/s")
     print(f"peak memory above the interpreter {peak / 1e9:.2f} GB = "
           f"{peak / (weight_bytes + kv_bytes):.2f}x (fp32 weights + KV cache) (target <= 1.3)")
-    for vocab in (raw["vocab_size"], 1920):
+    sampling_lines((raw["vocab_size"], 1920), 5 if args.quick else 20)
+    return 0
+
+
+def sampling_lines(vocabs: tuple[int, ...], repeat: int) -> None:
+    for vocab in vocabs:
         for name, options in SAMPLING.items():
-            for rows in (8, 32):
-                batched, single = sampling_ms(vocab, rows, options, 5 if args.quick else 20)
+            for rows in (1, 8, 32):
+                batched, single = sampling_ms(vocab, rows, options, repeat)
                 print(f"sampling {rows:2d} rows, vocab {vocab:6d}, {name:15s}: batched "
                       f"{batched:6.2f} ms, one row at a time {single:6.2f} ms "
-                      f"({single / batched:.2f}x)")
-    return 0
+                      f"({single / batched:.2f}x)", flush=True)
 
 
 if __name__ == "__main__":
