@@ -87,6 +87,10 @@ class Worker:
         self.started = time.time()
         if self.model.generates:
             self.model.token_table  # noqa: B018  (built now, not on a request)
+            # the grammar engine too, beside the first requests: xgrammar's import (torch,
+            # transformers) is ~2.2 s, which the first request with tools or a schema paid
+            threading.Thread(target=self._warm_grammar, name="flm-grammar-warm",
+                             daemon=True).start()
         log.info("Chat format: %s%s", self.spec.kind.value,
                  " with reasoning" if self.spec.reasoning else "")
 
@@ -113,6 +117,12 @@ class Worker:
                                               on_compile=self._on_compile)
                 log.info("Grammar engine ready in %.0f ms", (time.perf_counter() - t0) * 1000)
             return self._grammar
+
+    def _warm_grammar(self) -> None:
+        try:
+            self.grammar_engine()
+        except Exception as exc:  # the first request that needs it raises it again, as its own
+            log.warning("Grammar engine not built ahead: %s", exc)
 
     def _on_compile(self, cached: bool, seconds: float) -> None:
         name = self.model.name

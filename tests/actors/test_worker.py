@@ -53,6 +53,23 @@ async def _complete(worker: Worker, **kw) -> list:
     return [ev async for batch in worker.generate(req) for ev in batch]
 
 
+def test_the_grammar_engine_is_built_ahead_of_the_first_request(tmp_path) -> None:
+    """A chat model's worker builds its grammar engine (xgrammar's ~2 s import) on a thread
+    of its own as it starts: the first request with tools or a schema does not wait on it."""
+    import threading
+
+    folder = ensure_tiny(tmp_path)
+    w = Worker(lambda: load_model(folder, name="flm-tiny"), max_batch=2)
+    try:
+        warm = [t for t in threading.enumerate() if t.name == "flm-grammar-warm"]
+        for t in warm:
+            t.join(60)
+        assert w._grammar is not None  # nothing asked for it
+        assert w.grammar_engine() is w._grammar
+    finally:
+        w.close()
+
+
 def test_events_come_in_order(worker) -> None:
     events = asyncio.run(_events(worker, max_tokens=5, seed=1))
     assert isinstance(events[0], Accepted) and isinstance(events[-1], Usage)
