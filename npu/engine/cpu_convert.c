@@ -400,13 +400,23 @@ static uint64_t fc_text_hash(const uint8_t *s, int64_t n) {
     return h;
 }
 
-static int32_t fc_text_find(const int32_t *slots, uint64_t mask, const uint8_t *joined,
+/* A slot: a token's id (-1: empty) and its hash's high half, compared before its text (a
+ * miss reads the slots alone, not the tokens' places and bytes). */
+typedef struct {
+    int32_t id;
+    uint32_t tag;
+} FcSlot;
+
+static int32_t fc_text_find(const FcSlot *slots, uint64_t mask, const uint8_t *joined,
                             const int64_t *start, const int64_t *len, const uint8_t *s,
-                            int64_t n) {
-    for (uint64_t at = fc_text_hash(s, n) & mask;; at = (at + 1) & mask) {
-        int32_t id = slots[at];
-        if (id < 0) return -1;
-        if (len[id] == n && memcmp(joined + start[id], s, (size_t)n) == 0) return id;
+                            int64_t n, uint64_t h) {
+    const uint32_t tag = (uint32_t)(h >> 32);
+    for (uint64_t at = h & mask;; at = (at + 1) & mask) {
+        const FcSlot slot = slots[at];
+        if (slot.id < 0) return -1;
+        if (slot.tag == tag && len[slot.id] == n &&
+            memcmp(joined + start[slot.id], s, (size_t)n) == 0)
+            return slot.id;
     }
 }
 
@@ -418,7 +428,7 @@ int64_t fc_spm_pairs(const uint8_t *joined, int64_t len_all, int64_t count,
     int64_t *len = malloc((size_t)count * sizeof *len);
     uint64_t size = 16;
     while (size < 2 * (uint64_t)count) size <<= 1;
-    int32_t *slots = malloc(size * sizeof *slots);
+    FcSlot *slots = malloc(size * sizeof *slots);
     if (!start || !len || !slots) {
         free(start); free(len); free(slots);
         return -1;
@@ -435,16 +445,17 @@ int64_t fc_spm_pairs(const uint8_t *joined, int64_t len_all, int64_t count,
             return -1;
         }
     }
-    memset(slots, 0xff, size * sizeof *slots);
+    for (uint64_t i = 0; i < size; i++) slots[i] = (FcSlot){-1, 0};
     uint64_t mask = size - 1;
     for (int64_t i = 0; i < count; i++) { /* a text's last id wins */
         const uint8_t *s = joined + start[i];
-        uint64_t h = fc_text_hash(s, len[i]) & mask;
-        for (;; h = (h + 1) & mask) {
-            int32_t id = slots[h];
-            if (id < 0 || (len[id] == len[i] && memcmp(joined + start[id], s,
-                                                       (size_t)len[i]) == 0)) {
-                slots[h] = (int32_t)i;
+        const uint64_t h = fc_text_hash(s, len[i]);
+        const uint32_t tag = (uint32_t)(h >> 32);
+        for (uint64_t a = h & mask;; a = (a + 1) & mask) {
+            const int32_t id = slots[a].id;
+            if (id < 0 || (slots[a].tag == tag && len[id] == len[i] &&
+                           memcmp(joined + start[id], s, (size_t)len[i]) == 0)) {
+                slots[a] = (FcSlot){(int32_t)i, tag};
                 break;
             }
         }
@@ -452,12 +463,15 @@ int64_t fc_spm_pairs(const uint8_t *joined, int64_t len_all, int64_t count,
     int64_t w = 0;
     for (int64_t i = 0; i < count; i++) {
         const uint8_t *s = joined + start[i];
-        int64_t n = len[i];
+        const int64_t n = len[i];
+        uint64_t left_hash = 1469598103934665603ull; /* FNV-1a of s[0 .. cut), as it grows */
         for (int64_t cut = 1; cut < n; cut++) {
+            left_hash = (left_hash ^ s[cut - 1]) * 1099511628211ull;
             if ((s[cut] & 0xc0) == 0x80) continue; /* inside a character */
-            int32_t left = fc_text_find(slots, mask, joined, start, len, s, cut);
+            const int32_t left = fc_text_find(slots, mask, joined, start, len, s, cut, left_hash);
             if (left < 0) continue;
-            int32_t right = fc_text_find(slots, mask, joined, start, len, s + cut, n - cut);
+            const int32_t right = fc_text_find(slots, mask, joined, start, len, s + cut, n - cut,
+                                               fc_text_hash(s + cut, n - cut));
             if (right < 0) continue;
             if (w >= cap) {
                 free(start); free(len); free(slots);
