@@ -61,7 +61,7 @@ def model_path(name: str) -> Path:
         from npu.load.loader import default_model_path
 
         return default_model_path()
-    if name == "gemma3-270m" or name.endswith(".gguf"):  # the real Gemma 3 file, a path
+    if _real(name):
         from bench_load import model_path as load_path
 
         return load_path(name)
@@ -69,6 +69,11 @@ def model_path(name: str) -> Path:
 
     shape, qtype = name.rsplit("-", 1)
     return shaped_gguf(shape, qtype)
+
+
+def _real(name: str) -> bool:
+    """Whether `name` is a real file: the Gemma 3 file of bench/bench_load.py, or a path."""
+    return name == "gemma3-270m" or name.endswith(".gguf")
 
 
 def _shaped(name: str) -> bool:
@@ -414,8 +419,7 @@ def main() -> None:
     if args.quick:
         args.prompt, args.steps, args.prefill, args.rounds = 16, 4, "32,64", 1
     names = args.files or (["smollm2"] if args.quick else list(FILES))
-    unknown = [n for n in names if n not in FILES and not _shaped(n)
-               and n != "gemma3-270m" and not n.endswith(".gguf")]
+    unknown = [n for n in names if n not in FILES and not _shaped(n) and not _real(n)]
     if unknown:
         ap.error(f"unknown files {unknown}; known: {', '.join(FILES)}, or any shape of "
                  "bench/gguf_shapes.py with one of its formats (e.g. llama-8b-Q5_K_M)")

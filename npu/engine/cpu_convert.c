@@ -407,16 +407,17 @@ typedef struct {
     uint32_t tag;
 } FcSlot;
 
-static int32_t fc_text_find(const FcSlot *slots, uint64_t mask, const uint8_t *joined,
-                            const int64_t *start, const int64_t *len, const uint8_t *s,
-                            int64_t n, uint64_t h) {
+/* The slot of the text s[0 .. n) (hash h): the one holding it, else the empty one where it
+ * would go (the table is never full). */
+static uint64_t fc_slot_of(const FcSlot *slots, uint64_t mask, const uint8_t *joined,
+                           const int64_t *start, const int64_t *len, const uint8_t *s,
+                           int64_t n, uint64_t h) {
     const uint32_t tag = (uint32_t)(h >> 32);
     for (uint64_t at = h & mask;; at = (at + 1) & mask) {
         const FcSlot slot = slots[at];
-        if (slot.id < 0) return -1;
-        if (slot.tag == tag && len[slot.id] == n &&
-            memcmp(joined + start[slot.id], s, (size_t)n) == 0)
-            return slot.id;
+        if (slot.id < 0 || (slot.tag == tag && len[slot.id] == n &&
+                            memcmp(joined + start[slot.id], s, (size_t)n) == 0))
+            return at;
     }
 }
 
@@ -450,15 +451,8 @@ int64_t fc_spm_pairs(const uint8_t *joined, int64_t len_all, int64_t count,
     for (int64_t i = 0; i < count; i++) { /* a text's last id wins */
         const uint8_t *s = joined + start[i];
         const uint64_t h = fc_text_hash(s, len[i]);
-        const uint32_t tag = (uint32_t)(h >> 32);
-        for (uint64_t a = h & mask;; a = (a + 1) & mask) {
-            const int32_t id = slots[a].id;
-            if (id < 0 || (slots[a].tag == tag && len[id] == len[i] &&
-                           memcmp(joined + start[id], s, (size_t)len[i]) == 0)) {
-                slots[a] = (FcSlot){(int32_t)i, tag};
-                break;
-            }
-        }
+        slots[fc_slot_of(slots, mask, joined, start, len, s, len[i], h)] =
+            (FcSlot){(int32_t)i, (uint32_t)(h >> 32)};
     }
     int64_t w = 0;
     for (int64_t i = 0; i < count; i++) {
@@ -468,10 +462,11 @@ int64_t fc_spm_pairs(const uint8_t *joined, int64_t len_all, int64_t count,
         for (int64_t cut = 1; cut < n; cut++) {
             left_hash = (left_hash ^ s[cut - 1]) * 1099511628211ull;
             if ((s[cut] & 0xc0) == 0x80) continue; /* inside a character */
-            const int32_t left = fc_text_find(slots, mask, joined, start, len, s, cut, left_hash);
+            const int32_t left =
+                slots[fc_slot_of(slots, mask, joined, start, len, s, cut, left_hash)].id;
             if (left < 0) continue;
-            const int32_t right = fc_text_find(slots, mask, joined, start, len, s + cut, n - cut,
-                                               fc_text_hash(s + cut, n - cut));
+            const int32_t right = slots[fc_slot_of(slots, mask, joined, start, len, s + cut,
+                                                   n - cut, fc_text_hash(s + cut, n - cut))].id;
             if (right < 0) continue;
             if (w >= cap) {
                 free(start); free(len); free(slots);

@@ -1290,51 +1290,37 @@ void fk_qk_rope(float *QKV, int64_t stride, int64_t T, int64_t nq, int64_t nkv, 
     }
 }
 
-/* OUT[t] = silu(gate) * up for GU[t] = [gate | up]: 8 lanes at a time, the rest (a row's
- * last I % 8) with expf; an element's arithmetic depends only on its place in the row. */
-void fk_swiglu(const float *GU, int64_t T, int64_t I, float *OUT) {
-    for (int64_t t = 0; t < T; t++) {
-        const float *g = GU + t * 2 * I, *u = g + I;
-        float *o = OUT + t * I;
-        int64_t i = 0;
-#ifdef __AVX2__
-        const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
-        for (; i + 8 <= I; i += 8) {
-            const __m256 x = _mm256_loadu_ps(g + i);
-            const __m256 den = _mm256_add_ps(one, exp8(_mm256_xor_ps(x, sign)));
-            _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_div_ps(x, den),
-                                                  _mm256_loadu_ps(u + i)));
-        }
-#endif
-        for (; i < I; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
-    }
-}
-
-/* OUT[t] = gelu_tanh(gate) * up for GU[t] = [gate | up] (Gemma's GeGLU): gelu_tanh(x) =
- * 0.5 x (1 + tanh(u)), u = sqrt(2 / pi) (x + 0.044715 x^3), computed as x / (1 + exp(-2u))
- * (the same function: 0.5 (1 + tanh u) = 1 / (1 + exp(-2u))), 8 lanes at a time as
- * fk_swiglu, the rest with expf; an element's arithmetic depends only on its place. */
-void fk_geglu(const float *GU, int64_t T, int64_t I, float *OUT) {
+/* OUT[t] = act(gate) * up for GU[t] = [gate | up], act 0: SiLU, x / (1 + exp(-x)); act 1:
+ * Gemma's tanh GELU, 0.5 x (1 + tanh(u)) with u = sqrt(2 / pi) (x + 0.044715 x^3), computed
+ * as x / (1 + exp(-2u)) (the same function: 0.5 (1 + tanh u) = 1 / (1 + exp(-2u))). 8 lanes
+ * at a time, the rest (a row's last I % 8) with expf; an element's arithmetic depends only
+ * on its place in the row. */
+void fk_gated(const float *GU, int64_t T, int64_t I, float *OUT, int act) {
     const float c2 = 1.5957691216057308f, k = 0.044715f; /* 2 sqrt(2 / pi) */
     for (int64_t t = 0; t < T; t++) {
         const float *g = GU + t * 2 * I, *u = g + I;
         float *o = OUT + t * I;
         int64_t i = 0;
 #ifdef __AVX2__
-        const __m256 one = _mm256_set1_ps(1.0f), nc2 = _mm256_set1_ps(-c2),
-                     vk = _mm256_set1_ps(k);
+        const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f),
+                     nc2 = _mm256_set1_ps(-c2), vk = _mm256_set1_ps(k);
         for (; i + 8 <= I; i += 8) {
             const __m256 x = _mm256_loadu_ps(g + i);
-            const __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
-            const __m256 arg = _mm256_mul_ps(_mm256_add_ps(x, _mm256_mul_ps(vk, x3)), nc2);
+            __m256 arg; /* the exponent: -x, or -2u */
+            if (act) {
+                const __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+                arg = _mm256_mul_ps(_mm256_add_ps(x, _mm256_mul_ps(vk, x3)), nc2);
+            } else {
+                arg = _mm256_xor_ps(x, sign);
+            }
             const __m256 den = _mm256_add_ps(one, exp8(arg));
             _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_div_ps(x, den),
                                                   _mm256_loadu_ps(u + i)));
         }
 #endif
         for (; i < I; i++) {
-            const float x = g[i], x3 = x * x * x;
-            o[i] = x / (1.0f + expf((x + k * x3) * -c2)) * u[i];
+            const float x = g[i];
+            o[i] = x / (1.0f + expf(act ? (x + k * (x * x * x)) * -c2 : -x)) * u[i];
         }
     }
 }
@@ -2233,10 +2219,7 @@ static void layer_mlp(const FkStep *S, const FkLayer *L, const FkLayer *next, Fk
     timer(S->timing, 0, &me->mark);
     act_as(a, &L->down, S->Tp);
     for (int64_t t = me->t0; t < me->t1; t++) {
-        if (m->act)
-            fk_geglu(big + t * 2 * I, 1, I, h + t * I);
-        else
-            fk_swiglu(big + t * 2 * I, 1, I, h + t * I);
+        fk_gated(big + t * 2 * I, 1, I, h + t * I, m->act);
         quantize_range(h, t, t + 1, I, a);
     }
 #pragma omp barrier

@@ -126,10 +126,8 @@ def load(path: Path) -> ctypes.CDLL:
     lib.fk_qk_rope.restype = None
     lib.fk_qk_rope.argtypes = [_F32P, _I64, _I64, _I64, _I64, _I64, _F32P, _F32P,
                                ctypes.c_float, _F32P, _F32P]
-    lib.fk_swiglu.restype = None
-    lib.fk_swiglu.argtypes = [_F32P, _I64, _I64, _F32P]
-    lib.fk_geglu.restype = None
-    lib.fk_geglu.argtypes = [_F32P, _I64, _I64, _F32P]
+    lib.fk_gated.restype = None
+    lib.fk_gated.argtypes = [_F32P, _I64, _I64, _F32P, ctypes.c_int]
     lib.fk_kv_write.restype = None
     lib.fk_kv_write.argtypes = [_F32P, _I64, _I64, _I64, _I64, _I64, _F32P, _F32P, _I64,
                                 _I64P, _I64, _I64P, ctypes.c_int]

@@ -20,14 +20,13 @@ import numpy as np
 from npu.engine import rope as rope_mod
 from npu.engine.kv_cache import BLOCK
 from npu.engine.linear import CpuLinear, PackedMatrix, SplitLinear
-from npu.engine.ops import KernelOps
+from npu.engine.ops import GATED, KernelOps
 from npu.engine.quant import INTEGER
 
 _I32, _I64, _P, _F = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
 MAX_PARTS = 3
 MAX_PIECES = 64  # prompt pieces in one call (more: the Python path)
 ROPE_ROWS = 1024  # positions a rope's cos/sin table holds at first
-ACTS = {"silu": 0, "gelu_tanh": 1}  # the gated activations fk_forward computes
 
 
 class FkPart(ctypes.Structure):
@@ -41,8 +40,8 @@ class FkLin(ctypes.Structure):
 class FkLayer(ctypes.Structure):
     _fields_ = [(n, _P) for n in ("norm_in", "norm_ff", "q_norm", "k_norm", "bqkv", "bo",
                                   "sinks", "norm_post_attn", "norm_post_ff")] + [
-        ("window", _I64), ("rope", _I64), ("qkv", FkLin),
-                                               ("o", FkLin), ("gu", FkLin), ("down", FkLin)]
+        ("window", _I64), ("rope", _I64), ("qkv", FkLin), ("o", FkLin), ("gu", FkLin),
+        ("down", FkLin)]
 
 
 class FkModel(ctypes.Structure):
@@ -99,7 +98,7 @@ class FusedLayers:
         lib = getattr(ops, "_lib", None)
         if not isinstance(ops, KernelOps) or lib is None or not hasattr(lib, "fk_forward"):
             return None
-        if engine.activation not in ACTS or c.num_heads % c.num_kv_heads:
+        if engine.activation not in GATED or c.num_heads % c.num_kv_heads:
             return None
         held, ropes, rope_index = [], [], {}
         layers = (FkLayer * len(engine.layers))()
@@ -130,7 +129,7 @@ class FusedLayers:
         model = FkModel(hidden=c.hidden_size, nq=c.num_heads, nkv=c.num_kv_heads,
                         hd=c.head_dim, inter=c.intermediate_size, bs=BLOCK, eps=c.rms_eps,
                         scale=float(engine.scale), half=int(ops.kv_dtype == np.float16),
-                        act=ACTS[engine.activation],
+                        act=GATED[engine.activation],
                         final_norm=final.ctypes.data)
         fused = cls(engine, lib, layers, model, ropes)
         fused._held = held

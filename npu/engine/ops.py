@@ -50,6 +50,7 @@ def gelu(x: np.ndarray) -> np.ndarray:
 
 
 ACTIVATIONS = {"silu": silu, "gelu_tanh": gelu_tanh, "gelu": gelu}
+GATED = {"silu": 0, "gelu_tanh": 1}  # the activations cpu_kernels.c's fk_gated computes
 
 
 def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
@@ -225,12 +226,12 @@ class KernelOps(NumpyOps):
         return qkv
 
     def gated(self, gu: np.ndarray, activation: str) -> np.ndarray:
-        kernel = {"silu": self._lib.fk_swiglu, "gelu_tanh": self._lib.fk_geglu}.get(activation)
-        if kernel is None:
+        act = GATED.get(activation)
+        if act is None:
             return super().gated(gu, activation)
         gu = np.ascontiguousarray(gu, dtype=np.float32)
         out = np.empty((len(gu), gu.shape[1] // 2), dtype=np.float32)
-        kernel(gu.ctypes.data, len(gu), out.shape[1], out.ctypes.data)
+        self._lib.fk_gated(gu.ctypes.data, len(gu), out.shape[1], out.ctypes.data, act)
         return out
 
     @staticmethod

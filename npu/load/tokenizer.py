@@ -51,16 +51,15 @@ def _from_document(doc: dict):
     from tokenizers.models import BPE
 
     model = doc.get("model") or {}
-    merges = model.get("merges")
-    if (model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict)
-            or not merges or not all(isinstance(m, tuple) for m in merges)):
+    merges, vocab = model.get("merges"), model.get("vocab")
+    added = doc.get("added_tokens") or ()
+    # an added token outside the vocabulary: its id is one the shell would not give
+    if (model.get("type") != "BPE" or not isinstance(vocab, dict) or not merges
+            or not all(isinstance(m, tuple) for m in merges)
+            or not all(a.get("content") in vocab for a in added)):
         return HFTokenizer.from_str(msgspec.json.encode(doc).decode())
     # the added tokens' own entries kept: where a text is both an added token and in the
     # vocabulary under another id (Gemma 3's "\t"), `tokenizers` takes the model's id
-    vocab = model["vocab"]
-    added = doc.get("added_tokens") or ()
-    if not all(a.get("content") in vocab for a in added):  # ids the shell would not give
-        return HFTokenizer.from_str(msgspec.json.encode(doc).decode())
     own = {a["content"]: vocab[a["content"]] for a in added}
     shell = {**doc, "model": {**model, "vocab": own, "merges": []}}
     tok = HFTokenizer.from_str(msgspec.json.encode(shell).decode())
