@@ -46,10 +46,6 @@ def _lib() -> ctypes.CDLL | None:
     lib.fc_strings_joined.restype = ctypes.c_int64
     lib.fc_strings_joined.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.c_int64,
                                       ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
-    lib.fc_spm_pairs.restype = ctypes.c_int64
-    lib.fc_spm_pairs.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.c_int64,
-                                 ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                 ctypes.c_int64]
     return lib
 
 
@@ -128,26 +124,6 @@ def strings_joined(buf: bytes, at: int, count: int) -> tuple[bytes, int] | None:
     if end < 0:
         raise ValueError("the strings run past the bytes read")
     return out[: written.value].tobytes(), int(end)
-
-
-def spm_pairs(tokens: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """Every cut of a token into two tokens (cpu_convert.c's `fc_spm_pairs`): int32 arrays
-    of the token's id, the left part's and the right part's, in token then cut order (a text
-    several ids spell: the last); None without the kernels or where a token holds a NUL."""
-    lib = _lib()
-    if lib is None or not tokens:
-        return None
-    text = "\0".join(tokens)
-    if text.count("\0") != len(tokens) - 1:
-        return None
-    data = text.encode("utf-8")
-    cap = len(data)  # a cut per byte at most
-    out = np.empty((3, max(cap, 1)), dtype=np.int32)
-    n = lib.fc_spm_pairs(data, len(data), len(tokens), out[0].ctypes.data,
-                         out[1].ctypes.data, out[2].ctypes.data, cap)
-    if n < 0:
-        return None
-    return out[0, :n], out[1, :n], out[2, :n]
 
 
 def half_soft(x: np.ndarray) -> np.ndarray | None:

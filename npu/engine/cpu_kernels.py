@@ -29,8 +29,9 @@ from npu.paths import cache_dir
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_kernels.c")
-# every C source built into the one library (cpu_convert.c: the k-quant conversion at load)
-SOURCES = [SOURCE, Path(__file__).with_name("cpu_convert.c")]
+# every C source built into the one library (cpu_convert.c: the k-quant conversion at load;
+# cpu_spm.c: SentencePiece vocabularies, npu/load/spm.py)
+SOURCES = [SOURCE, *(Path(__file__).with_name(n) for n in ("cpu_convert.c", "cpu_spm.c"))]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 LIBS = ["-lm"]
 

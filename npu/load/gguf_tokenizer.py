@@ -65,31 +65,65 @@ def _added(tokens: list[str], types: list[int], keep=lambda t: True) -> list[dic
     return out
 
 
-def _spm_merges(tokens: list[str], scores: list[float]) -> list[tuple[str, str]]:
-    """Merges implied by a vocabulary: every split of a token into two tokens, ordered by
-    the token's score (best first), then by the pieces' ids. The cuts are found in C where
-    the kernels build (Gemma 3's 262,144 tokens: 1.7 s in Python), else here."""
-    from npu.engine.convert import spm_pairs
+def _spm_merge_ids(tokens: list[str], scores: list[float]
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Merges implied by a vocabulary as id arrays (left, right, the token they make) in
+    their order: every split of a token into two tokens, ordered by the token's score (best
+    first), then by the pieces' ids. The cuts are found in C where the kernels build (Gemma
+    3's 262,144 tokens: 1.7 s in Python); None where they do not."""
+    from npu.load.spm import spm_pairs
 
     pairs = spm_pairs(tokens)
-    if pairs is not None:
-        token, left, right = pairs
-        if len(scores) < len(tokens):  # as the loop: only tokens with a score are merged
-            keep = token < len(scores)
-            token, left, right = token[keep], left[keep], right[keep]
-        order = _merge_order(np.asarray(scores, dtype=np.float64), token, left, right,
-                             len(tokens))
-        return list(zip(map(tokens.__getitem__, left[order].tolist()),
-                        map(tokens.__getitem__, right[order].tolist())))
-    ids = {t: i for i, t in enumerate(tokens)}
+    if pairs is None:
+        return None
+    token, left, right = pairs
+    if len(scores) < len(tokens):  # as the loop: only tokens with a score are merged
+        keep = token < len(scores)
+        token, left, right = token[keep], left[keep], right[keep]
+    order = _merge_order(np.asarray(scores, dtype=np.float64), token, left, right,
+                         len(tokens))
+    return left[order], right[order], token[order]
+
+
+def _spm_merges(tokens: list[str], scores: list[float]) -> list[tuple[str, str]]:
+    """The merges of `_spm_merge_ids` as the pieces' texts (a Python loop where the kernels
+    do not build)."""
+    ids = _spm_merge_ids(tokens, scores)
+    if ids is not None:
+        left, right, _ = ids
+        return list(zip(map(tokens.__getitem__, left.tolist()),
+                        map(tokens.__getitem__, right.tolist())))
+    vocab = {t: i for i, t in enumerate(tokens)}
     merges = []
     for tok, score in zip(tokens, scores):
         for cut in range(1, len(tok)):
             left, right = tok[:cut], tok[cut:]
-            if left in ids and right in ids:
-                merges.append((-score, ids[left], ids[right], left, right))
+            if left in vocab and right in vocab:
+                merges.append((-score, vocab[left], vocab[right], left, right))
     merges.sort()
     return [(m[3], m[4]) for m in merges]
+
+
+def spm_tokenizer(meta: dict[str, Any]):
+    """The tokenizer of a `llama` vocabulary without merges in C (npu.load.spm's
+    SpmTokenizer, which encodes as `tokenizers` does from `tokenizer_json(meta)` without
+    building its BPE model: Gemma 3's in 0.1 s against 1 s); None for another vocabulary,
+    or where the kernels do not build."""
+    from npu.load.spm import SpmTokenizer
+
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if meta.get("tokenizer.ggml.model") != "llama" or meta.get("tokenizer.ggml.merges") \
+            or not tokens:
+        return None
+    scores = list(meta.get("tokenizer.ggml.scores") or [0.0] * len(tokens))
+    types = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
+    merges = _spm_merge_ids(tokens, scores)
+    if merges is None:
+        return None
+    added = [(a["id"], a["special"]) for a in _added(tokens, types)]
+    return SpmTokenizer.build(tokens, merges, added,
+                              unk=meta.get("tokenizer.ggml.unknown_token_id"),
+                              prefix=bool(meta.get("tokenizer.ggml.add_space_prefix", True)))
 
 
 def _merge_order(scores: np.ndarray, token: np.ndarray, left: np.ndarray,
@@ -115,8 +149,10 @@ def _merges(merges: list[str]) -> list[str] | list[tuple[str, str]]:
     return [tuple(m.split(" ", 1)) for m in merges]
 
 
-def tokenizer_json(meta: dict[str, Any], path: str = "the GGUF file") -> dict[str, Any]:
-    """A tokenizer.json document for the `tokenizer.ggml.*` metadata `meta`."""
+def tokenizer_json(meta: dict[str, Any], path: str = "the GGUF file", *,
+                   merges: bool = True) -> dict[str, Any]:
+    """A tokenizer.json document for the `tokenizer.ggml.*` metadata `meta`. `merges`:
+    False leaves a `llama` vocabulary's derived merges out (`spm_tokenizer` encodes it)."""
     model = meta.get("tokenizer.ggml.model")
     tokens = meta.get("tokenizer.ggml.tokens")
     if not tokens:
@@ -133,7 +169,7 @@ def tokenizer_json(meta: dict[str, Any], path: str = "the GGUF file") -> dict[st
                 if not set(t) <= alphabet:  # stored as text: spell its bytes in the alphabet
                     t = "".join(spell[b] for b in t.encode("utf-8"))
                 vocab.setdefault(t, i)
-        merges = _merges(meta.get("tokenizer.ggml.merges") or [])
+        pairs = _merges(meta.get("tokenizer.ggml.merges") or [])
         # a control token outside the byte alphabet is a converter's mislabel: not added
         added = _added(tokens, types, lambda t: set(t) <= alphabet)
         return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
@@ -144,11 +180,11 @@ def tokenizer_json(meta: dict[str, Any], path: str = "the GGUF file") -> dict[st
                 "model": {"type": "BPE", "dropout": None, "unk_token": None,
                           "continuing_subword_prefix": None, "end_of_word_suffix": None,
                           "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
-                          "vocab": vocab, "merges": merges}}
+                          "vocab": vocab, "merges": pairs}}
     if model == "llama":
         scores = list(meta.get("tokenizer.ggml.scores") or [0.0] * len(tokens))
-        merges = (_merges(meta["tokenizer.ggml.merges"])
-                  if meta.get("tokenizer.ggml.merges") else _spm_merges(tokens, scores))
+        pairs = (_merges(meta["tokenizer.ggml.merges"]) if meta.get("tokenizer.ggml.merges")
+                 else _spm_merges(tokens, scores) if merges else [])
         unk = meta.get("tokenizer.ggml.unknown_token_id")
         prefix = meta.get("tokenizer.ggml.add_space_prefix", True)
         normalizer = [{"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]
@@ -167,7 +203,7 @@ def tokenizer_json(meta: dict[str, Any], path: str = "the GGUF file") -> dict[st
                           "unk_token": tokens[unk] if unk is not None else None,
                           "continuing_subword_prefix": None, "end_of_word_suffix": None,
                           "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
-                          "vocab": dict(zip(tokens, range(len(tokens)))), "merges": merges}}
+                          "vocab": dict(zip(tokens, range(len(tokens)))), "merges": pairs}}
     if model == "bert":
         return _wordpiece(meta, tokens, types, path)
     raise ModelError(f"{path}: tokenizer model {model!r} is not supported (supported: gpt2, "

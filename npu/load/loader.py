@@ -249,8 +249,9 @@ def _eos_ids(*values: Any) -> list[int]:
 
 
 def _gguf_tokenizer(meta: dict, file: Path) -> Tokenizer:
-    """The tokenizer a GGUF file's metadata describes."""
-    from npu.load.gguf_tokenizer import tokenizer_json
+    """The tokenizer a GGUF file's metadata describes (a SentencePiece vocabulary without
+    merges encoded in C where the kernels build)."""
+    from npu.load.gguf_tokenizer import spm_tokenizer, tokenizer_json
 
     tokens = meta.get("tokenizer.ggml.tokens") or []
 
@@ -259,7 +260,9 @@ def _gguf_tokenizer(meta: dict, file: Path) -> Tokenizer:
         return tokens[i] if isinstance(i, int) and 0 <= i < len(tokens) else None
 
     model_kind = meta.get("tokenizer.ggml.model")
-    return Tokenizer(tokenizer_json(meta, str(file)), bos_token=token("bos_token_id"),
+    spm = spm_tokenizer(meta)
+    return Tokenizer(tokenizer_json(meta, str(file), merges=spm is None), spm=spm,
+                     bos_token=token("bos_token_id"),
                      eos_token=token("eos_token_id"), unk_token=token("unknown_token_id"),
                      pad_token=token("padding_token_id"),
                      add_bos=bool(meta.get("tokenizer.ggml.add_bos_token",

@@ -8,10 +8,14 @@ import json
 import re
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from npu.errors import ModelError
+
+if TYPE_CHECKING:
+    from npu.load.spm import SpmTokenizer
 
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
@@ -79,17 +83,21 @@ class Tokenizer:
         add_bos: prepend BOS when the template does not write it.
         add_eos: append EOS to an input to embed (tokenizer_config's `add_eos_token`, GGUF's
             `tokenizer.ggml.add_eos_token`: Qwen3-Embedding, whose last token is pooled).
+        spm: what encodes and decodes instead of a `tokenizers` tokenizer built from the
+            document (a GGUF SentencePiece vocabulary's, npu.load.spm; the document then
+            without merges and post-processor).
     """
 
     def __init__(self, path: Path | dict, *, bos_token: str | None = None, eos_token: str | None = None,
                  unk_token: str | None = None, pad_token: str | None = None,
-                 add_bos: bool = False, add_eos: bool = False) -> None:
+                 add_bos: bool = False, add_eos: bool = False, spm: SpmTokenizer | None = None) -> None:
         from tokenizers import Tokenizer as HFTokenizer
 
+        self._spm = spm
         try:
             if isinstance(path, dict):
                 doc = path
-                self._tok = _from_document(doc)
+                self._tok = _from_document(doc) if spm is None else None
             else:
                 self._tok = HFTokenizer.from_file(str(path))
                 doc = json.loads(path.read_text(encoding="utf-8"))
@@ -101,8 +109,11 @@ class Tokenizer:
         self.add_bos, self.add_eos = add_bos, add_eos
         vocab = (doc.get("model") or {}).get("vocab") if isinstance(path, dict) else None
         if isinstance(vocab, dict):  # built here (a GGUF file's): what get_vocab would copy
-            self._vocab = {**vocab, **{a["content"]: a["id"] for a in doc.get("added_tokens")
-                                       or [] if "content" in a and "id" in a}}
+            # (an added token whose text the vocabulary has under another id takes that id;
+            # the vocabulary itself where it has them all: no copy of 262k entries)
+            added = {a["content"]: a["id"] for a in doc.get("added_tokens") or []
+                     if "content" in a and "id" in a}
+            self._vocab = vocab if all(map(vocab.__contains__, added)) else {**added, **vocab}
         else:
             self._vocab = self._tok.get_vocab(with_added_tokens=True)
         self.size = max(self._vocab.values()) + 1
@@ -124,6 +135,8 @@ class Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text` (special-token text becomes those tokens; no BOS added)."""
+        if self._spm is not None:
+            return self._spm.encode(text)
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def encode_for_embedding(self, text: str, *, room: int | None = None) -> list[int]:
@@ -131,12 +144,16 @@ class Tokenizer:
         around one input ([CLS] ... [SEP] for BERT; none when it has no post-processor).
         `room`: the most ids to return; the text's own tokens are cut at the end to fit,
         the special tokens kept."""
+        if self._spm is not None:  # no post-processor
+            return self._spm.encode(text)[:room]
         enc = self._tok.encode(text, add_special_tokens=False)
         if room is not None:
             enc.truncate(max(0, room - self._tok.num_special_tokens_to_add(False)))
         return self._tok.post_process(enc).ids
 
     def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str:
+        if self._spm is not None:
+            return self._spm.decode(list(ids), skip_special_tokens=skip_special_tokens)
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def token_bytes(self, size: int | None = None) -> list[bytes]:
