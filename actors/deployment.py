@@ -19,6 +19,7 @@ from ray import serve
 from actors.blas import blas_threads_for, set_blas_threads
 from actors.config import WorkerConfig
 from actors.events import Accepted, ChatGenerate, Event, GenerateRequest, Rejected
+from actors.library import gguf_quantization
 from actors.worker import Worker
 from chat import FormatKind
 from npu import ModelError
@@ -117,6 +118,9 @@ class ModelWorker:
         engine = self.worker.model.engine
         # what /v1/models and Ollama's listings show of the weights (fixed: read once)
         self.weights = {"weight_bytes": engine.weight_bytes, **engine.weight_summary()}
+        file_type = gguf_quantization(self.worker.model.path)  # a GGUF file's own name
+        if file_type:
+            self.weights["quantization"] = file_type
         threads = blas_threads_for(self.weights["weight_bytes"], config.blas_threads)
         set_blas_threads(threads)
         engine.set_threads(threads)  # the compiled CPU kernels' threads

@@ -151,6 +151,21 @@ def _digest(files: list[Path]) -> str:
     return "sha256:" + h.hexdigest()
 
 
+def gguf_quantization(path: Path) -> str | None:
+    """A GGUF model's type as llama.cpp and Ollama name it (`general.file_type`: Q4_K_M,
+    ...); None where the path is not a GGUF model or its file does not say. For a configured
+    model's listings: the engine's own view is the formats it holds (a Q4_K_M file's
+    Q4_1, its Q5_0 embedding), not the name users know the file by."""
+    from npu.load.loader import find_gguf
+
+    try:
+        file = find_gguf(Path(path))
+        ftype = read_header(file).meta.get("general.file_type") if file else None
+    except Exception:  # listings only: the model itself loaded, or says why not
+        return None
+    return _FILE_TYPES.get(ftype) if isinstance(ftype, int) else None
+
+
 def _gguf_facts(files: list[Path]) -> dict[str, Any]:
     header = read_header(files[0])
     meta = header.meta

@@ -169,3 +169,18 @@ def test_info_is_what_the_listings_read(tmp_path: Path, qtype: QT) -> None:
     assert info["id"] == "x" and info["quantization"] == qtype.name
     assert info["file_format"] == "gguf" and info["weight_bytes"] > 0
     assert info["digest"].startswith("sha256:") and info["library"] is True
+
+
+def test_a_configured_gguf_file_is_listed_by_its_own_type(tmp_path: Path) -> None:
+    """A served GGUF file shows the type users know it by (Q4_K_M), not the formats the
+    engine holds it in; a directory holding one the same; other paths: none."""
+    from actors.library import gguf_quantization
+
+    assert gguf_quantization(write_gguf(tmp_path / "a.gguf", file_type=15)) == "Q4_K_M"
+    (tmp_path / "d").mkdir()
+    write_gguf(tmp_path / "d" / "m.gguf", file_type=7)
+    assert gguf_quantization(tmp_path / "d") == "Q8_0"
+    assert gguf_quantization(write_gguf(tmp_path / "b.gguf", file_type=None)) is None
+    assert gguf_quantization(tmp_path / "nowhere") is None
+    (tmp_path / "bad.gguf").write_bytes(b"GGUF\x03")
+    assert gguf_quantization(tmp_path / "bad.gguf") is None
