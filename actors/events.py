@@ -62,9 +62,12 @@ class ChatGenerate(_Generate, tag="chat"):
 
 
 class CompletionGenerate(_Generate, tag="completion"):
-    """A raw prompt, continued as it is (no template, no constraint, no parsing)."""
+    """A raw prompt, continued as it is (no template, no parsing). `constraint`: a
+    response format only (the continuation a JSON document: vLLM's `response_format` on
+    completions, Ollama's `format` with `raw`); no tools, no reasoning."""
 
     prompt: str = ""
+    constraint: ConstraintRequest = msgspec.field(default_factory=ConstraintRequest)
 
 
 class EmbedGenerate(msgspec.Struct, kw_only=True, tag="embed"):

@@ -22,9 +22,11 @@ from actors.stops import StopMatcher
 from chat import (
     ChatStream,
     ConstraintError,
+    FormatKind,
     FormatSpec,
     format_prefill,
     make_constraint,
+    spec_for_kind,
 )
 from chat.decode import mask_words
 from npu import ChatTemplate, Model, ModelError, Sampler, SamplingParams, logprobs
@@ -297,20 +299,20 @@ def build_session(request: GenerateRequest, model: Model, spec: FormatSpec,
     tail = model.tokenizer.decode(prompt_ids[-PROMPT_TAIL_TOKENS:], skip_special_tokens=False)
     prefill = format_prefill(spec, tail) if chat else ""
     constraints: list[Any] = []
-    parse_calls = False
-    if chat:
-        creq = request.constraint
-        parse_calls = creq.parse_tool_calls and tools_enabled
-        try:  # one matcher per choice (the compiled grammar is cached); none: nothing to do
-            constraints = [make_constraint(spec, creq, grammar_engine,
-                                           request_id=request.request_id,
-                                           tools_enabled=tools_enabled,
-                                           thinking_enabled=thinking)
-                           for _ in range(request.n)]
-        except ConstraintError as exc:
-            raise RequestError(exc.message, param=exc.param) from None
-        if constraints[0] is None:
-            constraints = []
+    creq = request.constraint
+    parse_calls = chat and creq.parse_tool_calls and tools_enabled
+    # a completion's text is the document itself: the format without reasoning or calls
+    shape = spec if chat else spec_for_kind(FormatKind.CONTENT_ONLY)
+    try:  # one matcher per choice (the compiled grammar is cached); none: nothing to do
+        constraints = [make_constraint(shape, creq, grammar_engine,
+                                       request_id=request.request_id,
+                                       tools_enabled=tools_enabled,
+                                       thinking_enabled=thinking and chat)
+                       for _ in range(request.n)]
+    except ConstraintError as exc:
+        raise RequestError(exc.message, param=exc.param) from None
+    if constraints[0] is None:
+        constraints = []
     stops = list(request.stop)
     if chat:
         stops += [s for s in spec.extra_stops if model.tokenizer.id_of(s) is None]

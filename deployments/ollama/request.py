@@ -303,12 +303,10 @@ def generate_request(req: GenerateIn, variant: tuple | None = None) -> GenerateR
         raise ApiError(400, "'context' is not supported; send the conversation to "
                             "/api/chat instead.", param="context")
     sampling = _sampling(req)
-    if req.raw:
-        if "response_format" in sampling or "think" in sampling \
-                or "reasoning_effort" in sampling:
-            field = "format" if "response_format" in sampling else "think"
-            raise ApiError(400, f"'{field}' needs the model's chat template; it cannot be "
-                                "used with 'raw': true.", param=field)
+    if req.raw:  # `format` constrains the continuation itself
+        if "think" in sampling or "reasoning_effort" in sampling:
+            raise ApiError(400, "'think' needs the model's chat template; it cannot be "
+                                "used with 'raw': true.", param="think")
         raw = {"model": req.model, "prompt": req.prompt, **sampling}
         greq = _openai(raw, CompletionRequest, _context_limit(req),
                        (None, variant[1]) if variant else None)

@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 
 from actors.events import ChatGenerate, CompletionGenerate, GenerateRequest
-from chat import ConstraintError, constraint_request_from_openai
+from chat import ConstraintError, ConstraintRequest, constraint_request_from_openai
 from deployments.body import decode_json, param_from
 from deployments.errors import ApiError
 from deployments.exchange import Call
@@ -99,13 +99,15 @@ def generate_request(req: OpenAIRequest, raw: dict, **extra: Any) -> GenerateReq
         ignore_eos=bool(req.ignore_eos), **extra)
     if isinstance(req, CompletionRequest):
         prompt = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
+        # a response format (vLLM's): the continuation is the document, no reasoning first
+        constraint = msgspec.structs.replace(
+            _constraint({"response_format": raw.get("response_format")}),
+            allow_reasoning=False)
         return CompletionGenerate(prompt=prompt, max_tokens=req.max_tokens or 16,
                                   logprobs=req.logprobs is not None,
-                                  top_logprobs=req.logprobs or 0, **common)
-    try:
-        constraint = constraint_request_from_openai(raw)
-    except ConstraintError as exc:
-        raise ApiError(400, exc.message, param=exc.param) from None
+                                  top_logprobs=req.logprobs or 0, constraint=constraint,
+                                  **common)
+    constraint = _constraint(raw)
     messages = []
     for m in req.messages:
         msg = msgspec.to_builtins(m)
@@ -120,6 +122,13 @@ def generate_request(req: OpenAIRequest, raw: dict, **extra: Any) -> GenerateReq
         thinking=thinking, template_kwargs=template_kwargs,
         max_tokens=req.max_completion_tokens or req.max_tokens,
         logprobs=bool(req.logprobs), top_logprobs=req.top_logprobs or 0, **common)
+
+
+def _constraint(raw: dict) -> ConstraintRequest:
+    try:
+        return constraint_request_from_openai(raw)
+    except ConstraintError as exc:
+        raise ApiError(400, exc.message, param=exc.param) from None
 
 
 def _thinking(raw: dict) -> tuple[bool | None, dict]:

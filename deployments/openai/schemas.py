@@ -90,3 +90,4 @@ class CompletionRequest(SamplingFields, kw_only=True):
     logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
     echo: bool | None = None
     suffix: str | None = None
+    response_format: Any = None  # vLLM's: the whole text a JSON document

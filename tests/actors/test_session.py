@@ -4,6 +4,8 @@ field."""
 
 from __future__ import annotations
 
+import msgspec
+import numpy as np
 import pytest
 
 from actors.errors import RequestError
@@ -95,3 +97,20 @@ def test_a_request_with_its_own_template_renders_with_it(model, spec) -> None:
         _session(model, spec, ChatGenerate(request_id="v", messages=MSG,
                                            template="{{ raise_exception('no') }}"))
     assert err.value.status == 400 and err.value.param == "messages"
+
+
+def test_a_completion_with_a_response_format_gets_the_documents_grammar(model, spec) -> None:
+    """A completion's response format constrains the continuation itself: the whole text
+    is the JSON document (no reasoning, no calls), whatever the model's chat format."""
+    body = {"response_format": {"type": "json_object"}}
+    creq = msgspec.structs.replace(constraint_request_from_openai(body), allow_reasoning=False)
+    session, made = _session(model, spec, CompletionGenerate(request_id="g", prompt="{", n=2,
+                                                             constraint=creq))
+    assert len(made) == 1 and all(c.constraint is not None for c in session.choices)
+    assert all(c.stream is None for c in session.choices)
+    choice = session.choices[0]
+    assert choice.constraint.fill_mask(choice.mask)
+    bits = np.unpackbits(choice.mask.view(np.uint8), bitorder="little")
+    allowed = np.flatnonzero(bits[: model.config.vocab_size]).tolist()
+    first = {model.token_table[i].lstrip()[:1] for i in allowed}  # a document's first byte
+    assert allowed and first <= {b"{", b"["}, first

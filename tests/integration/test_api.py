@@ -131,6 +131,28 @@ def test_openai_client_streams_and_parses(serve_url) -> None:
     assert reasons[-1] == "length"
 
 
+def test_a_completion_takes_a_response_format(serve_url) -> None:
+    """vLLM's `response_format` on /v1/completions, through the official client: the
+    continuation is the JSON document (it was accepted and ignored before)."""
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=serve_url + "/v1", api_key="unused")
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA}}
+    finished = 0
+    for seed in range(4):  # a random model may wander in a string past max_tokens
+        out = client.completions.create(model="flm-tiny", prompt="Answer in JSON: ",
+                                        max_tokens=200, seed=seed,
+                                        extra_body={"response_format": fmt})
+        choice = out.choices[0]
+        if choice.finish_reason == "stop":
+            jsonschema.validate(json.loads(choice.text), SCHEMA)
+            finished += 1
+    assert finished >= 1
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="flm-tiny", prompt="x", max_tokens=2,
+                                  extra_body={"response_format": {"type": "xml"}})
+    assert err.value.body["param"] == "response_format.type"
+
+
 # -- constraints ----------------------------------------------------------------------------
 def _tool_calls(client, **extra) -> dict:
     r = _chat(client, tools=[MODE_TOOL, LIGHT_TOOL], max_tokens=200, seed=5, **extra)

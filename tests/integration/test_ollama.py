@@ -98,6 +98,12 @@ def test_format_schema_is_the_grammar_constraint(oc) -> None:
     r = oc.generate(model=SMOL, prompt="Name a city in France as JSON.", format="json",
                     options={"temperature": 0, "num_predict": 60})
     assert r.done_reason == "stop" and isinstance(json.loads(r.response), dict)
+    # with `raw`, the continuation itself is the document (as Ollama does)
+    prompt = "A city in France as JSON with its name and country: "
+    r = oc.generate(model=SMOL, prompt=prompt, raw=True, format=CITY,
+                    options={"temperature": 0, "num_predict": 60})
+    assert r.done_reason == "stop"
+    jsonschema.validate(json.loads(r.response), CITY)
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -113,8 +113,18 @@ def test_generate_uses_the_chat_template_unless_raw() -> None:
     assert raw.max_tokens is None  # Ollama's default: no limit (OpenAI's 16 is not used)
 
 
+def test_a_raw_generate_takes_a_format_for_its_continuation() -> None:
+    raw = _generate(prompt="{", raw=True, format="json")
+    assert isinstance(raw, CompletionGenerate) and raw.constraint.response_format == "json_object"
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    raw = _generate(prompt="x", raw=True, format=schema)
+    assert raw.constraint.response_format == "json_schema" and raw.constraint.json_schema == schema
+    assert not raw.constraint.allow_reasoning
+    assert _generate(prompt="x", raw=True).constraint.response_format == "text"
+
+
 @pytest.mark.parametrize("body,param", [
-    ({"raw": True, "format": "json"}, "format"),
+    ({"raw": True, "format": "xml"}, "format"),
     ({"raw": True, "think": True}, "think"),
     ({"suffix": "return x"}, "suffix"),
     ({"template": "{{ .Prompt }}"}, "template"),

@@ -39,7 +39,9 @@ CHAT = {
     "think": True, "reasoning_effort": "low", "chat_template_kwargs": {"enable_thinking": True},
 }
 COMPLETION = {"model": "m", "prompt": "Once", "max_tokens": 5, "logprobs": 2, "echo": False,
-              "suffix": "", "stream": False, "temperature": 1.0, "stop": "x"}
+              "suffix": "", "stream": False, "temperature": 1.0, "stop": "x",
+              "response_format": {"type": "json_schema", "json_schema": {
+                  "name": "w", "schema": {"type": "object"}}}}
 
 # (path to set, bad value, the param the 400 names); a path ends in a key or an index
 CHAT_CASES: list[tuple[str, Any, str]] = [
@@ -129,6 +131,10 @@ COMPLETION_CASES: list[tuple[str, Any, str]] = [
     ("echo", "no", "echo"),
     ("suffix", 1, "suffix"),
     ("max_tokens", "5", "max_tokens"),
+    ("response_format", "json", "response_format"),
+    ("response_format.type", "xml", "response_format.type"),
+    ("response_format.json_schema", {"name": "x", "schema": "s"},
+     "response_format.json_schema.schema"),
 ]
 
 
@@ -161,6 +167,10 @@ def test_the_full_request_is_accepted(kind: str, body: dict) -> None:
     assert raw == body and req.model == "m"
     greq = generate_request(req, raw)
     assert isinstance(greq, ChatGenerate if kind == "chat" else CompletionGenerate)
+    # a completion's response format (vLLM's) constrains its text: no reasoning, no tools
+    assert greq.constraint.response_format == "json_schema"
+    assert greq.constraint.json_schema == {"type": "object"}
+    assert greq.constraint.allow_reasoning is (kind == "chat")
 
 
 @pytest.mark.parametrize("path,value,param", CHAT_CASES, ids=[f"{c[0]}={c[1]!r}"[:60]
