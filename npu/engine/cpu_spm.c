@@ -232,6 +232,8 @@ void *fc_spm_new(const uint8_t *joined, int64_t len_all, int64_t count, const in
         free(ids);
         goto fail;
     }
+    if (t->unk >= 0) /* UNK too: its text's last id (`tokenizers` looks it up by text) */
+        t->unk = fc_text_id(t, t->texts, t->tmask, t->joined + t->start[unk], t->len[unk]);
     /* an added token's id: its text's last (the vocabulary's, as `tokenizers` gives it) */
     for (int64_t k = 0; k < n_added; k++)
         ids[k] = fc_text_id(t, t->texts, t->tmask, t->joined + t->start[added[k]],
@@ -407,11 +409,12 @@ static int32_t fc_added_at(const FcSpm *t, const uint8_t *s, int64_t n, int64_t 
     return -1;
 }
 
-/* The ids of the UTF-8 text s[0 .. n) into out (room: cap ids; 3 + 6 n is always enough).
- * Returns how many; -1: no room or no memory. */
+/* The ids of the UTF-8 text s[0 .. n) into out (room: cap ids; 3 + 4 n is always enough: a
+ * piece of L bytes makes at most 3 + 3 L ids, an added token of at least 1 byte one).
+ * Returns how many; -1: no room, no memory, or a text past what int32 positions hold. */
 int64_t fc_spm_encode(const void *p, const uint8_t *s, int64_t n, int32_t *out, int64_t cap) {
     const FcSpm *t = p;
-    if (n < 0 || cap < 3 + 6 * n) return -1;
+    if (n < 0 || n > (INT32_MAX - 3) / 3 || cap < 3 + 4 * n) return -1;
     const int64_t room = 3 + 3 * n; /* a piece normalized: U+2581 first, a space 3 bytes */
     uint8_t *norm = malloc((size_t)room);
     FcSym *sym = malloc((size_t)room * sizeof *sym);

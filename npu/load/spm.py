@@ -84,7 +84,8 @@ class SpmTokenizer:
         self._tokens, self._prefix = tokens, prefix
         self._special = {tokens[i] for i, special in added if special}
         self._pieces: list[str | None] | None = None
-        weakref.finalize(self, lib.fc_spm_free, handle)
+        # freed with the object, not at exit (a daemon thread may still be encoding)
+        weakref.finalize(self, lib.fc_spm_free, handle).atexit = False
 
     @classmethod
     def build(cls, tokens: list[str], merges: tuple[np.ndarray, np.ndarray, np.ndarray],
@@ -110,7 +111,7 @@ class SpmTokenizer:
     def encode(self, text: str) -> list[int]:
         """The ids of `text` (added tokens' text becomes those tokens)."""
         data = text.encode("utf-8")
-        out = np.empty(3 + 6 * len(data), dtype=np.int32)
+        out = np.empty(3 + 4 * len(data), dtype=np.int32)
         n = self._lib.fc_spm_encode(self._handle, data, len(data), out.ctypes.data, len(out))
         if n < 0:
             raise MemoryError("no memory to encode the text")

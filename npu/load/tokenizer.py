@@ -4,6 +4,7 @@ incremental Detokenizer that only ever emits complete UTF-8 and never re-emits t
 from __future__ import annotations
 
 import codecs
+import itertools
 import json
 import re
 from functools import cache
@@ -109,14 +110,17 @@ class Tokenizer:
         self.add_bos, self.add_eos = add_bos, add_eos
         vocab = (doc.get("model") or {}).get("vocab") if isinstance(path, dict) else None
         if isinstance(vocab, dict):  # built here (a GGUF file's): what get_vocab would copy
-            # (an added token whose text the vocabulary has under another id takes that id;
-            # the vocabulary itself where it has them all: no copy of 262k entries)
+            # an added token's text names its own id (the metadata's BOS / EOS, the end of a
+            # turn the model writes), though a file that has that text again later encodes
+            # it as the later id (as `tokenizers` does); the vocabulary itself where no added
+            # token is such (no copy of 262k entries); `_ids`: every id's text, for the table
             added = {a["content"]: a["id"] for a in doc.get("added_tokens") or []
                      if "content" in a and "id" in a}
-            self._vocab = vocab if all(map(vocab.__contains__, added)) else {**added, **vocab}
+            same = all(vocab.get(text) == i for text, i in added.items())
+            self._vocab, self._ids = (vocab if same else {**vocab, **added}), vocab
         else:
-            self._vocab = self._tok.get_vocab(with_added_tokens=True)
-        self.size = max(self._vocab.values()) + 1
+            self._vocab = self._ids = self._tok.get_vocab(with_added_tokens=True)
+        self.size = max(max(self._vocab.values()), max(self._ids.values())) + 1
         # the parts read later (not the vocabulary and merges: tens of MB of Python objects)
         self._json = {"decoder": doc.get("decoder"), "added_tokens": doc.get("added_tokens")}
         self.byte_level = _uses(self._json.get("decoder"), "ByteLevel")
@@ -173,7 +177,7 @@ class Tokenizer:
         added = {a["id"]: a["content"] for a in self._json["added_tokens"] or []}
         blank = {t for t in (self.bos_token, self.unk_token, self.pad_token) if t}
         dec = byte_decoder()
-        for piece, i in self._vocab.items():
+        for piece, i in itertools.chain(self._ids.items(), self._vocab.items()):
             if i in added:
                 out[i] = b"" if added[i] in blank else added[i].encode("utf-8")
             elif self.byte_level:

@@ -99,9 +99,12 @@ def test_texts_that_take_every_path() -> None:
             assert ours.encode(text) == ref.encode(text, add_special_tokens=False).ids, (case, text)
     ours, _ = PAIRS[0]
     assert ours.encode("<ab>") == [ours.id_of("<ab>")]
-    # an added token whose text is also a later piece: one token, the piece's id, as
-    # `tokenizers` numbers it (and as id_of says)
-    assert ours.encode("abab") == [ours.id_of("ab")] * 2 != [ADDED.index("ab") + 1] * 2
+    # an added token whose text is also a later piece: one token, the later id, as
+    # `tokenizers` encodes it; id_of keeps the added token's own (what BOS / EOS ids and the
+    # end of a turn the model writes are), and the table reads both
+    own = ADDED.index("ab") + 1
+    assert ours.encode("abab") == [ours.size - 1] * 2 and ours.id_of("ab") == own
+    assert ours.token_bytes()[own] == ours.token_bytes()[ours.size - 1] == b"ab"
 
 
 def test_a_gguf_file_loads_with_the_c_encoder(tmp_path: Path, monkeypatch) -> None:
@@ -135,3 +138,27 @@ def test_what_the_encoder_does_not_take_keeps_tokenizers() -> None:
                           "tokenizer.ggml.token_type": meta["tokenizer.ggml.token_type"] + [3]}) is None
     assert spm_tokenizer({**meta, "tokenizer.ggml.merges": ["a b"]}) is None
     assert spm_tokenizer({**meta, "tokenizer.ggml.model": "gpt2"}) is None
+
+
+def test_a_text_the_vocabulary_repeats_keeps_the_files_special_ids(tmp_path: Path) -> None:
+    """UNK, BOS and EOS whose texts come again later as plain pieces: the encoder writes UNK
+    as `tokenizers` does (its text's last id), BOS / EOS stay the ids the file declares
+    (the ids the model writes), and every id has its bytes."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    from npu.load.loader import _gguf_tokenizer
+
+    tokens = ["<unk>", "<s>", "</s>", "a", "\u2581", "<unk>", "<s>", "</s>"]
+    meta = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.token_type": [2, 3, 3, 1, 1, 1, 1, 1],
+            "tokenizer.ggml.scores": [0.0] * len(tokens),
+            "tokenizer.ggml.unknown_token_id": 0, "tokenizer.ggml.bos_token_id": 1,
+            "tokenizer.ggml.eos_token_id": 2}
+    tok = _gguf_tokenizer(meta, tmp_path / "m.gguf")
+    ref = HFTokenizer.from_str(msgspec.json.encode(tokenizer_json(meta)).decode())
+    for text in ["axa", "a<s>a</s>", "xx"]:
+        assert tok.encode(text) == ref.encode(text, add_special_tokens=False).ids, text
+    assert tok.encode("axa")[2] == 5  # UNK's text's last id
+    assert (tok.bos_id, tok.eos_id, tok.size) == (1, 2, len(tokens))
+    table = tok.token_bytes()
+    assert table[1] == b"" and table[2] == b"</s>" and table[6] == b"<s>"
