@@ -27,11 +27,10 @@ def threads() -> int:
 
 @cache
 def _lib() -> ctypes.CDLL | None:
-    from npu.engine.cpu_kernels import KernelUnavailable, kernels
+    from npu.engine.cpu_kernels import kernels_or_none
 
-    try:
-        lib = kernels()
-    except KernelUnavailable:
+    lib = kernels_or_none()
+    if lib is None:
         return None
     lib.fc_convert_rows.restype = ctypes.c_int
     lib.fc_convert_rows.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64,

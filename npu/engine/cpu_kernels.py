@@ -91,6 +91,14 @@ def kernels() -> ctypes.CDLL:
     return load(build(extra=env_flags()))
 
 
+def kernels_or_none() -> ctypes.CDLL | None:
+    """`kernels()`, or None where they cannot be built (the caller's fallback then)."""
+    try:
+        return kernels()
+    except KernelUnavailable:
+        return None
+
+
 def load(path: Path) -> ctypes.CDLL:
     """A build of the kernels, loaded and declared."""
     try:

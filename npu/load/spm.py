@@ -27,11 +27,10 @@ _SPACE = "\u2581"
 
 @cache
 def _lib() -> ctypes.CDLL | None:
-    from npu.engine.cpu_kernels import KernelUnavailable, kernels
+    from npu.engine.cpu_kernels import kernels_or_none
 
-    try:
-        lib = kernels()
-    except KernelUnavailable:
+    lib = kernels_or_none()
+    if lib is None:
         return None
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.fc_spm_pairs.restype = i64
