@@ -1588,27 +1588,22 @@ static void flash_task(const float *Q, int64_t q_stride, int64_t r0, int64_t r1,
             float *s = S + i * FK;
             float top = m[i], sum = 0.0f;
 #ifdef __AVX2__
-            if (c0 == 0 && c1 == FK) { /* a whole step: the masked path's values, unmasked */
+            {
                 __m256 s0 = _mm256_loadu_ps(s), s1 = _mm256_loadu_ps(s + 8);
-                const float bm = hsum_max(_mm256_max_ps(s0, s1));
-                top = bm > top ? bm : top;
-                const __m256 t = _mm256_set1_ps(top);
-                s0 = exp8(_mm256_sub_ps(s0, t));
-                s1 = exp8(_mm256_sub_ps(s1, t));
-                _mm256_storeu_ps(s, s0);
-                _mm256_storeu_ps(s + 8, s1);
-                sum = hsum(_mm256_add_ps(s0, s1));
-            } else {
-                const __m256 i0v = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
-                const __m256 i1v = _mm256_add_ps(i0v, _mm256_set1_ps(8.0f));
-                const __m256 lo_v = _mm256_set1_ps((float)c0), hi_v = _mm256_set1_ps((float)c1);
-                const __m256 k0 = _mm256_and_ps(_mm256_cmp_ps(i0v, lo_v, _CMP_GE_OQ),
-                                                _mm256_cmp_ps(i0v, hi_v, _CMP_LT_OQ));
-                const __m256 k1 = _mm256_and_ps(_mm256_cmp_ps(i1v, lo_v, _CMP_GE_OQ),
-                                                _mm256_cmp_ps(i1v, hi_v, _CMP_LT_OQ));
-                const __m256 ninf = _mm256_set1_ps(-INFINITY);
-                __m256 s0 = _mm256_blendv_ps(ninf, _mm256_loadu_ps(s), k0);
-                __m256 s1 = _mm256_blendv_ps(ninf, _mm256_loadu_ps(s + 8), k1);
+                __m256 k0 = _mm256_castsi256_ps(_mm256_set1_epi32(-1)), k1 = k0;
+                if (c0 > 0 || c1 < FK) { /* keys this row does not see: masked out */
+                    const __m256 i0v = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+                    const __m256 i1v = _mm256_add_ps(i0v, _mm256_set1_ps(8.0f));
+                    const __m256 lo_v = _mm256_set1_ps((float)c0);
+                    const __m256 hi_v = _mm256_set1_ps((float)c1);
+                    k0 = _mm256_and_ps(_mm256_cmp_ps(i0v, lo_v, _CMP_GE_OQ),
+                                       _mm256_cmp_ps(i0v, hi_v, _CMP_LT_OQ));
+                    k1 = _mm256_and_ps(_mm256_cmp_ps(i1v, lo_v, _CMP_GE_OQ),
+                                       _mm256_cmp_ps(i1v, hi_v, _CMP_LT_OQ));
+                    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+                    s0 = _mm256_blendv_ps(ninf, s0, k0);
+                    s1 = _mm256_blendv_ps(ninf, s1, k1);
+                }
                 const float bm = hsum_max(_mm256_max_ps(s0, s1));
                 top = bm > top ? bm : top;
                 const __m256 t = _mm256_set1_ps(top);
