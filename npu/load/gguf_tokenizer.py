@@ -65,15 +65,16 @@ def _added(tokens: list[str], types: list[int], keep=lambda t: True) -> list[dic
     return out
 
 
-def _spm_merge_ids(tokens: list[str], scores: list[float]
+def _spm_merge_ids(tokens: list[str], scores: list[float], data: bytes | None = None
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """Merges implied by a vocabulary as id arrays (left, right, the token they make) in
     their order: every split of a token into two tokens, ordered by the token's score (best
     first), then by the pieces' ids. The cuts are found in C where the kernels build (Gemma
-    3's 262,144 tokens: 1.7 s in Python); None where they do not."""
+    3's 262,144 tokens: 1.7 s in Python); None where they do not. `data`: the tokens
+    joined (npu.load.spm.joined), where the caller has them."""
     from npu.load.spm import spm_pairs
 
-    pairs = spm_pairs(tokens)
+    pairs = spm_pairs(tokens, data)
     if pairs is None:
         return None
     token, left, right = pairs
@@ -109,7 +110,7 @@ def spm_tokenizer(meta: dict[str, Any]):
     SpmTokenizer, which encodes as `tokenizers` does from `tokenizer_json(meta)` without
     building its BPE model: Gemma 3's in 0.1 s against 1 s); None for another vocabulary,
     or where the kernels do not build."""
-    from npu.load.spm import SpmTokenizer
+    from npu.load.spm import SpmTokenizer, joined
 
     tokens = meta.get("tokenizer.ggml.tokens")
     if meta.get("tokenizer.ggml.model") != "llama" or meta.get("tokenizer.ggml.merges") \
@@ -117,13 +118,15 @@ def spm_tokenizer(meta: dict[str, Any]):
         return None
     scores = list(meta.get("tokenizer.ggml.scores") or [0.0] * len(tokens))
     types = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
-    merges = _spm_merge_ids(tokens, scores)
+    data = joined(tokens)  # once, for the merges and the encoder (20 ms for Gemma 3's)
+    merges = _spm_merge_ids(tokens, scores, data)
     if merges is None:
         return None
     added = [(a["id"], a["special"]) for a in _added(tokens, types)]
     return SpmTokenizer.build(tokens, merges, added,
                               unk=meta.get("tokenizer.ggml.unknown_token_id"),
-                              prefix=bool(meta.get("tokenizer.ggml.add_space_prefix", True)))
+                              prefix=bool(meta.get("tokenizer.ggml.add_space_prefix", True)),
+                              data=data)
 
 
 def _merge_order(scores: np.ndarray, token: np.ndarray, left: np.ndarray,

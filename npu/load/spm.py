@@ -45,19 +45,23 @@ def _lib() -> ctypes.CDLL | None:
     return lib
 
 
-def _joined(tokens: list[str]) -> bytes | None:
-    """The tokens' UTF-8 joined by NULs; None where a token holds a NUL."""
+def joined(tokens: list[str]) -> bytes | None:
+    """The tokens' UTF-8 joined by NULs, as `spm_pairs` and `SpmTokenizer.build` read them
+    (made once, given to both); None where a token holds a NUL."""
     text = "\0".join(tokens)
     return text.encode("utf-8") if text.count("\0") == len(tokens) - 1 else None
 
 
-def spm_pairs(tokens: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+def spm_pairs(tokens: list[str], data: bytes | None = None
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """Every cut of a token into two tokens (`fc_spm_pairs`): int32 arrays of the token's
     id, the left part's and the right part's, in token then cut order (a text several ids
-    spell: the last); None without the kernels or where a token holds a NUL."""
+    spell: the last); None without the kernels or where a token holds a NUL. `data`: the
+    tokens `joined` (made here if not given)."""
     lib = _lib()
-    data = _joined(tokens) if lib is not None and tokens else None
-    if data is None:
+    if lib is not None and tokens and data is None:
+        data = joined(tokens)
+    if lib is None or not tokens or data is None:
         return None
     cap = len(data)  # a cut per byte at most
     out = np.empty((3, max(cap, 1)), dtype=np.int32)
@@ -88,15 +92,17 @@ class SpmTokenizer:
 
     @classmethod
     def build(cls, tokens: list[str], merges: tuple[np.ndarray, np.ndarray, np.ndarray],
-              added: list[tuple[int, bool]], *, unk: int | None,
-              prefix: bool) -> SpmTokenizer | None:
+              added: list[tuple[int, bool]], *, unk: int | None, prefix: bool,
+              data: bytes | None = None) -> SpmTokenizer | None:
         """`merges`: (left, right, token) id arrays in rank order; `added`: the added
         tokens as (id, special), their text the token's (each encodes as its text's last
         id, as `tokenizers` gives it). None without the kernels, or for
         what the encoder does not take (a NUL in a token, an empty or repeated added
-        token): `tokenizers` keeps those."""
+        token): `tokenizers` keeps those. `data`: the tokens `joined` (made here if not
+        given)."""
         lib = _lib()
-        data = _joined(tokens) if lib is not None and tokens else None
+        if lib is not None and tokens and data is None:
+            data = joined(tokens)
         texts = [tokens[i] for i, _ in added]
         if data is None or "" in texts or len(set(texts)) != len(texts):
             return None

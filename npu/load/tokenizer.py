@@ -118,9 +118,11 @@ class Tokenizer:
                      if "content" in a and "id" in a}
             same = all(vocab.get(text) == i for text, i in added.items())
             self._vocab, self._ids = (vocab if same else {**vocab, **added}), vocab
+            top = max(added.values(), default=0)  # an added id past the vocabulary's
         else:
             self._vocab = self._ids = self._tok.get_vocab(with_added_tokens=True)
-        self.size = max(max(self._vocab.values()), max(self._ids.values())) + 1
+            top = 0
+        self.size = max(max(self._ids.values()), top) + 1
         # the parts read later (not the vocabulary and merges: tens of MB of Python objects)
         self._json = {"decoder": doc.get("decoder"), "added_tokens": doc.get("added_tokens")}
         self.byte_level = _uses(self._json.get("decoder"), "ByteLevel")

@@ -18,8 +18,9 @@ from npu.load import spm
 from npu.load.gguf_tokenizer import spm_tokenizer, tokenizer_json
 from npu.load.tokenizer import Tokenizer
 
-pytestmark = pytest.mark.skipif(spm._lib() is None,
-                                reason="no C compiler here: `tokenizers` encodes alone")
+pytestmark = pytest.mark.skipif(
+    spm._lib() is None, reason="the C kernels cannot be built here (no C compiler): such a "
+    "machine encodes with `tokenizers` alone, which the other tokenizer tests cover")
 
 CHARS = ["a", "b", "c", "d", "é", "日", "本", "🙂", "\u2581", "<", ">", "\t", "\n"]
 ADDED = ["<s>", "</s>", "<a>", "<ab>", "<ab", "\t", "\t\t", "\n\n", "ab", "<turn>"]

@@ -102,7 +102,7 @@ def test_sentencepiece_merges_found_in_c_are_the_python_loops(monkeypatch) -> No
     short = gguf_tokenizer._spm_merges(SPM_TOKENS, SPM_SCORES[:20])  # a file short of scores
     with_nul = [*SPM_TOKENS, "a\0b"]
     assert convert.spm_pairs(with_nul) is None
-    monkeypatch.setattr(convert, "spm_pairs", lambda tokens: None)
+    monkeypatch.setattr(convert, "spm_pairs", lambda tokens, data=None: None)
     assert fast == gguf_tokenizer._spm_merges(SPM_TOKENS, SPM_SCORES)
     assert short == gguf_tokenizer._spm_merges(SPM_TOKENS, SPM_SCORES[:20]) != fast
     assert ("a", "b") in fast and ("é", "日本") in fast and ("\u2581", "abc") in fast
