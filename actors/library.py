@@ -39,9 +39,20 @@ LATEST = "latest"
 SPLIT = re.compile(r"^(?P<stem>.+)-(?P<part>\d{5})-of-(?P<count>\d{5})$")
 SAMPLE = 1 << 20  # bytes hashed at each end of a file for its digest
 # GGUF's general.file_type values (llama.cpp's LLAMA_FTYPE_*) -> Ollama's quantization_level
-_FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1",
-               10: "Q2_K", 11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S",
-               15: "Q4_K_M", 16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K", 32: "BF16"}
+def _file_type_name(ftype: object) -> str | None:
+    """`general.file_type` as llama.cpp and Ollama name it (15: Q4_K_M, 30: IQ4_XS, 38:
+    MXFP4_MOE); None for a value gguf-py does not know, or not an integer."""
+    from gguf import LlamaFileType
+
+    if not isinstance(ftype, int) or isinstance(ftype, bool):
+        return None
+    try:
+        name = LlamaFileType(ftype).name
+    except ValueError:
+        return None
+    if name == "GUESSED":
+        return None
+    return name.removeprefix("MOSTLY_").removeprefix("ALL_")
 
 
 class LibraryModel(msgspec.Struct, frozen=True, kw_only=True):
@@ -163,7 +174,7 @@ def gguf_quantization(path: Path) -> str | None:
         ftype = read_header(file).meta.get("general.file_type") if file else None
     except Exception:  # listings only: the model itself loaded, or says why not
         return None
-    return _FILE_TYPES.get(ftype) if isinstance(ftype, int) else None
+    return _file_type_name(ftype)
 
 
 def _gguf_facts(files: list[Path]) -> dict[str, Any]:
@@ -175,7 +186,7 @@ def _gguf_facts(files: list[Path]) -> dict[str, Any]:
         tensors += read_header(part).tensors
     params = sum(_product(t.shape) for t in tensors)
     ftype = meta.get("general.file_type")
-    quant = _FILE_TYPES.get(ftype) if isinstance(ftype, int) else None
+    quant = _file_type_name(ftype)
     if quant is None:  # the type holding most of the matrices' bytes
         by_type: Counter = Counter()
         for t in tensors:

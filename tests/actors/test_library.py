@@ -181,6 +181,10 @@ def test_a_configured_gguf_file_is_listed_by_its_own_type(tmp_path: Path) -> Non
     write_gguf(tmp_path / "d" / "m.gguf", file_type=7)
     assert gguf_quantization(tmp_path / "d") == "Q8_0"
     assert gguf_quantization(write_gguf(tmp_path / "b.gguf", file_type=None)) is None
+    # the names llama.cpp gives past the k-quants, and none for a number it does not know
+    assert gguf_quantization(write_gguf(tmp_path / "i.gguf", file_type=30)) == "IQ4_XS"
+    assert gguf_quantization(write_gguf(tmp_path / "f.gguf", file_type=0)) == "F32"
+    assert gguf_quantization(write_gguf(tmp_path / "u.gguf", file_type=999)) is None
     assert gguf_quantization(tmp_path / "nowhere") is None
     (tmp_path / "bad.gguf").write_bytes(b"GGUF\x03")
     assert gguf_quantization(tmp_path / "bad.gguf") is None
