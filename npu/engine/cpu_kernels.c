@@ -1741,6 +1741,9 @@ static inline int64_t att_layout(int64_t len, int64_t window, int64_t *base, int
 }
 
 #define ATT_HEADS 6 /* query heads of one key head a pass over its rows takes at most */
+#ifndef ATT_AHEAD
+#define ATT_AHEAD 4 /* keys ahead a score pass fetches */
+#endif
 
 #ifdef __AVX2__
 /* Eight values of a cached row from value i (f16 when `half`, else float32). */
@@ -1751,59 +1754,93 @@ static inline __m256 kv_load8(const uint8_t *row, int64_t i, int half) {
     return _mm256_loadu_ps((const float *)row + i);
 }
 
-/* Scores p[h][j - j0] = (q_h . key j) * scale of nh (a constant where inlined) query heads
- * q + h * hd, each key row loaded (and converted) once for all of them; top[h]: their
- * maximum (from its value on entry). hd % 16 == 0. */
+/* The sums of eight vectors' lanes: lane i of the result is v[i]'s sum. */
+static inline __m256 hsum8(const __m256 *v) {
+    const __m256 t0 = _mm256_hadd_ps(v[0], v[1]), t1 = _mm256_hadd_ps(v[2], v[3]);
+    const __m256 t2 = _mm256_hadd_ps(v[4], v[5]), t3 = _mm256_hadd_ps(v[6], v[7]);
+    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
+                         _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/* Scores p[h * pn + i] = (q_h . key i) * scale of nh (a constant where inlined) query heads
+ * q + h * hd over the n keys at byte offsets off[i] of K, eight keys at a time: each key row
+ * loaded (and converted) once for all the heads, its eight keys' sums reduced together;
+ * top[h]: the heads' maxima, lane-wise (from their values on entry). Writes up to pn8 =
+ * n rounded up to 8 floats a head (pn >= pn8). hd % 16 == 0. */
 static inline __attribute__((always_inline)) void dec_scores_n(
-        const float *q, const int nh, const uint8_t *K, const uint8_t *V, const int64_t *table,
-        int64_t head, int64_t bs, int shift, int64_t block_bytes, int64_t row_bytes, int64_t j0,
-        int64_t j1, int64_t hd, float scale, int half, float *p, int64_t pn, float *top) {
-    for (int64_t j = j0; j < j1; j++) {
-        const int64_t at = kv_at(table, j, bs, shift, block_bytes, head, row_bytes);
-        const uint8_t *row = K + at;
-        for (int64_t c = 0; c < row_bytes; c += 64) __builtin_prefetch(V + at + c, 0, 3);
-        if (j + 4 < j1) {
-            const uint8_t *ahead = K + kv_at(table, j + 4, bs, shift, block_bytes, head, row_bytes);
-            for (int64_t c = 0; c < row_bytes; c += 64) __builtin_prefetch(ahead + c, 0, 3);
-        }
-        __m256 a[ATT_HEADS][2];
-        for (int h = 0; h < nh; h++) a[h][0] = a[h][1] = _mm256_setzero_ps();
-        for (int64_t i = 0; i < hd; i += 16) {
-            const __m256 k0 = kv_load8(row, i, half), k1 = kv_load8(row, i + 8, half);
-            for (int h = 0; h < nh; h++) {
-                a[h][0] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * hd + i), k0, a[h][0]);
-                a[h][1] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * hd + i + 8), k1, a[h][1]);
+        const float *q, const int nh, const uint8_t *K, const uint8_t *V, const int64_t *off,
+        int64_t n, int64_t hd, int64_t row_bytes, float scale, int half, float *p, int64_t pn,
+        __m256 *top) {
+    const __m256 lanes = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), vscale = _mm256_set1_ps(scale);
+    for (int64_t i0 = 0; i0 < n; i0 += 8) {
+        const int64_t nk = n - i0 < 8 ? n - i0 : 8;
+        __m256 sums[ATT_HEADS][8];
+        for (int kk = 0; kk < 8; kk++) { /* past the span's end: its last key again (unused) */
+            const int64_t at = off[i0 + (kk < nk ? kk : nk - 1)];
+            const uint8_t *row = K + at;
+            /* the memory is slow (a step's weights stream through the caches): the value row
+             * fetched for the pass after this one, the key row ATT_AHEAD on for this one */
+            for (int64_t c = 0; c < row_bytes; c += 64) __builtin_prefetch(V + at + c, 0, 3);
+            if (i0 + kk + ATT_AHEAD < n)
+                for (int64_t c = 0; c < row_bytes; c += 64)
+                    __builtin_prefetch(K + off[i0 + kk + ATT_AHEAD] + c, 0, 3);
+            __m256 a[ATT_HEADS][2];
+            for (int h = 0; h < nh; h++) a[h][0] = a[h][1] = _mm256_setzero_ps();
+            for (int64_t i = 0; i < hd; i += 16) {
+                const __m256 k0 = kv_load8(row, i, half), k1 = kv_load8(row, i + 8, half);
+                for (int h = 0; h < nh; h++) {
+                    a[h][0] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * hd + i), k0, a[h][0]);
+                    a[h][1] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * hd + i + 8), k1, a[h][1]);
+                }
             }
+            for (int h = 0; h < nh; h++) sums[h][kk] = _mm256_add_ps(a[h][0], a[h][1]);
         }
+        const __m256 valid = _mm256_cmp_ps(lanes, _mm256_set1_ps((float)nk), _CMP_LT_OQ);
         for (int h = 0; h < nh; h++) {
-            const float x = hsum(_mm256_add_ps(a[h][0], a[h][1])) * scale;
-            p[h * pn + j - j0] = x;
-            top[h] = x > top[h] ? x : top[h];
+            const __m256 x = _mm256_mul_ps(hsum8(sums[h]), vscale);
+            _mm256_storeu_ps(p + h * pn + i0, x);
+            top[h] = _mm256_max_ps(top[h], _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), x, valid));
         }
     }
 }
 
-/* O[h] = sum_j w[h][j - j0] * value row j for nh (a constant where inlined) heads, each
- * value row loaded (and converted) once for all of them, 16 of its values at a time. */
+/* O[h] = sum_i w[h * pn + i] * value row i (at byte offset off[i] of V) for nh (a constant
+ * where inlined) heads, each value row loaded (and converted) once for all of them, 16 of
+ * its values at a time, keys in pairs on two sets of sums. */
 static inline __attribute__((always_inline)) void dec_values_n(
-        const float *w, int64_t pn, const int nh, const uint8_t *V, const int64_t *table,
-        int64_t head, int64_t bs, int shift, int64_t block_bytes, int64_t row_bytes, int64_t j0,
-        int64_t j1, int64_t hd, int half, float *O) {
+        const float *w, int64_t pn, const int nh, const uint8_t *V, const int64_t *off,
+        int64_t n, int64_t hd, int half, float *O) {
     for (int64_t d = 0; d < hd; d += 16) {
-        __m256 a[ATT_HEADS][2];
-        for (int h = 0; h < nh; h++) a[h][0] = a[h][1] = _mm256_setzero_ps();
-        for (int64_t j = j0; j < j1; j++) {
-            const uint8_t *row = V + kv_at(table, j, bs, shift, block_bytes, head, row_bytes);
+        __m256 a[ATT_HEADS][2], b[ATT_HEADS][2];
+        for (int h = 0; h < nh; h++) a[h][0] = a[h][1] = b[h][0] = b[h][1] = _mm256_setzero_ps();
+        int64_t i = 0;
+        if (nh <= 3)
+            for (; i + 2 <= n; i += 2) {
+                const uint8_t *r0 = V + off[i], *r1 = V + off[i + 1];
+                const __m256 v0 = kv_load8(r0, d, half), v1 = kv_load8(r0, d + 8, half);
+                const __m256 u0 = kv_load8(r1, d, half), u1 = kv_load8(r1, d + 8, half);
+                for (int h = 0; h < nh; h++) {
+                    const __m256 x = _mm256_set1_ps(w[h * pn + i]);
+                    const __m256 y = _mm256_set1_ps(w[h * pn + i + 1]);
+                    a[h][0] = _mm256_fmadd_ps(x, v0, a[h][0]);
+                    a[h][1] = _mm256_fmadd_ps(x, v1, a[h][1]);
+                    b[h][0] = _mm256_fmadd_ps(y, u0, b[h][0]);
+                    b[h][1] = _mm256_fmadd_ps(y, u1, b[h][1]);
+                }
+            }
+        for (; i < n; i++) {
+            const uint8_t *row = V + off[i];
             const __m256 v0 = kv_load8(row, d, half), v1 = kv_load8(row, d + 8, half);
             for (int h = 0; h < nh; h++) {
-                const __m256 x = _mm256_set1_ps(w[h * pn + j - j0]);
+                const __m256 x = _mm256_set1_ps(w[h * pn + i]);
                 a[h][0] = _mm256_fmadd_ps(x, v0, a[h][0]);
                 a[h][1] = _mm256_fmadd_ps(x, v1, a[h][1]);
             }
         }
         for (int h = 0; h < nh; h++) {
-            _mm256_storeu_ps(O + h * hd + d, a[h][0]);
-            _mm256_storeu_ps(O + h * hd + d + 8, a[h][1]);
+            _mm256_storeu_ps(O + h * hd + d, _mm256_add_ps(a[h][0], b[h][0]));
+            _mm256_storeu_ps(O + h * hd + d + 8, _mm256_add_ps(a[h][1], b[h][1]));
         }
     }
 }
@@ -1812,17 +1849,23 @@ static inline __attribute__((always_inline)) void dec_values_n(
 /* One decode row's nh (<= ATT_HEADS) query heads q + h * hd, all of key head `head` (its
  * byte offset in a block), over keys j0 .. j1 - 1: each head's maximum score m[h], the sum
  * l[h] of e^(score - m) and the unnormalised output O [nh, hd]; sink: NULL or the heads'
- * sinks (a key of value zero). p: nh * (j1 - j0) floats of scratch. */
+ * sinks (a key of value zero). p: nh * (j1 - j0 + 7) floats of scratch; off: j1 - j0 of
+ * scratch for the keys' byte offsets. */
 static void dec_span(const float *q, int nh, const void *K, const void *V, const int64_t *table,
                      int64_t head, int64_t bs, int64_t block_bytes, int64_t row_bytes,
                      int64_t j0, int64_t j1, int64_t hd, float scale, int half,
-                     const float *sink, float *p, float *O, float *m, float *l) {
+                     const float *sink, int64_t *off, float *p, float *O, float *m, float *l) {
     const int shift = kv_shift(bs);
-    const int64_t pn = j1 - j0;
+    const int64_t n = j1 - j0;
     const uint8_t *Kb = (const uint8_t *)K, *Vb = (const uint8_t *)V;
     for (int h = 0; h < nh; h++) m[h] = sink ? sink[h] : -INFINITY;
 #ifdef __AVX2__
     if (hd % 16 == 0) {
+        const int64_t pn = (n + 7) & ~(int64_t)7; /* a head's scores: whole sets of 8 */
+        for (int64_t i = 0; i < n; i++)
+            off[i] = kv_at(table, j0 + i, bs, shift, block_bytes, head, row_bytes);
+        __m256 top[ATT_HEADS];
+        for (int h = 0; h < nh; h++) top[h] = _mm256_set1_ps(m[h]);
 /* CALL(n) with n = nh as a constant (each count its own inlined code) */
 #define BY_HEADS(CALL) switch (nh) { \
         case 1: CALL(1); break; \
@@ -1832,36 +1875,36 @@ static void dec_span(const float *q, int nh, const void *K, const void *V, const
         case 5: CALL(5); break; \
         default: CALL(6); break; \
         }
-#define DEC_SCORES(n) dec_scores_n(q, n, Kb, Vb, table, head, bs, shift, block_bytes, row_bytes, \
-                                   j0, j1, hd, scale, half, p, pn, m)
+#define DEC_SCORES(c) dec_scores_n(q, c, Kb, Vb, off, n, hd, row_bytes, scale, half, p, pn, top)
         BY_HEADS(DEC_SCORES)
 #undef DEC_SCORES
         for (int h = 0; h < nh; h++) {
+            m[h] = hsum_max(top[h]);
             float *ph = p + h * pn;
-            const __m256 top = _mm256_set1_ps(m[h]);
+            const __m256 mx = _mm256_set1_ps(m[h]);
             __m256 acc = _mm256_setzero_ps();
             int64_t t = 0;
-            for (; t + 8 <= pn; t += 8) {
-                const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(ph + t), top));
+            for (; t + 8 <= n; t += 8) {
+                const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(ph + t), mx));
                 _mm256_storeu_ps(ph + t, e);
                 acc = _mm256_add_ps(acc, e);
             }
             float total = hsum(acc) + (sink ? expf(sink[h] - m[h]) : 0.0f);
-            for (; t < pn; t++) {
+            for (; t < n; t++) {
                 ph[t] = expf(ph[t] - m[h]);
                 total += ph[t];
             }
             l[h] = total;
         }
-#define DEC_VALUES(n) dec_values_n(p, pn, n, Vb, table, head, bs, shift, block_bytes, \
-                                   row_bytes, j0, j1, hd, half, O)
+#define DEC_VALUES(c) dec_values_n(p, pn, c, Vb, off, n, hd, half, O)
         BY_HEADS(DEC_VALUES)
 #undef DEC_VALUES
 #undef BY_HEADS
         return;
     }
 #endif
-    const int64_t es = half ? 2 : 4;
+    (void)off;
+    const int64_t es = half ? 2 : 4, pn = n;
     for (int64_t j = j0; j < j1; j++) {
         const uint8_t *k = Kb + kv_at(table, j, bs, shift, block_bytes, head, row_bytes);
         for (int h = 0; h < nh; h++) {
@@ -1894,7 +1937,7 @@ static void dec_span(const float *q, int nh, const void *K, const void *V, const
 static int64_t att_scratch(int64_t group, int64_t hd, int64_t longest) {
     int64_t base, per;
     att_layout(longest, 0, &base, &per);
-    return ATT_HEADS * (per + FK) + group * (hd + 2);
+    return 2 * (per + FK) + ATT_HEADS * (per + FK) + group * (hd + 2);
 }
 
 /* The most spans any of the B rows is cut into under `window` (more keys can make fewer
@@ -1945,13 +1988,16 @@ static void attend_team(const float *Q, int64_t q_stride, int64_t B, int64_t nq,
         const int64_t lo = window > 0 && len > window ? len - window : 0;
         const int64_t j0 = base + c * per > lo ? base + c * per : lo;
         const int64_t j1 = base + (c + 1) * per < len ? base + (c + 1) * per : len;
-        float *O = scratch, *m = O + group * hd, *l = m + group, *p = l + group;
+        /* the scratch: the keys' offsets (at its start: 8-byte aligned), outputs, maxima,
+         * sums, scores */
+        int64_t *off = (int64_t *)scratch;
+        float *O = scratch + 2 * (per + FK), *m = O + group * hd, *l = m + group, *p = l + group;
         for (int64_t h0 = 0; h0 < group; h0 += ATT_HEADS) { /* heads in sets of ATT_HEADS */
             const int nh = (int)(group - h0 < ATT_HEADS ? group - h0 : ATT_HEADS);
             const int64_t h = hk * group + h0;
             dec_span(Q + b * q_stride + h * hd, nh, K, V, tables + b * tstride,
                      hk * bs * row_bytes, bs, block_bytes, row_bytes, j0, j1, hd, scale, half,
-                     sinks && c == 0 ? sinks + h : NULL, p, O + h0 * hd, m + h0, l + h0);
+                     sinks && c == 0 ? sinks + h : NULL, off, p, O + h0 * hd, m + h0, l + h0);
         }
         for (int64_t i = 0; i < group; i++) {
             const int64_t h = hk * group + i;
