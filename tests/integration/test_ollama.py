@@ -72,7 +72,10 @@ def test_streamed_chat_folds_into_the_whole_answer(oc) -> None:
     whole = oc.chat(model=SMOL, messages=CATS, options=opts)
     parts = list(oc.chat(model=f"{SMOL}:latest", messages=CATS, options=opts, stream=True))
     folded = _fold(parts)
-    assert len(parts) > 3 and [p.done for p in parts].count(True) == 1 and parts[-1].done
+    # streamed: text arrives before the one closing part (how many parts depends on the
+    # machine's speed: after the first token, tokens go out together every 100 ms)
+    assert [p.done for p in parts].count(True) == 1 and parts[-1].done
+    assert any(p.message.content for p in parts[:-1])
     assert folded["content"] == whole.message.content
     assert folded["done"].eval_count == whole.eval_count
     assert folded["done"].done_reason == whole.done_reason
