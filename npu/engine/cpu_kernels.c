@@ -1846,24 +1846,18 @@ static inline __attribute__((always_inline)) void dec_values_n(
 }
 #endif
 
-/* One decode row's nh (<= ATT_HEADS) query heads q + h * hd, all of key head `head` (its
- * byte offset in a block), over keys j0 .. j1 - 1: each head's maximum score m[h], the sum
- * l[h] of e^(score - m) and the unnormalised output O [nh, hd]; sink: NULL or the heads'
- * sinks (a key of value zero). p: nh * (j1 - j0 + 7) floats of scratch; off: j1 - j0 of
- * scratch for the keys' byte offsets. */
-static void dec_span(const float *q, int nh, const void *K, const void *V, const int64_t *table,
-                     int64_t head, int64_t bs, int64_t block_bytes, int64_t row_bytes,
-                     int64_t j0, int64_t j1, int64_t hd, float scale, int half,
-                     const float *sink, int64_t *off, float *p, float *O, float *m, float *l) {
-    const int shift = kv_shift(bs);
-    const int64_t n = j1 - j0;
+/* One decode row's nh (<= ATT_HEADS) query heads q + h * hd, all of one key head, over the
+ * n keys whose rows are at byte offsets off[i] of K and V (rows of row_bytes): each head's
+ * maximum score m[h], the sum l[h] of e^(score - m) and the unnormalised output O [nh, hd];
+ * sink: NULL or the heads' sinks (a key of value zero). p: nh * (n + 7) floats of scratch. */
+static void dec_span(const float *q, int nh, const void *K, const void *V, const int64_t *off,
+                     int64_t n, int64_t row_bytes, int64_t hd, float scale, int half,
+                     const float *sink, float *p, float *O, float *m, float *l) {
     const uint8_t *Kb = (const uint8_t *)K, *Vb = (const uint8_t *)V;
     for (int h = 0; h < nh; h++) m[h] = sink ? sink[h] : -INFINITY;
 #ifdef __AVX2__
     if (hd % 16 == 0) {
         const int64_t pn = (n + 7) & ~(int64_t)7; /* a head's scores: whole sets of 8 */
-        for (int64_t i = 0; i < n; i++)
-            off[i] = kv_at(table, j0 + i, bs, shift, block_bytes, head, row_bytes);
         __m256 top[ATT_HEADS];
         for (int h = 0; h < nh; h++) top[h] = _mm256_set1_ps(m[h]);
 /* CALL(n) with n = nh as a constant (each count its own inlined code) */
@@ -1903,15 +1897,15 @@ static void dec_span(const float *q, int nh, const void *K, const void *V, const
         return;
     }
 #endif
-    (void)off;
+    (void)row_bytes;
     const int64_t es = half ? 2 : 4, pn = n;
-    for (int64_t j = j0; j < j1; j++) {
-        const uint8_t *k = Kb + kv_at(table, j, bs, shift, block_bytes, head, row_bytes);
+    for (int64_t i = 0; i < n; i++) {
+        const uint8_t *k = Kb + off[i];
         for (int h = 0; h < nh; h++) {
             float acc = 0.0f;
             for (int64_t d = 0; d < hd; d++)
                 acc += q[h * hd + d] * (half ? h2f(k + es * d) : ((const float *)k)[d]);
-            p[h * pn + j - j0] = acc * scale;
+            p[h * pn + i] = acc * scale;
             m[h] = acc * scale > m[h] ? acc * scale : m[h];
         }
     }
@@ -1924,12 +1918,11 @@ static void dec_span(const float *q, int nh, const void *K, const void *V, const
         l[h] = total;
     }
     memset(O, 0, (size_t)(nh * hd) * sizeof(float));
-    for (int64_t j = j0; j < j1; j++) {
-        const uint8_t *v = Vb + kv_at(table, j, bs, shift, block_bytes, head, row_bytes);
+    for (int64_t i = 0; i < n; i++) {
+        const uint8_t *v = Vb + off[i];
         for (int h = 0; h < nh; h++)
             for (int64_t d = 0; d < hd; d++)
-                O[h * hd + d] += p[h * pn + j - j0] * (half ? h2f(v + es * d)
-                                                            : ((const float *)v)[d]);
+                O[h * hd + d] += p[h * pn + i] * (half ? h2f(v + es * d) : ((const float *)v)[d]);
     }
 }
 
@@ -1969,6 +1962,7 @@ static void attend_team(const float *Q, int64_t q_stride, int64_t B, int64_t nq,
                         float *scratch, float *part, int64_t spans, Act8 *qa) {
     const int64_t group = nq / nkv, width = hd + 2, es = half ? 2 : 4;
     const int64_t row_bytes = hd * es, block_bytes = nkv * bs * row_bytes;
+    const int shift = kv_shift(bs);
     int64_t tasks = 0, base = 0, per = FK;
     for (int64_t b = 0; b < B; b++) tasks += nkv * att_layout(lengths[b], window, &base, &per);
     /* a task's row: a thread's tasks come in rising order (a shared counter hands them
@@ -1992,12 +1986,14 @@ static void attend_team(const float *Q, int64_t q_stride, int64_t B, int64_t nq,
          * sums, scores */
         int64_t *off = (int64_t *)scratch;
         float *O = scratch + 2 * (per + FK), *m = O + group * hd, *l = m + group, *p = l + group;
+        const int64_t *table = tables + b * tstride, head = hk * bs * row_bytes;
+        for (int64_t j = j0; j < j1; j++) /* the span's rows, found once for every head set */
+            off[j - j0] = kv_at(table, j, bs, shift, block_bytes, head, row_bytes);
         for (int64_t h0 = 0; h0 < group; h0 += ATT_HEADS) { /* heads in sets of ATT_HEADS */
             const int nh = (int)(group - h0 < ATT_HEADS ? group - h0 : ATT_HEADS);
             const int64_t h = hk * group + h0;
-            dec_span(Q + b * q_stride + h * hd, nh, K, V, tables + b * tstride,
-                     hk * bs * row_bytes, bs, block_bytes, row_bytes, j0, j1, hd, scale, half,
-                     sinks && c == 0 ? sinks + h : NULL, off, p, O + h0 * hd, m + h0, l + h0);
+            dec_span(Q + b * q_stride + h * hd, nh, K, V, off, j1 - j0, row_bytes, hd, scale,
+                     half, sinks && c == 0 ? sinks + h : NULL, p, O + h0 * hd, m + h0, l + h0);
         }
         for (int64_t i = 0; i < group; i++) {
             const int64_t h = hk * group + i;
