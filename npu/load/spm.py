@@ -59,9 +59,10 @@ def spm_pairs(tokens: list[str], data: bytes | None = None
     spell: the last); None without the kernels or where a token holds a NUL. `data`: the
     tokens `joined` (made here if not given)."""
     lib = _lib()
-    if lib is not None and tokens and data is None:
-        data = joined(tokens)
-    if lib is None or not tokens or data is None:
+    if lib is None or not tokens:
+        return None
+    data = joined(tokens) if data is None else data
+    if data is None:
         return None
     cap = len(data)  # a cut per byte at most
     out = np.empty((3, max(cap, 1)), dtype=np.int32)
@@ -101,8 +102,9 @@ class SpmTokenizer:
         token): `tokenizers` keeps those. `data`: the tokens `joined` (made here if not
         given)."""
         lib = _lib()
-        if lib is not None and tokens and data is None:
-            data = joined(tokens)
+        if lib is None or not tokens:
+            return None
+        data = joined(tokens) if data is None else data
         texts = [tokens[i] for i, _ in added]
         if data is None or "" in texts or len(set(texts)) != len(texts):
             return None

@@ -4,7 +4,6 @@ incremental Detokenizer that only ever emits complete UTF-8 and never re-emits t
 from __future__ import annotations
 
 import codecs
-import itertools
 import json
 import re
 from functools import cache
@@ -179,10 +178,13 @@ class Tokenizer:
         added = {a["id"]: a["content"] for a in self._json["added_tokens"] or []}
         blank = {t for t in (self.bos_token, self.unk_token, self.pad_token) if t}
         dec = byte_decoder()
-        for piece, i in itertools.chain(self._ids.items(), self._vocab.items()):
+        for i, content in added.items():  # by id: a text the vocabulary repeats has both
+            if 0 <= i < len(out):
+                out[i] = b"" if content in blank else content.encode("utf-8")
+        for piece, i in self._ids.items():
             if i in added:
-                out[i] = b"" if added[i] in blank else added[i].encode("utf-8")
-            elif self.byte_level:
+                continue
+            if self.byte_level:
                 try:
                     out[i] = bytes(dec[ch] for ch in piece)
                 except KeyError:
