@@ -62,6 +62,19 @@ static float half_to_float(uint16_t h) {
     return f;
 }
 
+#if !(defined(__AVX2__) && defined(__F16C__))
+uint16_t fc_half_soft(float f); /* cpu_convert.c: rounded to the nearest, ties to even */
+#endif
+
+/* A float's f16 bits, rounded to the nearest (ties to even). */
+static inline uint16_t f2h(float x) {
+#if defined(__AVX2__) && defined(__F16C__)
+    return _cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT);
+#else
+    return fc_half_soft(x);
+#endif
+}
+
 void fk_init(void) {
     if (table_ready) return;
     for (uint32_t i = 0; i < 65536; i++) f16_table[i] = half_to_float((uint16_t)i);
@@ -79,15 +92,6 @@ static inline float h2f(const uint8_t *p) {
 }
 
 static int blocked(int type) { return type != F32 && type != F16 && type != BF16; }
-
-/* Whether this build converts f16 in hardware (the KV cache is f16 then). */
-int fk_has_f16c(void) {
-#if defined(__AVX2__) && defined(__F16C__)
-    return 1;
-#else
-    return 0;
-#endif
-}
 
 /* Bytes of one row of K values. */
 int64_t fk_row_bytes(int type, int64_t K) {
@@ -319,7 +323,9 @@ static void row_dots(int type, const uint8_t *row, int64_t K, const float *X, in
 #else
 #define MAX_T 0
 static void row_dots(int type, const uint8_t *row, int64_t K, const float *X, int64_t T,
-                     float *out, int64_t out_stride) {}
+                     float *out, int64_t out_stride) { /* not called: MAX_T 0 */
+    (void)type; (void)row; (void)K; (void)X; (void)T; (void)out; (void)out_stride;
+}
 #endif
 
 /* -- 8-bit activations ----------------------------------------------------------------------
@@ -351,11 +357,16 @@ static int is_integer(int type) {
     return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1 || type == Q8_0;
 }
 
-#ifdef __AVX2__
+/* x rounded to the nearest f16 (ties to even), as a float. */
 static inline float round_f16(float x) {
+#if defined(__AVX2__) && defined(__F16C__)
     return _cvtsh_ss(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT));
+#else
+    return half_to_float(fc_half_soft(x));
+#endif
 }
 
+#ifdef __AVX2__
 /* Blocks b0 .. b1 of token t, whose values start at x, rounded into `a`. */
 static void quantize_blocks(const float *x0, int64_t t, int64_t b0, int64_t b1, Act8 *a) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
@@ -397,6 +408,28 @@ static void quantize_blocks(const float *x0, int64_t t, int64_t b0, int64_t b1, 
         }
     }
 }
+#else
+/* quantize_blocks in plain C: the same codes, scales and sums (x * (127 / amax) rounded to
+ * the nearest integer, ties to even, as vcvtps2dq in the default rounding mode). */
+static void quantize_blocks(const float *x0, int64_t t, int64_t b0, int64_t b1, Act8 *a) {
+    for (int64_t b = b0; b < b1; b++) {
+        const float *x = x0 + 32 * b;
+        const int64_t at = act_at(a, t, b);
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+        const float d = round_f16(amax / 127.0f), inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        int32_t sum = 0;
+        for (int i = 0; i < 32; i++) {
+            const int32_t c = (int32_t)nearbyintf(x[i] * inv);
+            a->q[32 * at + i] = (int8_t)c;
+            sum += c;
+        }
+        a->d[at] = d;
+        a->s[at] = round_f16(d * (float)sum);
+        if (a->qs) a->qs[at] = sum;
+    }
+}
+#endif
 
 /* Rows t0 .. t1 of X (row t at X + t * K) rounded into `a`. */
 static void quantize_range(const float *X, int64_t t0, int64_t t1, int64_t K, Act8 *a) {
@@ -448,6 +481,7 @@ static inline void thread_share(int64_t units, int64_t *lo, int64_t *hi) {
     *hi = per * (id + 1) < units ? per * (id + 1) : units;
 }
 
+#ifdef __AVX2__
 /* The 32 codes of an integer block, in element order, with its scale and offset. Q4 / Q5
  * codes are unsigned; Q8_0's are signed (see dot_codes). */
 static inline __m256i block_codes(int type, const uint8_t *src, float *dw, float *mw) {
@@ -646,6 +680,54 @@ static void rows_int(int type, const uint8_t *W, int64_t rb, const Act8 *a, int6
     case Q5_1: rows_int_as(Q5_1, W, rb, a, n0, n1, t0, t1, Y, N, mw); return;
     default: rows_int_as(Q8_0, W, rb, a, n0, n1, t0, t1, Y, N, mw); return;
     }
+}
+#else
+/* The products on 8-bit activations in plain C (no AVX2: other CPUs): per block the exact
+ * integer sum of codes times codes, times dw * dx, the blocks added in order; then the
+ * offsets' dot product with the tokens' dx * sum(qx). One row and one token at a time, so a
+ * token's output does not depend on how many share the product (not the AVX2 build's bits:
+ * its sums go in another order). */
+static inline void block_ints(int type, const uint8_t *src, int32_t c[32], float *dw,
+                              float *mw) {
+    *dw = h2f(src);
+    if (type == Q8_0) {
+        *mw = 0.0f;
+        for (int j = 0; j < 32; j++) c[j] = ((const int8_t *)(src + 2))[j];
+        return;
+    }
+    const int one = type == Q4_1 || type == Q5_1, fifth = type == Q5_0 || type == Q5_1;
+    const uint8_t *q = src + (one ? 4 : 2) + (fifth ? 4 : 0);
+    uint32_t qh = 0;
+    if (fifth) memcpy(&qh, src + (one ? 4 : 2), 4);
+    for (int j = 0; j < 16; j++) {
+        c[j] = (q[j] & 15) | (int32_t)(((qh >> j) & 1) << 4);
+        c[j + 16] = (q[j] >> 4) | (int32_t)(((qh >> (j + 16)) & 1) << 4);
+    }
+    *mw = one ? h2f(src + 2) : (fifth ? -16.0f : -8.0f) * *dw;
+}
+
+static float row_dot_int(int type, const uint8_t *row, const Act8 *a, int64_t t) {
+    const int64_t bs = fk_row_bytes(type, 32), nb = a->nb;
+    float acc = 0.0f, off = 0.0f;
+    int32_t c[32];
+    for (int64_t b = 0; b < nb; b++) {
+        float dw, mw;
+        block_ints(type, row + b * bs, c, &dw, &mw);
+        const int64_t at = act_at(a, t, b);
+        const int8_t *q = a->q + 32 * at;
+        int32_t sum = 0;
+        for (int j = 0; j < 32; j++) sum += c[j] * q[j];
+        acc += dw * a->d[at] * (float)sum;
+        off += mw * a->s[at];
+    }
+    return acc + off;
+}
+
+static void rows_int(int type, const uint8_t *W, int64_t rb, const Act8 *a, int64_t n0,
+                     int64_t n1, int64_t t0, int64_t t1, float *Y, int64_t N, float *mw) {
+    (void)mw;
+    for (int64_t t = t0; t < t1; t++)
+        for (int64_t n = n0; n < n1; n++) Y[t * N + n] = row_dot_int(type, W + n * rb, a, t);
 }
 #endif
 
@@ -1104,7 +1186,6 @@ int fk_matmul(int type, const uint8_t *W, int64_t N, int64_t K, const float *X, 
               float *Y, int threads) {
     const int64_t rb = fk_row_bytes(type, K);
     if (rb < 0 || (blocked(type) && K % 32) || !table_ready) return -1;
-#ifdef __AVX2__
     if (is_integer(type)) {
         Act8 a;
         if (act8_quantize(X, T, K, 0, &a)) return -2;
@@ -1132,7 +1213,6 @@ int fk_matmul(int type, const uint8_t *W, int64_t N, int64_t K, const float *X, 
         act8_free(&a);
         return failed ? -2 : 0;
     }
-#endif
     const int direct = T <= MAX_T && K % 32 == 0 && has_loader(type);
     int failed = 0;
 #pragma omp parallel num_threads(threads)
@@ -1212,14 +1292,14 @@ static inline void store_kv(void *dst, const float *src, int64_t n, int half) {
         memcpy(dst, src, (size_t)n * sizeof(float));
         return;
     }
-#if defined(__AVX2__) && defined(__F16C__)
     uint16_t *d = (uint16_t *)dst;
     int64_t i = 0;
+#if defined(__AVX2__) && defined(__F16C__)
     for (; i + 8 <= n; i += 8)
         _mm_storeu_si128((__m128i *)(d + i),
                          _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
-    for (; i < n; i++) d[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
-#endif /* else not reached: without F16C the cache is float32 (fk_has_f16c) */
+#endif
+    for (; i < n; i++) d[i] = f2h(src[i]);
 }
 
 /* The new tokens' keys and values into the paged cache: row b of QKV (q heads, then nkv key
@@ -1260,11 +1340,7 @@ static inline int kv_shift(int64_t bs) {
  * them: no phase of its own. */
 static void quantize_heads(const float *OUT, int64_t nq, int64_t hd, int64_t t, int64_t h0,
                            int64_t h1, Act8 *qa) {
-#ifdef __AVX2__
     if (qa) quantize_blocks(OUT + t * nq * hd, t, h0 * hd / 32, h1 * hd / 32, qa);
-#else
-    (void)OUT; (void)nq; (void)hd; (void)t; (void)h0; (void)h1; (void)qa;
-#endif
 }
 
 /* In place on T rows of QKV (`stride` floats apart; nq query heads, then nkv key heads of
@@ -2106,7 +2182,6 @@ typedef struct {
     const float *final_norm; /* NULL, or the last layer's rows normed by it (in place) */
 } FkModel;
 
-#ifdef __AVX2__
 #define LIN_ROWS 64 /* rows per unit of a prompt's dynamically scheduled product */
 
 /* Team work: Y[T, L->n] = act @ L.T, the activations already rounded into `a` (tiled when
@@ -2294,7 +2369,6 @@ static void layer_mlp(const FkStep *S, const FkLayer *L, const FkLayer *next, Fk
 #pragma omp barrier
     timer(S->timing, 2, &me->mark);
 }
-#endif
 
 /* The layers of one forward over X [T, hidden] (in place: the last layer's output).
  * Pieces seg[s] = (first row, rows, position of the first row), s < nseg; nseg == T: a decode
@@ -2302,17 +2376,12 @@ static void layer_mlp(const FkStep *S, const FkLayer *L, const FkLayer *next, Fk
  * Piece s's block table: tables + s * tstride. kv: layer i's K and V caches at kv[2 i],
  * kv[2 i + 1]; rope tables cos[r], sin[r] [T, hd] for a layer whose `rope` is r. timing:
  * NULL, or 3 doubles that get the seconds spent in the products, in attention (with RoPE
- * and the KV write) and in the rest (thread 0's view). 0; -1: not built for this (no AVX2, a
+ * and the KV write) and in the rest (thread 0's view). 0; -1: a shape it does not take (a
  * part not in an integer format); -2: no memory. */
 int fk_forward(const FkModel *m, const FkLayer *layers, int64_t nl, void *const *kv, float *X,
                int64_t T, int64_t nseg, const int64_t *seg, const int64_t *tables,
                int64_t tstride, const float *const *cos, const float *const *sin, int threads,
                double *timing) {
-#ifndef __AVX2__
-    (void)m; (void)layers; (void)nl; (void)kv; (void)X; (void)T; (void)nseg; (void)seg;
-    (void)tables; (void)tstride; (void)cos; (void)sin; (void)threads; (void)timing;
-    return -1;
-#else
     if (!table_ready || T <= 0) return -1;
     const int64_t H = m->hidden, nq = m->nq, nkv = m->nkv, hd = m->hd, I = m->inter;
     const int64_t nqkv = (nq + 2 * nkv) * hd, group = nq / nkv;
@@ -2392,5 +2461,4 @@ int fk_forward(const FkModel *m, const FkLayer *layers, int64_t nl, void *const 
     free(part);
     act8_free(&a);
     return failed ? -2 : 0;
-#endif
 }

@@ -151,8 +151,6 @@ def load(path: Path) -> ctypes.CDLL:
     lib.fk_forward.restype = ctypes.c_int  # structures and pointer arrays: npu.engine.fused
     lib.fk_forward.argtypes = [_U8, _U8, _I64, _U8, _F32P, _I64, _I64, _I64P, _I64P, _I64, _U8,
                                _U8, ctypes.c_int, _U8]
-    lib.fk_has_f16c.restype = ctypes.c_int
-    lib.fk_has_f16c.argtypes = []
     return lib
 
 

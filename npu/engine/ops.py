@@ -186,12 +186,12 @@ class NumpyOps:
 class KernelOps(NumpyOps):
     """The compiled kernels (npu.engine.cpu_kernels), `threads` shared with the linear
     layers. The KV cache is f16 (as llama.cpp's default: half the memory and the bytes a
-    decode step reads) where the CPU converts f16 in hardware (F16C), else float32."""
+    decode step reads), converted in hardware where the CPU has F16C, else in plain C."""
+
+    kv_dtype = np.float16
 
     def __init__(self, lib, threads) -> None:
         self._lib, self.threads = lib, threads
-        self.kv_dtype = np.float16 if lib.fk_has_f16c() else np.float32
-        self._half = int(self.kv_dtype == np.float16)
         self._weights: dict[int, tuple[np.ndarray, int]] = {}
 
     def _weight(self, w: np.ndarray | None) -> int | None:

@@ -4,6 +4,8 @@ nothing else), the float formats exactly; the norm and the attention kernels as 
 
 from __future__ import annotations
 
+import platform
+
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
@@ -380,6 +382,8 @@ def test_the_avx2_build_packs_8_rows_and_computes_the_same_bits(tmp_path) -> Non
     same bits as this machine's own build, packed and in the file's blocks, for every integer
     format, decode and prompt rows (`make test` with FLM_KERNEL_FLAGS=-march=x86-64-v3 runs
     the whole suite on it)."""
+    if not GROUP:  # a build without AVX2 (FLM_KERNEL_FLAGS=-march=x86-64, other CPUs)
+        pytest.skip("this build has no AVX2: its sums go in another order, no bits to match")
     from npu.engine.cpu_kernels import build, load
     from npu.engine.linear import Threads
 
@@ -401,6 +405,42 @@ def test_the_avx2_build_packs_8_rows_and_computes_the_same_bits(tmp_path) -> Non
             if p2 is not None and own is not None:
                 got = CpuLinear(p2, Threads(2), lib2)(x)
                 assert np.array_equal(got, CpuLinear(own, Threads(2), LIB)(x)), (qtype.name, T)
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86's baseline flag")
+def test_the_portable_build_rounds_the_activations_and_keeps_an_f16_cache(tmp_path, cache) -> None:
+    """Built for a CPU without AVX2 (-march=x86-64: the build aarch64 and older x86 hosts
+    get), the integer formats are still products on 8-bit activations in plain C, each
+    token's output the same bits alone as among others (prefix reuse and verified drafts
+    rely on it), and the KV cache is f16, written and attended as numpy does
+    (`FLM_KERNEL_FLAGS=-march=x86-64` runs the whole suite, the one-call step's included, on
+    that build)."""
+    from npu.engine.cpu_kernels import build, load
+    from npu.engine.linear import Threads
+
+    lib = load(build(tmp_path, extra=("-march=x86-64",)))
+    assert lib.fk_packed_rows() == 0
+    rng = np.random.default_rng(11)
+    for qtype in sorted(INTEGER):
+        m = _matrix(rng, qtype, 37, 96)
+        w = m.dequantize().astype(np.float64)
+        x = rng.standard_normal((9, 96)).astype(np.float32) * 3
+        got = CpuLinear(m, Threads(2), lib)(x)
+        emulated = rounded_activations(x).astype(np.float64) @ w.T
+        assert np.abs(got - emulated).max() <= 1e-3 * np.abs(emulated).max(), qtype.name
+        for t in (0, 4, 8):
+            assert np.array_equal(CpuLinear(m, Threads(1), lib)(x[t:t + 1]), got[t:t + 1])
+    _, K, V, tables = cache
+    ops, ref = KernelOps(lib, LinearFactory("cpu", 2).threads), NumpyOps()
+    qkv = rng.standard_normal((3, (4 + 2 * 2) * 16)).astype(np.float32)
+    pos = np.array([4, 47, 16])
+    K16, V16 = K.astype(np.float16), V.astype(np.float16)
+    got = ops.attend_new(qkv, 4, K16, V16, tables, pos, 0, None, np.float32(0.25))
+    K32, V32 = K.copy(), V.copy()
+    want = ref.attend_new(qkv, 4, K32, V32, tables, pos, 0, None, np.float32(0.25))
+    assert np.array_equal(K16, K32.astype(np.float16))  # numpy's rounding, to the bit
+    assert np.array_equal(V16, V32.astype(np.float16))
+    assert np.allclose(got, want, atol=3e-3)
 
 
 @pytest.mark.parametrize("half", [False, True], ids=["f32", "f16"])
