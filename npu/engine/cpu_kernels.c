@@ -1881,12 +1881,90 @@ static inline __attribute__((always_inline)) void dec_scores_n(
     }
 }
 
+#ifdef __AVX512F__
+/* dec_scores_n for an f16 cache with AVX-512 where the queries fit in 16 registers (hd 64 and
+ * nh <= 4, hd 128 and nh <= 2: dec_z): held there, a key row converted into 16 lanes at a
+ * time. The same sums as dec_scores_n's, in the same order (lane j of a 16-lane sum is its
+ * first 8-lane sum's lane j, or its second's lane j - 8, added the same way), the same bits. */
+static inline int dec_z(int64_t hd, int nh) {
+    return (hd == 64 && nh <= 4) || (hd == 128 && nh <= 2);
+}
+
+static inline __attribute__((always_inline)) void dec_scores_z(
+        const float *q, const int nh, const uint8_t *K, const uint8_t *V, const int64_t *off,
+        int64_t n, int64_t hd, int64_t row_bytes, float scale, float *p, int64_t pn,
+        __m256 *top) {
+    const __m256 lanes = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), vscale = _mm256_set1_ps(scale);
+    const int nc = (int)(hd / 16);
+    __m512 qz[4][8];
+    for (int h = 0; h < nh; h++)
+        for (int c = 0; c < nc; c++) qz[h][c] = _mm512_loadu_ps(q + h * hd + 16 * c);
+    for (int64_t i0 = 0; i0 < n; i0 += 8) {
+        const int64_t nk = n - i0 < 8 ? n - i0 : 8;
+        __m256 sums[4][8];
+        for (int kk = 0; kk < 8; kk++) {
+            const int64_t at = off[i0 + (kk < nk ? kk : nk - 1)];
+            const uint8_t *row = K + at;
+            for (int64_t c = 0; c < row_bytes; c += 64) __builtin_prefetch(V + at + c, 0, 3);
+            if (i0 + kk + ATT_AHEAD < n)
+                for (int64_t c = 0; c < row_bytes; c += 64)
+                    __builtin_prefetch(K + off[i0 + kk + ATT_AHEAD] + c, 0, 3);
+            __m512 z[4];
+            for (int h = 0; h < nh; h++) z[h] = _mm512_setzero_ps();
+            for (int c = 0; c < nc; c++) {
+                const __m512 k =
+                    _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + 32 * c)));
+                for (int h = 0; h < nh; h++) z[h] = _mm512_fmadd_ps(qz[h][c], k, z[h]);
+            }
+            for (int h = 0; h < nh; h++)
+                sums[h][kk] = _mm256_add_ps(_mm512_castps512_ps256(z[h]),
+                                            _mm256_castpd_ps(_mm512_extractf64x4_pd(
+                                                _mm512_castps_pd(z[h]), 1)));
+        }
+        const __m256 valid = _mm256_cmp_ps(lanes, _mm256_set1_ps((float)nk), _CMP_LT_OQ);
+        for (int h = 0; h < nh; h++) {
+            const __m256 x = _mm256_mul_ps(hsum8(sums[h]), vscale);
+            _mm256_storeu_ps(p + h * pn + i0, x);
+            top[h] = _mm256_max_ps(top[h], _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), x, valid));
+        }
+    }
+}
+#endif
+
 /* O[h] = sum_i w[h * pn + i] * value row i (at byte offset off[i] of V) for nh (a constant
  * where inlined) heads, each value row loaded (and converted) once for all of them, 16 of
  * its values at a time, keys in pairs on two sets of sums. */
 static inline __attribute__((always_inline)) void dec_values_n(
         const float *w, int64_t pn, const int nh, const uint8_t *V, const int64_t *off,
         int64_t n, int64_t hd, int half, float *O) {
+#ifdef __AVX512F__
+    if (half && nh <= 3) { /* 16 lanes: a[h][0] and a[h][1] below side by side, the same sums */
+        for (int64_t d = 0; d < hd; d += 16) {
+            __m512 a[3], b[3];
+            for (int h = 0; h < nh; h++) a[h] = b[h] = _mm512_setzero_ps();
+            int64_t i = 0;
+            for (; i + 2 <= n; i += 2) {
+                const __m512 v = _mm512_cvtph_ps(
+                    _mm256_loadu_si256((const __m256i *)(V + off[i] + 2 * d)));
+                const __m512 u = _mm512_cvtph_ps(
+                    _mm256_loadu_si256((const __m256i *)(V + off[i + 1] + 2 * d)));
+                for (int h = 0; h < nh; h++) {
+                    a[h] = _mm512_fmadd_ps(_mm512_set1_ps(w[h * pn + i]), v, a[h]);
+                    b[h] = _mm512_fmadd_ps(_mm512_set1_ps(w[h * pn + i + 1]), u, b[h]);
+                }
+            }
+            for (; i < n; i++) {
+                const __m512 v = _mm512_cvtph_ps(
+                    _mm256_loadu_si256((const __m256i *)(V + off[i] + 2 * d)));
+                for (int h = 0; h < nh; h++)
+                    a[h] = _mm512_fmadd_ps(_mm512_set1_ps(w[h * pn + i]), v, a[h]);
+            }
+            for (int h = 0; h < nh; h++)
+                _mm512_storeu_ps(O + h * hd + d, _mm512_add_ps(a[h], b[h]));
+        }
+        return;
+    }
+#endif
     for (int64_t d = 0; d < hd; d += 16) {
         __m256 a[ATT_HEADS][2], b[ATT_HEADS][2];
         for (int h = 0; h < nh; h++) a[h][0] = a[h][1] = b[h][0] = b[h][1] = _mm256_setzero_ps();
@@ -1946,6 +2024,18 @@ static void dec_span(const float *q, int nh, const void *K, const void *V, const
         default: CALL(6); break; \
         }
 #define DEC_SCORES(c) dec_scores_n(q, c, Kb, Vb, off, n, hd, row_bytes, scale, half, p, pn, top)
+#ifdef __AVX512F__
+#define DEC_SCORES_Z(c) dec_scores_z(q, c, Kb, Vb, off, n, hd, row_bytes, scale, p, pn, top)
+        if (half && dec_z(hd, nh)) {
+            switch (nh) {
+            case 1: DEC_SCORES_Z(1); break;
+            case 2: DEC_SCORES_Z(2); break;
+            case 3: DEC_SCORES_Z(3); break;
+            default: DEC_SCORES_Z(4); break;
+            }
+        } else
+#undef DEC_SCORES_Z
+#endif
         BY_HEADS(DEC_SCORES)
 #undef DEC_SCORES
         for (int h = 0; h < nh; h++) {

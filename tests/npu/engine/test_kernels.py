@@ -407,6 +407,30 @@ def test_the_avx2_build_packs_8_rows_and_computes_the_same_bits(tmp_path) -> Non
                 assert np.array_equal(got, CpuLinear(own, Threads(2), LIB)(x)), (qtype.name, T)
 
 
+def test_decode_attention_is_the_same_bits_in_the_avx2_build(tmp_path) -> None:
+    """An f16 cache's decode attention computes the same bits built for AVX2 alone
+    (x86-64-v3) as in this machine's own build (with AVX-512: 16 lanes, the queries held in
+    registers for head sizes 64 and 128), for each grouping of query heads, head size and
+    length (spans, the last key alone, sets of 8 keys cut short)."""
+    if not GROUP:
+        pytest.skip("this build has no AVX2: its sums go in another order, no bits to match")
+    from npu.engine.cpu_kernels import build, load
+    from npu.engine.linear import Threads
+
+    lib2 = load(build(tmp_path, extra=("-march=x86-64-v3",)))
+    own, avx2 = KernelOps(LIB, Threads(2)), KernelOps(lib2, Threads(2))
+    rng = np.random.default_rng(3)
+    for nq, nkv, dim in [(9, 3, 64), (4, 1, 64), (6, 1, 64), (16, 8, 128), (12, 4, 128),
+                         (4, 2, 32)]:
+        K = rng.standard_normal((24, nkv, 16, dim)).astype(np.float16)
+        V = rng.standard_normal((24, nkv, 16, dim)).astype(np.float16)
+        tables = rng.permutation(24).reshape(3, 8)
+        q = rng.standard_normal((3, nq, dim)).astype(np.float32)
+        for lengths in ([1, 9, 128], [127, 40, 7]):
+            args = (q, K, V, tables, np.array(lengths), 0, None, np.float32(dim ** -0.5))
+            assert np.array_equal(own.attend(*args), avx2.attend(*args)), (nq, nkv, dim)
+
+
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86's baseline flag")
 def test_the_portable_build_rounds_the_activations_and_keeps_an_f16_cache(tmp_path, cache) -> None:
     """Built for a CPU without AVX2 (-march=x86-64: the build aarch64 and older x86 hosts
