@@ -2062,9 +2062,9 @@ static void dec_span(const float *q, int nh, const void *K, const void *V, const
             default: DEC_SCORES_Z(4); break;
             }
         } else
-#undef DEC_SCORES_Z
 #endif
         BY_HEADS(DEC_SCORES)
+#undef DEC_SCORES_Z
 #undef DEC_SCORES
         for (int h = 0; h < nh; h++) {
             m[h] = hsum_max(top[h]);
@@ -2185,10 +2185,14 @@ static void attend_team(const float *Q, int64_t q_stride, int64_t B, int64_t nq,
         for (int64_t j = j0; j < j1; j++) /* the span's rows, found once for every head set */
             off[j - j0] = kv_at(table, j, bs, shift, block_bytes, head, row_bytes);
         /* the next span's blocks, whole, read ahead: this key head's task takes every
-         * nkv-th of them (at most 4), spread over its keys */
+         * nkv-th of them (at most 4), spread over its keys; not where the row before holds
+         * the same block there (a shared prefix: read already, the sweep's instructions
+         * would be all it added) */
         Sweep sw = {{0}, 0, 0, block_bytes, 0, 0};
         const int64_t n0 = base + (c + 1) * per;
-        if (n0 < len && j1 > j0) {
+        const int shared = b > 0 && n0 < lengths[b - 1] &&
+                           tables[(b - 1) * tstride + n0 / bs] == table[n0 / bs];
+        if (n0 < len && j1 > j0 && !shared) {
             const int64_t n1 = n0 + per < len ? n0 + per : len;
             for (int64_t bi = n0 / bs + hk; bi <= (n1 - 1) / bs && sw.nreg < 8; bi += nkv) {
                 sw.reg[sw.nreg++] = (const uint8_t *)K + table[bi] * block_bytes;
