@@ -1825,21 +1825,27 @@ static inline int64_t att_layout(int64_t len, int64_t window, int64_t *base, int
 }
 
 /* Blocks a task reads ahead into L2 as it goes: regions reg[0 .. nreg) (a block's keys and
- * its values) of `bytes` each, `per` cache lines at each of its keys, from line o of reg[r]. */
+ * its values) of `bytes` each, `per` cache lines for each set of 8 of its keys; the next
+ * line at `at` (in reg[r], which ends at `end`), NULL when all are read. */
 typedef struct {
-    const uint8_t *reg[8];
+    const uint8_t *reg[8], *at, *end;
     int nreg, r;
-    int64_t bytes, o, per;
+    int64_t bytes, per;
 } Sweep;
 
 static inline void sweep_some(Sweep *sw) {
-    for (int64_t i = 0; i < sw->per && sw->r < sw->nreg; i++) {
-        __builtin_prefetch(sw->reg[sw->r] + sw->o, 0, 1); /* to L2 (L1 holds this span) */
-        if ((sw->o += 64) >= sw->bytes) {
-            sw->o = 0;
-            sw->r++;
+    const uint8_t *at = sw->at;
+    for (int64_t lines = sw->per; at && lines > 0;) {
+        const int64_t room = (sw->end - at) / 64, k = lines < room ? lines : room;
+        for (int64_t i = 0; i < k; i++) __builtin_prefetch(at + 64 * i, 0, 1); /* to L2 */
+        at += 64 * k;
+        lines -= k;
+        if (at >= sw->end) {
+            at = ++sw->r < sw->nreg ? sw->reg[sw->r] : NULL;
+            sw->end = at ? at + sw->bytes : NULL;
         }
     }
+    sw->at = at;
 }
 
 #define ATT_HEADS 6 /* query heads of one key head a pass over its rows takes at most */
@@ -1878,10 +1884,10 @@ static inline __attribute__((always_inline)) void dec_scores_n(
     for (int64_t i0 = 0; i0 < n; i0 += 8) {
         const int64_t nk = n - i0 < 8 ? n - i0 : 8;
         __m256 sums[ATT_HEADS][8];
+        if (sw) sweep_some(sw);
         for (int kk = 0; kk < 8; kk++) { /* past the span's end: its last key again (unused) */
             const int64_t at = off[i0 + (kk < nk ? kk : nk - 1)];
             const uint8_t *row = K + at;
-            if (sw) sweep_some(sw);
             /* the memory is slow (a step's weights stream through the caches): the value row
              * fetched for the pass after this one, the key row ATT_AHEAD on for this one */
             for (int64_t c = 0; c < row_bytes; c += 64) __builtin_prefetch(V + at + c, 0, 3);
@@ -1929,10 +1935,10 @@ static inline __attribute__((always_inline)) void dec_scores_z(
     for (int64_t i0 = 0; i0 < n; i0 += 8) {
         const int64_t nk = n - i0 < 8 ? n - i0 : 8;
         __m256 sums[4][8];
+        if (sw) sweep_some(sw);
         for (int kk = 0; kk < 8; kk++) {
             const int64_t at = off[i0 + (kk < nk ? kk : nk - 1)];
             const uint8_t *row = K + at;
-            if (sw) sweep_some(sw);
             for (int64_t c = 0; c < row_bytes; c += 64) __builtin_prefetch(V + at + c, 0, 3);
             if (i0 + kk + ATT_AHEAD < n)
                 for (int64_t c = 0; c < row_bytes; c += 64)
@@ -2188,7 +2194,7 @@ static void attend_team(const float *Q, int64_t q_stride, int64_t B, int64_t nq,
          * nkv-th of them (at most 4), spread over its keys; not where the row before holds
          * the same block there (a shared prefix: read already, the sweep's instructions
          * would be all it added) */
-        Sweep sw = {{0}, 0, 0, block_bytes, 0, 0};
+        Sweep sw = {{0}, NULL, NULL, 0, 0, block_bytes, 0};
         const int64_t n0 = base + (c + 1) * per;
         const int shared = b > 0 && n0 < lengths[b - 1] &&
                            tables[(b - 1) * tstride + n0 / bs] == table[n0 / bs];
@@ -2198,7 +2204,10 @@ static void attend_team(const float *Q, int64_t q_stride, int64_t B, int64_t nq,
                 sw.reg[sw.nreg++] = (const uint8_t *)K + table[bi] * block_bytes;
                 sw.reg[sw.nreg++] = (const uint8_t *)V + table[bi] * block_bytes;
             }
-            sw.per = (sw.nreg * (block_bytes / 64) + (j1 - j0) - 1) / (j1 - j0);
+            const int64_t sets = (j1 - j0 + 7) / 8;
+            sw.per = (sw.nreg * (block_bytes / 64) + sets - 1) / sets;
+            sw.at = sw.nreg ? sw.reg[0] : NULL;
+            sw.end = sw.at ? sw.at + block_bytes : NULL;
         }
         for (int64_t h0 = 0; h0 < group; h0 += ATT_HEADS) { /* heads in sets of ATT_HEADS */
             const int nh = (int)(group - h0 < ATT_HEADS ? group - h0 : ATT_HEADS);
