@@ -2196,7 +2196,7 @@ static void attend_team(const float *Q, int64_t q_stride, int64_t B, int64_t nq,
          * would be all it added) */
         Sweep sw = {{0}, NULL, NULL, 0, 0, block_bytes, 0};
         const int64_t n0 = base + (c + 1) * per;
-        const int shared = b > 0 && n0 < lengths[b - 1] &&
+        const int shared = n0 < len && b > 0 && n0 < lengths[b - 1] &&
                            tables[(b - 1) * tstride + n0 / bs] == table[n0 / bs];
         if (n0 < len && j1 > j0 && !shared) {
             const int64_t n1 = n0 + per < len ? n0 + per : len;
