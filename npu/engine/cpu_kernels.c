@@ -1871,6 +1871,21 @@ static inline __m256 hsum8(const __m256 *v) {
                          _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
+/* The key row of key kk of the set of 8 at i0 (past the span's end, nk keys: its last key
+ * again, the score unused). The memory is slow (a step's weights stream through the caches
+ * between a layer's steps): the key's value row is fetched for the value pass, and the key
+ * row ATT_AHEAD on for this pass. */
+static inline const uint8_t *dec_key(const uint8_t *K, const uint8_t *V, const int64_t *off,
+                                     int64_t i0, int kk, int64_t nk, int64_t n,
+                                     int64_t row_bytes) {
+    const int64_t at = off[i0 + (kk < nk ? kk : nk - 1)];
+    for (int64_t c = 0; c < row_bytes; c += 64) __builtin_prefetch(V + at + c, 0, 3);
+    if (i0 + kk + ATT_AHEAD < n)
+        for (int64_t c = 0; c < row_bytes; c += 64)
+            __builtin_prefetch(K + off[i0 + kk + ATT_AHEAD] + c, 0, 3);
+    return K + at;
+}
+
 /* Scores p[h * pn + i] = (q_h . key i) * scale of nh (a constant where inlined) query heads
  * q + h * hd over the n keys at byte offsets off[i] of K, eight keys at a time: each key row
  * loaded (and converted) once for all the heads, its eight keys' sums reduced together;
@@ -1885,15 +1900,8 @@ static inline __attribute__((always_inline)) void dec_scores_n(
         const int64_t nk = n - i0 < 8 ? n - i0 : 8;
         __m256 sums[ATT_HEADS][8];
         if (sw) sweep_some(sw);
-        for (int kk = 0; kk < 8; kk++) { /* past the span's end: its last key again (unused) */
-            const int64_t at = off[i0 + (kk < nk ? kk : nk - 1)];
-            const uint8_t *row = K + at;
-            /* the memory is slow (a step's weights stream through the caches): the value row
-             * fetched for the pass after this one, the key row ATT_AHEAD on for this one */
-            for (int64_t c = 0; c < row_bytes; c += 64) __builtin_prefetch(V + at + c, 0, 3);
-            if (i0 + kk + ATT_AHEAD < n)
-                for (int64_t c = 0; c < row_bytes; c += 64)
-                    __builtin_prefetch(K + off[i0 + kk + ATT_AHEAD] + c, 0, 3);
+        for (int kk = 0; kk < 8; kk++) {
+            const uint8_t *row = dec_key(K, V, off, i0, kk, nk, n, row_bytes);
             __m256 a[ATT_HEADS][2];
             for (int h = 0; h < nh; h++) a[h][0] = a[h][1] = _mm256_setzero_ps();
             for (int64_t i = 0; i < hd; i += 16) {
@@ -1937,12 +1945,7 @@ static inline __attribute__((always_inline)) void dec_scores_z(
         __m256 sums[4][8];
         if (sw) sweep_some(sw);
         for (int kk = 0; kk < 8; kk++) {
-            const int64_t at = off[i0 + (kk < nk ? kk : nk - 1)];
-            const uint8_t *row = K + at;
-            for (int64_t c = 0; c < row_bytes; c += 64) __builtin_prefetch(V + at + c, 0, 3);
-            if (i0 + kk + ATT_AHEAD < n)
-                for (int64_t c = 0; c < row_bytes; c += 64)
-                    __builtin_prefetch(K + off[i0 + kk + ATT_AHEAD] + c, 0, 3);
+            const uint8_t *row = dec_key(K, V, off, i0, kk, nk, n, row_bytes);
             __m512 z[4];
             for (int h = 0; h < nh; h++) z[h] = _mm512_setzero_ps();
             for (int c = 0; c < nc; c++) {

@@ -346,18 +346,26 @@ def test_long_rows_attend_in_spans_as_numpy_does_and_alike_alone(nq: int, nkv: i
         assert np.array_equal(one[0], got[b]), b
 
 
-def test_new_tokens_join_an_f16_cache_and_attend(cache) -> None:
-    """The kernels' cache for quantized models is f16: writing a step's keys and values and
-    attending over them matches numpy over the same cache in float32 to f16's precision."""
-    rng, K, V, tables = cache
-    ops, ref = KernelOps(LIB, LinearFactory("cpu", 2).threads), NumpyOps()
-    assert ops.kv_dtype == np.float16
+def _new_tokens_f16(ops, rng, K, V, tables):
+    """A step of three rows' new keys and values written and attended by `ops` over an f16
+    copy of the cache, and by numpy over a float32 copy: qkv, the two outputs and the four
+    caches after."""
     qkv = rng.standard_normal((3, (4 + 2 * 2) * 16)).astype(np.float32)
     pos = np.array([4, 47, 16])
     K16, V16 = K.astype(np.float16), V.astype(np.float16)
     got = ops.attend_new(qkv, 4, K16, V16, tables, pos, 0, None, np.float32(0.25))
     K32, V32 = K.copy(), V.copy()
-    want = ref.attend_new(qkv, 4, K32, V32, tables, pos, 0, None, np.float32(0.25))
+    want = NumpyOps().attend_new(qkv, 4, K32, V32, tables, pos, 0, None, np.float32(0.25))
+    return qkv, got, want, K16, V16, K32, V32
+
+
+def test_new_tokens_join_an_f16_cache_and_attend(cache) -> None:
+    """The kernels' cache for quantized models is f16: writing a step's keys and values and
+    attending over them matches numpy over the same cache in float32 to f16's precision."""
+    rng, K, V, tables = cache
+    ops = KernelOps(LIB, LinearFactory("cpu", 2).threads)
+    assert ops.kv_dtype == np.float16
+    qkv, got, want, K16, V16, K32, V32 = _new_tokens_f16(ops, rng, K, V, tables)
     assert not np.allclose(K32, K)  # the new rows were written ...
     assert np.allclose(K32[1, :, 15], qkv[1, 64:96].reshape(2, 16))  # ... at block 3 of row 1
     assert np.allclose(K16.astype(np.float32), K32, atol=2e-3)  # the kernel wrote the same
@@ -455,13 +463,8 @@ def test_the_portable_build_rounds_the_activations_and_keeps_an_f16_cache(tmp_pa
         for t in (0, 4, 8):
             assert np.array_equal(CpuLinear(m, Threads(1), lib)(x[t:t + 1]), got[t:t + 1])
     _, K, V, tables = cache
-    ops, ref = KernelOps(lib, LinearFactory("cpu", 2).threads), NumpyOps()
-    qkv = rng.standard_normal((3, (4 + 2 * 2) * 16)).astype(np.float32)
-    pos = np.array([4, 47, 16])
-    K16, V16 = K.astype(np.float16), V.astype(np.float16)
-    got = ops.attend_new(qkv, 4, K16, V16, tables, pos, 0, None, np.float32(0.25))
-    K32, V32 = K.copy(), V.copy()
-    want = ref.attend_new(qkv, 4, K32, V32, tables, pos, 0, None, np.float32(0.25))
+    ops = KernelOps(lib, LinearFactory("cpu", 2).threads)
+    _, got, want, K16, V16, K32, V32 = _new_tokens_f16(ops, rng, K, V, tables)
     assert np.array_equal(K16, K32.astype(np.float16))  # numpy's rounding, to the bit
     assert np.array_equal(V16, V32.astype(np.float16))
     assert np.allclose(got, want, atol=3e-3)
