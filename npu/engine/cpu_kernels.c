@@ -359,11 +359,8 @@ static int is_integer(int type) {
 
 /* x rounded to the nearest f16 (ties to even), as a float. */
 static inline float round_f16(float x) {
-#if defined(__AVX2__) && defined(__F16C__)
-    return _cvtsh_ss(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT));
-#else
-    return half_to_float(fc_half_soft(x));
-#endif
+    const uint16_t h = f2h(x);
+    return h2f((const uint8_t *)&h);
 }
 
 #ifdef __AVX2__
@@ -1886,6 +1883,21 @@ static inline const uint8_t *dec_key(const uint8_t *K, const uint8_t *V, const i
     return K + at;
 }
 
+/* A set of 8 keys' scores from their sums (sums[h][kk]: key kk's 8 lanes for head h), of
+ * which the first nk are keys: p[h * pn + kk] = the sum * scale (all lanes), top[h] their
+ * lane-wise maxima. */
+static inline __attribute__((always_inline)) void dec_scores_set(
+        __m256 (*sums)[8], const int nh, int64_t nk, __m256 scale, float *p, int64_t pn,
+        __m256 *top) {
+    const __m256 lanes = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256 valid = _mm256_cmp_ps(lanes, _mm256_set1_ps((float)nk), _CMP_LT_OQ);
+    for (int h = 0; h < nh; h++) {
+        const __m256 x = _mm256_mul_ps(hsum8(sums[h]), scale);
+        _mm256_storeu_ps(p + h * pn, x);
+        top[h] = _mm256_max_ps(top[h], _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), x, valid));
+    }
+}
+
 /* Scores p[h * pn + i] = (q_h . key i) * scale of nh (a constant where inlined) query heads
  * q + h * hd over the n keys at byte offsets off[i] of K, eight keys at a time: each key row
  * loaded (and converted) once for all the heads, its eight keys' sums reduced together;
@@ -1895,7 +1907,7 @@ static inline __attribute__((always_inline)) void dec_scores_n(
         const float *q, const int nh, const uint8_t *K, const uint8_t *V, const int64_t *off,
         int64_t n, int64_t hd, int64_t row_bytes, float scale, int half, float *p, int64_t pn,
         __m256 *top, Sweep *sw) {
-    const __m256 lanes = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), vscale = _mm256_set1_ps(scale);
+    const __m256 vscale = _mm256_set1_ps(scale);
     for (int64_t i0 = 0; i0 < n; i0 += 8) {
         const int64_t nk = n - i0 < 8 ? n - i0 : 8;
         __m256 sums[ATT_HEADS][8];
@@ -1913,12 +1925,7 @@ static inline __attribute__((always_inline)) void dec_scores_n(
             }
             for (int h = 0; h < nh; h++) sums[h][kk] = _mm256_add_ps(a[h][0], a[h][1]);
         }
-        const __m256 valid = _mm256_cmp_ps(lanes, _mm256_set1_ps((float)nk), _CMP_LT_OQ);
-        for (int h = 0; h < nh; h++) {
-            const __m256 x = _mm256_mul_ps(hsum8(sums[h]), vscale);
-            _mm256_storeu_ps(p + h * pn + i0, x);
-            top[h] = _mm256_max_ps(top[h], _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), x, valid));
-        }
+        dec_scores_set(sums, nh, nk, vscale, p + i0, pn, top);
     }
 }
 
@@ -1935,11 +1942,11 @@ static inline __attribute__((always_inline)) void dec_scores_z(
         const float *q, const int nh, const uint8_t *K, const uint8_t *V, const int64_t *off,
         int64_t n, int64_t hd, int64_t row_bytes, float scale, float *p, int64_t pn,
         __m256 *top, Sweep *sw) {
-    const __m256 lanes = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), vscale = _mm256_set1_ps(scale);
     const int nc = (int)(hd / 16);
     __m512 qz[4][8];
     for (int h = 0; h < nh; h++)
         for (int c = 0; c < nc; c++) qz[h][c] = _mm512_loadu_ps(q + h * hd + 16 * c);
+    const __m256 vscale = _mm256_set1_ps(scale);
     for (int64_t i0 = 0; i0 < n; i0 += 8) {
         const int64_t nk = n - i0 < 8 ? n - i0 : 8;
         __m256 sums[4][8];
@@ -1958,12 +1965,7 @@ static inline __attribute__((always_inline)) void dec_scores_z(
                                             _mm256_castpd_ps(_mm512_extractf64x4_pd(
                                                 _mm512_castps_pd(z[h]), 1)));
         }
-        const __m256 valid = _mm256_cmp_ps(lanes, _mm256_set1_ps((float)nk), _CMP_LT_OQ);
-        for (int h = 0; h < nh; h++) {
-            const __m256 x = _mm256_mul_ps(hsum8(sums[h]), vscale);
-            _mm256_storeu_ps(p + h * pn + i0, x);
-            top[h] = _mm256_max_ps(top[h], _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), x, valid));
-        }
+        dec_scores_set(sums, nh, nk, vscale, p + i0, pn, top);
     }
 }
 #endif
