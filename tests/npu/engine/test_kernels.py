@@ -49,6 +49,11 @@ def _matrix(rng: np.random.Generator, qtype: QT, rows: int, cols: int) -> QMatri
 # in groups of GROUP rows (16 with AVX512-VNNI, 8 with AVX-VNNI or AVX2 alone)
 PACKED = {QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0}
 GROUP = LIB.fk_packed_rows() if LIB is not None else 0
+# tests comparing this machine's build with one made for AVX2 alone (x86-64-v3): on a build
+# without AVX2 (FLM_KERNEL_FLAGS=-march=x86-64, or a CPU without it) there is no AVX2 build
+# to run or whose bits to match, and `test_the_portable_build_...` checks that build instead
+SAME_BITS_AS_AVX2 = pytest.mark.skipif(
+    GROUP == 0, reason="this build has no AVX2: there is no AVX2 build here to compare with")
 
 
 @pytest.mark.parametrize("pack", [True, False], ids=["packed", "blocks"])
@@ -383,6 +388,7 @@ def test_prompt_attention_kernel_is_numpys(cache, window: int) -> None:
     assert np.allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+@SAME_BITS_AS_AVX2
 def test_the_avx2_build_packs_8_rows_and_computes_the_same_bits(tmp_path) -> None:
     """A CPU with AVX2 but no VNNI (x86-64-v3: many AMD EPYC and older Intel) packs 8 rows to
     a group too and makes the same exact integer sums with vpmaddubsw / vpmaddwd (Q8_0's codes
@@ -390,8 +396,6 @@ def test_the_avx2_build_packs_8_rows_and_computes_the_same_bits(tmp_path) -> Non
     same bits as this machine's own build, packed and in the file's blocks, for every integer
     format, decode and prompt rows (`make test` with FLM_KERNEL_FLAGS=-march=x86-64-v3 runs
     the whole suite on it)."""
-    if not GROUP:  # a build without AVX2 (FLM_KERNEL_FLAGS=-march=x86-64, other CPUs)
-        pytest.skip("this build has no AVX2: its sums go in another order, no bits to match")
     from npu.engine.cpu_kernels import build, load
     from npu.engine.linear import Threads
 
@@ -415,13 +419,12 @@ def test_the_avx2_build_packs_8_rows_and_computes_the_same_bits(tmp_path) -> Non
                 assert np.array_equal(got, CpuLinear(own, Threads(2), LIB)(x)), (qtype.name, T)
 
 
+@SAME_BITS_AS_AVX2
 def test_decode_attention_is_the_same_bits_in_the_avx2_build(tmp_path) -> None:
     """An f16 cache's decode attention computes the same bits built for AVX2 alone
     (x86-64-v3) as in this machine's own build (with AVX-512: 16 lanes, the queries held in
     registers for head sizes 64 and 128), for each grouping of query heads, head size and
     length (spans, the last key alone, sets of 8 keys cut short)."""
-    if not GROUP:
-        pytest.skip("this build has no AVX2: its sums go in another order, no bits to match")
     from npu.engine.cpu_kernels import build, load
     from npu.engine.linear import Threads
 
@@ -439,7 +442,9 @@ def test_decode_attention_is_the_same_bits_in_the_avx2_build(tmp_path) -> None:
             assert np.array_equal(own.attend(*args), avx2.attend(*args)), (nq, nkv, dim)
 
 
-@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86's baseline flag")
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"),
+                    reason="-march=x86-64 is x86's; on other CPUs the native build is the "
+                           "portable one, which the whole suite runs on")
 def test_the_portable_build_rounds_the_activations_and_keeps_an_f16_cache(tmp_path, cache) -> None:
     """Built for a CPU without AVX2 (-march=x86-64: the build aarch64 and older x86 hosts
     get), the integer formats are still products on 8-bit activations in plain C, each
