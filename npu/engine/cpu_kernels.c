@@ -2408,18 +2408,38 @@ typedef struct {
     const int64_t *seg, *tables, *lengths;
     const float *const *cos, *const *sin;
     float *X, *h, *qkv, *big; /* h: normed rows, then attention's output (the o input) */
+    float *gu;                /* the gate/up product's output: big, or its own where S->own */
     float *part;              /* decode: att_parts' floats, or NULL */
     Act8 *a;
     int decode;
+    int own; /* every thread does the row-wise phases of the products' outputs whole, on its
+                own copies (a small decode step: no barrier after them, and the activations a
+                thread's products read are its own) */
     double *timing;
 } FkStep;
 
-/* A thread's own: its rows for the row-wise phases, its scratch, its clock. */
+/* A thread's own: its rows for RoPE and the cache write (t0 .. t1) and for the row-wise
+ * phases (r0 .. r1: all of them where S->own), its scratch, its clock; the residual rows
+ * (x), normed rows (hn) and rounded activations (a) it works on (thread 0: the step's own,
+ * X, h and S->a; where S->own the others' copies). */
 typedef struct {
-    int64_t t0, t1;
+    int64_t t0, t1, r0, r1;
     float *mw, *scr;
     double mark;
+    float *x, *hn;
+    Act8 *a;
 } FkMine;
+
+/* A decode step's rows times the larger of hidden and intermediate sizes up to which every
+ * thread does the row-wise phases whole (a step of one row: at any size) */
+#define OWN_ROWS 6144
+
+/* The barrier that ends a row-wise phase: none where every thread did every row. */
+static inline void rows_done(const FkStep *S) {
+    if (!S->own) {
+#pragma omp barrier
+    }
+}
 
 /* Team work, a layer's first half: the q/k/v product, bias, q/k norms and RoPE, the new keys
  * and values into the cache (K, V), attention; its output rounded into S->a for the o
@@ -2429,7 +2449,7 @@ static void layer_attention(const FkStep *S, const FkLayer *L, const void *K, co
     const FkModel *m = S->m;
     const int64_t nq = m->nq, nkv = m->nkv, hd = m->hd, nqkv = S->nqkv, T = S->T;
     const int64_t *seg = S->seg;
-    Act8 *a = S->a;
+    Act8 *a = me->a;
     lin_team(&L->qkv, a, T, S->qkv, me->mw);
     timer(S->timing, 0, &me->mark);
     for (int64_t t = me->t0; t < me->t1; t++) {
@@ -2446,8 +2466,9 @@ static void layer_attention(const FkStep *S, const FkLayer *L, const void *K, co
                     S->tables + s * S->tstride, 0, &position, m->half);
     }
     act_as(a, &L->o, S->Tp);
-    /* heads of whole blocks: each attention task rounds its own outputs */
-    Act8 *qa = hd % 32 == 0 ? a : NULL;
+    /* heads of whole blocks: each attention task rounds its own outputs (into the one set
+     * of activations every thread's o product reads) */
+    Act8 *qa = hd % 32 == 0 && !S->own ? a : NULL;
 #pragma omp barrier
     if (S->decode)
         attend_team(S->qkv, nqkv, T, nq, nkv, hd, K, V, m->bs, S->tables, S->tstride,
@@ -2461,8 +2482,8 @@ static void layer_attention(const FkStep *S, const FkLayer *L, const void *K, co
     }
     timer(S->timing, 1, &me->mark);
     if (!qa) {
-        for (int64_t t = me->t0; t < me->t1; t++) quantize_range(S->h, t, t + 1, nq * hd, a);
-#pragma omp barrier
+        for (int64_t t = me->r0; t < me->r1; t++) quantize_range(S->h, t, t + 1, nq * hd, a);
+        rows_done(S);
         timer(S->timing, 2, &me->mark);
     }
 }
@@ -2472,18 +2493,19 @@ static void layer_attention(const FkStep *S, const FkLayer *L, const void *K, co
 static void layer_mlp(const FkStep *S, const FkLayer *L, const FkLayer *next, FkMine *me) {
     const FkModel *m = S->m;
     const int64_t H = m->hidden, I = m->inter, T = S->T;
-    float *X = S->X, *h = S->h, *big = S->big;
-    Act8 *a = S->a;
+    float *X = me->x, *h = me->hn, *big = S->big;
+    Act8 *a = me->a;
     lin_team(&L->o, a, T, big, me->mw);
     timer(S->timing, 0, &me->mark);
     act_as(a, &L->gu, S->Tp);
-    for (int64_t t = me->t0; t < me->t1; t++) {
+    /* the products' outputs (big) are read, never written: every thread may read them */
+    for (int64_t t = me->r0; t < me->r1; t++) {
         float *x = X + t * H, *y = big + t * H;
-        if (L->norm_post_attn) { /* x + norm(o + bo), as the Python path */
-            if (L->bo)
-                for (int64_t i = 0; i < H; i++) y[i] = y[i] + L->bo[i];
-            fk_rms_norm(y, L->norm_post_attn, 1, H, m->eps, y);
-            for (int64_t i = 0; i < H; i++) x[i] = x[i] + y[i];
+        if (L->norm_post_attn) { /* x + norm(o + bo), as the Python path (h: scratch) */
+            float *z = h + t * H;
+            for (int64_t i = 0; i < H; i++) z[i] = L->bo ? y[i] + L->bo[i] : y[i];
+            fk_rms_norm(z, L->norm_post_attn, 1, H, m->eps, z);
+            for (int64_t i = 0; i < H; i++) x[i] = x[i] + z[i];
         } else if (L->bo)
             for (int64_t i = 0; i < H; i++) x[i] = x[i] + (y[i] + L->bo[i]);
         else
@@ -2491,23 +2513,26 @@ static void layer_mlp(const FkStep *S, const FkLayer *L, const FkLayer *next, Fk
         fk_rms_norm(x, L->norm_ff, 1, H, m->eps, h + t * H);
         quantize_range(h, t, t + 1, H, a);
     }
-#pragma omp barrier
+    rows_done(S);
     timer(S->timing, 2, &me->mark);
-    lin_team(&L->gu, a, T, big, me->mw);
+    lin_team(&L->gu, a, T, S->gu, me->mw);
     timer(S->timing, 0, &me->mark);
     act_as(a, &L->down, S->Tp);
-    for (int64_t t = me->t0; t < me->t1; t++) {
-        fk_gated(big + t * 2 * I, 1, I, h + t * I, m->act);
+    for (int64_t t = me->r0; t < me->r1; t++) {
+        fk_gated(S->gu + t * 2 * I, 1, I, h + t * I, m->act);
         quantize_range(h, t, t + 1, I, a);
     }
-#pragma omp barrier
+    rows_done(S);
     timer(S->timing, 2, &me->mark);
     lin_team(&L->down, a, T, big, me->mw);
     timer(S->timing, 0, &me->mark);
     if (next) act_as(a, &next->qkv, S->Tp);
-    for (int64_t t = me->t0; t < me->t1; t++) {
+    for (int64_t t = me->r0; t < me->r1; t++) {
         float *x = X + t * H, *y = big + t * H;
-        if (L->norm_post_ff) fk_rms_norm(y, L->norm_post_ff, 1, H, m->eps, y);
+        if (L->norm_post_ff) { /* h: scratch */
+            fk_rms_norm(y, L->norm_post_ff, 1, H, m->eps, h + t * H);
+            y = h + t * H;
+        }
         for (int64_t i = 0; i < H; i++) x[i] = x[i] + y[i];
         if (next) {
             fk_rms_norm(x, next->norm_in, 1, H, m->eps, h + t * H);
@@ -2516,7 +2541,7 @@ static void layer_mlp(const FkStep *S, const FkLayer *L, const FkLayer *next, Fk
             fk_rms_norm(x, m->final_norm, 1, H, m->eps, x);
         }
     }
-#pragma omp barrier
+    rows_done(S);
     timer(S->timing, 2, &me->mark);
 }
 
@@ -2569,32 +2594,47 @@ int fk_forward(const FkModel *m, const FkLayer *layers, int64_t nl, void *const 
         longest = lengths[s] > longest ? lengths[s] : longest;
     const int64_t parts = decode ? att_parts(T, nq, hd, spans) : 0;
     float *part = parts ? (float *)malloc((size_t)parts * sizeof(float)) : NULL;
-    failed = failed || !lengths || !h || !qkv || !big || (parts && !part);
+    /* a small decode step: every thread does the row-wise phases whole (a barrier fewer after
+     * each, and no thread waits on another's activations) */
+    const int own_rows = decode && threads > 1 && (T == 1 || T * (I > H ? I : H) <= OWN_ROWS);
+    float *gu = own_rows ? (float *)malloc((size_t)(T * 2 * I) * sizeof(float)) : big;
+    failed = failed || !lengths || !h || !qkv || !big || !gu || (parts && !part);
     const int64_t own = 4 * nbmax + (decode ? att_scratch(group, hd, longest)
                                             : flash_scratch(group, hd));
     const FkStep S = {m, T, Tp, nseg, tstride, nqkv, spans, seg, tables, lengths, cos,
-                      sin, X, h, qkv, big, part, &a, decode, timing};
+                      sin, X, h, qkv, big, gu, part, &a, decode, own_rows, timing};
     if (!failed) {
 #pragma omp parallel num_threads(threads)
         {
             float *mine = (float *)malloc((size_t)own * sizeof(float));
-            if (!mine) {
+            /* thread 0 works on the step's own rows; others, where own_rows, on copies */
+            const int copies = own_rows && omp_get_thread_num() != 0;
+            float *x = copies ? (float *)malloc((size_t)(T * H) * sizeof(float)) : X;
+            float *hn = copies ? (float *)malloc((size_t)(T * kmax) * sizeof(float)) : h;
+            Act8 pa = {0}, *ta = &a;
+            if (copies && act8_alloc(Tp, kmax, 0, 1, &pa) == 0) ta = &pa;
+            if (!mine || !x || !hn || (copies && ta == &a)) {
 #pragma omp atomic write
                 failed = 1;
             }
 #pragma omp barrier
             if (!failed) {
-                FkMine me = {0, 0, mine, mine + 4 * nbmax, omp_get_wtime()};
-                thread_share(T, &me.t0, &me.t1); /* this thread's rows for row-wise phases */
+                FkMine me = {0, 0, 0, T, mine, mine + 4 * nbmax, omp_get_wtime(), x, hn, ta};
+                thread_share(T, &me.t0, &me.t1); /* this thread's rows for RoPE, the cache */
+                if (!own_rows) {                 /* and the row-wise phases */
+                    me.r0 = me.t0;
+                    me.r1 = me.t1;
+                }
+                if (copies) memcpy(x, X, (size_t)(T * H) * sizeof(float));
                 for (int64_t li = 0; li < nl; li++) {
                     const FkLayer *L = &layers[li];
                     if (li == 0) { /* the first norm; later ones end the layer before */
-                        act_as(&a, &L->qkv, Tp);
-                        for (int64_t t = me.t0; t < me.t1; t++) {
-                            fk_rms_norm(X + t * H, L->norm_in, 1, H, m->eps, h + t * H);
-                            quantize_range(h, t, t + 1, H, &a);
+                        act_as(ta, &L->qkv, Tp);
+                        for (int64_t t = me.r0; t < me.r1; t++) {
+                            fk_rms_norm(x + t * H, L->norm_in, 1, H, m->eps, hn + t * H);
+                            quantize_range(hn, t, t + 1, H, ta);
                         }
-#pragma omp barrier
+                        rows_done(&S);
                         timer(timing, 2, &me.mark);
                     }
                     layer_attention(&S, L, kv[2 * li], kv[2 * li + 1], &me);
@@ -2602,12 +2642,18 @@ int fk_forward(const FkModel *m, const FkLayer *layers, int64_t nl, void *const 
                 }
             }
             free(mine);
+            if (copies) {
+                free(x);
+                free(hn);
+                act8_free(&pa);
+            }
         }
     }
     free(lengths);
     free(h);
     free(qkv);
     free(big);
+    if (gu != big) free(gu);
     free(part);
     act8_free(&a);
     return failed ? -2 : 0;

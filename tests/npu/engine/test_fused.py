@@ -75,6 +75,33 @@ def test_one_call_per_step_is_the_python_path_bit_for_bit(files, name: str) -> N
     assert (fused.fused.seconds > seconds).all()  # products, attention, the rest were timed
 
 
+@pytest.mark.parametrize("name", ["gemma3-Q5_0-mixed", "qwen2-Q4_1-bias"])
+@pytest.mark.parametrize("threads", [2, 3])
+def test_decode_steps_are_the_python_paths_bits_on_any_thread_count(files, name: str,
+                                                                    threads: int) -> None:
+    """A small decode step has every thread do the norms, gates and roundings of whole rows
+    on its own copies (no barrier after them); a larger one splits the rows as prompts do.
+    Either way, on any number of threads, the logits are the Python path's bit for bit."""
+    fused = load_model(files[name]).engine
+    python = load_model(files[name]).engine
+    python.fused = None
+    fused.set_threads(threads)
+    ids = np.random.default_rng(2).integers(0, 900, 30).tolist()
+    for batch in (1, 3, 50):  # 50 rows of this model's 128 products: rows split
+        seqs = [f"s{batch}-{i}" for i in range(batch)]
+        out = []
+        for engine in (fused, python):
+            engine.prefill(seqs[0], ids)
+            for sid in seqs[1:]:
+                engine.fork(seqs[0], sid)
+            out.append([engine.decode(seqs, list(range(step, step + batch)))
+                        for step in range(3)])
+            for sid in seqs:
+                engine.release(sid)
+        for got, want in zip(*out):
+            assert np.array_equal(got, want)
+
+
 def test_a_cache_given_back_and_made_anew_is_the_one_attended(files) -> None:
     """With nothing held and nothing cached the KV arrays go back; the next prompt gets new
     ones, and the one-call step reads and writes those (a fork's copied block is seen: the
