@@ -5,7 +5,8 @@ parent asks them for measurements in rounds, the sides taking turns going first,
 machine's drift hits both: decode tokens/s for one sequence after a 128-token prompt;
 prefill tokens/s for a 512-token prompt; and (ours) aggregate decode tokens/s for 8
 sequences decoded together (each at the same 128-token position); (ours, at more than one
-thread) the first prompt length's prefill on 1 thread too, for the scaling; prefill tokens/s for
+thread) the first prompt length's prefill on N threads and on 1 in a row (N 1 1 N), for the
+scaling; prefill tokens/s for
 prompts of each `--prefill` length (512 and 2,048 tokens by default; `--prefill
 512,2048,8192` for long prompts, lengths past a file's context skipped). Printed: each
 side's medians, the median of the rounds' ratios ours / llama.cpp with their range, where a
@@ -221,6 +222,14 @@ class Ours:
         finally:
             self.eng.set_threads(self.args.threads)
 
+    def scaling(self, n: str) -> list[float]:
+        """Prefill tokens/s at the set threads and at one, side by side in the order N 1 1 N
+        (the machine's drift within them cancels): [N threads' mean, one thread's]."""
+        many = [self.prefill(n)]
+        one = [self.prefill_one(n), self.prefill_one(n)]
+        many.append(self.prefill(n))
+        return [sum(many) / 2, sum(one) / 2]
+
     def profile(self) -> dict[str, float]:
         self._start(["d"])
         return op_times(_Step(lambda t: self.eng.decode(["d"], [t]), self.eng),
@@ -350,7 +359,7 @@ def compare(name: str, args, peer: bool, bw: float) -> None:
     got: dict[str, dict[str, list[float]]] = {s: {k: [] for k in kinds} for s in sides}
     got["ours"]["batch"] = []
     one = f"prefill {sizes[0]}" if sizes and args.threads > 1 else None  # its 1-thread rate
-    got["ours"]["one"] = []
+    got["ours"]["scaling"] = []
     profiles: list[dict[str, float]] = []
     try:
         for r in range(args.rounds):
@@ -360,13 +369,13 @@ def compare(name: str, args, peer: bool, bw: float) -> None:
                     got[side][kind].append(sides[side].ask(kind))
             got["ours"]["batch"].append(sides["ours"].ask("batch"))
             if one:
-                got["ours"]["one"].append(sides["ours"].ask(f"prefill_one {sizes[0]}"))
+                got["ours"]["scaling"].append(sides["ours"].ask(f"scaling {sizes[0]}"))
             profiles.append(sides["ours"].ask("profile"))  # one a round: the machine drifts
         profile_batch = sides["ours"].ask("profile_batch")
     finally:
         for side in sides.values():
             side.close()
-    ours = {k: _med(v) for k, v in got["ours"].items() if v}
+    ours = {k: _med(v) for k, v in got["ours"].items() if v and k != "scaling"}
     gbs = sides["ours"].info["step_bytes"] * ours["decode"] / 1e9
     each = lambda vals: " ".join(f"{v:.1f}" for v in vals)  # noqa: E731
     print(f"  ours      decode {ours['decode']:7.1f} tok/s [{each(got['ours']['decode'])}]"
@@ -375,11 +384,14 @@ def compare(name: str, args, peer: bool, bw: float) -> None:
         print(f"            {kind} {ours[kind]:6.1f} tok/s [{each(got['ours'][kind])}]")
     print(f"            batch {BATCH} {ours['batch']:7.1f} tok/s [{each(got['ours']['batch'])}]"
           f" (ratio to one {ours['batch'] / ours['decode']:.2f})")
-    if one:
-        scale = sorted(a / b for a, b in zip(got["ours"][one], got["ours"]["one"]))
-        print(f"            {one} on 1 thread {ours['one']:6.1f} tok/s "
-              f"[{each(got['ours']['one'])}]: {args.threads} threads / 1, median of the rounds' "
-              f"ratios {_med(scale):.2f} ({scale[0]:.2f}-{scale[-1]:.2f})")
+    if one:  # each round: N threads, 1, 1, N in a row
+        pairs = got["ours"]["scaling"]
+        scale = sorted(a / b for a, b in pairs)
+        print(f"            {one} on 1 thread {_med([b for _, b in pairs]):6.1f} tok/s "
+              f"[{each(b for _, b in pairs)}], on {args.threads} "
+              f"{_med([a for a, _ in pairs]):6.1f} [{each(a for a, _ in pairs)}] (in a row, "
+              f"{args.threads} 1 1 {args.threads}): {args.threads} threads / 1, median of the "
+              f"rounds' ratios {_med(scale):.2f} ({scale[0]:.2f}-{scale[-1]:.2f})")
     profile = {k: _med([p[k] for p in profiles]) for k in profiles[0]}
     outside = sorted(p["outside the products %"] for p in profiles)
     print("            a decode step's ms by kind (medians of the rounds): " + ", ".join(
