@@ -143,12 +143,16 @@ def _merge_order(scores: np.ndarray, token: np.ndarray, left: np.ndarray,
     return np.lexsort((right, left, -scores[token]))
 
 
-def _merges(merges: list[str]) -> list[str] | list[tuple[str, str]]:
-    """GGUF's merges ("left right") as tokenizer.json takes them: as they are where each has
-    one space (`tokenizers` splits them there itself, faster), else split at the first."""
-    if (" ".join(merges).count(" ") == 2 * len(merges) - 1
+def _merges(merges: list[str]) -> list[tuple[str, str]]:
+    """GGUF's merges ("left right") as pairs, split at the first space: the tokenizer's BPE
+    model is then made from them as Python objects (npu.load.tokenizer), not through
+    `tokenizers`' JSON reader (SmolLM2's 49k merges: 30 ms against 70). Where each has one
+    space, all are split at once."""
+    joined = " ".join(merges)
+    if (joined.count(" ") == 2 * len(merges) - 1
             and all(map(operator.contains, merges, repeat(" ")))):
-        return merges
+        parts = joined.split(" ")
+        return list(zip(parts[::2], parts[1::2]))
     return [tuple(m.split(" ", 1)) for m in merges]
 
 
