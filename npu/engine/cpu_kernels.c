@@ -840,8 +840,9 @@ int64_t fk_packed_bytes(int type, int64_t N, int64_t K) {
 
 /* Block b of row n between the file's layout (`block`: its bytes) and P's: into P when
  * `pack`, else out of it (then `block` is written and P only read). */
-static void move_block(int type, uint8_t *P, int64_t nb, int64_t n, int64_t b, uint8_t *block,
-                       int pack) {
+static inline __attribute__((always_inline)) void move_block(int type, uint8_t *P, int64_t nb,
+                                                             int64_t n, int64_t b,
+                                                             uint8_t *block, int pack) {
     const int64_t r = n % XR, codes = (has_min(type) ? 4 : 2) * XR;
     uint8_t *g = P + ((n / XR) * nb + b) * group_block_bytes(type);
 #define MOVE(in_p, in_block, len) memcpy(pack ? (in_p) : (in_block), pack ? (in_block) : (in_p), len)
@@ -876,10 +877,24 @@ static void move_block(int type, uint8_t *P, int64_t nb, int64_t n, int64_t b, u
 
 /* The first n (<= XR) rows of a group, row-major at `rows` (only read), into the group's
  * packed bytes G. */
-static void pack_rows(int type, const uint8_t *rows, int64_t n, int64_t K, uint8_t *G) {
+static inline __attribute__((always_inline)) void pack_rows_as(const int type,
+                                                                const uint8_t *rows, int64_t n,
+                                                                int64_t K, uint8_t *G) {
     const int64_t nb = K / 32, rb = fk_row_bytes(type, K), bs = fk_row_bytes(type, 32);
     for (int64_t r = 0; r < n; r++)
         for (int64_t b = 0; b < nb; b++) move_block(type, G, nb, r, b, (uint8_t *)(rows + r * rb + b * bs), 1);
+}
+
+/* (pack_rows_as for each format: its block's moves compiled for it, constant sizes) */
+static void pack_rows(int type, const uint8_t *rows, int64_t n, int64_t K, uint8_t *G) {
+    switch (type) {
+    case Q4_0: pack_rows_as(Q4_0, rows, n, K, G); break;
+    case Q4_1: pack_rows_as(Q4_1, rows, n, K, G); break;
+    case Q5_0: pack_rows_as(Q5_0, rows, n, K, G); break;
+    case Q5_1: pack_rows_as(Q5_1, rows, n, K, G); break;
+    case Q8_0: pack_rows_as(Q8_0, rows, n, K, G); break;
+    default: break;
+    }
 }
 
 /* P = W [N, K] packed (fk_packed_bytes of room), on `threads` threads. P may be W itself
