@@ -2446,7 +2446,10 @@ typedef struct {
 } FkMine;
 
 /* A decode step's rows times the larger of hidden and intermediate sizes up to which every
- * thread does the row-wise phases whole (a step of one row: at any size) */
+ * thread does the row-wise phases whole: each thread then reads every product's whole output
+ * (about 4 * (2 I + 2 H) bytes a row a layer, most of it from other cores' caches) to save
+ * the barrier after each phase; past this (an 8B model's intermediate of 14,336 alone), the
+ * reads would cost what the barriers do, and the rows are split as a prompt's are */
 #define OWN_ROWS 6144
 
 /* The barrier that ends a row-wise phase: none where every thread did every row. */
@@ -2611,7 +2614,7 @@ int fk_forward(const FkModel *m, const FkLayer *layers, int64_t nl, void *const 
     float *part = parts ? (float *)malloc((size_t)parts * sizeof(float)) : NULL;
     /* a small decode step: every thread does the row-wise phases whole (a barrier fewer after
      * each, and no thread waits on another's activations) */
-    const int own_rows = decode && threads > 1 && (T == 1 || T * (I > H ? I : H) <= OWN_ROWS);
+    const int own_rows = decode && threads > 1 && T * (I > H ? I : H) <= OWN_ROWS;
     float *gu = own_rows ? (float *)malloc((size_t)(T * 2 * I) * sizeof(float)) : big;
     failed = failed || !lengths || !h || !qkv || !big || !gu || (parts && !part);
     const int64_t own = 4 * nbmax + (decode ? att_scratch(group, hd, longest)
