@@ -1299,7 +1299,43 @@ void fk_rms_norm(const float *X, const float *w, int64_t rows, int64_t n, float 
     }
 }
 
+/* The KV cache's formats (`half` below): 0 float32, 1 f16, 2 Q8_0 (for each 32 values of a
+ * row, an f16 scale d and 32 signed codes c: the value d * c; llama.cpp's `--cache-type-k
+ * q8_0`'s blocks), a row's bytes in each. */
+#define KV_F32 0
+#define KV_F16 1
+#define KV_Q8 2
+static inline int64_t kv_row_bytes(int64_t hd, int kind) {
+    return kind == KV_Q8 ? hd / 32 * 34 : hd * (kind == KV_F16 ? 2 : 4);
+}
+
+/* Value d of a cached row. */
+static inline float kv_value(const uint8_t *row, int64_t d, int kind) {
+    if (kind == KV_Q8) {
+        const uint8_t *b = row + d / 32 * 34;
+        return h2f(b) * (float)(int8_t)b[2 + d % 32];
+    }
+    return kind == KV_F16 ? h2f(row + 2 * d) : ((const float *)row)[d];
+}
+
+/* n values (a multiple of 32) as Q8_0 blocks: the scale the largest magnitude / 127 (as
+ * f16), each code the value times 127 / that magnitude rounded to the nearest integer. */
+static void store_q8(uint8_t *dst, const float *src, int64_t n) {
+    for (int64_t b = 0; b < n / 32; b++, src += 32, dst += 34) {
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++) amax = fabsf(src[i]) > amax ? fabsf(src[i]) : amax;
+        const uint16_t d = f2h(amax / 127.0f);
+        memcpy(dst, &d, 2);
+        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        for (int i = 0; i < 32; i++) dst[2 + i] = (uint8_t)(int8_t)nearbyintf(src[i] * inv);
+    }
+}
+
 static inline void store_kv(void *dst, const float *src, int64_t n, int half) {
+    if (half == KV_Q8) {
+        store_q8((uint8_t *)dst, src, n);
+        return;
+    }
     if (!half) {
         memcpy(dst, src, (size_t)n * sizeof(float));
         return;
@@ -1317,16 +1353,17 @@ static inline void store_kv(void *dst, const float *src, int64_t n, int half) {
 /* The new tokens' keys and values into the paged cache: row b of QKV (q heads, then nkv key
  * heads, then nkv value heads; rows `stride` floats apart) goes to position positions[b] of
  * the sequence whose block table is the row of TABLES starting at b * tstride (tstride 0: one
- * table for every row). K, V: [blocks, nkv, bs, hd], float32 or f16 (`half`). */
+ * table for every row). K, V: [blocks, nkv, bs, kv_row_bytes(hd, half)] bytes: float32, f16
+ * or Q8_0 rows (`half`: KV_F32, KV_F16, KV_Q8; Q8_0: hd a multiple of 32). */
 void fk_kv_write(const float *QKV, int64_t stride, int64_t B, int64_t nq, int64_t nkv,
                  int64_t hd, void *K, void *V, int64_t bs, const int64_t *tables,
                  int64_t tstride, const int64_t *positions, int half) {
-    const int64_t es = half ? 2 : 4;
+    const int64_t row_bytes = kv_row_bytes(hd, half);
     for (int64_t b = 0; b < B; b++) {
         const float *k = QKV + b * stride + nq * hd, *v = k + nkv * hd;
         const int64_t block = tables[b * tstride + positions[b] / bs];
         for (int64_t h = 0; h < nkv; h++) {
-            const int64_t at = ((block * nkv + h) * bs + positions[b] % bs) * hd * es;
+            const int64_t at = ((block * nkv + h) * bs + positions[b] % bs) * row_bytes;
             store_kv((uint8_t *)K + at, k + h * hd, hd, half);
             store_kv((uint8_t *)V + at, v + h * hd, hd, half);
         }
@@ -1446,30 +1483,56 @@ static inline void transpose8(__m256 r[8]) {
 }
 #endif
 
+#ifdef __AVX2__
+/* Eight values of a cached row from value i (a multiple of 8), in the cache's format. */
+static inline __m256 kv_load8(const uint8_t *row, int64_t i, int half) {
+    if (half == KV_Q8) {
+        const uint8_t *b = row + i / 32 * 34;
+        const __m256i c = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + i % 32)));
+        return _mm256_mul_ps(_mm256_cvtepi32_ps(c), _mm256_set1_ps(h2f(b)));
+    }
+#ifdef __F16C__
+    if (half) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 2 * i)));
+#endif
+    return _mm256_loadu_ps((const float *)row + i);
+}
+#endif
+
+#ifdef __AVX512F__
+/* Sixteen values of an f16 or Q8_0 cached row from value i (a multiple of 16): lane j is
+ * kv_load8's lane j of i, or j - 8 of i + 8 (the same value, the same bits). */
+static inline __m512 kv_load16(const uint8_t *row, int64_t i, int half) {
+    if (half == KV_Q8) {
+        const uint8_t *b = row + i / 32 * 34;
+        const __m512i c = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2 + i % 32)));
+        return _mm512_mul_ps(_mm512_cvtepi32_ps(c), _mm512_set1_ps(h2f(b)));
+    }
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + 2 * i)));
+}
+#endif
+
 static void flash_load(const void *K, const void *V, const int64_t *table, int64_t hk,
                        int64_t nkv, int64_t bs, int64_t hd, int half, int64_t j0, int64_t kn,
                        float *Kt, float *Vb) {
-    const int64_t es = half ? 2 : 4, row_bytes = hd * es, block_bytes = nkv * bs * row_bytes;
+    const int64_t row_bytes = kv_row_bytes(hd, half), block_bytes = nkv * bs * row_bytes;
     const int64_t head = hk * bs * row_bytes;
     const int shift = kv_shift(bs);
     int64_t c = 0;
 #if defined(__AVX2__) && defined(__F16C__)
     if (half && hd % 8 == 0) /* 8 keys at a time: 8 x 8 values converted, turned in registers */
         for (; c + 8 <= kn; c += 8) {
-            const uint16_t *k8[8];
+            const uint8_t *k8[8];
             for (int i = 0; i < 8; i++) {
                 const int64_t at = kv_at(table, j0 + c + i, bs, shift, block_bytes, head,
                                          row_bytes);
-                k8[i] = (const uint16_t *)((const uint8_t *)K + at);
-                const uint16_t *v = (const uint16_t *)((const uint8_t *)V + at);
+                k8[i] = (const uint8_t *)K + at;
+                const uint8_t *v = (const uint8_t *)V + at;
                 for (int64_t d = 0; d < hd; d += 8)
-                    _mm256_storeu_ps(Vb + (c + i) * hd + d,
-                                     _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + d))));
+                    _mm256_storeu_ps(Vb + (c + i) * hd + d, kv_load8(v, d, half));
             }
             for (int64_t d = 0; d < hd; d += 8) {
                 __m256 r[8];
-                for (int i = 0; i < 8; i++)
-                    r[i] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k8[i] + d)));
+                for (int i = 0; i < 8; i++) r[i] = kv_load8(k8[i], d, half);
                 transpose8(r);
                 for (int i = 0; i < 8; i++) _mm256_storeu_ps(Kt + (d + i) * FK + c, r[i]);
             }
@@ -1483,16 +1546,16 @@ static void flash_load(const void *K, const void *V, const int64_t *table, int64
 #if defined(__AVX2__) && defined(__F16C__)
         if (half)
             for (; d + 8 <= hd; d += 8) {
-                const __m256 kv8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + 2 * d)));
-                _mm256_storeu_ps(vb + d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + 2 * d))));
+                const __m256 kv8 = kv_load8(k, d, half);
+                _mm256_storeu_ps(vb + d, kv_load8(v, d, half));
                 float tmp[8];
                 _mm256_storeu_ps(tmp, kv8);
                 for (int i = 0; i < 8; i++) Kt[(d + i) * FK + c] = tmp[i];
             }
 #endif
         for (; d < hd; d++) {
-            Kt[d * FK + c] = half ? h2f(k + 2 * d) : ((const float *)k)[d];
-            vb[d] = half ? h2f(v + 2 * d) : ((const float *)v)[d];
+            Kt[d * FK + c] = kv_value(k, d, half);
+            vb[d] = kv_value(v, d, half);
         }
     }
     for (int64_t c = kn; c < FK; c++) { /* a short last step: zero keys and values */
@@ -1866,13 +1929,6 @@ static inline void sweep_some(Sweep *sw) {
 #endif
 
 #ifdef __AVX2__
-/* Eight values of a cached row from value i (f16 when `half`, else float32). */
-static inline __m256 kv_load8(const uint8_t *row, int64_t i, int half) {
-#ifdef __F16C__
-    if (half) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 2 * i)));
-#endif
-    return _mm256_loadu_ps((const float *)row + i);
-}
 
 /* The sums of eight vectors' lanes: lane i of the result is v[i]'s sum. */
 static inline __m256 hsum8(const __m256 *v) {
@@ -1955,7 +2011,7 @@ static inline int dec_z(int64_t hd, int nh) {
 
 static inline __attribute__((always_inline)) void dec_scores_z(
         const float *q, const int nh, const uint8_t *K, const uint8_t *V, const int64_t *off,
-        int64_t n, int64_t hd, int64_t row_bytes, float scale, float *p, int64_t pn,
+        int64_t n, int64_t hd, int64_t row_bytes, float scale, int half, float *p, int64_t pn,
         __m256 *top, Sweep *sw) {
     const int nc = (int)(hd / 16);
     __m512 qz[4][8];
@@ -1971,8 +2027,7 @@ static inline __attribute__((always_inline)) void dec_scores_z(
             __m512 z[4];
             for (int h = 0; h < nh; h++) z[h] = _mm512_setzero_ps();
             for (int c = 0; c < nc; c++) {
-                const __m512 k =
-                    _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + 32 * c)));
+                const __m512 k = kv_load16(row, 16 * c, half);
                 for (int h = 0; h < nh; h++) z[h] = _mm512_fmadd_ps(qz[h][c], k, z[h]);
             }
             for (int h = 0; h < nh; h++)
@@ -1998,18 +2053,15 @@ static inline __attribute__((always_inline)) void dec_values_n(
             for (int h = 0; h < nh; h++) a[h] = b[h] = _mm512_setzero_ps();
             int64_t i = 0;
             for (; i + 2 <= n; i += 2) {
-                const __m512 v = _mm512_cvtph_ps(
-                    _mm256_loadu_si256((const __m256i *)(V + off[i] + 2 * d)));
-                const __m512 u = _mm512_cvtph_ps(
-                    _mm256_loadu_si256((const __m256i *)(V + off[i + 1] + 2 * d)));
+                const __m512 v = kv_load16(V + off[i], d, half);
+                const __m512 u = kv_load16(V + off[i + 1], d, half);
                 for (int h = 0; h < nh; h++) {
                     a[h] = _mm512_fmadd_ps(_mm512_set1_ps(w[h * pn + i]), v, a[h]);
                     b[h] = _mm512_fmadd_ps(_mm512_set1_ps(w[h * pn + i + 1]), u, b[h]);
                 }
             }
             for (; i < n; i++) {
-                const __m512 v = _mm512_cvtph_ps(
-                    _mm256_loadu_si256((const __m256i *)(V + off[i] + 2 * d)));
+                const __m512 v = kv_load16(V + off[i], d, half);
                 for (int h = 0; h < nh; h++)
                     a[h] = _mm512_fmadd_ps(_mm512_set1_ps(w[h * pn + i]), v, a[h]);
             }
@@ -2079,7 +2131,8 @@ static void dec_span(const float *q, int nh, const void *K, const void *V, const
         }
 #define DEC_SCORES(c) dec_scores_n(q, c, Kb, Vb, off, n, hd, row_bytes, scale, half, p, pn, top, sw)
 #ifdef __AVX512F__
-#define DEC_SCORES_Z(c) dec_scores_z(q, c, Kb, Vb, off, n, hd, row_bytes, scale, p, pn, top, sw)
+#define DEC_SCORES_Z(c) dec_scores_z(q, c, Kb, Vb, off, n, hd, row_bytes, scale, half, p, pn, \
+                                     top, sw)
         if (half && dec_z(hd, nh)) {
             switch (nh) {
             case 1: DEC_SCORES_Z(1); break;
@@ -2119,13 +2172,12 @@ static void dec_span(const float *q, int nh, const void *K, const void *V, const
 #endif
     (void)row_bytes;
     (void)sw;
-    const int64_t es = half ? 2 : 4, pn = n;
+    const int64_t pn = n;
     for (int64_t i = 0; i < n; i++) {
         const uint8_t *k = Kb + off[i];
         for (int h = 0; h < nh; h++) {
             float acc = 0.0f;
-            for (int64_t d = 0; d < hd; d++)
-                acc += q[h * hd + d] * (half ? h2f(k + es * d) : ((const float *)k)[d]);
+            for (int64_t d = 0; d < hd; d++) acc += q[h * hd + d] * kv_value(k, d, half);
             p[h * pn + i] = acc * scale;
             m[h] = acc * scale > m[h] ? acc * scale : m[h];
         }
@@ -2143,7 +2195,7 @@ static void dec_span(const float *q, int nh, const void *K, const void *V, const
         const uint8_t *v = Vb + off[i];
         for (int h = 0; h < nh; h++)
             for (int64_t d = 0; d < hd; d++)
-                O[h * hd + d] += p[h * pn + i] * (half ? h2f(v + es * d) : ((const float *)v)[d]);
+                O[h * hd + d] += p[h * pn + i] * kv_value(v, d, half);
     }
 }
 
@@ -2181,8 +2233,8 @@ static void attend_team(const float *Q, int64_t q_stride, int64_t B, int64_t nq,
                         const int64_t *tables, int64_t tstride, const int64_t *lengths,
                         int64_t window, const float *sinks, float scale, float *OUT, int half,
                         float *scratch, float *part, int64_t spans, Act8 *qa) {
-    const int64_t group = nq / nkv, width = hd + 2, es = half ? 2 : 4;
-    const int64_t row_bytes = hd * es, block_bytes = nkv * bs * row_bytes;
+    const int64_t group = nq / nkv, width = hd + 2;
+    const int64_t row_bytes = kv_row_bytes(hd, half), block_bytes = nkv * bs * row_bytes;
     const int shift = kv_shift(bs);
     int64_t tasks = 0, base = 0, per = FK;
     for (int64_t b = 0; b < B; b++) tasks += nkv * att_layout(lengths[b], window, &base, &per);

@@ -20,7 +20,7 @@ import numpy as np
 from npu.engine import rope as rope_mod
 from npu.engine.kv_cache import BLOCK
 from npu.engine.linear import CpuLinear, PackedMatrix, SplitLinear
-from npu.engine.ops import GATED, KernelOps
+from npu.engine.ops import GATED, KV_KINDS, KernelOps
 from npu.engine.quant import INTEGER
 
 _I32, _I64, _P, _F = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
@@ -128,7 +128,7 @@ class FusedLayers:
         held.append(final)
         model = FkModel(hidden=c.hidden_size, nq=c.num_heads, nkv=c.num_kv_heads,
                         hd=c.head_dim, inter=c.intermediate_size, bs=BLOCK, eps=c.rms_eps,
-                        scale=float(engine.scale), half=int(ops.kv_dtype == np.float16),
+                        scale=float(engine.scale), half=KV_KINDS[engine.kv.dtype],
                         act=GATED[engine.activation],
                         final_norm=final.ctypes.data)
         fused = cls(engine, lib, layers, model, ropes)

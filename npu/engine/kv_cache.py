@@ -1,7 +1,8 @@
 """The KV cache: fixed-size blocks of keys and values, shared between sequences and kept after
 they end, keyed by the tokens they cover (automatic prefix caching, vLLM's design).
 
-Per attention layer one array [blocks, kv_heads, BLOCK, head_dim] for K and one for V. A
+Per attention layer one array [blocks, kv_heads, BLOCK, row] for K and one for V (a row:
+head_dim floats, or a Q8_0 cache's bytes, `kv_row`). A
 sequence holds a block table (the blocks of its positions, in order). A full block is named by
 a digest of every token up to its end (its own and all before it: a hash chain over blocks),
 so a new sequence whose prompt starts with the same tokens takes those blocks as they are
@@ -24,6 +25,18 @@ import numpy as np
 from npu.errors import KVCacheFull
 
 BLOCK = 16  # tokens per block
+KV_TYPES = ("f16", "q8_0")  # the KV cache's formats a LoadOptions names (the CPU kernels')
+
+
+def kv_row(dtype, head_dim: int) -> int:
+    """A cached row's elements: head_dim values, or a Q8_0 cache's (uint8) bytes: for each 32
+    values an f16 scale and 32 signed codes, 34 bytes."""
+    return head_dim // 32 * 34 if np.dtype(dtype) == np.uint8 else head_dim
+
+
+def kv_head_dim(K: np.ndarray) -> int:
+    """The head size of a layer's cache array (`kv_row`'s inverse)."""
+    return K.shape[3] // 34 * 32 if K.dtype == np.uint8 else K.shape[3]
 
 
 def block_digests(tokens: Sequence[int], parent: bytes = b"") -> list[bytes]:
@@ -70,7 +83,8 @@ class BlockPool:
                  budget_bytes: int, dtype=np.float32, caching: bool = True) -> None:
         self.layers, self.n_layers = layers, n_layers
         self.kv_heads, self.head_dim, self.dtype = kv_heads, head_dim, np.dtype(dtype)
-        self.block_bytes = 2 * len(layers) * kv_heads * BLOCK * head_dim * self.dtype.itemsize
+        self.row = kv_row(self.dtype, head_dim)
+        self.block_bytes = 2 * len(layers) * kv_heads * BLOCK * self.row * self.dtype.itemsize
         self.max_blocks = max(1, budget_bytes // max(1, self.block_bytes)) if layers else 1 << 40
         self.caching = caching and bool(layers)
         self.k: list[np.ndarray | None] = [None] * n_layers
@@ -97,7 +111,7 @@ class BlockPool:
             for store in (self.k, self.v):
                 # zeros, not empty: attention may read (and weigh by 0) positions of a block
                 # no token was written to, and 0 * NaN would be NaN
-                new = np.zeros((new_cap, self.kv_heads, BLOCK, self.head_dim), self.dtype)
+                new = np.zeros((new_cap, self.kv_heads, BLOCK, self.row), self.dtype)
                 if store[li] is not None:
                     new[: self.capacity] = store[li]
                 store[li] = new

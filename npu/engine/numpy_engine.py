@@ -29,8 +29,9 @@ from npu.config import ModelConfig
 from npu.engine import rope as rope_mod
 from npu.engine.attention import attend_packed, embed_inputs
 from npu.engine.fused import FusedLayers
-from npu.engine.kv_cache import BlockPool, SeqBlocks
+from npu.engine.kv_cache import KV_TYPES, BlockPool, SeqBlocks, kv_row
 from npu.engine.linear import Linear, LinearFactory, PackedMatrix, Threads
+from npu.engine.ops import KernelOps
 from npu.engine.pooling import Pooling, pool
 from npu.engine.quant import INTEGER, QMatrix
 from npu.engine.roles import Roles, roles_for
@@ -205,6 +206,10 @@ class NumpyEngine:
         kv_cache_bytes: the KV cache's budget (default: `default_kv_budget`).
         prefix_cache: keep finished prompts' KV for later ones that start alike (models with
             state outside the KV, LFM2's convolutions, never do).
+        kv_cache_type: the kernels' KV cache format for a model in integer block formats:
+            "f16" (the default), or "q8_0" (8-bit codes with an f16 scale per 32 values: about
+            half the memory and the bytes a decode step reads at long contexts; a head size
+            that is a multiple of 32). A float checkpoint's cache is float32.
         pooling: how `embed` pools a token list's hidden states (default: mean).
         pack_later: the last packed weights (those made since the last PACK_LATER bytes were
             passed) are written by `pack()`, which the caller runs (on a thread of its own)
@@ -215,7 +220,8 @@ class NumpyEngine:
     def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray | QMatrix], *,
                  backend: str = "cpu", threads: int | None = None,
                  kv_cache_bytes: int | None = None, prefix_cache: bool = True,
-                 pooling: Pooling | None = None, pack_later: bool = False) -> None:
+                 kv_cache_type: str = "f16", pooling: Pooling | None = None,
+                 pack_later: bool = False) -> None:
         self.config = c = config
         self.pooling = pooling or Pooling()
         self.pooling.dims(c.hidden_size)  # a Dense layer of the wrong width fails here
@@ -247,6 +253,17 @@ class NumpyEngine:
         # rounded to 8 bits already); a float checkpoint keeps float32 all the way
         integer = self._integer_weights()
         kv_dtype = self.ops.kv_dtype if integer else np.float32
+        if kv_cache_type not in KV_TYPES:
+            raise ModelError(f"kv_cache_type {kv_cache_type!r} is not one of "
+                             f"{', '.join(KV_TYPES)}")
+        if kv_cache_type == "q8_0":
+            if not integer or not isinstance(self.ops, KernelOps):
+                raise ModelError("kv_cache_type q8_0 needs a model in integer block formats "
+                                 "(a GGUF file, or `quantize`) on the compiled CPU kernels")
+            if c.head_dim % 32:
+                raise ModelError(f"kv_cache_type q8_0 needs a head size that is a multiple of "
+                                 f"32 (this model's: {c.head_dim})")
+            kv_dtype = np.uint8
         if not integer:
             # a float model's products run on OpenBLAS's threads, which spin a while after
             # each product: OpenMP threads of the other kernels beside them oversubscribe 2
@@ -258,7 +275,8 @@ class NumpyEngine:
         if prefix_cache and not self.prefix_cache:
             log.info("Prefix caching is off for %s: its convolution layers keep a state that "
                      "is not in the KV cache", c.arch)
-        per_token = 2 * len(attention) * c.num_kv_heads * c.head_dim * np.dtype(kv_dtype).itemsize
+        per_token = (2 * len(attention) * c.num_kv_heads * kv_row(kv_dtype, c.head_dim)
+                     * np.dtype(kv_dtype).itemsize)
         self.kv = BlockPool(attention, len(self.layers), c.num_kv_heads, c.head_dim,
                             kv_cache_bytes or default_kv_budget(per_token, self.max_context),
                             kv_dtype, caching=self.prefix_cache)

@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from npu.engine import rope as rope_mod
+from npu.engine.kv_cache import kv_head_dim
 
 
 def silu(x: np.ndarray) -> np.ndarray:
@@ -183,6 +184,10 @@ class NumpyOps:
                            window, sinks, scale)
 
 
+# the kernels' KV cache formats (cpu_kernels.c's KV_F32, KV_F16, KV_Q8) by the arrays' dtype
+KV_KINDS = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, np.dtype(np.uint8): 2}
+
+
 class KernelOps(NumpyOps):
     """The compiled kernels (npu.engine.cpu_kernels), `threads` shared with the linear
     layers. The KV cache is f16 (as llama.cpp's default: half the memory and the bytes a
@@ -244,7 +249,7 @@ class KernelOps(NumpyOps):
     def _attend(self, q: np.ndarray, q_stride: int, B: int, nq: int, K: np.ndarray,
                 V: np.ndarray, tables: np.ndarray, lengths: np.ndarray, window: int,
                 sinks: np.ndarray | None, scale: np.float32) -> np.ndarray:
-        dim = K.shape[3]
+        dim = kv_head_dim(K)
         tables, tstride = self._tables(tables)
         lengths = np.ascontiguousarray(lengths, dtype=np.int64)
         out = np.empty((B, nq * dim), dtype=np.float32)
@@ -254,15 +259,16 @@ class KernelOps(NumpyOps):
                                V.ctypes.data, K.shape[2], tables.ctypes.data, tstride,
                                lengths.ctypes.data, window,
                                None if sinks is None else sinks.ctypes.data, float(scale),
-                               out.ctypes.data, int(K.dtype == np.float16), self.threads.n):
+                               out.ctypes.data, KV_KINDS[K.dtype], self.threads.n):
             raise MemoryError("fk_attend could not allocate its scores")
         return out
 
     @staticmethod
     def _check_cache(K: np.ndarray, V: np.ndarray) -> None:
-        if K.dtype not in (np.float16, np.float32) or V.dtype != K.dtype or not (
+        if K.dtype not in KV_KINDS or V.dtype != K.dtype or not (
                 K.flags.c_contiguous and V.flags.c_contiguous):
-            raise ValueError("the KV cache must be contiguous float16 or float32")
+            raise ValueError("the KV cache must be contiguous float32, float16 or Q8_0 "
+                             "bytes (uint8)")
 
     def attend(self, q: np.ndarray, K: np.ndarray, V: np.ndarray, tables: np.ndarray,
                lengths: np.ndarray, window: int, sinks: np.ndarray | None,
@@ -279,9 +285,9 @@ class KernelOps(NumpyOps):
         tables, tstride = self._tables(tables)
         positions = np.ascontiguousarray(positions, dtype=np.int64)
         self._lib.fk_kv_write(qkv.ctypes.data, qkv.shape[1], len(qkv), nq, K.shape[1],
-                              K.shape[3], K.ctypes.data, V.ctypes.data, K.shape[2],
+                              kv_head_dim(K), K.ctypes.data, V.ctypes.data, K.shape[2],
                               tables.ctypes.data, tstride, positions.ctypes.data,
-                              int(K.dtype == np.float16))
+                              KV_KINDS[K.dtype])
 
     def attend_new(self, qkv: np.ndarray, nq: int, K: np.ndarray, V: np.ndarray,
                    tables: np.ndarray, positions: np.ndarray, window: int,
@@ -309,6 +315,9 @@ class KernelOps(NumpyOps):
                                       table.ctypes.data, pos, window,
                                       None if sinks is None else sinks.ctypes.data,
                                       float(scale), out.ctypes.data,
-                                      int(K.dtype == np.float16), self.threads.n):
+                                      KV_KINDS[K.dtype], self.threads.n):
+            if K.dtype == np.uint8:
+                raise ValueError("a Q8_0 cache's prompt attention takes at most 64 query "
+                                 "heads a key head")
             return super().attend_prompt(q, K, V, table, pos, window, sinks, scale)
         return out

@@ -215,6 +215,10 @@ def _engine(config: ModelConfig, weights: dict, device: str, opts: LoadOptions,
         return EncoderEngine(config, weights, backend=opts.backend, pooling=pooling)
     if device == "npu":
         from npu.xrt import XRT
+
+        if opts.kv_cache_type != "f16":
+            raise ModelError(f"kv_cache_type {opts.kv_cache_type!r} is the CPU engine's: the "
+                             "NPU engine keeps its own cache")
         from npu.xrt.engine import XRTEngine
 
         return XRTEngine(config, weights, xrt=xrt or XRT(), device_index=device_index,
@@ -223,7 +227,7 @@ def _engine(config: ModelConfig, weights: dict, device: str, opts: LoadOptions,
                          pooling=pooling)
     return NumpyEngine(config, weights, backend=opts.backend,
                        kv_cache_bytes=opts.kv_cache_bytes, prefix_cache=opts.prefix_cache,
-                       pooling=pooling, pack_later=True)
+                       kv_cache_type=opts.kv_cache_type, pooling=pooling, pack_later=True)
 
 
 def _return_freed_memory() -> None:

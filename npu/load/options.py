@@ -20,6 +20,11 @@ class LoadOptions(msgspec.Struct, kw_only=True):
         prefix_cache: keep finished requests' KV so a later prompt that starts alike (the
             next turn of a conversation, the same system prompt and tools) computes only its
             new tokens.
+        kv_cache_type: the CPU engine's KV cache for a model in integer block formats (a
+            GGUF file): "f16" (the default, as llama.cpp's), or "q8_0" (llama.cpp's
+            `--cache-type-k q8_0 --cache-type-v q8_0`, Ollama's OLLAMA_KV_CACHE_TYPE=q8_0):
+            8-bit codes with a scale per 32 values, about half the memory, and half the bytes
+            a decode step reads at long contexts, for slightly different numbers.
         kernel_dir: NPU: the kernel directory (npu1/ and/or npu2/ with a version 2
             manifest.json each; see npu.xrt.manifest).
         npu_mode: NPU: "linear" (linear layers on the NPU), "block" (attention and MLP
@@ -33,6 +38,7 @@ class LoadOptions(msgspec.Struct, kw_only=True):
     quantize: str | None = None
     kv_cache_bytes: Annotated[int, msgspec.Meta(ge=1 << 20)] | None = None
     prefix_cache: bool = True
+    kv_cache_type: Literal["f16", "q8_0"] = "f16"
     kernel_dir: str | None = None
     npu_mode: Literal["auto", "linear", "block", "layer"] = "auto"
     backend: Literal["cpu", "reference"] = "cpu"

@@ -102,6 +102,18 @@ def test_decode_steps_are_the_python_paths_bits_on_any_thread_count(files, name:
             assert np.array_equal(got, want)
 
 
+@pytest.mark.parametrize("name", ["qwen3-Q8_0", "gemma3-Q5_0-mixed"])
+def test_a_q8_0_cache_is_the_python_paths_bits(files, name: str) -> None:
+    """On a Q8_0 KV cache (kv_cache_type q8_0) too: prompts, pieces after a prefix, cached
+    prefixes, forks and batched steps, the Python path's logits bit for bit."""
+    fused = load_model(files[name], kv_cache_type="q8_0").engine
+    python = load_model(files[name], kv_cache_type="q8_0").engine
+    python.fused = None
+    assert fused.fused is not None and fused.kv.dtype == np.uint8
+    for got, want in zip(_run(fused), _run(python)):
+        assert np.array_equal(got, want)
+
+
 def test_a_cache_given_back_and_made_anew_is_the_one_attended(files) -> None:
     """With nothing held and nothing cached the KV arrays go back; the next prompt gets new
     ones, and the one-call step reads and writes those (a fork's copied block is seen: the
