@@ -28,6 +28,7 @@ are 4.2, 8.5 and 4.9 GB).
     .venv/bin/python bench/bench_peer.py smollm2 qwen3-0.6b-Q4_0   # some of them
     .venv/bin/python bench/bench_peer.py --quick        # SmolLM2, few tokens, ours only
     .venv/bin/python bench/bench_peer.py smollm2 --threads 1 --prefill 512,2048,8192
+    .venv/bin/python bench/bench_peer.py qwen3-0.6b-Q4_0 --prompt 2048 --kv q8_0
 
 `make bench-peer` installs llama-cpp-python first when the venv lacks it. Without it the
 script prints our side only.
@@ -55,6 +56,9 @@ BATCH_SEQS = ["d"] + [f"d{i}" for i in range(1, BATCH)]  # "d" holds the prompt,
 # a pause before each measurement: the other side's threads (OpenMP's, llama.cpp's pool)
 # spin a while after their work and would slow the next run's start
 SETTLE_S = 0.3
+# llama.cpp's Q8_0 KV cache (`--cache-type-k q8_0 --cache-type-v q8_0`, which needs its flash
+# attention for V): the one `--kv q8_0` compares ours with
+Q8_CACHE = {"type_k": 8, "type_v": 8, "flash_attn": True}
 
 
 def model_path(name: str) -> Path:
@@ -164,7 +168,7 @@ class Ours:
 
         threadpool_limits(args.threads)
         self.args = args
-        self.eng = eng = load_model(path).engine
+        self.eng = eng = load_model(path, kv_cache_type=args.kv).engine
         eng.set_threads(args.threads)
         embed = eng.embed_tokens.matrix
         # bytes a decode step reads: every weight but the embedding (one row of it), unless
@@ -251,7 +255,8 @@ class Peer:
         self.llm = Llama(model_path=str(path), n_ctx=max(1024, args.prompt + args.steps + 8,
                                                          max(_sizes(args.prefill)) + 8),
                          n_batch=512, n_ubatch=512, n_threads=args.threads,
-                         n_threads_batch=args.threads, verbose=False)
+                         n_threads_batch=args.threads, verbose=False,
+                         **(Q8_CACHE if args.kv == "q8_0" else {}))
         self.info = {}
         self.llm.eval(tokens(16, 9))
 
@@ -292,7 +297,7 @@ class Side:
         self.proc = subprocess.Popen(
             [sys.executable, __file__, "--child", side, name, "--threads", str(args.threads),
              "--prompt", str(args.prompt), "--steps", str(args.steps),
-             "--prefill", str(args.prefill)],
+             "--prefill", str(args.prefill), "--kv", args.kv],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.info = self._read()
 
@@ -423,6 +428,9 @@ def main() -> None:
     ap.add_argument("--prefill", default="512,2048",
                     help="prompt lengths to prefill, comma-separated (default 512,2048)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--kv", choices=["f16", "q8_0"], default="f16",
+                    help="the KV cache's format on both sides (q8_0: llama.cpp's "
+                         "--cache-type-k/v q8_0 with its flash attention)")
     ap.add_argument("--child", nargs=2, metavar=("SIDE", "FILE"))
     args = ap.parse_args()
     if args.child:
@@ -437,7 +445,7 @@ def main() -> None:
                  "bench/gguf_shapes.py with one of its formats (e.g. llama-8b-Q5_K_M)")
     peer = has_llama_cpp() and not args.quick
     bw = read_bandwidth(args.threads)
-    print(f"threads {args.threads}; memory read bandwidth (GEMV over 1 GiB): {bw / 1e9:.1f} GB/s")
+    print(f"KV cache {args.kv}; threads {args.threads}; memory read bandwidth (GEMV over 1 GiB): {bw / 1e9:.1f} GB/s")
     print(f"decode after a {args.prompt}-token prompt ({args.steps} steps); prefill of "
           f"{args.prefill} tokens; batch {BATCH} = aggregate tok/s of {BATCH} sequences; "
           f"{args.rounds} rounds, figures are medians [each round]")

@@ -5,11 +5,14 @@ where it is used."""
 from __future__ import annotations
 
 import msgspec
+import numpy as np
 import pytest
 
 from actors.config import WorkerConfig, worker_config
 from deployments.app import AppConfig, ModelEntry
 from npu import LoadOptions, load_model
+from npu.engine.cpu_kernels import KernelUnavailable, kernels
+from npu.errors import ModelError
 
 ENTRY = {"name": "t", "path": "flm-tiny", "device": "cpu", "max_batch": 3, "blas_threads": 1,
          "stream_interval_ms": 5.0, "max_messages_per_s": 7.0, "kv_cache_bytes": 1 << 22,
@@ -43,9 +46,24 @@ def test_the_options_reach_the_loaded_model() -> None:
         load_model("flm-tiny", "cpu", options, no_such_option=1)
 
 
+def test_the_kv_cache_type_reaches_the_cache() -> None:
+    entry = msgspec.convert({**ENTRY, "backend": "cpu", "quantize": "q8_0", "kv_cache_type": "q8_0"},
+                            ModelEntry)
+    options = worker_config(entry).options()
+    assert options.kv_cache_type == "q8_0"
+    try:
+        kernels()
+    except KernelUnavailable:  # no C compiler here: the format is the kernels', and it says so
+        with pytest.raises(ModelError, match="q8_0 needs .* the compiled CPU kernels"):
+            load_model("flm-tiny", "cpu", options)
+        return
+    assert load_model("flm-tiny", "cpu", options).engine.kv.dtype == np.uint8
+
+
 @pytest.mark.parametrize("bad,where", [({"bogus": 1}, "bogus"),
                                        ({"kv_cache_bytes": 5}, "kv_cache_bytes"),
-                                       ({"npu_mode": "fast"}, "npu_mode")])
+                                       ({"npu_mode": "fast"}, "npu_mode"),
+                                       ({"kv_cache_type": "q4_0"}, "kv_cache_type")])
 def test_a_bad_option_is_named(bad: dict, where: str) -> None:
     with pytest.raises(msgspec.ValidationError, match=where):
         msgspec.convert({"models": [{**ENTRY, **bad}]}, AppConfig)
