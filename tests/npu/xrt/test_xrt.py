@@ -125,6 +125,9 @@ def test_auto_mode_takes_the_most_fused_ops(tiny, tmp_path) -> None:
     with pytest.raises(ModelError, match="no layer op shapes"):
         load_model(tiny, "npu", kernel_dir=kd, npu_mode="layer",
                    xrt=XRT(simulator_for(kd, ["npu4"])))
+    with pytest.raises(ModelError, match="kv_cache_type 'q8_0' is the CPU engine's"):
+        load_model(tiny, "npu", kernel_dir=kd, kv_cache_type="q8_0",
+                   xrt=XRT(simulator_for(kd, ["npu4"])))
 
 
 def test_layer_mode_batches_forks_and_reuses_prefixes(tiny, kdir) -> None:
