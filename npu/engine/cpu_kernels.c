@@ -1833,7 +1833,8 @@ static void flash_team(const float *Q, int64_t q_stride, int64_t nseg, const int
 
 /* Causal attention of a prompt piece: rows 0 .. n - 1 of Q (q_stride floats apart) at
  * positions pos .. pos + n - 1 of the sequence whose blocks are `table`, its keys and values
- * up to there in the cache K, V [blocks, nkv, bs, hd]; OUT [n, nq * hd]. -2: no memory;
+ * up to there in the cache K, V [blocks, nkv, bs, hd] (rows in the format `half` names, as
+ * fk_attend's); OUT [n, nq * hd]. -2: no memory;
  * -1: a shape it does not take (more than 64 query heads per key head). */
 int fk_attend_prompt(const float *Q, int64_t q_stride, int64_t n, int64_t nq, int64_t nkv,
                      int64_t hd, const void *K, const void *V, int64_t bs,
@@ -1929,7 +1930,6 @@ static inline void sweep_some(Sweep *sw) {
 #endif
 
 #ifdef __AVX2__
-
 /* The sums of eight vectors' lanes: lane i of the result is v[i]'s sum. */
 static inline __m256 hsum8(const __m256 *v) {
     const __m256 t0 = _mm256_hadd_ps(v[0], v[1]), t1 = _mm256_hadd_ps(v[2], v[3]);
@@ -2328,7 +2328,8 @@ static void attend_team(const float *Q, int64_t q_stride, int64_t B, int64_t nq,
 
 /* Attention of one query token per row over cached keys and values.
  * Q: rows q_stride floats apart, each nq heads of hd; OUT: [B, nq, hd]. K, V: [blocks, nkv,
- * bs, hd] (a layer's paged cache, float32 or f16: `half`). Row b's positions are in the
+ * bs, kv_row_bytes(hd, half) bytes] (a layer's paged cache, float32, f16 or Q8_0 rows:
+ * `half`, KV_F32 / KV_F16 / KV_Q8). Row b's positions are in the
  * blocks listed from TABLES + b * tstride (tstride 0: rows share one table, as a prompt's
  * tokens do, each with its own length); it sees positions 0 .. lengths[b] - 1, or only the
  * last `window` of them when window > 0. sinks: NULL or [nq] logits that join each head's
@@ -2395,7 +2396,8 @@ typedef struct {
 typedef struct {
     int64_t hidden, nq, nkv, hd, inter, bs;
     float eps, scale;
-    int32_t half, act; /* act: 0 SwiGLU, 1 GeGLU (gelu_tanh) */
+    int32_t half, act; /* half: the KV cache's format (KV_F32 / F16 / Q8); act: 0 SwiGLU,
+                          1 GeGLU (gelu_tanh) */
     const float *final_norm; /* NULL, or the last layer's rows normed by it (in place) */
 } FkModel;
 

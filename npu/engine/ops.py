@@ -191,7 +191,8 @@ KV_KINDS = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, np.dtype(np.uint8)
 class KernelOps(NumpyOps):
     """The compiled kernels (npu.engine.cpu_kernels), `threads` shared with the linear
     layers. The KV cache is f16 (as llama.cpp's default: half the memory and the bytes a
-    decode step reads), converted in hardware where the CPU has F16C, else in plain C."""
+    decode step reads), converted in hardware where the CPU has F16C, else in plain C; or,
+    where the engine is made so (`kv_cache_type` q8_0), Q8_0 bytes (uint8: `KV_KINDS`)."""
 
     kv_dtype = np.float16
 
