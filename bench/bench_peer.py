@@ -445,7 +445,8 @@ def main() -> None:
                  "bench/gguf_shapes.py with one of its formats (e.g. llama-8b-Q5_K_M)")
     peer = has_llama_cpp() and not args.quick
     bw = read_bandwidth(args.threads)
-    print(f"KV cache {args.kv}; threads {args.threads}; memory read bandwidth (GEMV over 1 GiB): {bw / 1e9:.1f} GB/s")
+    print(f"KV cache {args.kv}; threads {args.threads}; memory read bandwidth (GEMV over "
+          f"1 GiB): {bw / 1e9:.1f} GB/s")
     print(f"decode after a {args.prompt}-token prompt ({args.steps} steps); prefill of "
           f"{args.prefill} tokens; batch {BATCH} = aggregate tok/s of {BATCH} sequences; "
           f"{args.rounds} rounds, figures are medians [each round]")

@@ -47,8 +47,8 @@ def test_the_options_reach_the_loaded_model() -> None:
 
 
 def test_the_kv_cache_type_reaches_the_cache() -> None:
-    entry = msgspec.convert({**ENTRY, "backend": "cpu", "quantize": "q8_0", "kv_cache_type": "q8_0"},
-                            ModelEntry)
+    entry = msgspec.convert({**ENTRY, "backend": "cpu", "quantize": "q8_0",
+                             "kv_cache_type": "q8_0"}, ModelEntry)
     options = worker_config(entry).options()
     assert options.kv_cache_type == "q8_0"
     try:
