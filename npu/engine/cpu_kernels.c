@@ -1987,13 +1987,27 @@ static inline __attribute__((always_inline)) void dec_scores_n(
             const uint8_t *row = dec_key(K, V, off, i0, kk, nk, n, row_bytes);
             __m256 a[ATT_HEADS][2];
             for (int h = 0; h < nh; h++) a[h][0] = a[h][1] = _mm256_setzero_ps();
-            for (int64_t i = 0; i < hd; i += 16) {
-                const __m256 k0 = kv_load8(row, i, half), k1 = kv_load8(row, i + 8, half);
-                for (int h = 0; h < nh; h++) {
-                    a[h][0] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * hd + i), k0, a[h][0]);
-                    a[h][1] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * hd + i + 8), k1, a[h][1]);
+            if (half == KV_Q8) /* kv_load8's values, each block's scale converted once */
+                for (int64_t i = 0; i < hd; i += 32) {
+                    const uint8_t *b = row + i / 32 * 34;
+                    const __m256 d = _mm256_set1_ps(h2f(b));
+                    for (int j = 0; j < 4; j++) {
+                        const __m256 k = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                            _mm_loadl_epi64((const __m128i *)(b + 2 + 8 * j)))), d);
+                        for (int h = 0; h < nh; h++)
+                            a[h][j & 1] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * hd + i + 8 * j),
+                                                          k, a[h][j & 1]);
+                    }
                 }
-            }
+            else
+                for (int64_t i = 0; i < hd; i += 16) {
+                    const __m256 k0 = kv_load8(row, i, half), k1 = kv_load8(row, i + 8, half);
+                    for (int h = 0; h < nh; h++) {
+                        a[h][0] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * hd + i), k0, a[h][0]);
+                        a[h][1] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * hd + i + 8), k1,
+                                                  a[h][1]);
+                    }
+                }
             for (int h = 0; h < nh; h++) sums[h][kk] = _mm256_add_ps(a[h][0], a[h][1]);
         }
         dec_scores_set(sums, nh, nk, vscale, p + i0, pn, top);
