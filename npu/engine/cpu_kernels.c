@@ -1319,7 +1319,8 @@ static inline float kv_value(const uint8_t *row, int64_t d, int kind) {
 }
 
 /* n values (a multiple of 32) as Q8_0 blocks: the scale the largest magnitude / 127 (as
- * f16), each code the value times 127 / that magnitude rounded to the nearest integer. */
+ * f16), each code the value times 127 / that magnitude rounded to the nearest integer
+ * (-127 .. 127). */
 static void store_q8(uint8_t *dst, const float *src, int64_t n) {
     for (int64_t b = 0; b < n / 32; b++, src += 32, dst += 34) {
         float amax = 0.0f;
@@ -1327,7 +1328,8 @@ static void store_q8(uint8_t *dst, const float *src, int64_t n) {
         const uint16_t d = f2h(amax / 127.0f);
         memcpy(dst, &d, 2);
         const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-        for (int i = 0; i < 32; i++) dst[2 + i] = (uint8_t)(int8_t)nearbyintf(src[i] * inv);
+        for (int i = 0; i < 32; i++) /* lrintf: to nearest, ties to even (a NaN: some code) */
+            dst[2 + i] = (uint8_t)(int8_t)lrintf(src[i] * inv);
     }
 }
 
