@@ -1941,6 +1941,13 @@ static inline __m256 hsum8(const __m256 *v) {
                          _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
+/* Every cache line of a row (a Q8_0 row of 136 bytes starts anywhere in a line). */
+static inline void prefetch_row(const uint8_t *row, int64_t bytes) {
+    for (const uint8_t *p = (const uint8_t *)((uintptr_t)row & ~(uintptr_t)63); p < row + bytes;
+         p += 64)
+        __builtin_prefetch(p, 0, 3);
+}
+
 /* The key row of key kk of the set of 8 at i0 (past the span's end, nk keys: its last key
  * again, the score unused). The memory is slow (a step's weights stream through the caches
  * between a layer's steps): the key's value row is fetched for the value pass, and the key
@@ -1949,10 +1956,8 @@ static inline const uint8_t *dec_key(const uint8_t *K, const uint8_t *V, const i
                                      int64_t i0, int kk, int64_t nk, int64_t n,
                                      int64_t row_bytes) {
     const int64_t at = off[i0 + (kk < nk ? kk : nk - 1)];
-    for (int64_t c = 0; c < row_bytes; c += 64) __builtin_prefetch(V + at + c, 0, 3);
-    if (i0 + kk + ATT_AHEAD < n)
-        for (int64_t c = 0; c < row_bytes; c += 64)
-            __builtin_prefetch(K + off[i0 + kk + ATT_AHEAD] + c, 0, 3);
+    prefetch_row(V + at, row_bytes);
+    if (i0 + kk + ATT_AHEAD < n) prefetch_row(K + off[i0 + kk + ATT_AHEAD], row_bytes);
     return K + at;
 }
 
@@ -2017,10 +2022,11 @@ static inline __attribute__((always_inline)) void dec_scores_n(
 }
 
 #ifdef __AVX512F__
-/* dec_scores_n for an f16 cache with AVX-512 where the queries fit in 16 registers (hd 64 and
- * nh <= 4, hd 128 and nh <= 2: dec_z): held there, a key row converted into 16 lanes at a
- * time. The same sums as dec_scores_n's, in the same order (lane j of a 16-lane sum is its
- * first 8-lane sum's lane j, or its second's lane j - 8, added the same way), the same bits. */
+/* dec_scores_n for an f16 or Q8_0 cache with AVX-512 where the queries fit in 16 registers
+ * (hd 64 and nh <= 4, hd 128 and nh <= 2: dec_z): held there, a key row converted into 16
+ * lanes at a time (kv_load16). The same sums as dec_scores_n's, in the same order (lane j of a
+ * 16-lane sum is its first 8-lane sum's lane j, or its second's lane j - 8, added the same
+ * way), the same bits. */
 static inline int dec_z(int64_t hd, int nh) {
     return (hd == 64 && nh <= 4) || (hd == 128 && nh <= 2);
 }
@@ -2530,8 +2536,8 @@ static inline void rows_done(const FkStep *S) {
 }
 
 /* Team work, a layer's first half: the q/k/v product, bias, q/k norms and RoPE, the new keys
- * and values into the cache (K, V), attention; its output rounded into S->a for the o
- * product. */
+ * and values into the cache (K, V), attention; its output rounded into the activations the
+ * o product reads (S->a, or each thread's own where S->own). */
 static void layer_attention(const FkStep *S, const FkLayer *L, const void *K, const void *V,
                             FkMine *me) {
     const FkModel *m = S->m;

@@ -1,6 +1,8 @@
 """A forward's decoder layers in one call of the compiled kernels (cpu_kernels.c's
 `fk_forward`): the threads stay up across every layer of a step and go from one phase to the
-next at a barrier, instead of ~4 ctypes calls and OpenMP regions per layer.
+next at a barrier (a small decode step's norms, gates and roundings each thread does whole,
+on its own copies, with none after them), instead of ~4 ctypes calls and OpenMP regions per
+layer.
 
 `FusedLayers.of(engine)` describes the engine's layers to the kernels once (weights' and
 norms' addresses, shapes), or is None where the call does not apply: no kernels, a matrix

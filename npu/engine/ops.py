@@ -270,6 +270,8 @@ class KernelOps(NumpyOps):
                 K.flags.c_contiguous and V.flags.c_contiguous):
             raise ValueError("the KV cache must be contiguous float32, float16 or Q8_0 "
                              "bytes (uint8)")
+        if K.dtype == np.uint8 and K.shape[3] % 34:
+            raise ValueError("a Q8_0 cache's rows are whole blocks of 34 bytes (32 values)")
 
     def attend(self, q: np.ndarray, K: np.ndarray, V: np.ndarray, tables: np.ndarray,
                lengths: np.ndarray, window: int, sinks: np.ndarray | None,
@@ -311,14 +313,17 @@ class KernelOps(NumpyOps):
         out = np.empty((n, nq * dim), dtype=np.float32)
         if sinks is not None:
             sinks = np.ascontiguousarray(sinks, dtype=np.float32)
-        if self._lib.fk_attend_prompt(q.ctypes.data, nq * dim, n, nq, K.shape[1], dim,
-                                      K.ctypes.data, V.ctypes.data, K.shape[2],
-                                      table.ctypes.data, pos, window,
-                                      None if sinks is None else sinks.ctypes.data,
-                                      float(scale), out.ctypes.data,
-                                      KV_KINDS[K.dtype], self.threads.n):
-            if K.dtype == np.uint8:
-                raise ValueError("a Q8_0 cache's prompt attention takes at most 64 query "
-                                 "heads a key head")
+        failed = self._lib.fk_attend_prompt(q.ctypes.data, nq * dim, n, nq, K.shape[1], dim,
+                                            K.ctypes.data, V.ctypes.data, K.shape[2],
+                                            table.ctypes.data, pos, window,
+                                            None if sinks is None else sinks.ctypes.data,
+                                            float(scale), out.ctypes.data,
+                                            KV_KINDS[K.dtype], self.threads.n)
+        if failed:
+            if K.dtype == np.uint8:  # no float path reads a Q8_0 cache
+                raise (MemoryError("fk_attend_prompt could not allocate its scratch")
+                       if failed == -2 else ValueError(
+                           "a Q8_0 cache's prompt attention takes at most 64 query heads a "
+                           "key head"))
             return super().attend_prompt(q, K, V, table, pos, window, sinks, scale)
         return out

@@ -58,6 +58,10 @@ def _run(engine) -> list[np.ndarray]:
     return out
 
 
+def _no_python_path(*args):
+    raise AssertionError("the fused engine took the Python path")
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_one_call_per_step_is_the_python_path_bit_for_bit(files, name: str) -> None:
     fused = load_model(files[name]).engine
@@ -65,10 +69,7 @@ def test_one_call_per_step_is_the_python_path_bit_for_bit(files, name: str) -> N
     assert fused.fused is not None
     python.fused = None
 
-    def python_path(*args):
-        raise AssertionError("the fused engine took the Python path")
-
-    fused._layers = python_path
+    fused._layers = _no_python_path
     seconds = fused.fused.seconds.copy()
     for got, want in zip(_run(fused), _run(python)):
         assert np.array_equal(got, want)
@@ -86,6 +87,8 @@ def test_decode_steps_are_the_python_paths_bits_on_any_thread_count(files, name:
     python = load_model(files[name]).engine
     python.fused = None
     fused.set_threads(threads)
+    fused._layers = _no_python_path
+    seconds = fused.fused.seconds.copy()
     ids = np.random.default_rng(2).integers(0, 900, 30).tolist()
     for batch in (1, 3, 50):  # 50 rows of this model's 128 products: rows split
         seqs = [f"s{batch}-{i}" for i in range(batch)]
@@ -100,6 +103,7 @@ def test_decode_steps_are_the_python_paths_bits_on_any_thread_count(files, name:
                 engine.release(sid)
         for got, want in zip(*out):
             assert np.array_equal(got, want)
+    assert (fused.fused.seconds > seconds).all()  # the one-call step ran
 
 
 @pytest.mark.parametrize("name", ["qwen3-Q8_0", "gemma3-Q5_0-mixed"])
@@ -110,8 +114,11 @@ def test_a_q8_0_cache_is_the_python_paths_bits(files, name: str) -> None:
     python = load_model(files[name], kv_cache_type="q8_0").engine
     python.fused = None
     assert fused.fused is not None and fused.kv.dtype == np.uint8
+    fused._layers = _no_python_path
+    seconds = fused.fused.seconds.copy()
     for got, want in zip(_run(fused), _run(python)):
         assert np.array_equal(got, want)
+    assert (fused.fused.seconds > seconds).all()
 
 
 def test_a_cache_given_back_and_made_anew_is_the_one_attended(files) -> None:

@@ -34,7 +34,9 @@ def dequantized(cache: np.ndarray) -> np.ndarray:
     return (scale * codes).reshape(*cache.shape[:3], -1)
 
 
-@pytest.mark.parametrize("nq, nkv, hd", [(4, 2, 32), (9, 3, 64), (16, 8, 128)])
+# query heads a key head: 2, 3, 2, and 4 and 6 (past the AVX-512 passes' 2 and 3)
+@pytest.mark.parametrize("nq, nkv, hd", [(4, 2, 32), (9, 3, 64), (16, 8, 128), (8, 2, 128),
+                                         (12, 2, 64)])
 def test_q8_0_rows_are_written_and_attended_as_their_values(nq: int, nkv: int,
                                                             hd: int) -> None:
     rng = np.random.default_rng(hd)
@@ -73,6 +75,9 @@ def test_q8_0_rows_are_written_and_attended_as_their_values(nq: int, nkv: int,
                                           None, scale), want, rtol=2e-4, atol=2e-5)
     np.testing.assert_allclose(ops.attend_prompt(q, K, V, table, 0, window, None, scale),
                                want, rtol=2e-4, atol=2e-5)
+    with pytest.raises(ValueError, match="whole blocks of 34 bytes"):  # not a Q8_0 row
+        ops.attend(q, K[..., :-1].copy(), V[..., :-1].copy(), table.reshape(1, -1), lengths,
+                   0, None, scale)
 
 
 @pytest.fixture(scope="module")
