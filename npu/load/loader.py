@@ -24,6 +24,7 @@ from npu.engine.encoder import EncoderEngine
 from npu.engine.numpy_engine import NumpyEngine
 from npu.engine.pooling import Pooling
 from npu.errors import ModelError
+from npu.load.gc_pause import gc_paused
 from npu.load.options import LoadOptions
 from npu.load.pooling import pooling_from_directory, pooling_from_gguf
 from npu.load.safetensors import load_weights
@@ -146,6 +147,13 @@ def load_model(path: str | Path, device: str = "cpu", options: LoadOptions | Non
     Raises:
         ModelError: a missing or unsupported file, key, tensor or architecture, named.
     """
+    with gc_paused():  # a load's many long-lived objects: no collection walks them meanwhile
+        return _load(path, device, options, name=name, device_index=device_index, xrt=xrt,
+                     **fields)
+
+
+def _load(path: str | Path, device: str, options: LoadOptions | None, *, name: str | None,
+          device_index: int, xrt: Any, **fields: Any) -> Model:
     opts = msgspec.structs.replace(options or LoadOptions(), **fields)
     chat_template, quantize, kernel_dir = opts.chat_template, opts.quantize, opts.kernel_dir
     if str(path) == "flm-tiny":
