@@ -1486,12 +1486,17 @@ static inline void transpose8(__m256 r[8]) {
 #endif
 
 #ifdef __AVX2__
+/* Eight Q8_0 codes' values: each code times the block's scale d. */
+static inline __m256 q8_values8(const uint8_t *codes, __m256 d) {
+    const __m256i c = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)codes));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(c), d);
+}
+
 /* Eight values of a cached row from value i (a multiple of 8), in the cache's format. */
 static inline __m256 kv_load8(const uint8_t *row, int64_t i, int half) {
     if (half == KV_Q8) {
         const uint8_t *b = row + i / 32 * 34;
-        const __m256i c = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + i % 32)));
-        return _mm256_mul_ps(_mm256_cvtepi32_ps(c), _mm256_set1_ps(h2f(b)));
+        return q8_values8(b + 2 + i % 32, _mm256_set1_ps(h2f(b)));
     }
 #ifdef __F16C__
     if (half) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 2 * i)));
@@ -1999,8 +2004,7 @@ static inline __attribute__((always_inline)) void dec_scores_n(
                     const uint8_t *b = row + i / 32 * 34;
                     const __m256 d = _mm256_set1_ps(h2f(b));
                     for (int j = 0; j < 4; j++) {
-                        const __m256 k = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-                            _mm_loadl_epi64((const __m128i *)(b + 2 + 8 * j)))), d);
+                        const __m256 k = q8_values8(b + 2 + 8 * j, d);
                         for (int h = 0; h < nh; h++)
                             a[h][j & 1] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * hd + i + 8 * j),
                                                           k, a[h][j & 1]);

@@ -23,7 +23,9 @@ try:
     LIB = kernels()
 except Exception:  # no C compiler here: the cache is the kernels' alone
     LIB = None
-pytestmark = pytest.mark.skipif(LIB is None, reason="the CPU kernels cannot be built here")
+pytestmark = pytest.mark.skipif(
+    LIB is None, reason="the Q8_0 KV cache is the compiled CPU kernels' format, and they cannot "
+    "be built here (no C compiler): a model asked for it says so at load (test_config)")
 
 
 def dequantized(cache: np.ndarray) -> np.ndarray:
