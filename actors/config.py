@@ -21,7 +21,7 @@ class WorkerConfig(LoadOptions, kw_only=True):
         max_batch: sequences one worker decodes together (its max_ongoing_requests).
         blas_threads: BLAS threads in the worker (None: 1 for a model whose weights fit in
             the CPU's caches, where more threads only take cores from the serving
-            processes, else this host's core count).
+            processes, else its physical cores: npu.engine.cores).
         stream_interval_ms: after a stream's first token, its events are sent at most this
             often, together (fewer messages through Serve stream faster; the first token is
             never held).

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -35,7 +34,7 @@ from typing import Any
 import msgspec
 from ray import serve
 
-from actors.blas import blas_threads_for, set_blas_threads
+from actors.blas import blas_threads_for, set_blas_threads, start_threads
 from actors.config import WorkerConfig
 from actors.errors import RequestError
 from actors.events import Accepted, ChatGenerate, Event, GenerateRequest, Rejected
@@ -275,8 +274,7 @@ class LibraryWorkerBase:
                         max_messages_per_s=cfg.max_messages_per_s,
                         speculation=cfg.speculative)
         threads = blas_threads_for(worker.model.engine.weight_bytes, cfg.blas_threads)
-        set_blas_threads(max(threads, os.cpu_count() or 1) if cfg.blas_threads is None
-                         else threads)
+        set_blas_threads(start_threads(cfg.blas_threads))  # process-wide: every model's
         worker.model.engine.set_threads(threads)
         return worker
 

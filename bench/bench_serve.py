@@ -35,6 +35,7 @@ from actors.blas import blas_threads_for, set_blas_threads  # noqa: E402
 from actors.events import CompletionGenerate, Deltas  # noqa: E402
 from actors.worker import Worker  # noqa: E402
 from npu import load_model  # noqa: E402
+from npu.engine.cores import default_threads  # noqa: E402
 from npu.load.tiny import build_tiny, ensure_tiny  # noqa: E402
 
 SETTLE_S = 0.5  # between measured runs (see the paired rounds in main)
@@ -217,7 +218,7 @@ def main() -> int:
     entry = ModelEntry(name="x", path="x", **opts)
     settings = {"stream_interval_s": entry.stream_interval_ms / 1000,
                 "max_messages_per_s": entry.max_messages_per_s}
-    threads = str(entry.blas_threads or os.cpu_count() or 1)
+    threads = str(entry.blas_threads or default_threads())
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = threads  # read by the in-process child when it starts
     url = f"http://127.0.0.1:{port}"

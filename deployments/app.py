@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import msgspec
 from ray.serve.config import RequestRouterConfig
 
+from actors.blas import start_threads
 from actors.config import WorkerConfig, worker_config
 from actors.deployment import ModelWorker, resolve_device
 from actors.keep_alive import keep_alive_seconds
@@ -113,7 +113,7 @@ def build_app(args: dict[str, Any] | None = None):
             actor["resources"] = {"NPU": 1}
         # Ray starts actors with OMP_NUM_THREADS=1, which OpenBLAS obeys: give the worker's
         # BLAS every core at start; the worker then sets the count it wants
-        n = str(m.blas_threads or os.cpu_count() or 1)
+        n = str(start_threads(m.blas_threads))
         actor["runtime_env"] = {"env_vars": {"OPENBLAS_NUM_THREADS": n, "OMP_NUM_THREADS": n,
                                              "MKL_NUM_THREADS": n}}
         routing = {}
@@ -163,7 +163,7 @@ def _library(cfg: AppConfig, hub: Any):
     config = LibraryConfig(**{f: getattr(lib, f) for f in LibraryConfig.__struct_fields__})
     config = msgspec.structs.replace(config, models_dir=cfg.models_dir, device="cpu",
                                      keep_alive_s=keep if keep is not None else 300.0)
-    n = str(lib.blas_threads or os.cpu_count() or 1)
+    n = str(start_threads(lib.blas_threads))
     actor = {"num_cpus": 0, "runtime_env": {"env_vars": {
         "OPENBLAS_NUM_THREADS": n, "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n}}}
     # each loaded model batches max_batch sequences; a few more for load, unload and /api/ps

@@ -10,19 +10,12 @@ from __future__ import annotations
 
 import ctypes
 import mmap
-import os
 from functools import cache
 
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
-
-def threads() -> int:
-    """The cores this process may run on (the conversion's threads)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+from npu.engine.cores import default_threads
 
 
 @cache
@@ -95,7 +88,7 @@ def convert(qtype: QT, data: np.ndarray, n_threads: int | None = None,
     stats = np.zeros(2, dtype=np.float32)
     failed = lib.fc_convert_rows(int(qtype), data.ctypes.data, rows, blocks * 256,
                                  None if order is None else order.ctypes.data,
-                                 out.ctypes.data, int(packed), n_threads or threads(),
+                                 out.ctypes.data, int(packed), n_threads or default_threads(),
                                  stats.ctypes.data)
     if failed:
         raise RuntimeError(f"fc_convert_rows failed ({failed}) for {qtype.name}"

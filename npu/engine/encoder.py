@@ -15,7 +15,6 @@ generation raise ModelError naming the model an embedding model.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,6 +25,7 @@ from npu.config import ModelConfig
 from npu.engine import ops as ops_mod
 from npu.engine import rope as rope_mod
 from npu.engine.attention import attend_packed, embed_inputs
+from npu.engine.cores import default_threads
 from npu.engine.linear import Linear, LinearFactory, Threads
 from npu.engine.numpy_engine import Tensors
 from npu.engine.pooling import Pooling, pool
@@ -104,7 +104,7 @@ class EncoderEngine:
         config: the model's config (arch "bert" or "nomic_bert").
         weights: name -> float32 array or `QMatrix`, Hugging Face names; consumed.
         backend: the linear layers' backend ("cpu": the compiled kernels, "reference").
-        threads: the kernels' thread count (default: every core).
+        threads: the kernels' thread count (default: one per physical core, npu.engine.cores).
         pooling: how hidden states become one vector (default: mean).
     """
 
@@ -120,7 +120,7 @@ class EncoderEngine:
         self.vocab_size, self.max_context = c.vocab_size, c.max_position
         self.pooling = pooling or Pooling()
         self.embedding_dims = self.pooling.dims(c.hidden_size)
-        self.linears = LinearFactory(backend, threads or os.cpu_count() or 1)
+        self.linears = LinearFactory(backend, threads or default_threads())
         self.ops = self.linears.ops()
         R = ROLES[c.arch]
         t = _Tensors(weights, self.linears, c.arch)

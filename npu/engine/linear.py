@@ -21,7 +21,7 @@ import logging
 import numpy as np
 
 from npu.engine.convert import fresh
-from npu.engine.convert import threads as cores
+from npu.engine.cores import default_threads as cores
 from npu.engine.ops import KernelOps, NumpyOps
 from npu.engine.quant import INTEGER, QT, QMatrix, adjacent, release_pages, row_bytes
 
@@ -192,7 +192,7 @@ class PackedMatrix:
 
 def pack_all(jobs: list[tuple[QMatrix, PackedMatrix]], lib, threads: int | None = None) -> None:
     """Each matrix written into its `PackedMatrix.room`, in one call of the kernels (which
-    lets the GIL go for the whole of it), on `threads` threads (default: every core)."""
+    lets the GIL go for the whole of it), on `threads` threads (default: one per physical core)."""
     if not jobs:
         return
     n = len(jobs)
@@ -336,7 +336,8 @@ class LinearFactory:
 
     def pack(self, threads: int | None = None) -> None:
         """Writes the packed matrices left by `later` (one call: the GIL let go meanwhile),
-        on `threads` threads (default: every core). Where it fails they stay `unpacked`."""
+        on `threads` threads (default: one per physical core). Where it fails they stay
+        `unpacked`."""
         pack_all(self._pending, self._lib, threads)
         self._pending, self._pending_bytes = [], 0
 

@@ -28,6 +28,7 @@ import numpy as np
 from npu.config import ModelConfig
 from npu.engine import rope as rope_mod
 from npu.engine.attention import attend_packed, embed_inputs
+from npu.engine.cores import default_threads
 from npu.engine.fused import FusedLayers
 from npu.engine.kv_cache import KV_TYPES, BlockPool, SeqBlocks, kv_row
 from npu.engine.linear import Linear, LinearFactory, PackedMatrix, Threads
@@ -202,7 +203,7 @@ class NumpyEngine:
             stays near one copy of the weights).
         backend: the linear layers' backend ("cpu": the compiled kernels, "reference":
             numpy; see npu.engine.linear).
-        threads: the kernels' thread count (default: every core).
+        threads: the kernels' thread count (default: one per physical core, npu.engine.cores).
         kv_cache_bytes: the KV cache's budget (default: `default_kv_budget`).
         prefix_cache: keep finished prompts' KV for later ones that start alike (models with
             state outside the KV, LFM2's convolutions, never do).
@@ -228,7 +229,7 @@ class NumpyEngine:
         self.vocab_size = c.vocab_size
         self.max_context = c.max_position
         self._seqs: dict[object, Seq] = {}
-        self.linears = LinearFactory(backend, threads or os.cpu_count() or 1,
+        self.linears = LinearFactory(backend, threads or default_threads(),
                                      later=PACK_LATER if pack_later else 0)
         self.ops = self.linears.ops()
 
@@ -288,7 +289,7 @@ class NumpyEngine:
     def pack(self, threads: int | None = None) -> None:
         """Writes the packed weights that `pack_later` left (those made since the last
         PACK_LATER bytes were passed), in one call that lets the GIL go, on `threads`
-        threads (default: every core): a loader builds the tokenizer meanwhile. A forward
+        threads (default: one per physical core): a loader builds the tokenizer meanwhile. A forward
         pass (or `embed`) before it, or after it failed, raises RuntimeError."""
         self.linears.pack(threads)
 

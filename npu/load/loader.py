@@ -19,7 +19,7 @@ import msgspec
 import numpy as np
 
 from npu.config import ENCODERS, ModelConfig, config_from_json
-from npu.engine.convert import threads as cores
+from npu.engine.cores import default_threads as cores
 from npu.engine.encoder import EncoderEngine
 from npu.engine.numpy_engine import NumpyEngine
 from npu.engine.pooling import Pooling
