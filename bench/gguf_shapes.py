@@ -12,10 +12,16 @@ and ffn_down in the layers llama.cpp gives more bits (the first and last eighth,
 third between).
 
     .venv/bin/python bench/gguf_shapes.py llama-8b Q4_0     (prints the file's path)
+    .venv/bin/python bench/gguf_shapes.py --tokenizer-only OUT.gguf
+
+The tokenizer comes from the default model's file, or from the GGUF file named by
+$FLM_SHAPES_TOKENIZER: `--tokenizer-only` writes one (SmolLM2's tokenizer alone, 1.5 MB)
+for a machine without the default model (bench/many_cores.sh carries it to the device).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -59,13 +65,43 @@ def _more_bits(layer: int, layers: int) -> bool:
     return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
 
 
+def _tokenizer_meta() -> dict:
+    """The tokenizer's keys: from $FLM_SHAPES_TOKENIZER's file, else the default model's."""
+    from npu.load.gguf_header import read_header
+    from npu.load.loader import default_model_path
+
+    source = read_header(os.environ.get("FLM_SHAPES_TOKENIZER") or default_model_path()).meta
+    return {k: source[k] for k in TOKENIZER_KEYS}
+
+
+def _add_tokenizer(w, meta: dict) -> None:
+    w.add_string("tokenizer.ggml.model", meta["tokenizer.ggml.model"])
+    w.add_string("tokenizer.ggml.pre", meta["tokenizer.ggml.pre"])
+    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
+        w.add_array(key, meta[key])
+    w.add_array("tokenizer.ggml.token_type", [int(t) for t in meta["tokenizer.ggml.token_type"]])
+    for key in ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"):
+        w.add_uint32(key, int(meta[key]))
+
+
+def tokenizer_only(out: Path) -> Path:
+    """A GGUF file holding the shapes' tokenizer and nothing else ($FLM_SHAPES_TOKENIZER's
+    file for a machine without the default model)."""
+    from gguf import GGUFWriter
+
+    w = GGUFWriter(str(out), "llama")
+    _add_tokenizer(w, _tokenizer_meta())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
+
+
 def shaped_gguf(shape: str, qtype_name: str) -> Path:
     """The file for `shape` with its matrices in `qtype_name` (one of FORMATS), written if
     missing."""
     from gguf import GGMLQuantizationType, GGUFWriter
-
-    from npu.load.gguf_header import read_header
-    from npu.load.loader import default_model_path
 
     qtype = GGMLQuantizationType[MIXES.get(qtype_name, qtype_name)]
     more = GGMLQuantizationType.Q6_K if qtype_name in MIXES else qtype
@@ -73,8 +109,7 @@ def shaped_gguf(shape: str, qtype_name: str) -> Path:
     path = cache_dir() / "bench-gguf" / f"{shape}-{qtype_name}-{context // 1024}k.gguf"
     if path.exists():
         return path
-    source = read_header(default_model_path()).meta
-    meta = {k: source[k] for k in TOKENIZER_KEYS}
+    meta = _tokenizer_meta()
     V = len(meta["tokenizer.ggml.tokens"])
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -87,13 +122,7 @@ def shaped_gguf(shape: str, qtype_name: str) -> Path:
         w.add_uint32(f"{arch}.{key}", value)
     w.add_float32(f"{arch}.rope.freq_base", 500000.0)
     w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
-    w.add_string("tokenizer.ggml.model", meta["tokenizer.ggml.model"])
-    w.add_string("tokenizer.ggml.pre", meta["tokenizer.ggml.pre"])
-    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
-        w.add_array(key, meta[key])
-    w.add_array("tokenizer.ggml.token_type", [int(t) for t in meta["tokenizer.ggml.token_type"]])
-    for key in ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"):
-        w.add_uint32(key, int(meta[key]))
+    _add_tokenizer(w, meta)
     rng = np.random.default_rng(0)
 
     def mat(name: str, rows: int, cols: int, kind=qtype) -> None:
@@ -128,4 +157,7 @@ def shaped_gguf(shape: str, qtype_name: str) -> Path:
 
 
 if __name__ == "__main__":
-    print(shaped_gguf(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "Q4_0"))
+    if sys.argv[1] == "--tokenizer-only":
+        print(tokenizer_only(Path(sys.argv[2])))
+    else:
+        print(shaped_gguf(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "Q4_0"))
