@@ -76,8 +76,22 @@ def test_one_call_per_step_is_the_python_path_bit_for_bit(files, name: str) -> N
     assert (fused.fused.seconds > seconds).all()  # products, attention, the rest were timed
 
 
+@pytest.mark.parametrize("name", ["llama-mixed", "gemma3-Q5_0-mixed"])
+def test_sixteen_threads_are_the_python_paths_bits(files, name: str) -> None:
+    """A 16-core machine's default: prompts (their tiles, attention blocks and rows shared
+    among 16 threads, most with nothing to do in a 3-token piece), cached prefixes and
+    batched steps give the logits of the Python path (on this machine's cores) bit for bit."""
+    fused = load_model(files[name]).engine
+    python = load_model(files[name]).engine
+    python.fused = None
+    fused.set_threads(16)
+    fused._layers = _no_python_path
+    for got, want in zip(_run(fused), _run(python)):
+        assert np.array_equal(got, want)
+
+
 @pytest.mark.parametrize("name", ["gemma3-Q5_0-mixed", "qwen2-Q4_1-bias"])
-@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("threads", [2, 3, 16])
 def test_decode_steps_are_the_python_paths_bits_on_any_thread_count(files, name: str,
                                                                     threads: int) -> None:
     """A small decode step has every thread do the norms, gates and roundings of whole rows

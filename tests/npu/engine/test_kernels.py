@@ -114,7 +114,8 @@ def test_the_packed_layout_keeps_every_byte_and_every_sum(qtype: QT) -> None:
 
 
 @pytest.mark.skipif(GROUP == 0, reason="this build has no AVX2: no packed layout")
-def test_matrices_packed_later_are_written_in_one_call_as_packed_at_once() -> None:
+@pytest.mark.parametrize("threads", [1, 16])  # 16: more threads than matrices and groups
+def test_matrices_packed_later_are_written_in_one_call_as_packed_at_once(threads: int) -> None:
     """A factory that packs `later` makes empty packed matrices and writes them in one call
     (`pack`); past its budget those made before are written at once. A matrix in writable
     memory of its own with whole groups of rows is packed in place."""
@@ -130,7 +131,7 @@ def test_matrices_packed_later_are_written_in_one_call_as_packed_at_once() -> No
         [False, True, False]  # 21 rows: a partial group; 9 rows: the same
     assert np.array_equal(lins[0].matrix.data, now[0].data)
     assert not lins[2].matrix.data.any()
-    factory.pack(threads=1)
+    factory.pack(threads=threads)
     assert factory.unpacked == 0
     for lin, packed in zip(lins, now):
         assert np.array_equal(lin.matrix.data, packed.data)
