@@ -180,6 +180,9 @@ class LibraryWorkerBase:
         self.config = config
         self.library = Library(config.models_dir)
         self.loaded: dict[str, HeldModel] = {}
+        # unloaded (or evicted by Serve) while serving requests: their memory is held until
+        # the last one ends, and counts against the budget until then
+        self.draining: list[HeldModel] = []
         self.failed: dict[str, tuple[str, str]] = {}  # name -> (digest, reason)
         self.metrics_hub = metrics_hub
         replica = getattr(serve.get_replica_context(), "replica_id", None)
@@ -257,6 +260,8 @@ class LibraryWorkerBase:
         order = list(wrapper.models) if wrapper is not None else list(self.loaded)
         held = [(n, self.loaded[n].held_bytes(), self.loaded[n].in_flight == 0)
                 for n in order if n in self.loaded]
+        self.draining = [h for h in self.draining if h.in_flight > 0]
+        held += [(h.entry.name, h.held_bytes(), False) for h in self.draining]
         for name in room_for(entry.size, held, self.budget):
             self.unload(name, reason="evicted")
 
@@ -306,7 +311,7 @@ class LibraryWorkerBase:
             held = held or cached
         if held is None:
             return False
-        held.__del__()
+        self._retire(held)
         self.metrics.inc("flm_model_unloads_total", name, reason)
         log.info("unloaded %s (%s)", name, reason)
         return True
@@ -330,11 +335,20 @@ class LibraryWorkerBase:
         if held.in_flight == 0 and held.expired():
             self.unload(name)
 
+    def _retire(self, held: HeldModel) -> None:
+        """Stop `held`'s worker now, or (requests in flight) when its last request ends,
+        its memory counted as held until then."""
+        if not held.retired:  # (Serve's eviction retired it already)
+            held.__del__()
+        if held.in_flight > 0 and held not in self.draining:
+            self.draining.append(held)
+
     def _forget_evicted(self) -> None:
-        """Drop the models Serve evicted from our own index."""
+        """Drop the models Serve evicted from our own index (those still serving requests
+        go on counting against the budget)."""
         gone = [n for n, h in self.loaded.items() if h.retired]
         for name in gone:
-            self.loaded.pop(name, None)
+            self._retire(self.loaded.pop(name))
             self.metrics.inc("flm_model_unloads_total", name, "evicted")
 
     def report(self) -> Any:

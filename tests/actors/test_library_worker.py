@@ -95,3 +95,40 @@ def test_a_replica_reports_its_models_to_the_hub_numbered_in_order() -> None:
     assert models[0]["context_length"] == 256 and models[0]["weight_bytes"] == 1000
     worker.metrics_hub = None
     assert worker.report() is None  # no hub: nothing sent
+
+
+def _library_worker(budget: int):
+    from actors.library_worker import LibraryWorkerBase
+    from actors.metrics import Metrics
+
+    worker = LibraryWorkerBase.__new__(LibraryWorkerBase)  # the budget's checks need no Serve
+    worker.budget, worker.loaded, worker.draining = budget, {}, []
+    worker.metrics, worker.metrics_hub = Metrics(), None
+    return worker
+
+
+@pytest.mark.parametrize("how", ["unloaded", "evicted by Serve"])
+def test_a_model_still_serving_after_its_unload_counts_until_its_last_request(how) -> None:
+    """Its memory is freed only when its worker stops: a model loaded meanwhile must fit
+    beside it (503, retry shortly) instead of going past the budget."""
+    from actors.library import LibraryModel
+
+    worker = _library_worker(budget=2500)
+    busy = _held()  # 1,024 bytes held
+    busy.enter()
+    worker.loaded["m"] = busy
+    if how == "unloaded":
+        assert worker.unload("m", reason="keep_alive")
+    else:
+        busy.__del__()  # Serve's LRU eviction, before it calls the loader
+    assert busy.retired and busy.worker.closed == 0
+    entry = LibraryModel(name="n", path="n.gguf", files=("n.gguf",), format="gguf",
+                         size=2000, modified=0.0, digest="")
+    with pytest.raises(RequestError) as err:
+        worker._make_room(entry)
+    assert err.value.status == 503
+    assert "serving requests" in err.value.message
+    busy.leave()  # its last request ends: the worker stops, the memory goes
+    assert busy.worker.closed == 1
+    worker._make_room(entry)  # fits now
+    assert worker.draining == []
