@@ -26,7 +26,10 @@ def keep_alive_seconds(value: object) -> float | None:
     if isinstance(value, bool):
         raise ValueError(_WHAT.format(value=value))
     if isinstance(value, (int, float)):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:  # an integer past float's range: as long as there is
+            seconds = math.inf if value > 0 else -math.inf
     elif isinstance(value, str):
         seconds = _parse(value.strip())
     else:

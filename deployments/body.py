@@ -1,5 +1,6 @@
 """A request body as an API's typed request (its msgspec schema): `decode_json`, shared by
-every API surface; a bad body is a 400 whose `param` is the offending field's path."""
+every API surface, and `decode_raw` for the plain JSON object beside it; a bad body is a 400
+whose `param` is the offending field's path."""
 
 from __future__ import annotations
 
@@ -21,12 +22,47 @@ def decode_json(body: bytes, kind: type) -> Any:
     decoder = _DECODERS.get(kind)
     if decoder is None:
         decoder = _DECODERS[kind] = msgspec.json.Decoder(kind)
+    return _decoded(decoder, body)
+
+
+def decode_raw(body: bytes) -> Any:
+    """`body` as plain JSON values: every field, the ones no schema names too (checked as
+    `decode_json` checks them: a number out of range is a 400 naming its field).
+
+    Raises:
+        ApiError: 400 with `param` set to the offending field's path.
+    """
+    try:  # an object field by field, so that an error names its field
+        fields = _FIELDS.decode(body)
+    except (msgspec.DecodeError, RecursionError):
+        return _decoded(_RAW, body)  # not an object: its own error, or its value
+    out = {}
+    for name, raw in fields.items():
+        try:
+            out[name] = _decoded(_RAW, raw)
+        except ApiError as err:  # its path in the whole body
+            err.param = name + (f".{err.param}" if err.param else "")
+            at = f" - at `$.{name}"
+            err.message = (err.message.replace(" - at `$", at, 1) if " - at `$" in err.message
+                           else f"{err.message}{at}`")
+            raise
+    return out
+
+
+_RAW = msgspec.json.Decoder()
+_FIELDS = msgspec.json.Decoder(dict[str, msgspec.Raw])
+
+
+def _decoded(decoder: msgspec.json.Decoder, body: bytes) -> Any:
     try:
         return decoder.decode(body)
     except msgspec.ValidationError as exc:
         raise ApiError(400, f"Invalid request: {exc}", param=param_from(exc)) from None
     except msgspec.DecodeError as exc:
         raise ApiError(400, f"The body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ApiError(400, "The body is not valid JSON here: it nests arrays or objects too "
+                            "deeply.") from None
 
 
 def param_from(err: msgspec.ValidationError) -> str | None:
@@ -35,7 +71,8 @@ def param_from(err: msgspec.ValidationError) -> str | None:
     path = ""
     if " - at `$" in text:
         text, path = text.split(" - at `$", 1)
-        path = path.rstrip("`").lstrip(".")
+        # an object's key msgspec does not name (`[...]`): the field holding it, if any
+        path = path.rstrip("`").split("[...]")[0].strip(".")
     if text.startswith("Object missing required field `"):
         field = text.split("`")[1]
         path = f"{path}.{field}" if path else field

@@ -261,11 +261,14 @@ class Ingress(LibraryFront):
     async def respond(self, run: Callable[[], Awaitable[Response]],
                        errors: Callable[[ApiError], Response]) -> Response:
         """A route that does not generate (listings, stored responses): `run()`'s response,
-        its ApiErrors rendered by `errors`."""
+        its ApiErrors rendered by `errors` (a bug's too: an error body of the API's)."""
         try:
             return await run()
         except ApiError as err:
             return errors(err)
+        except Exception:  # a bug, never user input
+            log.exception("request failed")
+            return errors(ApiError(500, "Internal error.", type="server_error"))
 
     async def _answer(self, call: Call, trace: RequestTrace) -> Response:
         if call.now is not None:

@@ -19,7 +19,7 @@ import msgspec
 
 from actors.events import ChatGenerate, CompletionGenerate, GenerateRequest
 from chat import ConstraintError, ConstraintRequest, constraint_request_from_openai
-from deployments.body import decode_json, param_from
+from deployments.body import decode_json, decode_raw, param_from
 from deployments.errors import ApiError
 from deployments.exchange import Call
 from deployments.ingress import Ingress
@@ -36,7 +36,7 @@ def decode_request(body: bytes, schema: type[OpenAIRequest]) -> tuple[OpenAIRequ
         ApiError: 400 with `param` set to the offending field's path.
     """
     req = decode_json(body, schema)
-    raw = msgspec.json.decode(body)
+    raw = decode_raw(body)
     _check(req)
     return req, raw
 

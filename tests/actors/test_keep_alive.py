@@ -12,7 +12,8 @@ from actors.keep_alive import keep_alive_seconds
 @pytest.mark.parametrize("value,seconds", [
     ("5m", 300.0), ("1h30m", 5400.0), ("1.5s", 1.5), ("250ms", 0.25), ("0", 0.0), ("0s", 0.0),
     (0, 0.0), (30, 30.0), (2.5, 2.5), ("300", 300.0), (None, None),
-    (-1, math.inf), ("-1", math.inf), ("-1m", math.inf), ("-5s", math.inf)])
+    (-1, math.inf), ("-1", math.inf), ("-1m", math.inf), ("-5s", math.inf),
+    (10**400, math.inf), (-10**400, math.inf), ("1e400", math.inf)])  # past float's range
 def test_keep_alive_values_become_seconds(value, seconds) -> None:
     assert keep_alive_seconds(value) == seconds
 
