@@ -32,6 +32,11 @@ def _body(extra: str) -> bytes:
 
 HOSTILE = {
     "nested object": b'{"a": ' * DEEP + b"1" + b"}" * DEEP,
+    # deep enough that Ray could not pickle it to a worker (a JSON schema 300 properties
+    # deep), not so deep that the decoder refuses it
+    "nested schema": _body('"response_format": {"type": "json_schema", "json_schema": '
+                           '{"name": "x", "schema": ' + '{"type": "object", "properties": '
+                           '{"a": ' * 300 + "{}" + "}}" * 300 + "}}"),
     "nested array in a field": _body('"x": ' + "[" * DEEP + "]" * DEEP),
     "float past its range": _body('"logit_bias": 1e309'),
     "negative float past its range": _body('"metadata": {"k": -1e309}'),
@@ -91,3 +96,18 @@ def test_a_bug_behind_a_route_that_does_not_generate_is_an_error_body_of_its_api
     assert r.status_code == 500 and r.json() == {"error": "Internal error."}
     r = client.get("/v1/models/m")
     assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+
+
+def test_nesting_up_to_the_limit_is_taken_and_brackets_in_strings_do_not_count() -> None:
+    from deployments.body import MAX_NESTING, nesting
+
+    client, _ = _client(FakeWorker())
+    deep = '"tools": ' + "[" * (MAX_NESTING - 1) + "]" * (MAX_NESTING - 1)
+    r = client.post("/v1/chat/completions", content=_body(deep))
+    assert r.status_code == 404  # decoded: the model is what is wrong
+    r = client.post("/v1/chat/completions", content=_body(deep.replace("[", "[[", 1)
+                                                          .replace("]", "]]", 1)))
+    assert r.status_code == 400 and f"more than {MAX_NESTING} levels" in r.json()["error"][
+        "message"]
+    text = '"x": "' + "[{" * 500 + '\\"' + "{" * 500 + '"'
+    assert nesting(_body(text)) == 3  # the body, its messages, a message
