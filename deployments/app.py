@@ -85,8 +85,13 @@ class AppConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 # router on the replica's own event loop instead of a thread each, two thread hops less
 # per request each way (about 1.7 ms of time to first token here, bench/bench_serve.py).
 # Workers keep Serve's defaults: a model's load would block their main loop.
+# Serve's calls between the ingress and the workers go over gRPC, whose receiving end takes
+# at most 4 MiB a message unless told otherwise (RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH):
+# 2,048 embeddings of 576 floats are 4.7 MB, a body of max_request_bytes (4 MiB) a little
+# more once pickled. Both ends (the ingress receives answers, a worker requests) take 1 GiB.
+GRPC_ENV = {"RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH": str(1 << 30)}
 INGRESS_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
-               "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0"}
+               "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0", **GRPC_ENV}
 
 
 # Ray's built-in resource of the head node (documented in Ray's resource scheduling guide)
@@ -114,7 +119,8 @@ def build_app(args: dict[str, Any] | None = None):
         # Ray starts actors with OMP_NUM_THREADS=1, which OpenBLAS obeys: give the worker's
         # BLAS every core at start; the worker then sets the count it wants
         n = str(start_threads(m.blas_threads))
-        actor["runtime_env"] = {"env_vars": {"OPENBLAS_NUM_THREADS": n, "OMP_NUM_THREADS": n,
+        actor["runtime_env"] = {"env_vars": {**GRPC_ENV, "OPENBLAS_NUM_THREADS": n,
+                                             "OMP_NUM_THREADS": n,
                                              "MKL_NUM_THREADS": n}}
         routing = {}
         if m.prefix_cache and m.prefix_routing and m.replicas > 1:  # to the replica with the KV
@@ -164,7 +170,7 @@ def _library(cfg: AppConfig, hub: Any):
     config = msgspec.structs.replace(config, models_dir=cfg.models_dir, device="cpu",
                                      keep_alive_s=keep if keep is not None else 300.0)
     n = str(start_threads(lib.blas_threads))
-    actor = {"num_cpus": 0, "runtime_env": {"env_vars": {
+    actor = {"num_cpus": 0, "runtime_env": {"env_vars": {**GRPC_ENV,
         "OPENBLAS_NUM_THREADS": n, "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n}}}
     # each loaded model batches max_batch sequences; a few more for load, unload and /api/ps
     ongoing = lib.max_batch * lib.max_loaded_models + 4

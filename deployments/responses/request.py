@@ -120,6 +120,9 @@ def input_messages(items: str | list[dict], history: list[dict]) -> list[dict]:
             last.setdefault("tool_calls", []).append(call)
         elif kind == "function_call_output":
             call_id = item.get("call_id")
+            if not isinstance(call_id, str):
+                raise ApiError(400, f"'{where}.call_id' must be a string.",
+                               param=f"{where}.call_id")
             if call_id not in names:
                 raise ApiError(400, f"'{where}.call_id' is {call_id!r}, which no function_call "
                                     "in the conversation has.", param=f"{where}.call_id")
@@ -153,10 +156,14 @@ def _tool_choice(choice: Any) -> Any:
     if choice.get("type") == "function":
         return {"type": "function", "function": {"name": choice.get("name")}}
     if choice.get("type") == "allowed_tools":
+        tools = choice.get("tools") or []
+        if not isinstance(tools, list):
+            raise ApiError(400, "'tool_choice.tools' must be a list of tools.",
+                           param="tool_choice.tools")
         return {"type": "allowed_tools", "allowed_tools": {
             "mode": choice.get("mode", "auto"),
             "tools": [{"type": "function", "function": {"name": t.get("name")}}
-                      for t in choice.get("tools") or [] if isinstance(t, dict)]}}
+                      for t in tools if isinstance(t, dict)]}}
     return choice
 
 

@@ -44,6 +44,17 @@ def test_openai_embeddings_floats_base64_dimensions(oa) -> None:
     np.testing.assert_allclose(d[0], m[0, :64] / np.linalg.norm(m[0, :64]), atol=1e-5)
 
 
+def test_an_answer_past_grpcs_default_4_mib_arrives(oa) -> None:
+    """2,048 inputs of SmolLM2's 576 floats are 4.7 MB from the worker to the ingress, past
+    the 4 MiB a gRPC message takes by default (a 500 before app.GRPC_ENV)."""
+    texts = [f"item {i}" for i in range(2048)]
+    r = oa.embeddings.create(model=SMOL, input=texts)  # the SDK's base64
+    m = _matrix(r.data)
+    assert m.shape == (2048, 576) and [d.index for d in r.data] == list(range(2048))
+    one = _matrix(oa.embeddings.create(model=SMOL, input=texts[1000:1001]).data)
+    np.testing.assert_allclose(m[1000:1001], one, atol=1e-5)
+
+
 def test_openai_token_ids_are_the_texts_tokens(oa, oc) -> None:
     text = oa.embeddings.create(model=SMOL, input=TEXTS[0], encoding_format="float")
     ids = oa.completions.create(model=SMOL, prompt=TEXTS[0], max_tokens=1, logprobs=0)

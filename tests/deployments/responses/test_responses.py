@@ -95,6 +95,14 @@ def test_a_stored_conversation_comes_first() -> None:
     ({"tool_choice": "required"}, "tool_choice"),
     ({"background": True}, "background"),
     ({"model": None}, "model"),
+    # found by fuzzing a served model (500s before)
+    ({"input": [{"type": "function_call_output", "call_id": ["x"], "output": "x"}]},
+     "input[0].call_id"),
+    ({"input": [{"type": "function_call_output", "call_id": {"a": 1}, "output": "x"}]},
+     "input[0].call_id"),
+    ({"tools": [{"type": "function", "name": "f"}],
+      "tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": 3}},
+     "tool_choice.tools"),
 ])
 def test_bad_requests_name_the_field(body: dict, param: str) -> None:
     with pytest.raises(ApiError) as err:
