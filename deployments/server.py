@@ -35,7 +35,7 @@ from deployments.responses.routes import router as responses_router
 server_router = APIRouter()
 
 
-@server_router.get("/health")
+@server_router.api_route("/health", methods=["GET", "HEAD"])
 async def health() -> dict:
     return {"status": "ok"}
 

@@ -35,7 +35,7 @@ async def root() -> Response:
     return PlainTextResponse("Ollama is running")
 
 
-@router.get("/api/version")
+@router.api_route("/api/version", methods=["GET", "HEAD"])  # HEAD: as Ollama answers
 async def version() -> dict:
     return {"version": OLLAMA_VERSION}
 
@@ -51,7 +51,7 @@ async def generate(request: Request, ingress: Current) -> Response:
                                   ollama_error_response)
 
 
-@router.get("/api/tags")
+@router.api_route("/api/tags", methods=["GET", "HEAD"])
 async def tags(request: Request, ingress: Current) -> Response:
     return await _listing(request, ingress, reply.tag)
 

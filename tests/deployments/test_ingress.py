@@ -378,3 +378,15 @@ def test_a_client_that_leaves_before_the_first_event_cancels_the_request() -> No
 
     assert asyncio.run(ping_then_leave()) == KEEP_ALIVE
     assert ingress.metrics.snapshot()["flm_client_disconnects_total"] == [[["/x"], 1.0]]
+
+
+def test_head_answers_where_ollama_answers_it() -> None:
+    """Liveness checks of Ollama's clients and proxies send HEAD to /, /api/version and
+    /api/tags (Ollama registers HEAD there); /health too."""
+    worker = FakeWorker()
+    client, _ = _client(worker)
+    for path in ("/", "/api/version", "/health"):
+        r = client.head(path)
+        assert r.status_code == 200 and r.content == b"", path
+    assert client.get("/api/version").json()["version"]
+    assert client.head("/v1/chat/completions").status_code == 405
