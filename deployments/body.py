@@ -18,7 +18,9 @@ _DECODERS: dict[type, msgspec.json.Decoder] = {}
 # it (OpenAI takes JSON schemas 5 levels deep), and past about 500 a request can no longer
 # be pickled to a worker (Ray's cloudpickle), past msgspec's limit not even decoded.
 MAX_NESTING = 128
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+# a string, or one left open at the end (a lone backslash last): every match that starts at a
+# quote succeeds, without backtracking (possessive), so the scan is linear in the body
+_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+(?:"|\\?\Z)', re.S)
 _STEPS = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")  # +1 / -1 as signed bytes
 _OTHERS = bytes(c for c in range(256) if c not in b"[{]}")
 
@@ -61,7 +63,8 @@ def decode_raw(body: bytes) -> Any:
         try:
             out[name] = _decoded(_RAW, raw)
         except ApiError as err:  # its path in the whole body
-            err.param = name + (f".{err.param}" if err.param else "")
+            inner = err.param or ""
+            err.param = name + (inner if inner.startswith("[") or not inner else f".{inner}")
             at = f" - at `$.{name}"
             err.message = (err.message.replace(" - at `$", at, 1) if " - at `$" in err.message
                            else f"{err.message}{at}`")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Annotated, Any
@@ -313,9 +314,10 @@ class Ingress(LibraryFront):
         first = head[0] if head else None
         if isinstance(first, Rejected):
             param, message = first.param, first.message
-            if param in call.params:  # named as the client sent it
+            if param in call.params:  # named as the client sent it, in the text too
                 param = call.params[param]
-                message = f"{message} ('{param}')"
+                said = _renamed(message, call.params)
+                message = said if said != message else f"{message} ('{param}')"
             raise ApiError(first.status, message, param=param, code=first.code, type=first.type)
         if not isinstance(first, Accepted):
             raise ApiError(503, "The model worker answered out of order.")
@@ -431,3 +433,11 @@ class Ingress(LibraryFront):
                 raise ApiError(503, "The model worker failed during the request.",
                                headers={"Retry-After": RETRY_AFTER_S}) from None
             raise
+
+
+def _renamed(message: str, names: dict[str, str]) -> str:
+    """`message` with the fields of `names` (ours -> the API's) named as the API names them:
+    whole field paths only (`input` in 'input' or input[0], not in "inputs"), longest first."""
+    for ours in sorted(names, key=len, reverse=True):
+        message = re.sub(rf"(?<![\w.]){re.escape(ours)}(?![\w])", names[ours], message)
+    return message

@@ -340,5 +340,7 @@ def messages_call(body: bytes, ingress: Ingress) -> Call:
                              greq.stop, omit_thinking=omit)
     return Call(model=req.model, request=greq, stream=bool(req.stream),
                 reply=MessagesReply(builder), keep_alive=PING,
-                params={"response_format": "output_config.format", "tools": "tools",
+                params={"response_format": "output_config.format",
+                        "response_format.json_schema.schema": "output_config.format.schema",
+                        "tools": "tools",
                         "tool_choice": "tool_choice"})

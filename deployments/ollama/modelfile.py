@@ -39,13 +39,14 @@ def parse_modelfile(text: str) -> dict[str, Any]:
                                 f"{line.strip()[:60]!r}", param="modelfile")
         word, value = m[1].upper(), m[2].strip()
         if value.startswith('"""'):  # over several lines, to the closing triple quote
-            body = value[3:]
-            while '"""' not in body and i < len(lines):
-                body += "\n" + lines[i]
+            parts = [value[3:]]  # each line looked at once (a body of lines is not searched)
+            while '"""' not in parts[-1] and i < len(lines):
+                parts.append(lines[i])
                 i += 1
-            if '"""' not in body:
+            if '"""' not in parts[-1]:
                 raise ApiError(400, f"modelfile: the {word} value's '\"\"\"' is not closed.",
                                param="modelfile")
+            body = "\n".join(parts)
             value = body[:body.index('"""')]
         else:
             value = _unquote(value)

@@ -247,8 +247,11 @@ def _openai(raw: dict, schema: type[ChatRequest | CompletionRequest],
         raw = with_defaults(raw, *variant)
     try:
         return openai_generate_request(convert_request(raw, schema), raw, **extra)
-    except ApiError as err:
-        err.param = _ollama_param(err.param)
+    except ApiError as err:  # named as the Ollama request has it, in the text too
+        param = _ollama_param(err.param)
+        if param != err.param:
+            err.message = err.message.replace(f"`$.{err.param}`", f"`$.{param}`")
+            err.param = param
         raise
 
 
@@ -308,6 +311,8 @@ def generate_request(req: GenerateIn, variant: tuple | None = None) -> GenerateR
             raise ApiError(400, "'think' needs the model's chat template; it cannot be "
                                 "used with 'raw': true.", param="think")
         raw = {"model": req.model, "prompt": req.prompt, **sampling}
+        if raw.pop("logprobs", None):  # completions' logprobs: the top alternatives' count
+            raw["logprobs"] = raw.pop("top_logprobs", None) or 0
         greq = _openai(raw, CompletionRequest, _context_limit(req),
                        (None, variant[1]) if variant else None)
         # /v1/completions' default of 16 tokens is OpenAI's; Ollama's is no limit

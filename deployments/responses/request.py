@@ -60,7 +60,8 @@ def decode(body: bytes) -> ResponsesIn:
 
 # -- the request ------------------------------------------------------------------------------
 def _text(content: Any, where: str) -> str:
-    """A message's text: a string, or text parts (input_text / output_text / text)."""
+    """A message's text: a string, or text parts (input_text / output_text / text, and a
+    reasoning item's reasoning_text / summary_text)."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -69,7 +70,7 @@ def _text(content: Any, where: str) -> str:
     out = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in ("input_text", "output_text", "text", "reasoning_text"):
+        if kind not in ("input_text", "output_text", "text", "reasoning_text", "summary_text"):
             raise ApiError(400, f"'{where}[{j}].type' is {kind!r}; this server's models read "
                                 "text only, so parts must be 'input_text' or 'output_text'.",
                            param=f"{where}[{j}].type")

@@ -267,6 +267,15 @@ def test_a_field_the_worker_names_is_named_as_the_client_sent_it() -> None:
     client, _ = _client(FakeWorker(FakeStream(rejected)))
     r = client.post("/api/chat", json={**CHAT, "options": {"num_ctx": 8}})
     assert r.status_code == 400 and "'options.num_ctx'" in r.json()["error"]
+    # a field path in the worker's text is the API's too (an Anthropic output schema)
+    rejected = [[Rejected(status=400, message="response_format.json_schema.schema: 'zz' is "
+                                              "not a type.", param="response_format")]]
+    client, _ = _client(FakeWorker(FakeStream(rejected)))
+    r = client.post("/v1/messages", json={"model": "m", "max_tokens": 4, "messages": [
+        {"role": "user", "content": "Hi"}], "output_config": {"format": {
+            "type": "json_schema", "schema": {"type": "object"}}}})
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == "output_config.format.schema: 'zz' is not a type."
 
 
 class GatedStream(FakeStream):

@@ -101,6 +101,16 @@ def test_bad_requests_name_ollamas_field(body: dict, param: str) -> None:
         _chat(**body)
     assert err.value.status == 400
     assert err.value.param == param, err.value.message
+    if " - at `$" in err.value.message:  # the text names Ollama's field too
+        assert f"`$.{param}`" in err.value.message, err.value.message
+
+
+def test_raw_generate_takes_ollamas_boolean_logprobs() -> None:
+    g = _generate(raw=True, logprobs=True, top_logprobs=3)
+    assert isinstance(g, CompletionGenerate) and g.logprobs and g.top_logprobs == 3
+    g = _generate(raw=True, logprobs=True)
+    assert g.logprobs and g.top_logprobs == 0
+    assert not _generate(raw=True).logprobs
 
 
 def test_generate_uses_the_chat_template_unless_raw() -> None:
@@ -285,6 +295,22 @@ def test_create_refuses_what_a_variant_cannot_be_by_name(body: dict, param: str)
     with pytest.raises(ApiError) as err:
         request.variant_request(request.decode(json.dumps(body).encode(), request.CreateIn))
     assert err.value.status == 400 and err.value.param == param
+
+
+def test_an_open_triple_quote_over_many_lines_is_refused_in_one_pass() -> None:
+    """Each line of a multi-line value is looked at once: an unclosed SYSTEM over 500,000
+    lines (1 MB) held the event loop for 80 s when the value so far was searched at each
+    line. The bound is a hundred times what it takes now."""
+    import time
+
+    from deployments.ollama.modelfile import parse_modelfile
+
+    start = time.perf_counter()
+    with pytest.raises(ApiError, match="not closed"):
+        parse_modelfile('FROM m\nSYSTEM """' + "\n" * 500_000)
+    assert time.perf_counter() - start < 5.0
+    assert parse_modelfile('FROM m\nSYSTEM """a\n\nb"""\nPARAMETER top_k 3') == {
+        "from": "m", "system": "a\n\nb", "parameters": {"top_k": 3}}
 
 
 def test_create_keeps_the_parameters_it_can_apply() -> None:

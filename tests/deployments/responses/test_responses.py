@@ -67,6 +67,20 @@ def test_items_become_the_conversation() -> None:
     assert c.tool_choice == "required" and c.named == "light"
 
 
+def test_a_reasoning_item_with_only_openais_summary_is_taken() -> None:
+    """OpenAI's reasoning items come back with `summary` parts of type summary_text (and an
+    encrypted_content this server ignores): the summary stands for the reasoning."""
+    items = [{"role": "user", "content": "Hi"},
+             {"type": "reasoning", "id": "rs_1", "encrypted_content": "gAAA",
+              "summary": [{"type": "summary_text", "text": "Greet back."}]},
+             {"type": "message", "role": "assistant",
+              "content": [{"type": "output_text", "text": "Hello!"}]},
+             {"role": "user", "content": "Bye"}]
+    greq, _ = _request(input=items)
+    assert greq.messages[1] == {"role": "assistant", "content": "Hello!",
+                                "reasoning_content": "Greet back."}
+
+
 def test_a_stored_conversation_comes_first() -> None:
     history = [{"role": "user", "content": "Lights?"},
                {"role": "assistant", "content": "", "tool_calls": [
