@@ -28,7 +28,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import msgspec
@@ -125,6 +125,7 @@ class HeldModel:
         self.expires_at: float = FOREVER  # wall-clock seconds
         self.in_flight = 0
         self.retired = False
+        self.on_close: Callable[[], None] | None = None  # once the worker has stopped
         self._lock = threading.Lock()
         self._timer: asyncio.TimerHandle | None = None
 
@@ -138,6 +139,8 @@ class HeldModel:
             close = self.retired and self.in_flight == 0
         if close:
             self.worker.close()
+            if self.on_close is not None:
+                self.on_close()
 
     def keep(self, seconds: float, on_expiry) -> None:
         """Expire `seconds` from now (inf: never); `on_expiry()` runs on this loop then."""
@@ -291,7 +294,8 @@ class LibraryWorkerBase:
             await self._servable(name)
         held = await self.held_model(name)
         if held.retired:  # evicted between Serve's lookup and ours: load it again
-            self.loaded.pop(name, None)
+            if self.loaded.get(name) is held:
+                self._retire(self.loaded.pop(name))
             held = await self.held_model(name)
         held.enter()
         return held, (0.0 if known else held.load_s)
@@ -329,6 +333,8 @@ class LibraryWorkerBase:
     def _keep(self, held: HeldModel, keep_alive_s: float | None) -> None:
         seconds = self.config.keep_alive_s if keep_alive_s is None else keep_alive_s
         name = held.entry.name
+        if held.retired or self.loaded.get(name) is not held:  # not the one loaded now
+            return
         if seconds < 0:
             seconds = FOREVER
         held.keep(seconds, lambda: self._expire(name))
@@ -338,10 +344,20 @@ class LibraryWorkerBase:
     def _retire(self, held: HeldModel) -> None:
         """Stop `held`'s worker now, or (requests in flight) when its last request ends,
         its memory counted as held until then."""
+        if held not in self.draining:
+            self.draining.append(held)
+            held.on_close = lambda: self._drained(held)
         if not held.retired:  # (Serve's eviction retired it already)
             held.__del__()
-        if held.in_flight > 0 and held not in self.draining:
-            self.draining.append(held)
+        if held.in_flight == 0:  # (its last request may have ended just now too)
+            self._drained(held)
+
+    def _drained(self, held: HeldModel) -> None:
+        """`held`'s last request has ended and its worker stopped: its memory goes with it
+        (nothing here holds it any more)."""
+        held.on_close = None
+        if held in self.draining:
+            self.draining.remove(held)
 
     def _forget_evicted(self) -> None:
         """Drop the models Serve evicted from our own index (those still serving requests

@@ -313,8 +313,14 @@ def generate_request(req: GenerateIn, variant: tuple | None = None) -> GenerateR
         raw = {"model": req.model, "prompt": req.prompt, **sampling}
         if raw.pop("logprobs", None):  # completions' logprobs: the top alternatives' count
             raw["logprobs"] = raw.pop("top_logprobs", None) or 0
-        greq = _openai(raw, CompletionRequest, _context_limit(req),
-                       (None, variant[1]) if variant else None)
+        try:
+            greq = _openai(raw, CompletionRequest, _context_limit(req),
+                           (None, variant[1]) if variant else None)
+        except ApiError as err:
+            if err.param == "logprobs":  # Ollama's top_logprobs, as sent
+                err.param = "top_logprobs"
+                err.message = err.message.replace("`$.logprobs`", "`$.top_logprobs`")
+            raise
         # /v1/completions' default of 16 tokens is OpenAI's; Ollama's is no limit
         return msgspec.structs.replace(greq, max_tokens=sampling.get("max_tokens"))
     messages = ([{"role": "system", "content": req.system}] if req.system else []) \

@@ -59,9 +59,9 @@ def decode(body: bytes) -> ResponsesIn:
 
 
 # -- the request ------------------------------------------------------------------------------
-def _text(content: Any, where: str) -> str:
+def _text(content: Any, where: str, sep: str = "") -> str:
     """A message's text: a string, or text parts (input_text / output_text / text, and a
-    reasoning item's reasoning_text / summary_text)."""
+    reasoning item's reasoning_text / summary_text) joined by `sep`."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -72,13 +72,14 @@ def _text(content: Any, where: str) -> str:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind not in ("input_text", "output_text", "text", "reasoning_text", "summary_text"):
             raise ApiError(400, f"'{where}[{j}].type' is {kind!r}; this server's models read "
-                                "text only, so parts must be 'input_text' or 'output_text'.",
+                                "text only, so parts must be 'input_text' or 'output_text' "
+                                "(a reasoning item's: 'reasoning_text' or 'summary_text').",
                            param=f"{where}[{j}].type")
         if not isinstance(part.get("text"), str):
             raise ApiError(400, f"'{where}[{j}].text' must be a string.",
                            param=f"{where}[{j}].text")
         out.append(part["text"])
-    return "".join(out)
+    return sep.join(out)
 
 
 def input_messages(items: str | list[dict], history: list[dict]) -> list[dict]:
@@ -102,8 +103,10 @@ def input_messages(items: str | list[dict], history: list[dict]) -> list[dict]:
                 msg["reasoning_content"], reasoning = reasoning, ""
             messages.append(msg)
         elif kind == "reasoning":
-            parts = item.get("content") or item.get("summary") or []
-            reasoning += _text(parts, f"{where}.content")
+            if item.get("content"):
+                reasoning += _text(item["content"], f"{where}.content")
+            else:  # OpenAI's summary: paragraphs
+                reasoning += _text(item.get("summary") or [], f"{where}.summary", sep="\n\n")
         elif kind == "function_call":
             for field in ("call_id", "name", "arguments"):
                 if not isinstance(item.get(field), str):

@@ -19,6 +19,13 @@ from npu.engine.cores import default_threads
 
 
 @cache
+def _threads() -> int:
+    """default_threads() once (it reads sysfs and the cgroup files; a load converts hundreds
+    of tensors)."""
+    return default_threads()
+
+
+@cache
 def _lib() -> ctypes.CDLL | None:
     from npu.engine.cpu_kernels import kernels_or_none
 
@@ -88,7 +95,7 @@ def convert(qtype: QT, data: np.ndarray, n_threads: int | None = None,
     stats = np.zeros(2, dtype=np.float32)
     failed = lib.fc_convert_rows(int(qtype), data.ctypes.data, rows, blocks * 256,
                                  None if order is None else order.ctypes.data,
-                                 out.ctypes.data, int(packed), n_threads or default_threads(),
+                                 out.ctypes.data, int(packed), n_threads or _threads(),
                                  stats.ctypes.data)
     if failed:
         raise RuntimeError(f"fc_convert_rows failed ({failed}) for {qtype.name}"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 
 from actors.errors import RequestError
@@ -128,7 +130,10 @@ def test_a_model_still_serving_after_its_unload_counts_until_its_last_request(ho
         worker._make_room(entry)
     assert err.value.status == 503
     assert "serving requests" in err.value.message
+    assert worker.draining == [busy]
     busy.leave()  # its last request ends: the worker stops, the memory goes
-    assert busy.worker.closed == 1
+    assert busy.worker.closed == 1 and worker.draining == []
+    gone = weakref.ref(busy)
+    del busy
+    assert gone() is None  # nothing here holds it (a cycle would wait for the collector)
     worker._make_room(entry)  # fits now
-    assert worker.draining == []

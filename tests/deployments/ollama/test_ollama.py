@@ -111,6 +111,9 @@ def test_raw_generate_takes_ollamas_boolean_logprobs() -> None:
     g = _generate(raw=True, logprobs=True)
     assert g.logprobs and g.top_logprobs == 0
     assert not _generate(raw=True).logprobs
+    with pytest.raises(ApiError) as err:  # named as sent, not as completions' field
+        _generate(raw=True, logprobs=True, top_logprobs=30)
+    assert err.value.param == "top_logprobs" and "`$.top_logprobs`" in err.value.message
 
 
 def test_generate_uses_the_chat_template_unless_raw() -> None:

@@ -72,13 +72,17 @@ def test_a_reasoning_item_with_only_openais_summary_is_taken() -> None:
     encrypted_content this server ignores): the summary stands for the reasoning."""
     items = [{"role": "user", "content": "Hi"},
              {"type": "reasoning", "id": "rs_1", "encrypted_content": "gAAA",
-              "summary": [{"type": "summary_text", "text": "Greet back."}]},
+              "summary": [{"type": "summary_text", "text": "Greet back."},
+                          {"type": "summary_text", "text": "Briefly."}]},
              {"type": "message", "role": "assistant",
               "content": [{"type": "output_text", "text": "Hello!"}]},
              {"role": "user", "content": "Bye"}]
     greq, _ = _request(input=items)
     assert greq.messages[1] == {"role": "assistant", "content": "Hello!",
-                                "reasoning_content": "Greet back."}
+                                "reasoning_content": "Greet back.\n\nBriefly."}
+    with pytest.raises(ApiError) as err:
+        _request(input=[{"type": "reasoning", "summary": [{"type": "image"}]}])
+    assert err.value.param == "input[0].summary[0].type"
 
 
 def test_a_stored_conversation_comes_first() -> None:
