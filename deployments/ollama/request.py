@@ -182,10 +182,10 @@ _PARAMS = {"max_tokens": "options.num_predict", "temperature": "options.temperat
            "reasoning_effort": "think", "top_logprobs": "top_logprobs"}
 
 
-def _ollama_param(param: str | None) -> str | None:
+def _ollama_param(param: str | None, names: dict[str, str] | None = None) -> str | None:
     if not param:
         return param
-    for ours, theirs in _PARAMS.items():
+    for ours, theirs in {**_PARAMS, **(names or {})}.items():
         if param == ours or param.startswith((ours + ".", ours + "[")):
             return theirs + param[len(ours):] if theirs != "format" else "format"
     return param
@@ -242,13 +242,15 @@ def _context_limit(req: _Common) -> dict[str, Any]:
 
 
 def _openai(raw: dict, schema: type[ChatRequest | CompletionRequest],
-            extra: dict, variant: tuple | None = None) -> GenerateRequest:
+            extra: dict, variant: tuple | None = None,
+            names: dict[str, str] | None = None) -> GenerateRequest:
+    """`names`: this request's own OpenAI -> Ollama field names, beside _PARAMS."""
     if variant is not None:  # a library variant's defaults (/api/create)
         raw = with_defaults(raw, *variant)
     try:
         return openai_generate_request(convert_request(raw, schema), raw, **extra)
     except ApiError as err:  # named as the Ollama request has it, in the text too
-        param = _ollama_param(err.param)
+        param = _ollama_param(err.param, names)
         if param != err.param:
             err.message = err.message.replace(f"`$.{err.param}`", f"`$.{param}`")
             err.param = param
@@ -313,14 +315,9 @@ def generate_request(req: GenerateIn, variant: tuple | None = None) -> GenerateR
         raw = {"model": req.model, "prompt": req.prompt, **sampling}
         if raw.pop("logprobs", None):  # completions' logprobs: the top alternatives' count
             raw["logprobs"] = raw.pop("top_logprobs", None) or 0
-        try:
-            greq = _openai(raw, CompletionRequest, _context_limit(req),
-                           (None, variant[1]) if variant else None)
-        except ApiError as err:
-            if err.param == "logprobs":  # Ollama's top_logprobs, as sent
-                err.param = "top_logprobs"
-                err.message = err.message.replace("`$.logprobs`", "`$.top_logprobs`")
-            raise
+        greq = _openai(raw, CompletionRequest, _context_limit(req),
+                       (None, variant[1]) if variant else None,
+                       names={"logprobs": "top_logprobs"})
         # /v1/completions' default of 16 tokens is OpenAI's; Ollama's is no limit
         return msgspec.structs.replace(greq, max_tokens=sampling.get("max_tokens"))
     messages = ([{"role": "system", "content": req.system}] if req.system else []) \
