@@ -1,8 +1,10 @@
 """Embedding requests in the worker: inputs tokenized and checked against the model
-(`build_embedding`), then computed in steps of the worker's loop between decode steps
-(`Embedder.step`): the inputs of the oldest requests first, as many as the step's token
-budget takes, in one forward of the engine (`Engine.embed`); a request whose inputs are all
-done ends with its vectors (truncated to the asked dimensions, L2-normalized) and Usage.
+(`build_embedding`), then computed between the worker's decode steps (`Embedder.run`): the
+inputs of the oldest requests first, as many as MAX_STEP_TOKENS takes, in one forward of the
+engine run a few steps at a time (`Engine.embed_steps`: a step is a layer's work for a few
+hundred rows), so that neither a long input nor a large batch holds the streams beside it; a
+request whose inputs are all done ends with its vectors (truncated to the asked dimensions,
+L2-normalized) and Usage.
 
 Embedding never touches the KV cache: no blocks are taken, nothing cached is written or
 evicted, so the prefix cache serves the chats beside it as before.
@@ -12,24 +14,29 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import numpy as np
 
 from actors.errors import RequestError
-from actors.events import Accepted, EmbedGenerate, Embeddings, Failed, Usage
+from actors.events import Accepted, Embeddings, EmbedGenerate, Failed, Usage
 from actors.outbox import End, Outbox
 from npu import Model
+from npu.engine.steps import Steps
 
 log = logging.getLogger(__name__)
-# the most tokens one embedding forward takes when no stream is decoding (bounds the
-# activations' memory: tokens x the model's widest layer, in float32)
+# the most tokens one embedding forward takes (bounds the activations' memory: tokens x the
+# model's widest layer, in float32); a longer input is one forward of its own
 MAX_STEP_TOKENS = 4096
-# with streams decoding, embedding steps take this share of the decode steps' time (the
-# streams then keep about 1 / (1 + share) of their pace): a step runs once the decode steps
-# have earned what its first input costs, and at most MAX_CREDIT_S (or that input's cost,
-# if more) is saved up for one step
+# with chats prefilling or decoding, embedding steps take this share of the time their steps
+# take (the streams then keep about 1 / (1 + share) of their pace): steps run once the chat
+# steps have earned what one costs, and at most MAX_CREDIT_S (or one step's cost, if more)
+# is saved up
 STREAM_SHARE = 0.25
 MAX_CREDIT_S = 0.1
+# with no chat work, the forward runs this long before the worker looks for new requests
+# (a chat that arrives meanwhile starts within about this)
+IDLE_SLICE_S = 0.02
 
 
 class EmbedJob:
@@ -103,81 +110,89 @@ def finish(vectors: np.ndarray, dimensions: int | None) -> np.ndarray:
     return np.ascontiguousarray(v / np.where(norms > 0, norms, 1), dtype="<f4")
 
 
+class Forward:
+    """The embedding forward under way: its steps and the inputs it computes (job, row)."""
+
+    __slots__ = ("steps", "picked")
+
+    def __init__(self, steps: Steps[np.ndarray], picked: list[tuple[EmbedJob, int]]) -> None:
+        self.steps, self.picked = steps, picked
+
+
 class Embedder:
-    """The embedding steps of one worker's model, paced against its decode steps.
+    """The embedding steps of one worker's model, paced against its chats' steps.
 
     Args:
         model: the worker's model.
+        clock: seconds, for the pacing (a test's own clock).
     """
 
-    def __init__(self, model: Model) -> None:
+    def __init__(self, model: Model, clock: Callable[[], float] = time.perf_counter) -> None:
         self.model = model
-        self.tokens_per_s = 0.0  # measured: tokens one second of embedding forwards takes
-        # seconds of embedding the decode steps so far have earned (STREAM_SHARE of theirs)
+        self.clock = clock
+        self.step_s = 0.0  # measured: what one engine step takes (a moving average)
+        # seconds of embedding the chats' steps so far have earned (STREAM_SHARE of theirs)
         self.credit = 0.0
+        self.forward: Forward | None = None
 
-    def next_cost(self, jobs: list[EmbedJob]) -> float:
-        """Seconds the oldest job's next input should take, at the measured rate (0: not
-        measured yet)."""
-        if not jobs or not self.tokens_per_s:
-            return 0.0
-        job = jobs[0]
-        return len(job.ids[job.done]) / self.tokens_per_s
+    def earn(self, busy_s: float) -> None:
+        """Chat steps took `busy_s` while embeddings waited: their share of it."""
+        cap = max(MAX_CREDIT_S, self.step_s)
+        self.credit = min(cap, self.credit + STREAM_SHARE * busy_s)
 
-    def earn(self, decode_s: float, jobs: list[EmbedJob]) -> None:
-        """A decode step took `decode_s` while `jobs` waited: their share of it."""
-        cap = max(MAX_CREDIT_S, self.next_cost(jobs))
-        self.credit = min(cap, self.credit + STREAM_SHARE * decode_s)
+    def ready(self, busy: bool) -> bool:
+        """Whether embedding steps may run now: always when no chat prefills or decodes,
+        else once the chats' steps have earned what a step costs."""
+        return not busy or (self.credit > 0 and self.credit >= self.step_s)
 
-    def ready(self, streaming: bool, jobs: list[EmbedJob]) -> bool:
-        """Whether an embedding step may run now: always when no stream decodes, else once
-        the decode steps have earned what the next input costs."""
-        return not streaming or (self.credit > 0 and self.credit >= self.next_cost(jobs))
+    def drop_cancelled(self) -> None:
+        """Stop the forward under way if every request it computes for is cancelled."""
+        if self.forward is not None and all(job.cancelled for job, _ in self.forward.picked):
+            self.forward.steps.close()
+            self.forward = None
 
-    def budget(self, streaming: bool) -> int:
-        """Tokens for the next step: all it may take when no stream decodes, else what the
-        earned time takes at the measured rate (at least one input)."""
-        if not streaming:
-            return MAX_STEP_TOKENS
-        return max(1, min(MAX_STEP_TOKENS, int(self.tokens_per_s * self.credit)))
-
-    def step(self, jobs: list[EmbedJob], streaming: bool) -> list[Outbox]:
-        """Embed the oldest jobs' next inputs, as many as the budget takes (the first one
-        whatever its length), in one forward; returns the outboxes of the jobs that
-        ended. Beside decoding streams, the step's time is paid from the credit."""
-        budget = self.budget(streaming)
-        picked: list[tuple[EmbedJob, int]] = []
-        items: list[list[int]] = []
-        taken = 0
-        for job in jobs:
-            for row in range(job.done, len(job.ids)):
-                n = len(job.ids[row])
-                if items and taken + n > budget:
-                    break
-                picked.append((job, row))
-                items.append(job.ids[row])
-                taken += n
-            else:
-                continue
-            break
-        t0 = time.perf_counter()
+    def run(self, jobs: list[EmbedJob], busy: bool) -> list[Outbox]:
+        """Steps of the forward under way (one started for the oldest jobs' next inputs, as
+        many as MAX_STEP_TOKENS takes, the first whatever its length, if none is): while the
+        earned time lasts when `busy` (then paid from it), else for IDLE_SLICE_S; at least
+        one. Returns the outboxes of the jobs that ended."""
+        if self.forward is None:
+            if not jobs:
+                return []
+            self.forward = self._start(jobs)
+        forward = self.forward
+        allowance = self.credit if busy else IDLE_SLICE_S
+        t0 = self.clock()
+        vectors = None
         try:
-            vectors = self.model.engine.embed(items)
+            while True:
+                start = self.clock()
+                try:
+                    next(forward.steps)
+                except StopIteration as stop:
+                    vectors = stop.value
+                    break
+                finally:
+                    took = self.clock() - start
+                    self.step_s = 0.8 * self.step_s + 0.2 * took if self.step_s else took
+                if self.clock() - t0 >= allowance:
+                    break
         except Exception as exc:  # a bug (inputs are checked before): those requests fail
             log.exception("embedding failed")
-            failed = list(dict.fromkeys(job for job, _ in picked))
+            self.forward = None
+            failed = list(dict.fromkeys(job for job, _ in forward.picked if job in jobs))
             for job in failed:
                 jobs.remove(job)
                 job.outbox.put(Failed(message=f"Embedding failed: {exc}"))
                 job.outbox.put(End)
             return [job.outbox for job in failed]
-        elapsed = time.perf_counter() - t0
-        self.credit = self.credit - elapsed if streaming else 0.0
-        if elapsed > 0:
-            rate = taken / elapsed
-            self.tokens_per_s = rate if not self.tokens_per_s else \
-                0.7 * self.tokens_per_s + 0.3 * rate
-        for (job, row), vector in zip(picked, vectors):
+        finally:
+            spent = self.clock() - t0
+            self.credit = self.credit - spent if busy else 0.0  # an overshoot is owed
+        if vectors is None:
+            return []
+        self.forward = None
+        for (job, row), vector in zip(forward.picked, vectors):
             job.vectors[row] = vector
             job.done = row + 1
         ended = []
@@ -185,6 +200,25 @@ class Embedder:
             jobs.remove(job)
             ended.append(self._close(job))
         return ended
+
+    def _start(self, jobs: list[EmbedJob]) -> Forward:
+        """A forward of the oldest jobs' next inputs (those not under way), as many as
+        MAX_STEP_TOKENS takes (the first whatever its length)."""
+        picked: list[tuple[EmbedJob, int]] = []
+        items: list[list[int]] = []
+        taken = 0
+        for job in jobs:
+            for row in range(job.done, len(job.ids)):
+                n = len(job.ids[row])
+                if items and taken + n > MAX_STEP_TOKENS:
+                    break
+                picked.append((job, row))
+                items.append(job.ids[row])
+                taken += n
+            else:
+                continue
+            break
+        return Forward(self.model.engine.embed_steps(items), picked)
 
     def _close(self, job: EmbedJob) -> Outbox:
         out = finish(job.vectors, job.request.dimensions)

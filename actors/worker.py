@@ -25,7 +25,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from actors.embedding import EmbedJob, Embedder, build_embedding
+from actors.embedding import Embedder, EmbedJob, build_embedding
 from actors.errors import RequestError
 from actors.events import (
     Accepted,
@@ -285,22 +285,24 @@ class Worker:
                     pass
                 sched.drop_cancelled((waiting, running, paused), outboxes)
                 embeds[:] = [j for j in embeds if not j.cancelled]
+                self.embedder.drop_cancelled()
                 self._count(waiting, running, paused, embeds)
                 if not waiting and not running and not paused and not embeds:
                     continue
+                busy = bool(waiting or running or paused)
+                t0 = time.perf_counter()
                 if paused:  # they go on before new prompts start
                     hand(sched.resume_step(paused, running, outboxes))
                 elif waiting:  # a first token goes out before the decode step
                     hand(sched.prefill_step(waiting, running, outboxes))
                 if running:
-                    t0 = time.perf_counter()
-                    ended = sched.decode_step(running, paused, outboxes)
-                    if embeds:
-                        self.embedder.earn(time.perf_counter() - t0, embeds)
-                    hand(ended)
-                # between decode steps, in a bounded share of their time when streams run
-                if embeds and self.embedder.ready(bool(running), embeds):
-                    hand(self.embedder.step(embeds, bool(running)))
+                    hand(sched.decode_step(running, paused, outboxes))
+                # between the chats' steps, in a bounded share of their time
+                if embeds:
+                    if busy:
+                        self.embedder.earn(time.perf_counter() - t0)
+                    if self.embedder.ready(busy):
+                        hand(self.embedder.run(embeds, busy))
         except BaseException as exc:  # the worker is broken: tell every stream
             log.exception("decode loop failed")
             self.error = exc

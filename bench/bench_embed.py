@@ -10,6 +10,11 @@
 2. A stream beside embeddings: one chat's decode rate alone, then while requests of 256
    inputs keep the worker's embedding queue full: the ratio (target >= 0.7: the worker
    gives embedding steps a bounded share of the decode loop, actors.embedding).
+3. A stream beside one long input: the input's embedding time alone, then a stream sent
+   while that input's forward runs: its first token's wait, the longest wait between its
+   tokens and its time to its end against the same stream's alone (the worker runs a
+   forward a few steps at a time: `Engine.embed_steps`). `--long N` sets the input's tokens (default
+   4,096; 1,000 with --quick).
 
     .venv/bin/python bench/bench_embed.py            # full (a few minutes)
     .venv/bin/python bench/bench_embed.py --quick    # flm-tiny and a tiny encoder (CI)
@@ -33,8 +38,8 @@ sys.path.insert(0, str(ROOT))
 from actors.events import (  # noqa: E402
     CompletionGenerate,
     Deltas,
-    EmbedGenerate,
     Embeddings,
+    EmbedGenerate,
     Finished,
 )
 from actors.worker import Worker  # noqa: E402
@@ -122,7 +127,7 @@ def sentence_transformers_rate(folder: Path, batch: int, tokens: int,
 
 def stream_rate(worker: Worker, tokens: int, embed_batch: int, embed_tokens: int,
                 beside: bool) -> float:
-    """Decode tokens per second of one stream (after its first token), alone or with
+    """Tokens per second of one stream, from its request to its last token, alone or with
     embedding requests of `embed_batch` inputs queued one after another all along."""
     story = CompletionGenerate(request_id="s", prompt="Once upon a time", max_tokens=tokens,
                                ignore_eos=True, temperature=0)
@@ -140,27 +145,70 @@ def stream_rate(worker: Worker, tokens: int, embed_batch: int, embed_tokens: int
                 embedded += embed_batch
                 r += 1
 
-        first = last = 0.0
         side = asyncio.create_task(keep_embedding()) if beside else None
+        if side is not None:
+            await asyncio.sleep(0)  # the first embedding request goes first
+        sent = last = time.perf_counter()
         async for batch in worker.generate(story):
             if any(isinstance(ev, (Deltas, Finished)) for ev in batch):
                 last = time.perf_counter()
-                first = first or last
         stop.set()
         if side is not None:
             await side
             assert embedded > 0, "no embedding ran beside the stream"
-        # the first token came with the prompt; the rest are decode steps
-        return (tokens - 1) / (last - first)
+        return tokens / (last - sent)
 
     return asyncio.run(run())
+
+
+def stream_times(worker: Worker, tokens: int, beside: list | None,
+                 alone_s: float) -> tuple[float, float, float]:
+    """A stream of `tokens` tokens: seconds to its first token, the longest wait between its
+    tokens (as delivered) and seconds to its end; with `beside`, sent a quarter of
+    `alone_s` (at most 0.5 s) after an embedding request of those inputs was."""
+    story = CompletionGenerate(request_id="s", prompt="Once upon a time", max_tokens=tokens,
+                               ignore_eos=True, temperature=0)
+
+    async def run() -> tuple[float, float, float]:
+        embedding = None
+        if beside is not None:
+            embedding = asyncio.ensure_future(embed(worker, beside))
+            await asyncio.sleep(min(0.5, alone_s / 4))  # the input's forward is under way
+        sent = time.perf_counter()
+        times = []
+        async for batch in worker.generate(story):
+            if any(isinstance(ev, (Deltas, Finished)) for ev in batch):
+                times.append(time.perf_counter())
+        if embedding is not None:
+            await embedding
+        gaps = np.diff(times) if len(times) > 1 else np.zeros(1)
+        return times[0] - sent, float(gaps.max()), times[-1] - sent
+
+    return asyncio.run(run())
+
+
+def beside_long_input(worker: Worker, long_tokens: int, stream_tokens: int) -> None:
+    """Prints what one input of `long_tokens` tokens takes alone, and a stream alone and
+    sent while that input's forward runs."""
+    item = inputs(1, long_tokens, worker.model.config.vocab_size, 7)
+    t0 = time.perf_counter()
+    asyncio.run(embed(worker, item))
+    took = time.perf_counter() - t0
+    first0, gap0, end0 = stream_times(worker, stream_tokens, None, took)
+    first, gap, end = stream_times(worker, stream_tokens, item, took)
+    print(f"one {long_tokens}-token input alone {took:.2f} s; a {stream_tokens}-token stream "
+          f"alone: first token {first0:.2f} s, longest wait {gap0:.2f} s, end {end0:.2f} s; "
+          f"sent during the input: first token {first:.2f} s, longest wait {gap:.2f} s, end "
+          f"{end:.2f} s: ratio {end0 / end:.2f} (alone / beside, time to its end)")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny models, few rounds (CI)")
     ap.add_argument("--stream-only", action="store_true",
-                    help="only part 2: a stream's decode rate beside embeddings")
+                    help="only parts 2 and 3: a stream beside embeddings")
+    ap.add_argument("--long", type=int, default=None,
+                    help="part 3's input, in tokens (default 4096; 1000 with --quick)")
     args = ap.parse_args()
     cache = Path(tempfile.mkdtemp(prefix="flm-bench-embed-"))
     from tests.bert_model import build_bert
@@ -207,6 +255,8 @@ def main() -> None:
     beside = stream_rate(dec, stream_tokens, batches[-1], tokens, beside=True)
     print(f"stream decode alone {alone:.1f} tok/s, beside embeddings {beside:.1f} tok/s: "
           f"ratio {beside / alone:.2f} (target >= 0.7)")
+    long_tokens = args.long or (1000 if args.quick else 4096)
+    beside_long_input(dec, long_tokens, stream_tokens)
     dec.close()
 
 

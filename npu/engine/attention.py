@@ -1,11 +1,14 @@
-"""embed_inputs and attend_packed: the checked, packed token lists of an `embed` call, and
-self-attention of packed inputs over their own keys and values only (no KV
-cache): causal for a decoder's `embed`, bidirectional for an encoder. It runs on the engine's
-ops (the compiled attention kernel where built), each input on its own, so a row's result
-does not depend on the rest of the batch."""
+"""embed_inputs, attend_packed / PackedAttention and row_spans: the checked, packed token
+lists of an `embed` call; self-attention of packed inputs over their own keys and values only
+(no KV cache), causal for a decoder's `embed`, bidirectional for an encoder, for all rows or
+any span of them; and the spans an `embed` forward is computed in, step by step. It runs on
+the engine's ops (the compiled attention kernel where built), each input on its own, so a
+row's result does not depend on the rest of the batch."""
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Sequence
 
 import numpy as np
@@ -55,17 +58,82 @@ def attend_packed(ops: NumpyOps, qkv: np.ndarray, nq: int, nkv: int, dim: int,
     its own keys only (the ones before them if `causal`, the last `window` of those if
     window > 0; all of them if not causal). Returns [sum(lengths), nq * dim] float32.
     """
-    scale = np.float32(dim ** -0.5 if scale is None else scale)
-    out = np.empty((len(qkv), nq * dim), dtype=np.float32)
-    start = 0
+    return PackedAttention(ops, qkv, nq, nkv, dim, lengths, causal=causal, window=window,
+                           sinks=sinks, scale=scale).rows(0, len(qkv))
+
+
+def row_spans(lengths: Sequence[int], tile: int) -> list[tuple[int, int]]:
+    """Spans [start, end) of packed rows, in order, covering inputs of `lengths` rows each,
+    at most `tile` rows a span: whole inputs together while they fit, an input longer than
+    `tile` in pieces of `tile` rows from its own start (so how an input is cut does not
+    depend on the inputs before it)."""
+    if tile < 1:
+        raise ValueError("tile must be at least 1")
+    spans: list[tuple[int, int]] = []
+    start = pos = 0
     for n in lengths:
-        rows = qkv[start : start + n]
-        q = rows[:, : nq * dim].reshape(n, nq, dim)
-        K = _blocks(rows[:, nq * dim : (nq + nkv) * dim], nkv, dim)
-        V = _blocks(rows[:, (nq + nkv) * dim :], nkv, dim)
-        table = np.arange(len(K), dtype=np.int64).reshape(1, -1)
-        seen = np.arange(1, n + 1) if causal else np.full(n, n)
-        out[start : start + n] = ops.attend(q, K, V, table, seen.astype(np.int64),
-                                            window if causal else 0, sinks, scale)
-        start += n
-    return out
+        for off in range(0, n, tile):
+            piece = min(tile, n - off)
+            if pos - start + piece > tile:
+                spans.append((start, pos))
+                start = pos
+            pos += piece
+    if pos > start:
+        spans.append((start, pos))
+    return spans
+
+
+class PackedAttention:
+    """`attend_packed` for any span of query rows: each input's keys and values laid out
+    once (on first use), its queries attended piece by piece. A row's result does not
+    depend on how the rows are split (bit for bit on the compiled kernel).
+
+    Args:
+        qkv: [sum(lengths), (nq + 2 nkv) * dim], as `attend_packed` takes it (not copied:
+            leave it unchanged while rows are asked for).
+    """
+
+    def __init__(self, ops: NumpyOps, qkv: np.ndarray, nq: int, nkv: int, dim: int,
+                 lengths: Sequence[int], *, causal: bool, window: int = 0,
+                 sinks: np.ndarray | None = None,
+                 scale: np.float32 | float | None = None) -> None:
+        self.ops, self.qkv, self.nq, self.nkv, self.dim = ops, qkv, nq, nkv, dim
+        self.causal, self.sinks = causal, sinks
+        self.window = window if causal else 0
+        self.scale = np.float32(dim ** -0.5 if scale is None else scale)
+        self.starts = list(itertools.accumulate(lengths, initial=0))
+        self._kv: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+    def rows(self, a: int, b: int) -> np.ndarray:
+        """The attention output of packed rows a .. b - 1: [b - a, nq * dim] float32. An
+        input's keys are dropped once its last row is asked for (ask in order)."""
+        nq, dim = self.nq, self.dim
+        out = np.empty((b - a, nq * dim), dtype=np.float32)
+        i = bisect.bisect_right(self.starts, a) - 1
+        lo = a
+        while lo < b:
+            s, e = self.starts[i], self.starts[i + 1]
+            hi = min(b, e)
+            if hi > lo:
+                K, V, table = self._keys(i)
+                q = self.qkv[lo:hi, : nq * dim].reshape(hi - lo, nq, dim)
+                seen = (np.arange(lo - s + 1, hi - s + 1, dtype=np.int64) if self.causal
+                        else np.full(hi - lo, e - s, dtype=np.int64))
+                out[lo - a : hi - a] = self.ops.attend(q, K, V, table, seen, self.window,
+                                                       self.sinks, self.scale)
+                if hi == e:
+                    del self._kv[i]
+                lo = hi
+            i += 1
+        return out
+
+    def _keys(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Input i's keys and values in the cache's block layout, and its block table."""
+        held = self._kv.get(i)
+        if held is None:
+            nq, nkv, dim = self.nq, self.nkv, self.dim
+            rows = self.qkv[self.starts[i] : self.starts[i + 1]]
+            K = _blocks(rows[:, nq * dim : (nq + nkv) * dim], nkv, dim)
+            V = _blocks(rows[:, (nq + nkv) * dim :], nkv, dim)
+            held = self._kv[i] = (K, V, np.arange(len(K), dtype=np.int64).reshape(1, -1))
+        return held

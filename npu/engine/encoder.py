@@ -24,12 +24,13 @@ import numpy as np
 from npu.config import ModelConfig
 from npu.engine import ops as ops_mod
 from npu.engine import rope as rope_mod
-from npu.engine.attention import attend_packed, embed_inputs
+from npu.engine.attention import PackedAttention, embed_inputs, row_spans
 from npu.engine.cores import default_threads
 from npu.engine.linear import Linear, LinearFactory, Threads
-from npu.engine.numpy_engine import Tensors
+from npu.engine.numpy_engine import EMBED_TILE, Tensors
 from npu.engine.pooling import Pooling, pool
 from npu.engine.quant import INTEGER, QMatrix
+from npu.engine.steps import Steps, run_steps
 from npu.errors import ModelError
 
 
@@ -224,38 +225,55 @@ class EncoderEngine:
         """Pooled vectors of token lists (with their [CLS] / [SEP] already), all in one
         forward: float32 [len(items), dims], not normalized. Bidirectional attention over
         each list's own tokens; a row is the same whatever else is in the batch.
+        `embed_steps`, run to its end.
 
         Raises:
             ValueError: a list is empty, or has an id outside the vocabulary.
             ContextLengthError: a list is longer than the model's context.
         """
+        return run_steps(self.embed_steps(items))
+
+    def embed_steps(self, items: Sequence[Sequence[int]]) -> Steps[np.ndarray]:
+        """`embed` in steps (the vectors are the generator's value): a step is one layer's
+        work before or after its attention for a span of at most EMBED_TILE packed rows
+        (`row_spans`); the numbers do not depend on the steps."""
         if not items:
             return np.zeros((0, self.embedding_dims), dtype=np.float32)
         lengths, ids = embed_inputs(items, self.max_context, self.vocab_size)
         positions = np.concatenate([np.arange(n) for n in lengths])
-        return pool(self._hidden(ids, positions, lengths), lengths, self.pooling)
+        x = yield from self._hidden(ids, positions, lengths)
+        return pool(x, lengths, self.pooling)
 
     def _hidden(self, ids: np.ndarray, positions: np.ndarray,
-                lengths: list[int]) -> np.ndarray:
+                lengths: list[int]) -> Steps[np.ndarray]:
         c, eps = self.config, self.config.rms_eps
         x = self.embed_tokens(ids)
         if self.positions is not None:
             x = x + self.positions[positions]
         if self.token_type is not None:
             x = x + self.token_type
-        x = ops_mod.layer_norm(x, *self.embed_norm, eps)
+        x = np.ascontiguousarray(ops_mod.layer_norm(x, *self.embed_norm, eps), dtype=np.float32)
         cos_sin = None if self.inv_freq is None else rope_mod.cos_sin(self.inv_freq, positions,
                                                                       1.0)
+        spans = row_spans(lengths, EMBED_TILE)
+        qkv = np.empty((len(x), 3 * c.num_heads * c.head_dim), dtype=np.float32)
         for L in self.layers:
-            qkv = _plus(L.wqkv(x), L.bqkv)
-            if cos_sin is not None:
-                qkv = self.ops.qk_rope(qkv, c.num_heads, c.num_heads, None, None, eps, *cos_sin)
-            att = attend_packed(self.ops, qkv, c.num_heads, c.num_heads, c.head_dim, lengths,
-                                causal=False, scale=self.scale)
-            x = ops_mod.layer_norm(x + _plus(L.wo(att), L.bo), *L.norm_attn, eps)
-            h = _plus(L.w_up(x), L.b_up)
-            h = self.ops.gated(h, "silu") if c.activation == "silu" else ops_mod.gelu(h)
-            x = ops_mod.layer_norm(x + _plus(L.w_down(h), L.b_down), *L.norm_ff, eps)
+            for a, b in spans:  # the rows' queries, keys and values
+                rows = _plus(L.wqkv(x[a:b]), L.bqkv)
+                if cos_sin is not None:
+                    rows = self.ops.qk_rope(rows, c.num_heads, c.num_heads, None, None, eps,
+                                            cos_sin[0][a:b], cos_sin[1][a:b])
+                qkv[a:b] = rows
+                yield
+            att = PackedAttention(self.ops, qkv, c.num_heads, c.num_heads, c.head_dim, lengths,
+                                  causal=False, scale=self.scale)
+            for a, b in spans:  # once every key is there: the rest of the layer
+                h = ops_mod.layer_norm(x[a:b] + _plus(L.wo(att.rows(a, b)), L.bo),
+                                       *L.norm_attn, eps)
+                up = _plus(L.w_up(h), L.b_up)
+                up = self.ops.gated(up, "silu") if c.activation == "silu" else ops_mod.gelu(up)
+                x[a:b] = ops_mod.layer_norm(h + _plus(L.w_down(up), L.b_down), *L.norm_ff, eps)
+                yield
         return x
 
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from npu.config import ModelConfig
 from npu.engine import rope as rope_mod
-from npu.engine.attention import attend_packed, embed_inputs
+from npu.engine.attention import PackedAttention, embed_inputs, row_spans
 from npu.engine.cores import default_threads
 from npu.engine.fused import FusedLayers
 from npu.engine.kv_cache import KV_TYPES, BlockPool, SeqBlocks, kv_row
@@ -36,10 +36,14 @@ from npu.engine.ops import KernelOps
 from npu.engine.pooling import Pooling, pool
 from npu.engine.quant import INTEGER, QMatrix
 from npu.engine.roles import Roles, roles_for
+from npu.engine.steps import Steps, run_steps
 from npu.errors import ContextLengthError, KVCacheFull, ModelError
 
 log = logging.getLogger(__name__)
 PREFILL_CHUNK = 512
+# rows of packed inputs an `embed_steps` step computes at most (a layer's work before or after
+# its attention): about 10-100 ms of a 135M-0.6B model on 2 cores
+EMBED_TILE = 256
 # `pack_later`: the packed weights' last bytes left for `pack` (about 0.1-0.2 s of packing on
 # 2 cores, the tokenizer's build; those before are packed as made, each batch in one call)
 PACK_LATER = 256 << 20
@@ -517,7 +521,8 @@ class NumpyEngine:
     def embed(self, items: Sequence[Sequence[int]]) -> np.ndarray:
         """Embedding vectors of several token lists in one forward: float32
         [len(items), dims], each row the pooled last hidden states of one list (after the
-        final norm and the pooling's Dense layers; not normalized).
+        final norm and the pooling's Dense layers; not normalized). `embed_steps`, run to
+        its end.
 
         Causal attention, over each list's own tokens only: the KV cache is not read,
         written or evicted, and no sequence is left behind. A row is the same whatever else
@@ -527,25 +532,60 @@ class NumpyEngine:
             ValueError: a list is empty, or has an id outside the vocabulary.
             ContextLengthError: a list is longer than the model's context.
         """
+        return run_steps(self.embed_steps(items))
+
+    def embed_steps(self, items: Sequence[Sequence[int]]) -> Steps[np.ndarray]:
+        """`embed` in steps (the vectors are the generator's value): a step is one layer's
+        work before or after its attention for a span of at most EMBED_TILE packed rows
+        (`row_spans`), or a convolution layer; the numbers do not depend on the steps."""
         if not items:
             return np.zeros((0, self.embedding_dims), dtype=np.float32)
         self._check_packed()
         lengths, ids = embed_inputs(items, self.max_context, self.vocab_size)
-        segments = [(Seq(len(self.layers)), n) for n in lengths]  # scratch: never cached
         positions = np.concatenate([np.arange(n) for n in lengths])
-        x = self._embed_hidden(ids, segments, positions)
+        x = yield from self._embed_hidden(ids, lengths, positions)
         x = self.ops.rms_norm(x, self.final_norm, self.config.rms_eps)
         return pool(x, lengths, self.pooling)
 
-    def _embed_hidden(self, ids: np.ndarray, segments: list[tuple[Seq, int]],
-                      positions: np.ndarray) -> np.ndarray:
-        """The last layer's hidden states of `embed`'s packed inputs (an engine that runs
-        its layers elsewhere replaces this)."""
-
-        def attention(li: int, L: Layer, h: np.ndarray, cos, sin) -> np.ndarray:
-            return self._attention_local(L, h, [n for _, n in segments], cos, sin)
-
-        return self._layers(ids, segments, positions, attention)
+    def _embed_hidden(self, ids: np.ndarray, lengths: list[int],
+                      positions: np.ndarray) -> Steps[np.ndarray]:
+        """The last layer's hidden states of `embed`'s packed inputs, in steps (an engine
+        that runs its layers elsewhere replaces this). `_layers` in spans of rows: every
+        layer's norms, products and feed-forward are row by row; its attention waits for
+        the keys of all rows."""
+        c = self.config
+        nq, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
+        x = self.embed_tokens(ids)
+        if self.embed_scale is not None:
+            x = x * self.embed_scale
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        spans = row_spans(lengths, EMBED_TILE)
+        rope_tables: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        qkv: np.ndarray | None = None
+        for li, L in enumerate(self.layers):
+            if L.kind == "conv":  # across rows: the whole layer in one step
+                segments = [(Seq(len(self.layers)), n) for n in lengths]
+                h = self._conv(li, L, self.ops.rms_norm(x, L.norm_in, c.rms_eps), segments)
+                x = self._feed_forward(L, x, h)
+                yield
+                continue
+            key = (id(L.inv_freq), L.rope_scale)
+            if key not in rope_tables:
+                rope_tables[key] = rope_mod.cos_sin(L.inv_freq, positions, L.rope_scale)
+            cos, sin = rope_tables[key]
+            width = (nq + 2 * nkv) * hd
+            if qkv is None or qkv.shape[1] != width:
+                qkv = np.empty((len(x), width), dtype=np.float32)
+            for a, b in spans:
+                qkv[a:b] = self._qkv(L, self.ops.rms_norm(x[a:b], L.norm_in, c.rms_eps),
+                                     cos[a:b], sin[a:b])
+                yield
+            att = PackedAttention(self.ops, qkv, nq, nkv, hd, lengths, causal=True,
+                                  window=L.window, sinks=L.sinks, scale=self.scale)
+            for a, b in spans:
+                x[a:b] = self._feed_forward(L, x[a:b], self._out_proj(L, att.rows(a, b)))
+                yield
+        return x
 
     @property
     def embedding_dims(self) -> int:
@@ -606,7 +646,8 @@ class NumpyEngine:
                 attention) -> np.ndarray:
         """The hidden states [T, H] after the last layer (before the final norm) of the
         packed tokens `ids` at `positions`; `attention(li, L, h, cos, sin)` is a layer's
-        self-attention (over the KV cache, or over the forward's own tokens for `embed`)."""
+        self-attention over the KV cache (`embed` runs the same layers in spans of rows:
+        `_embed_hidden`)."""
         c = self.config
         x = self.embed_tokens(ids)
         if self.embed_scale is not None:
@@ -621,19 +662,25 @@ class NumpyEngine:
                 if key not in rope_tables:
                     rope_tables[key] = rope_mod.cos_sin(L.inv_freq, positions, L.rope_scale)
                 h = attention(li, L, h, *rope_tables[key])
-            if L.norm_post_attn is not None:
-                h = self.ops.rms_norm(h, L.norm_post_attn, c.rms_eps)
-            x = x + h
-            h = self.ops.rms_norm(x, L.norm_pre_ff, c.rms_eps)
-            if L.router_w is not None:
-                h = self._experts(L, h)
-            else:
-                gu = self._mm(h, L, "w_gate_up")
-                h = self._mm(self.ops.gated(gu, self.activation), L, "w_down")
-            if L.norm_post_ff is not None:
-                h = self.ops.rms_norm(h, L.norm_post_ff, c.rms_eps)
-            x = x + h
+            x = self._feed_forward(L, x, h)
         return x
+
+    def _feed_forward(self, L: Layer, x: np.ndarray, h: np.ndarray) -> np.ndarray:
+        """The rest of layer L after its attention (or convolution) `h` of the rows x: the
+        residuals, the norms around them and the feed-forward (or the experts)."""
+        c = self.config
+        if L.norm_post_attn is not None:
+            h = self.ops.rms_norm(h, L.norm_post_attn, c.rms_eps)
+        x = x + h
+        h = self.ops.rms_norm(x, L.norm_pre_ff, c.rms_eps)
+        if L.router_w is not None:
+            h = self._experts(L, h)
+        else:
+            gu = self._mm(h, L, "w_gate_up")
+            h = self._mm(self.ops.gated(gu, self.activation), L, "w_down")
+        if L.norm_post_ff is not None:
+            h = self.ops.rms_norm(h, L.norm_post_ff, c.rms_eps)
+        return x + h
 
     def _mm(self, x: np.ndarray, layer: Layer | None, name: str) -> np.ndarray:
         """x @ W.T for the named weight of a layer (or the lm_head): the one place a
@@ -647,11 +694,8 @@ class NumpyEngine:
         """Self-attention of the forward's tokens; `tables`: the batch's block tables
         [B, n] when every segment is one token (decode), else one table per segment."""
         c = self.config
-        nq, nkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
-        qkv = self._mm(h, L, "wqkv")
-        if L.bqkv is not None:
-            qkv = qkv + L.bqkv
-        qkv = self.ops.qk_rope(qkv, nq, nkv, L.q_norm, L.k_norm, c.rms_eps, cos, sin)
+        nq, hd = c.num_heads, c.head_dim
+        qkv = self._qkv(L, h, cos, sin)
         T = h.shape[0]
         K, V = self.kv.k[li], self.kv.v[li]
         if len(segments) == T:  # decode: one token per sequence, the batch in one call
@@ -669,19 +713,15 @@ class NumpyEngine:
             start += n
         return self._out_proj(L, out)
 
-    def _attention_local(self, L: Layer, h: np.ndarray, lengths: Sequence[int], cos,
-                         sin) -> np.ndarray:
-        """Causal self-attention of packed inputs (lengths tokens each, from position 0)
-        over their own keys and values only: no KV cache (for `embed`)."""
+    def _qkv(self, L: Layer, h: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+        """Layer L's queries, keys and values of the normed rows h: the product, its bias,
+        the per-head norms and the rotation."""
         c = self.config
         qkv = self._mm(h, L, "wqkv")
         if L.bqkv is not None:
             qkv = qkv + L.bqkv
-        qkv = self.ops.qk_rope(qkv, c.num_heads, c.num_kv_heads, L.q_norm, L.k_norm, c.rms_eps,
-                               cos, sin)
-        out = attend_packed(self.ops, qkv, c.num_heads, c.num_kv_heads, c.head_dim, lengths,
-                            causal=True, window=L.window, sinks=L.sinks, scale=self.scale)
-        return self._out_proj(L, out)
+        return self.ops.qk_rope(qkv, c.num_heads, c.num_kv_heads, L.q_norm, L.k_norm,
+                                c.rms_eps, cos, sin)
 
     def _out_proj(self, L: Layer, out: np.ndarray) -> np.ndarray:
         y = self._mm(out, L, "wo")

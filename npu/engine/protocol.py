@@ -10,6 +10,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from npu.engine.steps import Steps
+
 
 @runtime_checkable
 class Engine(Protocol):
@@ -77,7 +79,7 @@ class Engine(Protocol):
         """Raise if the device the engine runs on is gone (a health check)."""
 
     def embed(self, items: Sequence[Sequence[int]]) -> np.ndarray:
-        """Embedding vectors of token lists, all in one forward (one pass over the weights):
+        """Embedding vectors of token lists, all in one forward (`embed_steps` to its end):
         float32 [len(items), dims], row i the model's pooled vector for items[i] (after the
         final norm and any sentence-transformers Dense layers), not normalized.
 
@@ -92,3 +94,10 @@ class Engine(Protocol):
             ContextLengthError: a list is longer than the model's context.
             ModelError: the engine cannot embed (an NPU mode without cache-free attention).
         """
+
+    def embed_steps(self, items: Sequence[Sequence[int]]) -> Steps[np.ndarray]:
+        """`embed` as a generator of bounded steps (a layer's work for a few hundred rows),
+        its value the vectors: the worker runs one between decode steps, a few steps at a
+        time, so a long input does not hold the streams beside it. The same numbers as
+        `embed`; its errors are raised by the first step."""
+

@@ -37,6 +37,7 @@ from npu.config import ModelConfig
 from npu.engine.kv_cache import BLOCK
 from npu.engine.numpy_engine import Layer, NumpyEngine, Seq
 from npu.engine.pooling import Pooling
+from npu.engine.steps import Steps
 from npu.errors import ModelError
 from npu.xrt import layer_pack, packing
 from npu.xrt.adapter import XRT, XRTError, generation_of
@@ -223,8 +224,8 @@ class XRTEngine(NumpyEngine):
         last = self.ops.rms_norm(x[ends], self.final_norm, self.config.rms_eps)
         return np.ascontiguousarray(self._mm(last, None, "lm_head"), dtype=np.float32)
 
-    def _embed_hidden(self, ids: np.ndarray, segments: list[tuple[Seq, int]],
-                      positions: np.ndarray) -> np.ndarray:
+    def _embed_hidden(self, ids: np.ndarray, lengths: list[int],
+                      positions: np.ndarray) -> Steps[np.ndarray]:
         """"linear" mode: `embed`'s layers as the CPU runs them, their products on the NPU.
         The fused modes' kernels attend over the device's KV cache only (no cache-free
         attention): no embeddings there."""
@@ -232,7 +233,7 @@ class XRTEngine(NumpyEngine):
             raise ModelError(f"embeddings on the NPU need npu_mode 'linear' (this engine runs "
                              f"in {self.mode!r} mode, whose kernels attend over the device's "
                              "KV cache only)")
-        return super()._embed_hidden(ids, segments, positions)
+        return (yield from super()._embed_hidden(ids, lengths, positions))
 
     # -- layers on the device --------------------------------------------------------------
     def _slot(self, seq: Seq) -> _Slot:

@@ -11,6 +11,7 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 
 from npu import ContextLengthError, ModelError, load_model
+from npu.engine.ops import KernelOps
 from npu.engine.protocol import Engine
 from tests.bert_model import DIMS, build_bert, write_bert_gguf
 
@@ -63,6 +64,21 @@ def test_bert_gguf_tokenizes_and_embeds_as_transformers(bert, tmp_path: Path, mo
     assert [model.embedding_ids(t) for t in TEXTS] == bert["ids"]
     assert model.embedding_ids(TEXTS[2], limit=6) == bert["ids"][2][:5] + bert["ids"][2][-1:]
     assert cosine(model.engine.embed(bert["ids"]), bert["refs"][mode]).min() >= floor
+
+
+def test_an_encoder_in_spans_of_a_few_rows_gives_the_same_vectors(bert, monkeypatch) -> None:
+    from npu.engine import encoder
+
+    engine = load_model(bert["folders"]["mean"], quantize="q8_0").engine
+    whole = engine.embed(bert["ids"])
+    monkeypatch.setattr(encoder, "EMBED_TILE", 4)  # every input but "a" cut into spans
+    assert sum(1 for _ in engine.embed_steps(bert["ids"])) > 2 * DIMS["num_hidden_layers"]
+    got = engine.embed(bert["ids"])
+    if isinstance(engine.ops, KernelOps):  # Q8_0 on the compiled kernels: bit for bit
+        assert np.array_equal(got, whole)
+    else:
+        assert np.allclose(got, whole, rtol=0, atol=1e-5 * np.abs(whole).max())
+    assert cosine(got, bert["refs"]["mean"]).min() >= 0.999
 
 
 def test_a_batch_gives_each_input_its_single_vector(bert) -> None:

@@ -14,6 +14,10 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 
 from npu import ContextLengthError, load_model
+from npu.engine import numpy_engine
+from npu.engine.attention import row_spans
+from npu.engine.numpy_engine import EMBED_TILE
+from npu.engine.ops import KernelOps
 from npu.engine.pooling import Dense, Pooling, pool
 from tests.npu.gguf_files import tiny_tokenizer_meta, write_gguf_from_hf
 
@@ -169,6 +173,31 @@ def test_a_batch_gives_each_input_its_single_vector(models, quantize: str | None
         assert np.allclose(batch, single, rtol=0, atol=1e-5 * np.abs(single).max())
 
 
+@pytest.mark.parametrize("quantize", [None, "q8_0"])
+def test_embed_in_spans_of_a_few_rows_gives_the_same_vectors(models, quantize: str | None,
+                                                             monkeypatch) -> None:
+    folder, ids, _, _ = models["qwen3"]
+    engine = load_model(folder, quantize=quantize).engine
+    long = [list(range(5, 5 + CONTEXT))]  # one input as long as the context
+    whole = engine.embed(ids + long)
+    monkeypatch.setattr(numpy_engine, "EMBED_TILE", 3)
+    steps = engine.embed_steps(ids + long)
+    count = 0
+    while True:
+        try:
+            next(steps)
+            count += 1
+        except StopIteration as stop:
+            got = stop.value
+            break
+    spans = len(row_spans([len(i) for i in ids + long], 3))
+    assert count == 2 * engine.config.num_layers * spans  # a step: one span, one half-layer
+    if quantize and isinstance(engine.ops, KernelOps):  # integer formats: bit for bit
+        assert np.array_equal(got, whole)
+    else:
+        assert np.allclose(got, whole, rtol=0, atol=1e-5 * np.abs(whole).max())
+
+
 def test_embed_leaves_the_kv_cache_as_it_was(models) -> None:
     folder, ids, _, _ = models["llama"]
     engine = load_model(folder, quantize="q8_0").engine
@@ -211,8 +240,10 @@ OTHER_DECODERS = {
 }
 
 
+@pytest.mark.parametrize("tile", [EMBED_TILE, 5])
 @pytest.mark.parametrize("name", list(OTHER_DECODERS))
-def test_other_decoders_embed_their_hidden_states(tmp_path: Path, name: str) -> None:
+def test_other_decoders_embed_their_hidden_states(tmp_path: Path, name: str, tile: int,
+                                                  monkeypatch) -> None:
     from npu import NumpyEngine, config_from_json
     from npu.load.safetensors import load_weights
 
@@ -229,6 +260,7 @@ def test_other_decoders_embed_their_hidden_states(tmp_path: Path, name: str) -> 
                         for i in items])
     config = config_from_json(json.loads((tmp_path / "config.json").read_text()))
     engine = NumpyEngine(config, load_weights(tmp_path, progress=False))
+    monkeypatch.setattr(numpy_engine, "EMBED_TILE", tile)  # 5: inputs cut into spans
     got = engine.embed(items)
     assert cosine(got, ref).min() >= 0.9999
     assert np.allclose(got[1], engine.embed([items[1]])[0], atol=1e-5)
