@@ -49,21 +49,26 @@ def _logprobs(items: list[TokenLogprob]) -> list[dict]:
             for t in items]
 
 
-def _tool_calls(calls: list[dict]) -> tuple[list[dict], str]:
-    """Ollama's tool calls (arguments as an object) from OpenAI's; a call whose arguments
-    are not a JSON object (cut by the token limit) comes back as text."""
+def _tool_calls(calls: list[dict], cut: bool) -> tuple[list[dict], str]:
+    """Ollama's tool calls (arguments as an object) from OpenAI's. When the token limit
+    `cut` the answer, a last call whose arguments are not yet a whole JSON object (none
+    written, or part of one) comes back as text, the call as the model was writing it
+    (`{"name": ..., "arguments": ...` so far): never a call a client would run without its
+    arguments."""
     out, text = [], ""
     for i, c in enumerate(calls):
         f = c["function"]
+        raw = f["arguments"]
+        whole = bool(raw) or not (cut and i == len(calls) - 1)
         try:
-            args = json.loads(f["arguments"] or "{}")
+            args = json.loads(raw or "{}") if whole else None
         except ValueError:
             args = None
         if isinstance(args, dict):
             out.append({"id": c.get("id"), "function": {"index": i, "name": f["name"],
                                                         "arguments": args}})
         else:
-            text += f["arguments"]
+            text += f'{{"name": {json.dumps(f["name"], ensure_ascii=False)}, "arguments": {raw}'
     return out, text
 
 
@@ -146,7 +151,8 @@ class OllamaReply:
                 self.choice.finish_reason = ev.finish_reason
                 self.choice.final = ev.message
                 if ev.index == 0 and self.endpoint == "chat" and ev.message is not None:
-                    calls, text = _tool_calls(self.choice.chat_message().get("tool_calls", []))
+                    calls, text = _tool_calls(self.choice.chat_message().get("tool_calls", []),
+                                              ev.finish_reason == "length")
                     if calls or text:  # Ollama sends a call whole, once it is complete
                         out.append(self._object(text, calls=calls))
             elif isinstance(ev, Usage):
@@ -181,7 +187,8 @@ class OllamaReply:
     def final(self) -> dict:
         """The whole answer as one object (`"stream": false`)."""
         msg = self.choice.chat_message()
-        calls, text = _tool_calls(msg.get("tool_calls", []))
+        calls, text = _tool_calls(msg.get("tool_calls", []),
+                                  self.choice.finish_reason == "length")
         logprobs = _logprobs(self.choice.logprobs) if self.choice.logprobs else None
         return self._object((msg.get("content") or "") + text,
                             msg.get("reasoning_content") or "", calls, logprobs, done=True)

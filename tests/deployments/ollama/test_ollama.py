@@ -219,14 +219,27 @@ def test_tool_calls_come_whole_with_arguments_as_an_object() -> None:
     assert whole.final()["message"]["tool_calls"] == got
 
 
-def test_a_call_cut_by_the_token_limit_is_text() -> None:
-    cut = [ToolCall(name="get", arguments='{"city": "Os', id="call_1")]
+@pytest.mark.parametrize("arguments", ['{"city": "Os', ""])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_cut_by_the_token_limit_is_text(arguments: str, stream: bool) -> None:
+    """Cut with its arguments begun, or before any (the name written): never a call with
+    `{}` for arguments an agent would run."""
+    done = [ToolCall(name="get", arguments='{"city": "Rome"}', id="call_0")]
+    cut = done + [ToolCall(name="get", arguments=arguments, id="call_1")]
     reply = ollama_reply.OllamaReply("m", "chat", started=0.0)
-    reply.add(_events([], calls=cut, reason="length"))
-    final = reply.final()
-    assert final["done_reason"] == "length"
-    assert "tool_calls" not in final["message"]
-    assert final["message"]["content"] == '{"city": "Os'
+    lines = reply.add(_events([], calls=cut, reason="length"))
+    final = _fold_lines(lines) if stream else reply.final()["message"]
+    assert [c["function"]["arguments"] for c in final.get("tool_calls", [])] == [
+        {"city": "Rome"}]  # the whole call before it stays a call
+    assert final["content"] == '{"name": "get", "arguments": ' + arguments
+    assert lines[-1]["done_reason"] == "length"
+
+
+def test_a_call_without_arguments_that_ended_is_a_call() -> None:
+    calls = [ToolCall(name="now", arguments="", id="call_0")]
+    reply = ollama_reply.OllamaReply("m", "chat", started=0.0)
+    reply.add(_events([], calls=calls, reason="tool_calls"))
+    assert reply.final()["message"]["tool_calls"][0]["function"]["arguments"] == {}
 
 
 @given(st.lists(st.text(max_size=5), max_size=6), st.lists(st.text(max_size=5), max_size=3))
