@@ -62,8 +62,3 @@ def anthropic_error_body(err: ApiError) -> dict[str, Any]:
     return {"type": "error", "error": {"type": kind, "message": message}}
 
 
-def anthropic_error_response(err: ApiError) -> JSONResponse:
-    """An error in Anthropic's shape and status (503 -> 529 overloaded_error)."""
-    return JSONResponse(anthropic_error_body(err),
-                        status_code=OVERLOADED if err.status == 503 else err.status,
-                        headers=err.headers)

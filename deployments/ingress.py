@@ -23,6 +23,7 @@ together into the Serve deployment.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -242,14 +243,18 @@ class Ingress(LibraryFront):
 
     # -- the one request path ----------------------------------------------------------
     async def generate(self, request: Request, route: str,
-                       make_call: Callable[[bytes, Ingress], Call],
+                       make_call: Callable[[bytes, Ingress], Call | Awaitable[Call]],
                        errors: Callable[[ApiError], Response]) -> Response:
-        """A generating route's response: `make_call` types the body, the worker answers,
-        `errors` renders any ApiError; status, duration and tokens go to the metrics."""
+        """A generating route's response: `make_call` types the body (awaited where it
+        asks a worker first: Responses' `truncation: "auto"` counts the prompt), the worker
+        answers, `errors` renders any ApiError; status, duration and tokens go to the
+        metrics."""
         trace = RequestTrace(self.metrics, route)
         setattr(request.state, TRACE_KEY, trace)  # the access line: model, tokens, first token
         try:
             call = make_call(await self.body(request), self)
+            if inspect.isawaitable(call):
+                call = await call
             response = await self._answer(call, trace)
         except ApiError as err:
             response = errors(err)
@@ -398,9 +403,9 @@ class Ingress(LibraryFront):
         failure with its message."""
         reply: Reply = call.reply
         try:
-            first = reply.lead()
-            if first:
-                yield first
+            # the first bytes now (the reply's lead, else a keep-alive: a reply may wait
+            # for its first event to begin, as Anthropic's message_start does)
+            yield reply.lead() or call.keep_alive
             while not (await asyncio.wait({opening}, timeout=call.keep_alive_s))[0]:
                 yield call.keep_alive
             gen, head = opening.result()

@@ -17,14 +17,10 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
 
 from deployments.access import AccessLog
+from deployments.anthropic.errors import error_response as anthropic_error_response
 from deployments.anthropic.routes import router as anthropic_router
 from deployments.embeddings.routes import router as embeddings_router
-from deployments.errors import (
-    ApiError,
-    anthropic_error_response,
-    error_response,
-    ollama_error_response,
-)
+from deployments.errors import ApiError, error_response, ollama_error_response
 from deployments.ingress import Current, Ingress
 from deployments.metrics import render
 from deployments.ollama.routes import router as ollama_router

@@ -6,19 +6,26 @@ SDK equals the non-streamed reply); `MessagesReply` is the ingress's reply over 
 Usage as Anthropic counts it: `input_tokens` is the prompt's tokens that were computed,
 `cache_read_input_tokens` those taken from the prefix cache (their sum is the prompt,
 what count_tokens says), `cache_creation_input_tokens` 0 (caching costs nothing here).
+`message_start` comes with the worker's Accepted and carries the prompt's tokens (older
+clients read input usage there); the worker tells what of it was cached only at the end,
+so there the prompt counts whole as input, and `message_delta` carries the whole usage
+with the split (as Anthropic's does: newer clients read all of it there).
+
+Ids as Anthropic's: `tool_use` blocks are `toolu_...` (a client sends back whichever id it
+got), and each answer has a `request-id` header (the SDK's `_request_id`).
 """
 
 from __future__ import annotations
 
-import json
 import uuid
-from typing import ClassVar
 
 import msgspec
 from starlette.responses import JSONResponse, Response
 
-from actors.events import Deltas, Failed, Finished, Usage
+from actors.events import Accepted, Deltas, Failed, Finished, Usage
 from chat import Delta
+from deployments.anthropic.errors import HEADER, request_id_of
+from deployments.anthropic.partial import parse_partial
 from deployments.errors import ApiError
 
 # sent while a stream waits for its events (the ingress's keep-alive)
@@ -40,14 +47,17 @@ def usage_body(u: Usage | None) -> dict:
             "cache_read_input_tokens": u.cached_tokens}
 
 
-def tool_input(arguments: str) -> dict:
-    """A tool_use block's input: its arguments' JSON object ({} for a call that
-    max_tokens cut before its arguments were whole)."""
-    try:
-        value = json.loads(arguments) if arguments else {}
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
+def start_usage(accepted: Accepted | None) -> dict:
+    """message_start's usage: the prompt's tokens (what of them was cached is told at the
+    end, in message_delta)."""
+    n = accepted.prompt_tokens if accepted is not None else 0
+    return {"input_tokens": n, "output_tokens": 0, "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0}
+
+
+def tool_use_id(call_id: str) -> str:
+    """A tool call's id as Anthropic spells one: `toolu_` and the call's random part."""
+    return "toolu_" + call_id.removeprefix("call_")
 
 
 class MessageBuilder:
@@ -71,12 +81,15 @@ class MessageBuilder:
         self.stop_sequence: str | None = None
         self.usage: Usage | None = None
         self.error: str | None = None
+        self.started = False
 
-    def start(self) -> list[dict]:
-        """The stream's first event (usage comes whole with message_delta)."""
+    def _start(self, accepted: Accepted | None) -> list[dict]:
+        """The stream's first event, with the prompt's tokens (the rest of the usage comes
+        whole with message_delta)."""
+        self.started = True
         return [{"type": "message_start",
                  "message": {**self.message(), "content": [], "stop_reason": None,
-                             "stop_sequence": None}}]
+                             "stop_sequence": None, "usage": start_usage(accepted)}}]
 
     def _kind(self) -> str | None:
         return None if self.open is None else self.blocks[self.open]["type"]
@@ -110,8 +123,8 @@ class MessageBuilder:
             out.append(self._delta({"type": "text_delta", "text": d.text}))
         else:  # a tool call: `name` opens one, the rest continue its arguments
             if d.name:
-                out += self._open({"type": "tool_use", "id": d.id, "name": d.name,
-                                   "input": {}})
+                out += self._open({"type": "tool_use", "id": tool_use_id(d.id),
+                                   "name": d.name, "input": {}})
                 self.arguments[self.open] = ""
             if self._kind() == "tool_use" and d.text:
                 self.arguments[self.open] += d.text
@@ -119,9 +132,12 @@ class MessageBuilder:
         return out
 
     def add(self, batch: list) -> list[dict]:
-        """Fold a batch of the worker's events; returns the stream events they make."""
+        """Fold a batch of the worker's events; returns the stream events they make
+        (message_start with the Accepted; a failure before it is the error alone)."""
         out: list[dict] = []
         for ev in batch:
+            if not self.started and not isinstance(ev, Failed):
+                out += self._start(ev if isinstance(ev, Accepted) else None)
             if isinstance(ev, Deltas):
                 for d in ev.deltas:
                     if d.text or d.name:
@@ -145,8 +161,9 @@ class MessageBuilder:
         return out
 
     def message(self) -> dict:
-        """The message object (as far as it got)."""
-        content = [{**b, "input": tool_input(self.arguments[i])} if b["type"] == "tool_use"
+        """The message object (as far as it got; a call that max_tokens cut has the members
+        of its input that were whole, as the SDK reads the streamed call)."""
+        content = [{**b, "input": parse_partial(self.arguments[i])} if b["type"] == "tool_use"
                    else dict(b) for i, b in enumerate(self.blocks)]
         return {"id": self.base["id"], "type": "message", "role": "assistant",
                 "model": self.base["model"], "content": content,
@@ -166,16 +183,19 @@ def sse(events: list[dict]) -> bytes:
 
 class MessagesReply:
     """A Messages request's answer (deployments.exchange.Reply): SSE events with their
-    `event:` lines, or the message object."""
+    `event:` lines, or the message object; its `request-id` header either way."""
 
     media_type = "text/event-stream"
-    headers: ClassVar[dict[str, str]] = {"Cache-Control": "no-cache"}
 
     def __init__(self, builder: MessageBuilder) -> None:
         self.builder = builder
+        self.request_id = request_id_of(builder.base["id"])
+        self.headers = {"Cache-Control": "no-cache", HEADER: self.request_id}
 
-    def lead(self) -> bytes:  # message_start before the first token
-        return sse(self.builder.start())
+    def lead(self) -> bytes:
+        """Nothing: message_start comes with the worker's first event, which carries the
+        prompt's tokens (a stream that waits for it starts with pings)."""
+        return b""
 
     def render(self, batch: list) -> bytes:
         return sse(self.builder.add(batch))
@@ -191,6 +211,7 @@ class MessagesReply:
 
     def answer(self) -> Response:
         if self.builder.error is not None:
-            raise ApiError(500, self.builder.error, type="server_error")
-        return JSONResponse(self.builder.message())
+            raise ApiError(500, self.builder.error, type="server_error",
+                           headers={HEADER: self.request_id})
+        return JSONResponse(self.builder.message(), headers={HEADER: self.request_id})
 

@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse, Response
 
 from actors.events import Deltas, Failed, Finished, Usage
 from deployments.errors import ApiError
-from deployments.responses.store import ResponseStore
+from deployments.responses.store import ResponseStore, Stored
 
 
 def _new_id(prefix: str) -> str:
@@ -61,12 +61,13 @@ class ResponseBuilder:
                                    output_index=index, content_index=0, part=dict(part)))
         return out
 
-    def _close(self) -> list[dict]:
+    def _close(self, status: str = "completed") -> list[dict]:
+        """Close the open item as `status` ("incomplete": the token limit cut it)."""
         item, self.open = self.open, None
         if item is None:
             return []
         index = len(self.items) - 1
-        item["status"] = "completed"
+        item["status"] = status
         out = []
         ids = {"item_id": item["id"], "output_index": index}
         if item["type"] == "function_call":
@@ -128,9 +129,10 @@ class ResponseBuilder:
                 for d in ev.deltas:
                     if d.text or d.name:
                         out += self._delta(d.field, d.text, d.id, d.name)
-            elif isinstance(ev, Finished):
-                out += self._close()
-                self.finish_reason = ev.finish_reason
+            elif isinstance(ev, Finished):  # the item being written when the limit hit
+                self.finish_reason = ev.finish_reason  # was cut: an agent must not run it
+                out += self._close("incomplete" if ev.finish_reason == "length"
+                                   else "completed")
             elif isinstance(ev, Usage):
                 self.usage = ev
                 body = self.response()
@@ -147,8 +149,9 @@ class ResponseBuilder:
         if status is None:
             status = "incomplete" if self.finish_reason == "length" else "completed"
         u = self.usage
-        usage = None if u is None else {
-            "input_tokens": u.prompt_tokens, "input_tokens_details": {"cached_tokens": u.cached_tokens},
+        usage = None if u is None else {  # no cache is written apart from the KV prefix cache
+            "input_tokens": u.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": u.cached_tokens, "cache_write_tokens": 0},
             "output_tokens": u.completion_tokens,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": u.prompt_tokens + u.completion_tokens}
@@ -185,19 +188,22 @@ def sse(events: list[dict]) -> bytes:
 class ResponsesReply:
     """A Responses request's answer (deployments.exchange.Reply): SSE events with their
     `event:` lines, or the response object; kept in `store` (None: not kept) once it has
-    finished without an error, with `conversation` and the output as its history."""
+    finished without an error, with `conversation` and the output as its history, and
+    `items`: the input items it was made from."""
 
     media_type = "text/event-stream"
     headers: ClassVar[dict[str, str]] = {"Cache-Control": "no-cache"}
 
     def __init__(self, builder: ResponseBuilder, store: ResponseStore | None,
-                 conversation: list[dict]) -> None:
+                 conversation: list[dict], items: list[dict] | None = None) -> None:
         self.builder, self.store, self.conversation = builder, store, conversation
+        self.items = items or []
 
     def _keep(self) -> None:  # once the response is finished (idempotent)
         b = self.builder
         if self.store is not None and b.usage is not None and b.error is None:
-            self.store.put(b.response(), self.conversation + b.assistant_messages())
+            self.store.put(Stored(response=b.response(), items=self.items,
+                                  conversation=self.conversation + b.assistant_messages()))
 
     def lead(self) -> bytes:  # response.created and .in_progress before the first token
         return sse(self.builder.start())

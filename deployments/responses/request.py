@@ -1,26 +1,28 @@
 """OpenAI's Responses requests on the same pipeline: a request becomes a chat request (then
 the same validation, worker request and constraints), with the conversation of
-`previous_response_id` before its input; `responses_call` is the ingress's Call for
-POST /v1/responses.
+`previous_response_id` before its input (cut to the context with `truncation: "auto"`);
+`responses_call` makes the ingress's Call for POST /v1/responses.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
 
 from actors.events import GenerateRequest
+from deployments.body import decode_json
 from deployments.errors import ApiError
 from deployments.exchange import Call
 from deployments.ingress import Ingress
-from deployments.body import decode_json
 from deployments.openai.request import convert_request, generate_request
 from deployments.openai.schemas import ChatRequest
+from deployments.responses.items import input_items
 from deployments.responses.reply import ResponseBuilder, ResponsesReply
 from deployments.responses.store import ResponseStore
+from deployments.responses.truncation import fit_context
 
 
 class TextIn(msgspec.Struct, kw_only=True):
@@ -49,6 +51,7 @@ class ResponsesIn(msgspec.Struct, kw_only=True):
     store: bool | None = None
     previous_response_id: str | None = None
     metadata: dict[str, str] | None = None
+    truncation: Literal["auto", "disabled"] | None = None
     background: bool | None = None
     user: str | None = None
 
@@ -181,7 +184,8 @@ def _response_format(fmt: dict | None) -> dict | None:
     return {"type": kind}
 
 
-# chat's parameter -> the Responses field it came from (for the errors' `param`)
+# chat's parameter -> the Responses field it came from (for the errors' `param`, the
+# conversion's and the worker's)
 _PARAMS = {"max_tokens": "max_output_tokens", "response_format": "text.format",
            "reasoning_effort": "reasoning.effort", "messages": "input"}
 
@@ -234,25 +238,33 @@ def response_base(req: ResponsesIn, response_id: str) -> dict:
                           "summary": None},
             "store": req.store is not False, "temperature": req.temperature,
             "text": {"format": fmt}, "tool_choice": req.tool_choice or "auto",
-            "tools": req.tools or [], "top_p": req.top_p, "truncation": "disabled",
+            "tools": req.tools or [], "top_p": req.top_p,
+            "truncation": req.truncation or "disabled",
             "user": req.user, "metadata": req.metadata or {}}
 
 
-def responses_call(body: bytes, ingress: Ingress) -> Call:
-    """POST /v1/responses's Call: the request with its stored conversation, answered by a
-    ResponsesReply that stores the finished response (unless `store: false`)."""
+async def responses_call(body: bytes, ingress: Ingress) -> Call:
+    """POST /v1/responses's Call: the request with its stored conversation (cut to the
+    model's context with `truncation: "auto"`, which counts the prompt on a worker), answered
+    by a ResponsesReply that stores the finished response (unless `store: false`)."""
     req = decode(body)
     ingress.check_model(req.model)
     store = ingress.state("responses", ResponseStore)
     history: list[dict] = []
+    earlier: list[dict] = []  # the input items and outputs of the earlier responses
     if req.previous_response_id:
         try:
-            _, history = store.get(req.previous_response_id)
+            previous = store.get(req.previous_response_id)
         except ApiError as err:
             err.param = "previous_response_id"
             raise
+        history = previous.conversation
+        earlier = previous.items + previous.response["output"]
     greq, conversation = chat_request(req, history)
+    items = earlier + input_items(req.input)
+    if req.truncation == "auto":
+        greq = await fit_context(ingress, req.model, greq, keep=int(bool(req.instructions)))
     builder = ResponseBuilder(response_base(req, "resp_" + greq.request_id))
     keep = store if req.store is not False else None
-    return Call(model=req.model, request=greq, stream=bool(req.stream),
-                reply=ResponsesReply(builder, keep, conversation))
+    return Call(model=req.model, request=greq, stream=bool(req.stream), params=_PARAMS,
+                reply=ResponsesReply(builder, keep, conversation, items))

@@ -1,5 +1,6 @@
 """OpenAI's Responses routes: POST /v1/responses through the ingress's one request path;
-GET and DELETE of a stored response. Errors in OpenAI's shape."""
+GET and DELETE of a stored response, and GET of its input items. Errors in OpenAI's shape.
+The router is in deployments.server's route table, so a route added here is served."""
 
 # No `from __future__ import annotations`: FastAPI reads the handlers' annotations.
 
@@ -8,6 +9,7 @@ from starlette.responses import JSONResponse, Response
 
 from deployments.errors import error_response
 from deployments.ingress import Current
+from deployments.responses.items import item_page
 from deployments.responses.request import responses_call
 from deployments.responses.store import ResponseStore
 
@@ -24,7 +26,19 @@ async def get(response_id: str, request: Request,
               ingress: Current) -> Response:
     async def run() -> Response:
         ingress.authenticate(request)
-        return JSONResponse(ingress.state("responses", ResponseStore).get(response_id)[0])
+        return JSONResponse(ingress.state("responses", ResponseStore).get(response_id).response)
+
+    return await ingress.respond(run, error_response)
+
+
+@router.get("/v1/responses/{response_id}/input_items")
+async def input_items(response_id: str, request: Request,
+                      ingress: Current) -> Response:
+    """The input items a stored response was made from, a page at a time (OpenAI's list)."""
+    async def run() -> Response:
+        ingress.authenticate(request)
+        stored = ingress.state("responses", ResponseStore).get(response_id)
+        return JSONResponse(item_page(stored.items, request.query_params.multi_items()))
 
     return await ingress.respond(run, error_response)
 

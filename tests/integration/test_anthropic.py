@@ -178,9 +178,18 @@ def test_count_tokens_and_the_prefix_cache_in_usage(ac) -> None:
     second = ac.messages.create(model=SMOL, max_tokens=5, messages=turns, system=system,
                                 tools=[WEATHER], extra_body=GREEDY)
     assert second.usage.cache_read_input_tokens > 0
-    assert second.usage.cache_read_input_tokens + second.usage.input_tokens \
-        == ac.messages.count_tokens(model=SMOL, messages=turns, system=system,
-                                    tools=[WEATHER]).input_tokens
+    counted = ac.messages.count_tokens(model=SMOL, messages=turns, system=system,
+                                       tools=[WEATHER]).input_tokens
+    assert second.usage.cache_read_input_tokens + second.usage.input_tokens == counted
+    assert second._request_id == "req_" + second.id.removeprefix("msg_")
+    # streamed: message_start carries the prompt's tokens (the split comes at the end)
+    with ac.messages.stream(model=SMOL, max_tokens=5, messages=turns, system=system,
+                            tools=[WEATHER], extra_body=GREEDY) as stream:
+        start = next(iter(stream))
+        final = stream.get_final_message()
+    assert start.type == "message_start" and start.message.usage.input_tokens == counted
+    assert final.usage.input_tokens + final.usage.cache_read_input_tokens == counted
+    assert final.usage.cache_read_input_tokens > 0
 
 
 def test_the_api_key_as_x_api_key_or_bearer(serve_url, client) -> None:

@@ -1,6 +1,7 @@
 """OpenAI's Responses API through HTTP with the official client: create, the stream helper
 (its final response equals the non-streamed one), function tools with their outputs,
-structured output, reasoning, the token limit, stored responses and errors."""
+structured output, reasoning, the token limit, stored responses and their input items,
+truncation and errors."""
 
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ def test_create_is_the_same_pipeline_as_chat(oa) -> None:
     assert [item.type for item in r.output] == ["message"]
     assert r.usage.input_tokens > 5 and 10 < r.usage.output_tokens <= 40
     assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
+    assert r.usage.input_tokens_details.cache_write_tokens == 0
 
 
 def test_the_stream_helper_rebuilds_the_same_response(oa) -> None:
@@ -133,10 +135,14 @@ def test_reasoning_items_and_the_switch(oa) -> None:
 def test_the_token_limit_makes_an_incomplete_response(oa) -> None:
     r = oa.responses.create(model=SMOL, input=CATS, max_output_tokens=3)
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert [item.status for item in r.output] == ["incomplete"]  # the message it cut
     with oa.responses.stream(model=SMOL, input=CATS, max_output_tokens=3) as s:
         events = list(s)
     assert events[-1].type == "response.incomplete"
     assert events[-1].response.usage.output_tokens == 3
+    done = [e.item for e in events if e.type == "response.output_item.done"]
+    assert [item.status for item in done] == ["incomplete"]
+    assert events[-1].response.output[0].status == "incomplete"
 
 
 def test_stored_responses(oa) -> None:
@@ -148,6 +154,13 @@ def test_stored_responses(oa) -> None:
     assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
     got = oa.responses.retrieve(first.id)
     assert got.id == first.id and got.output_text == first.output_text
+    # the items the second was made from: the first's input and output, then its own
+    items = list(oa.responses.input_items.list(second.id, order="asc", limit=1))
+    assert [(i.type, i.role) for i in items] == [("message", "user"),
+                                                 ("message", "assistant"),
+                                                 ("message", "user")]
+    assert items[1].id == first.output[0].id
+    assert items[2].content[0].text == "What is my name?"
     oa.responses.delete(first.id)
     with pytest.raises(openai.NotFoundError):
         oa.responses.retrieve(first.id)
@@ -156,6 +169,21 @@ def test_stored_responses(oa) -> None:
     unstored = oa.responses.create(model=SMOL, input="hi", max_output_tokens=2, store=False)
     with pytest.raises(openai.NotFoundError):
         oa.responses.retrieve(unstored.id)
+
+
+def test_truncation_auto_drops_the_oldest_turns(oa) -> None:
+    """flm-tiny's context is 4,096 tokens: a first turn of 6,000 words does not fit."""
+    talk = [{"role": "user", "content": "cat " * 6000},
+            {"role": "assistant", "content": "Cats."},
+            {"role": "user", "content": "Hi"}]
+    with pytest.raises(openai.BadRequestError) as err:
+        oa.responses.create(model="flm-tiny", input=talk, max_output_tokens=2)
+    assert err.value.body["code"] == "context_length_exceeded"
+    assert err.value.body["param"] == "input"
+    r = oa.responses.create(model="flm-tiny", input=talk, max_output_tokens=2,
+                            instructions="Be brief.", truncation="auto")
+    assert r.truncation == "auto" and r.status in ("completed", "incomplete")
+    assert 5 < r.usage.input_tokens < 100  # the instructions and the last turn
 
 
 @pytest.mark.parametrize("body,param", [

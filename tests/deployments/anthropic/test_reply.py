@@ -1,6 +1,7 @@
 """Anthropic's replies without Ray: the worker's events to content blocks and to the
 stream's events in Anthropic's order; a client folding the stream as the SDK does gets the
-non-streamed message."""
+non-streamed message; the stream's bytes as the official SDK reads them (usage at
+message_start and message_delta, a call cut by max_tokens, pings before message_start)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,18 @@ import json
 
 import pytest
 
-from actors.events import Deltas, Failed, Finished, Usage
+from actors.events import Accepted, Deltas, Failed, Finished, Usage
 from chat import Delta
-from deployments.anthropic.reply import MessageBuilder, MessagesReply, sse
+from deployments.anthropic.reply import PING, MessageBuilder, MessagesReply, sse
 from deployments.errors import ApiError
+from tests.deployments.anthropic.support import response, sdk
 
 BASE = {"id": "msg_1", "model": "m"}
+ACCEPTED = Accepted(request_id="1", model="m", prompt_tokens=20)
 
 
 def _events(*deltas: Delta, reason: str = "stop", stop: str | None = None) -> list:
-    return [Deltas(index=0, deltas=list(deltas)),
+    return [ACCEPTED, Deltas(index=0, deltas=list(deltas)),
             Finished(index=0, finish_reason=reason, completion_tokens=7, stop=stop),
             Usage(prompt_tokens=20, completion_tokens=7, cached_tokens=16)]
 
@@ -60,7 +63,7 @@ def _fold_like_the_sdk(events: list[dict]) -> dict:
 
 def test_events_become_blocks_in_anthropics_order() -> None:
     b = MessageBuilder(BASE, [])
-    events = b.start() + b.add(THINK_TEXT_CALL)
+    events = b.add(THINK_TEXT_CALL)
     assert [(e["type"], e.get("index")) for e in events] == [
         ("message_start", None),
         ("content_block_start", 0), ("content_block_delta", 0), ("content_block_delta", 0),
@@ -71,7 +74,7 @@ def test_events_become_blocks_in_anthropics_order() -> None:
         ("content_block_start", 3), ("content_block_delta", 3), ("content_block_stop", 3),
         ("message_delta", None), ("message_stop", None)]
     assert events[5]["content_block"] == {"type": "text", "text": ""}
-    assert events[8]["content_block"] == {"type": "tool_use", "id": "call_a",
+    assert events[8]["content_block"] == {"type": "tool_use", "id": "toolu_a",
                                           "name": "get_weather", "input": {}}
     assert events[9]["delta"] == {"type": "input_json_delta", "partial_json": '{"city": '}
     assert events[-2]["delta"] == {"stop_reason": "tool_use", "stop_sequence": None}
@@ -79,8 +82,9 @@ def test_events_become_blocks_in_anthropics_order() -> None:
     assert message["content"] == [
         {"type": "thinking", "thinking": "Let me check.", "signature": ""},
         {"type": "text", "text": "Sure."},
-        {"type": "tool_use", "id": "call_a", "name": "get_weather", "input": {"city": "Oslo"}},
-        {"type": "tool_use", "id": "call_b", "name": "light", "input": {}}]
+        {"type": "tool_use", "id": "toolu_a", "name": "get_weather",
+         "input": {"city": "Oslo"}},
+        {"type": "tool_use", "id": "toolu_b", "name": "light", "input": {}}]
     assert message["usage"] == {"input_tokens": 4, "output_tokens": 7,
                                 "cache_creation_input_tokens": 0,
                                 "cache_read_input_tokens": 16}
@@ -110,14 +114,6 @@ def test_omitted_thinking_keeps_the_block_without_its_text() -> None:
     assert "secret" not in json.dumps(events)
 
 
-def test_a_call_cut_by_max_tokens_has_an_empty_input() -> None:
-    b = MessageBuilder(BASE, [])
-    b.add(_events(Delta(field="tool_call", text='{"city": "Os', id="c", name="f"),
-                  reason="length"))
-    m = b.message()
-    assert m["stop_reason"] == "max_tokens" and m["content"][0]["input"] == {}
-
-
 def test_the_reply_streams_sse_with_event_names_and_folds_the_same_message() -> None:
     streamed = MessagesReply(MessageBuilder(BASE, []))
     body = streamed.lead() + streamed.render(THINK_TEXT_CALL) + streamed.tail()
@@ -140,3 +136,78 @@ def test_a_failure_is_an_error_event_or_an_error() -> None:
     with pytest.raises(ApiError):
         reply.answer()
     assert reply.broken().startswith(b"event: error\n")
+    late = MessagesReply(MessageBuilder(BASE, []))  # refused after a late stream started
+    assert late.render([Failed(message="no")]) == sse([{"type": "error", "error": {
+        "type": "api_error", "message": "no"}}])
+
+
+# -- what the official SDK reads from the stream's bytes ----------------------------------
+def _sdk(body: bytes, whole: dict | None = None):
+    """An anthropic client whose server answers `body` as the stream (and `whole` as a
+    non-streamed reply)."""
+    def answer(request):
+        if json.loads(request.read()).get("stream"):
+            return response(200, content=body,
+                            headers={"content-type": "text/event-stream"})
+        return response(200, json=whole)
+
+    return sdk(answer)
+
+
+ASK = dict(model="m", max_tokens=5, messages=[{"role": "user", "content": "Hi"}])
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["prompt", "late_first_event"])
+def test_message_start_carries_the_prompts_tokens_and_message_delta_the_split(
+        late: bool) -> None:
+    reply = MessagesReply(MessageBuilder(BASE, []))
+    # a stream whose first event is late: the lead, pings while it waits, then the events
+    body = reply.lead() + (PING * 2 if late else b"") \
+        + reply.render(_events(Delta(field="content", text="Hi")))
+    with _sdk(body).messages.stream(**ASK) as stream:
+        events = list(stream)
+        final = stream.get_final_message()
+    assert events[0].type == "message_start"
+    assert events[0].message.usage.input_tokens == 20  # the whole prompt: 4 + 16 cached
+    assert events[0].message.usage.output_tokens == 0
+    [delta] = [e for e in events if e.type == "message_delta"]
+    assert (delta.usage.input_tokens, delta.usage.cache_read_input_tokens,
+            delta.usage.output_tokens) == (4, 16, 7)
+    assert (final.usage.input_tokens, final.usage.cache_read_input_tokens) == (4, 16)
+
+
+@pytest.mark.parametrize("cut,expect", [
+    ('{"city": "Os', {}),
+    ('{"days": 3, "city": "Os', {"days": 3}),
+    ('{"days": 3, "where": {"city": "Oslo", "near": ["a", "b', {
+        "days": 3, "where": {"city": "Oslo", "near": ["a"]}}),
+])
+def test_a_call_cut_by_max_tokens_keeps_what_was_whole_as_the_sdks_stream_does(
+        cut: str, expect: dict) -> None:
+    events = _events(Delta(field="tool_call", text=cut, id="call_c", name="f"),
+                     reason="length")
+    streamed = MessagesReply(MessageBuilder(BASE, []))
+    body = streamed.lead() + streamed.render(events)
+    whole = MessagesReply(MessageBuilder(BASE, []))
+    whole.fold(events)
+    message = json.loads(whole.answer().body)
+    client = _sdk(body, message)
+    with client.messages.stream(**ASK) as stream:
+        final = stream.get_final_message()
+    created = client.messages.create(**ASK)
+    assert created.stop_reason == final.stop_reason == "max_tokens"
+    [block] = created.content
+    assert block.type == "tool_use" and block.id == "toolu_c" and block.input == expect
+    assert final.content == created.content
+
+
+def test_every_answer_has_a_request_id() -> None:
+    reply = MessagesReply(MessageBuilder({"id": "msg_abc", "model": "m"}, []))
+    assert reply.headers["request-id"] == "req_abc"
+    reply.fold(_events(Delta(field="content", text="Hi")))
+    assert reply.answer().headers["request-id"] == "req_abc"
+    failed = MessagesReply(MessageBuilder({"id": "msg_abc", "model": "m"}, []))
+    failed.fold([ACCEPTED, Failed(message="boom")])
+    with pytest.raises(ApiError) as err:
+        failed.answer()
+    assert err.value.headers["request-id"] == "req_abc"

@@ -1,16 +1,22 @@
 """Anthropic's routes without Ray: the real app in front of an Ingress whose worker is the
 fake of tests/deployments/test_ingress.py. What an anthropic client sees: messages folded
 or streamed, count_tokens counted by the worker, the API key as x-api-key, and errors in
-Anthropic's shape and statuses (529 for back-pressure)."""
+Anthropic's shape and statuses (529 for back-pressure); through the official SDK: the
+prompt's tokens at message_start, `toolu_` ids that round-trip, a request id on every
+answer."""
 
 from __future__ import annotations
 
 import json
 
-from actors.events import Accepted, ChatGenerate, Rejected
+import pytest
+
+from actors.events import Accepted, ChatGenerate, Deltas, Finished, Rejected, Usage
+from chat import Delta
 from deployments.anthropic.reply import PING
 from deployments.anthropic.request import messages_call
 from deployments.ingress import Ingress
+from tests.deployments.anthropic.support import sdk_for
 from tests.deployments.test_ingress import (
     BackPressureError,
     FakeStream,
@@ -75,7 +81,8 @@ def test_count_tokens_is_counted_by_a_worker() -> None:
     r = client.post("/v1/messages/count_tokens", json=body)
     assert r.status_code == 400
     assert r.json() == {"type": "error", "error": {"type": "invalid_request_error",
-                                                   "message": "messages: The template failed."}}
+                                                   "message": "messages: The template failed."},
+                        "request_id": r.headers["request-id"]}
     r = client.post("/v1/messages/count_tokens", json={**body, "model": "nope"})
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
 
@@ -121,3 +128,83 @@ def test_bad_input_and_unknown_paths_never_reach_a_worker() -> None:
     r = client.get("/v1/messages")
     assert r.status_code == 405 and r.json()["error"]["type"] == "invalid_request_error"
     assert worker.requests == []
+
+
+CACHED = [[Accepted(request_id="r", model="m", prompt_tokens=12),
+           Deltas(index=0, deltas=[Delta(field="content", text="Hello")])],
+          [Finished(index=0, finish_reason="stop", completion_tokens=1)],
+          [Usage(prompt_tokens=12, completion_tokens=1, cached_tokens=8)]]
+
+
+def test_the_sdk_reads_the_prompts_tokens_at_message_start() -> None:
+    client, _ = _client(FakeWorker(FakeStream(CACHED)))
+    with sdk_for(client).messages.stream(**BODY) as stream:
+        events = list(stream)
+        final = stream.get_final_message()
+    assert events[0].type == "message_start"
+    assert events[0].message.usage.input_tokens == 12
+    [delta] = [e for e in events if e.type == "message_delta"]
+    assert (delta.usage.input_tokens, delta.usage.cache_read_input_tokens) == (4, 8)
+    assert (final.usage.input_tokens, final.usage.cache_read_input_tokens,
+            final.usage.output_tokens) == (4, 8, 1)
+    assert final.content[0].text == "Hello"
+
+
+def _call(call_id: str) -> list[list]:
+    return [[Accepted(request_id="r", model="m", prompt_tokens=3),
+             Deltas(index=0, deltas=[Delta(field="tool_call", text='{"city": "Oslo"}',
+                                           id=call_id, name="get_weather")])],
+            [Finished(index=0, finish_reason="tool_calls", completion_tokens=4)],
+            [Usage(prompt_tokens=3, completion_tokens=4)]]
+
+
+WEATHER = {"name": "get_weather", "input_schema": {"type": "object"}}
+
+
+def test_tool_use_ids_are_anthropics_and_come_back_in_tool_results() -> None:
+    worker = FakeWorker(FakeStream(_call("call_abc")), FakeStream(_reply("Sunny.")))
+    client, _ = _client(worker)
+    ac = sdk_for(client)
+    r = ac.messages.create(**BODY, tools=[WEATHER])
+    [call] = r.content
+    assert r.stop_reason == "tool_use" and call.id == "toolu_abc"
+    # an earlier turn's call, from a client that kept a `call_` id, goes back as well
+    earlier = [{"role": "assistant", "content": [{"type": "tool_use", "id": "call_old",
+                                                  "name": "get_weather", "input": {}}]},
+               {"role": "user", "content": [{"type": "tool_result",
+                                             "tool_use_id": "call_old", "content": "Rain."}]}]
+    turns = BODY["messages"] + earlier + [
+        {"role": "assistant", "content": [b.model_dump() for b in r.content]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id,
+                                      "content": "Sunny."}]}]
+    follow = ac.messages.create(model="m", max_tokens=5, messages=turns, tools=[WEATHER])
+    assert follow.content[0].text == "Sunny."
+    sent = worker.requests[1].messages
+    assert [m["tool_calls"][0]["id"] for m in sent if m.get("tool_calls")] \
+        == ["call_old", "toolu_abc"]
+    assert [m["tool_call_id"] for m in sent if m["role"] == "tool"] \
+        == ["call_old", "toolu_abc"]
+
+
+def test_every_answer_and_error_has_a_request_id() -> None:
+    anthropic = pytest.importorskip("anthropic")
+    worker = CountingWorker(FakeStream(_reply()), FakeStream(_reply()),
+                            FakeStream([], {0: BackPressureError()}),
+                            first=Accepted(request_id="r", model="m", prompt_tokens=42))
+    client, _ = _client(worker)
+    ac = sdk_for(client)
+    message = ac.messages.create(**BODY)
+    assert message._request_id == "req_" + message.id.removeprefix("msg_")
+    with ac.messages.stream(**BODY) as stream:
+        final = stream.get_final_message()
+    assert stream.request_id == "req_" + final.id.removeprefix("msg_")
+    count = ac.messages.count_tokens(model="m", messages=BODY["messages"])
+    assert count.input_tokens == 42 and count._request_id.startswith("req_")
+    for make, kind in ((lambda: ac.messages.create(**{**BODY, "model": "nope"}),
+                        anthropic.NotFoundError),
+                       (lambda: ac.messages.create(**BODY), anthropic.InternalServerError)):
+        with pytest.raises(kind) as err:
+            make()
+        assert err.value.request_id.startswith("req_")
+        assert err.value.body["request_id"] == err.value.request_id
+    assert err.value.status_code == 529

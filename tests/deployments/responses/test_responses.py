@@ -13,7 +13,7 @@ from actors.events import Deltas, Failed, Finished, Usage
 from chat import ChatMsg, Delta
 from deployments.errors import ApiError
 from deployments.responses import reply, request
-from deployments.responses.store import ResponseStore
+from deployments.responses.store import ResponseStore, Stored
 
 LIGHT = {"type": "function", "name": "light", "parameters": {
     "type": "object", "properties": {"on": {"type": "boolean"}}}}
@@ -183,11 +183,19 @@ def test_items_open_and_close_in_order() -> None:
                                                "arguments": '{"on": true}'}}]}]
 
 
-def test_a_cut_reply_is_incomplete() -> None:
+def test_a_cut_reply_is_incomplete_and_so_is_the_item_it_was_writing() -> None:
     b = _builder()
-    events = b.add(_events([("content", "Once")], reason="length"))
+    events = b.add(_events([("content", "Sure"), ("call", "light"), ("args", '{"on":')],
+                           reason="length"))
     assert events[-1]["type"] == "response.incomplete"
     assert events[-1]["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
+    done = [e["item"]["status"] for e in events if e["type"] == "response.output_item.done"]
+    assert done == ["completed", "incomplete"]
+    assert [i["status"] for i in events[-1]["response"]["output"]] == done
+    assert [i["status"] for i in b.response()["output"]] == done
+    whole = _builder()
+    whole.add(_events([("content", "Sure")]))
+    assert whole.response()["output"][0]["status"] == "completed"
 
 
 def test_a_worker_failure_is_an_error_event() -> None:
@@ -232,15 +240,16 @@ def test_folding_the_stream_gives_the_final_output(parts) -> None:
 def test_the_store_keeps_a_bounded_recent_set() -> None:
     store = ResponseStore(max_items=2, ttl_s=3600)
     for i in range(3):
-        store.put({"id": f"resp_{i}"}, [{"role": "user", "content": str(i)}])
+        store.put(Stored(response={"id": f"resp_{i}"},
+                         conversation=[{"role": "user", "content": str(i)}]))
     with pytest.raises(ApiError) as err:
         store.get("resp_0")  # the oldest went first
     assert err.value.status == 404 and err.value.code == "response_not_found"
-    assert store.get("resp_2")[1] == [{"role": "user", "content": "2"}]
+    assert store.get("resp_2").conversation == [{"role": "user", "content": "2"}]
     store.delete("resp_2")
     with pytest.raises(ApiError):
         store.get("resp_2")
     expired = ResponseStore(ttl_s=0.0)
-    expired.put({"id": "resp_x"}, [])
+    expired.put(Stored(response={"id": "resp_x"}, conversation=[]))
     with pytest.raises(ApiError):
         expired.get("resp_x")
