@@ -50,6 +50,8 @@ class ChatGenerate(_Generate, tag="chat"):
             reasoning is written for the model and the answer follows (None: no cap).
         template: a Jinja chat template to render with instead of the model's (a library
             variant's, Ollama's /api/create TEMPLATE); None: the model's.
+        continue_final: the last message is the assistant's answer begun (a prefill): the
+            model goes on writing it, and the reply holds what it adds.
     """
 
     messages: list[dict] = msgspec.field(default_factory=list)
@@ -59,6 +61,7 @@ class ChatGenerate(_Generate, tag="chat"):
     template_kwargs: dict = msgspec.field(default_factory=dict)
     reasoning_budget: int | None = None
     template: str | None = None
+    continue_final: bool = False
 
 
 class CompletionGenerate(_Generate, tag="completion"):

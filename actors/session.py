@@ -37,7 +37,7 @@ PROMPT_TAIL_TOKENS = 32
 # template variables a request cannot set through its own ones (the thinking switch is its
 # own field, passed as enable_thinking)
 RESERVED_TEMPLATE_KEYS = frozenset({"messages", "tools", "add_generation_prompt", "bos_token",
-                                    "eos_token", "_native", "enable_thinking"})
+                                    "eos_token", "_native", "enable_thinking", "continue_final"})
 
 
 class Choice:
@@ -238,16 +238,21 @@ def _render(request: ChatGenerate, model: Model) -> tuple[str, bool, bool]:
     extra = {k: v for k, v in request.template_kwargs.items()
              if k not in RESERVED_TEMPLATE_KEYS}
     tools = creq.all_tools and request.tools
+    if request.continue_final and (creq.response_format != "text"
+                                   or creq.tool_choice == "required"):
+        raise RequestError("A conversation that ends with the assistant's own text (a "
+                           "prefill) is continued as free text: it cannot be under a "
+                           "response format or a required tool call.", param="messages")
     try:
         if request.template is None or not model.generates:
             text = model.render(request.messages, tools, enable_thinking=request.thinking,
-                                **extra)
+                                continue_final=request.continue_final, **extra)
             return text, model.thinking_enabled(request.thinking), model.tools_enabled()
         own = model.template
         template = request_template(request.template, own.bos_token if own else "",
                                     own.eos_token if own else "")
         text = template.render(request.messages, tools, enable_thinking=request.thinking,
-                               **extra)
+                               continue_final=request.continue_final, **extra)
     except ModelError as exc:
         raise RequestError(str(exc), param="messages") from None
     return text, template.thinking_enabled(request.thinking), template.tools_enabled()

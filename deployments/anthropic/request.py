@@ -22,6 +22,7 @@ from deployments.body import decode_json
 from deployments.errors import ApiError
 from deployments.exchange import Call
 from deployments.ingress import Ingress
+from deployments.prefill import continuation
 
 # Anthropic's smallest thinking budget
 MIN_BUDGET = 1024
@@ -324,10 +325,14 @@ def chat_request(req: CountIn) -> ChatGenerate:
         extra = dict(max_tokens=req.max_tokens, stop=list(req.stop_sequences or []),
                      temperature=req.temperature, top_p=req.top_p,
                      top_k=req.top_k or None, seed=req.seed, reasoning_budget=budget)
-    return ChatGenerate(request_id=new_id(), messages=chat_messages(req),
+    messages, prefilled = continuation(chat_messages(req))
+    if prefilled and messages[-1]["content"] != messages[-1]["content"].rstrip():
+        raise ApiError(400, "final assistant content cannot end with trailing whitespace",
+                       param=f"messages[{len(req.messages) - 1}].content")
+    return ChatGenerate(request_id=new_id(), messages=messages,
                         constraint=constraint, tools=tools, thinking=thinking,
                         template_kwargs={"reasoning_effort": effort} if effort else {},
-                        **extra)
+                        continue_final=prefilled, **extra)
 
 
 def messages_call(body: bytes, ingress: Ingress) -> Call:

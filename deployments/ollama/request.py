@@ -16,15 +16,16 @@ from starlette.responses import JSONResponse
 
 from actors.events import GenerateRequest
 from actors.keep_alive import keep_alive_seconds
+from deployments.body import decode_json
 from deployments.errors import ApiError
 from deployments.exchange import Call
 from deployments.ingress import Ingress
 from deployments.ollama.modelfile import parse_modelfile
 from deployments.ollama.reply import LATEST, OllamaReply, load_reply
-from deployments.body import decode_json
 from deployments.openai.request import VARIANT_FIELDS, convert_request, with_defaults
 from deployments.openai.request import generate_request as openai_generate_request
 from deployments.openai.schemas import ChatRequest, CompletionRequest
+from deployments.prefill import continuation
 
 
 class Options(msgspec.Struct, kw_only=True):
@@ -290,7 +291,9 @@ def chat_request(req: ChatIn, variant: tuple | None = None) -> GenerateRequest:
     raw = {"model": req.model, "messages": _messages(req.messages), **_sampling(req)}
     if req.tools:
         raw["tools"] = req.tools
-    return _openai(raw, ChatRequest, _context_limit(req), variant)
+    greq = _openai(raw, ChatRequest, _context_limit(req), variant)
+    messages, prefilled = continuation(greq.messages)  # a last assistant message goes on
+    return msgspec.structs.replace(greq, messages=messages, continue_final=prefilled)
 
 
 def generate_request(req: GenerateIn, variant: tuple | None = None) -> GenerateRequest:

@@ -25,6 +25,7 @@ from deployments.exchange import Call
 from deployments.ingress import Ingress
 from deployments.openai.reply import ChatReply, CompletionReply
 from deployments.openai.schemas import ChatRequest, CompletionRequest
+from deployments.prefill import continuation
 
 OpenAIRequest = ChatRequest | CompletionRequest
 
@@ -117,9 +118,14 @@ def generate_request(req: OpenAIRequest, raw: dict, **extra: Any) -> GenerateReq
             msg["reasoning_content"] = msg["reasoning"]
         messages.append({k: v for k, v in msg.items() if v is not None})
     thinking, template_kwargs = _thinking(raw)
+    prefilled = bool(req.continue_final_message)
+    if prefilled and continuation(messages) != (messages, True):
+        raise ApiError(400, "'continue_final_message' continues the last message: it must be "
+                            "an assistant message with text (and no tool calls).",
+                       param="continue_final_message")
     return ChatGenerate(
         messages=messages, constraint=constraint, tools=raw.get("tools") or None,
-        thinking=thinking, template_kwargs=template_kwargs,
+        thinking=thinking, template_kwargs=template_kwargs, continue_final=prefilled,
         max_tokens=req.max_completion_tokens or req.max_tokens,
         logprobs=bool(req.logprobs), top_logprobs=req.top_logprobs or 0, **common)
 

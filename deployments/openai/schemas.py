@@ -83,6 +83,7 @@ class ChatRequest(SamplingFields, kw_only=True):
     think: Any = None
     reasoning_effort: Any = None
     chat_template_kwargs: Any = None
+    continue_final_message: bool | None = None  # vLLM's: the last (assistant) message goes on
 
 
 class CompletionRequest(SamplingFields, kw_only=True):

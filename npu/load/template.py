@@ -123,6 +123,22 @@ def _text(content: Any) -> str:
     return "" if content is None else str(content)
 
 
+def _continued(text: str, messages: list[dict]) -> str:
+    """`text` (a conversation rendered whole) cut right after its last message's text: the
+    last place that text (else, as some templates trim it, that text stripped) appears."""
+    last = messages[-1] if messages else {}
+    if last.get("role") != "assistant":
+        raise TemplateError("only a conversation that ends with an assistant message can be "
+                            "continued")
+    final = _text(last.get("content"))
+    for piece in (final, final.strip()):
+        at = text.rfind(piece)
+        if piece and at >= 0:
+            return text[: at + len(piece)]
+    raise TemplateError("the chat template does not show the last assistant message's text "
+                        "as it was sent, so the model cannot continue it")
+
+
 def polyfill(messages: list[dict], caps: Capabilities) -> list[dict]:
     """Rewrite a conversation into what the template can show: the system prompt into the
     first user turn, tool calls into assistant text, tool results into user turns; then
@@ -192,13 +208,22 @@ class ChatTemplate:
 
     def render(self, messages: list[dict], tools: list[dict] | None = None, *,
                add_generation_prompt: bool = True, enable_thinking: bool | None = None,
-               _native: bool = False, **kwargs: Any) -> str:
+               continue_final: bool = False, _native: bool = False, **kwargs: Any) -> str:
         """Render a conversation. What the template cannot show natively (a system prompt,
-        tool calls, tool results) is rewritten first, see `polyfill`.
+        tool calls, tool results) is rewritten first, see `polyfill`. `continue_final`: the
+        last message is an assistant turn the model goes on writing (a prefill): the text
+        ends with that message's text, without what closes its turn (as transformers'
+        `continue_final_message`).
 
         Raises:
-            TemplateError: the template raised, or tried something the sandbox forbids.
+            TemplateError: the template raised, or tried something the sandbox forbids; or,
+                continuing, the last message is not the assistant's or its text is not in
+                what the template wrote.
         """
+        if continue_final:
+            return _continued(self.render(messages, tools, add_generation_prompt=False,
+                                          enable_thinking=enable_thinking, _native=_native,
+                                          **kwargs), messages)
         import jinja2
         from jinja2.exceptions import SecurityError
 

@@ -114,3 +114,23 @@ def test_a_completion_with_a_response_format_gets_the_documents_grammar(model, s
     allowed = np.flatnonzero(bits[: model.config.vocab_size]).tolist()
     first = {model.token_table[i].lstrip()[:1] for i in allowed}  # a document's first byte
     assert allowed and first <= {b"{", b"["}, first
+
+
+def test_a_last_assistant_message_is_continued_not_closed(model, spec) -> None:
+    begun = MSG + [{"role": "assistant", "content": "Once upon a"}]
+    session, _ = _session(model, spec, ChatGenerate(request_id="p", messages=begun,
+                                                    continue_final=True))
+    prompt = model.tokenizer.decode(session.prompt_ids, skip_special_tokens=False)
+    assert prompt.endswith("<|im_start|>assistant\nOnce upon a")
+    closed, _ = _session(model, spec, ChatGenerate(request_id="q", messages=begun))
+    assert model.tokenizer.decode(closed.prompt_ids, skip_special_tokens=False).endswith(
+        "Once upon a<|im_end|>\n<|im_start|>assistant\n")  # without: a new turn
+
+
+def test_a_continued_message_cannot_be_under_a_format(model, spec) -> None:
+    begun = MSG + [{"role": "assistant", "content": "{"}]
+    creq = constraint_request_from_openai({"response_format": {"type": "json_object"}})
+    with pytest.raises(RequestError) as err:
+        _session(model, spec, ChatGenerate(request_id="r", messages=begun, constraint=creq,
+                                           continue_final=True))
+    assert err.value.status == 400 and "prefill" in err.value.message

@@ -191,3 +191,17 @@ def test_bad_fields_are_400s_naming_the_field(body: dict, param: str) -> None:
     shown = anthropic_error_body(err.value)
     assert shown["type"] == "error" and shown["error"]["type"] == "invalid_request_error"
     assert param in shown["error"]["message"]
+
+
+def test_a_last_assistant_turn_is_a_prefill_the_model_continues() -> None:
+    begun = HI + [{"role": "assistant", "content": [{"type": "text", "text": '{"a":'}]}]
+    greq = _request(messages=begun)
+    assert greq.continue_final and greq.messages[-1] == {"role": "assistant",
+                                                         "content": '{"a":'}
+    assert not _request().continue_final
+    with pytest.raises(ApiError) as err:  # as Anthropic: no trailing whitespace there
+        _request(messages=HI + [{"role": "assistant", "content": "Sure, "}])
+    assert err.value.status == 400 and "trailing whitespace" in err.value.message
+    counted = request.chat_request(request.decode(json.dumps(
+        {"model": "m", "messages": begun}).encode(), request.CountIn))
+    assert counted.continue_final  # count_tokens counts the same prompt

@@ -116,6 +116,15 @@ def test_raw_generate_takes_ollamas_boolean_logprobs() -> None:
     assert err.value.param == "top_logprobs" and "`$.top_logprobs`" in err.value.message
 
 
+def test_a_last_assistant_message_is_continued() -> None:
+    hi = [{"role": "user", "content": "hi"}]
+    begun = _chat(messages=hi + [{"role": "assistant", "content": "Well,"}])
+    assert begun.continue_final and begun.messages[-1]["content"] == "Well,"
+    empty = _chat(messages=hi + [{"role": "assistant", "content": ""}])
+    assert not empty.continue_final and empty.messages[-1]["role"] == "user"
+    assert not _chat().continue_final
+
+
 def test_generate_uses_the_chat_template_unless_raw() -> None:
     g = _generate(system="Be brief.")
     assert isinstance(g, ChatGenerate)

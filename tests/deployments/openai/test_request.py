@@ -226,3 +226,17 @@ def test_a_variants_defaults_fill_only_what_the_request_leaves_out() -> None:
     assert "max_tokens" not in own
     assert raw == {"model": "v", "messages": [{"role": "user", "content": "hi"}],
                    "top_p": 0.5}  # the request itself is left alone
+
+
+def test_continue_final_message_continues_the_last_assistant_message() -> None:
+    """vLLM's `continue_final_message`: the model goes on writing the last message."""
+    begun = {"model": "m", "messages": [{"role": "user", "content": "hi"},
+                                        {"role": "assistant", "content": "Well,"}]}
+    plain = generate_request(*decode_request(json.dumps(begun).encode(), ChatRequest))
+    assert not plain.continue_final  # OpenAI's default: the turn is closed, a new one starts
+    greq = generate_request(*decode_request(json.dumps(
+        {**begun, "continue_final_message": True}).encode(), ChatRequest))
+    assert greq.continue_final
+    err = _error({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                  "continue_final_message": True}, "chat")
+    assert err.status == 400 and err.param == "continue_final_message"

@@ -1,5 +1,6 @@
 """Chat templates: every shared template renders a conversation with a system prompt, a
-tool call and its result; the sandbox holds; thinking and tool switches are reported."""
+tool call and its result, and continues a last assistant message (a prefill); the sandbox
+holds; thinking and tool switches are reported."""
 
 from __future__ import annotations
 
@@ -59,6 +60,34 @@ def test_thinking_enabled(name: str, switch, expect: bool) -> None:
 ])
 def test_tools_enabled(name: str, expect: bool) -> None:
     assert ChatTemplate(template(name)).tools_enabled() is expect
+
+
+PREFILLED = [{"role": "user", "content": "Describe a cat as JSON."},
+             {"role": "assistant", "content": '{"name": "Tom",'}]
+
+
+@needs_shared
+@pytest.mark.parametrize("name", template_names() or ["none"])
+def test_every_shared_template_continues_a_last_assistant_message(name: str) -> None:
+    """The prompt ends with the assistant's own text: what the whole conversation renders
+    as, up to that text (its turn left open), not the turn closed and a new one opened."""
+    tpl = ChatTemplate(template(name), bos_token="<s>", eos_token="</s>")
+    whole = tpl.render(PREFILLED, TOOLS, add_generation_prompt=False)
+    text = tpl.render(PREFILLED, TOOLS, continue_final=True)
+    assert text.endswith('{"name": "Tom",') and whole.startswith(text)
+    assert "Describe a cat as JSON." in text
+
+
+def test_only_an_assistant_message_with_its_text_shown_is_continued() -> None:
+    tpl = ChatTemplate("{% for m in messages %}<{{ m.role }}>{{ m.content | trim }}</>"
+                       "{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}")
+    assert tpl.render(PREFILLED[:1] + [{"role": "assistant", "content": " a b  "}],
+                      continue_final=True) == "<user>Describe a cat as JSON.</><assistant>a b"
+    with pytest.raises(TemplateError, match="ends with an assistant message"):
+        tpl.render(PREFILLED[:1], continue_final=True)
+    hidden = ChatTemplate("{% for m in messages %}<{{ m.role }}>{% endfor %}")
+    with pytest.raises(TemplateError, match="does not show the last assistant message"):
+        hidden.render(PREFILLED, continue_final=True)
 
 
 def test_generation_tag_and_hf_globals() -> None:
