@@ -65,11 +65,13 @@ class ChatGenerate(_Generate, tag="chat"):
 
 
 class CompletionGenerate(_Generate, tag="completion"):
-    """A raw prompt, continued as it is (no template, no parsing). `constraint`: a
-    response format only (the continuation a JSON document: vLLM's `response_format` on
-    completions, Ollama's `format` with `raw`); no tools, no reasoning."""
+    """A raw prompt, continued as it is (no template, no parsing): `prompt`, or the token
+    ids `prompt_ids` where given. `constraint`: a response format only (the continuation a
+    JSON document: vLLM's `response_format` on completions, Ollama's `format` with `raw`);
+    no tools, no reasoning."""
 
     prompt: str = ""
+    prompt_ids: list[int] | None = None
     constraint: ConstraintRequest = msgspec.field(default_factory=ConstraintRequest)
 
 

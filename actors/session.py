@@ -287,7 +287,15 @@ def build_session(request: GenerateRequest, model: Model, spec: FormatSpec,
         text, thinking, tools_enabled = _render(request, model)
     else:
         text, thinking, tools_enabled = request.prompt, True, True
-    prompt_ids = model.prompt_ids(text)
+    if not chat and request.prompt_ids is not None:
+        vocab = model.config.vocab_size
+        bad = next((t for t in request.prompt_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise RequestError(f"The prompt holds token id {bad}, outside this model's "
+                               f"vocabulary of {vocab}.", param="prompt")
+        prompt_ids = list(request.prompt_ids)
+    else:
+        prompt_ids = model.prompt_ids(text)
     if not prompt_ids:
         prompt_ids = [model.tokenizer.bos_id] if model.tokenizer.bos_id is not None else []
     if not prompt_ids:

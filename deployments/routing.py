@@ -41,6 +41,8 @@ def routing_text(request: GenerateRequest, messages_text) -> str:
     """The text a request's prompt starts with, as the router matches it (never empty; an
     embedding's is nothing the KV cache holds: it goes by load)."""
     if isinstance(request, CompletionGenerate):
+        if request.prompt_ids is not None:  # the ids as text: the same ids, the same text
+            return " ".join(map(str, request.prompt_ids)) or " "
         return request.prompt or " "
     if not isinstance(request, ChatGenerate):
         return " "

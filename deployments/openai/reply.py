@@ -230,23 +230,35 @@ class ChatReply(_Reply):
 
 
 class CompletionReply(_Reply):
+    """A completion's chunks or object; with `echo`, each choice's text starts with the
+    prompt (in its first chunk when streamed)."""
+
     chunk_object = final_object = "text_completion"
 
-    def __init__(self, meta: dict, include_usage: bool = False) -> None:
+    def __init__(self, meta: dict, include_usage: bool = False, echo: str = "") -> None:
         super().__init__(meta, include_usage)
+        self.echo = echo
         self.offsets: dict[int, int] = {}  # each choice's text so far, in characters
 
+    def _lead(self, index: int) -> str:
+        """The prompt, before a choice's first text (once)."""
+        if index in self.offsets:
+            return ""
+        self.offsets[index] = len(self.echo)
+        return self.echo
+
     def delta_choice(self, ev: Deltas) -> dict:
-        off = self.offsets.get(ev.index, 0)
+        lead = self._lead(ev.index)
+        off = self.offsets[ev.index]
         self.offsets[ev.index] = off + len(ev.text)
-        return {"index": ev.index, "text": ev.text,
+        return {"index": ev.index, "text": lead + ev.text,
                 "logprobs": completion_logprobs(ev.logprobs, off), "finish_reason": None}
 
     def finish_choice(self, ev: Finished) -> dict:
-        return {"index": ev.index, "text": "", "logprobs": None,
+        return {"index": ev.index, "text": self._lead(ev.index), "logprobs": None,
                 "finish_reason": ev.finish_reason}
 
     def final_choice(self, index: int, fold: ChoiceFold) -> dict:
-        return {"index": index, "text": "".join(fold.content),
-                "logprobs": completion_logprobs(fold.logprobs, 0),
+        return {"index": index, "text": self.echo + "".join(fold.content),
+                "logprobs": completion_logprobs(fold.logprobs, len(self.echo)),
                 "finish_reason": fold.finish_reason}

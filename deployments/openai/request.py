@@ -99,12 +99,21 @@ def generate_request(req: OpenAIRequest, raw: dict, **extra: Any) -> GenerateReq
         frequency_penalty=req.frequency_penalty or 0.0, seed=req.seed,
         ignore_eos=bool(req.ignore_eos), **extra)
     if isinstance(req, CompletionRequest):
-        prompt = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
+        prompt = _prompt(req.prompt)
+        if req.suffix:
+            raise ApiError(400, "'suffix' (text after the completion, fill-in-the-middle) is "
+                                "not supported by this server.", param="suffix")
+        if req.echo and (not isinstance(prompt, str) or req.logprobs is not None):
+            raise ApiError(400, "'echo' is supported with a text prompt and without "
+                                "'logprobs' (the prompt's own logprobs are not computed "
+                                "here).", param="echo")
         # a response format (vLLM's): the continuation is the document, no reasoning first
         constraint = msgspec.structs.replace(
             _constraint({"response_format": raw.get("response_format")}),
             allow_reasoning=False)
-        return CompletionGenerate(prompt=prompt, max_tokens=req.max_tokens or 16,
+        return CompletionGenerate(prompt=prompt if isinstance(prompt, str) else "",
+                                  prompt_ids=None if isinstance(prompt, str) else prompt,
+                                  max_tokens=req.max_tokens or 16,
                                   logprobs=req.logprobs is not None,
                                   top_logprobs=req.logprobs or 0, constraint=constraint,
                                   **common)
@@ -128,6 +137,35 @@ def generate_request(req: OpenAIRequest, raw: dict, **extra: Any) -> GenerateReq
         thinking=thinking, template_kwargs=template_kwargs, continue_final=prefilled,
         max_tokens=req.max_completion_tokens or req.max_tokens,
         logprobs=bool(req.logprobs), top_logprobs=req.top_logprobs or 0, **common)
+
+
+def _prompt(prompt: str | list[Any]) -> str | list[int]:
+    """A completion's one prompt: a string, token ids, or a list of one of those.
+
+    Raises:
+        ApiError: 400, several prompts (a batch), or a list that is none of these.
+    """
+    if isinstance(prompt, str):
+        return prompt
+    if prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return _token_ids(prompt)
+    if len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
+        raise ApiError(400, f"'prompt' holds {len(prompt)} prompts; this server completes one "
+                            "prompt a request (send each as its own request; 'n' asks for "
+                            "several completions of one).", param="prompt")
+    if len(prompt) == 1 and isinstance(prompt[0], str):
+        return prompt[0]
+    if len(prompt) == 1 and isinstance(prompt[0], list) and prompt[0]:
+        return _token_ids(prompt[0])
+    raise ApiError(400, "'prompt' must be a string, an array of token ids, or an array of "
+                        "one of those.", param="prompt")
+
+
+def _token_ids(ids: list[Any]) -> list[int]:
+    if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+        raise ApiError(400, "'prompt' as token ids must hold non-negative integers only.",
+                       param="prompt")
+    return list(ids)
 
 
 def _constraint(raw: dict) -> ConstraintRequest:
@@ -201,8 +239,10 @@ def _call(body: bytes, ingress: Ingress, schema: type[OpenAIRequest],
         raw = with_defaults(raw, *variant)
         req = convert_request(raw, schema)
     greq = generate_request(req, raw)
-    return Call(model=req.model, request=greq, stream=bool(req.stream),
-                reply=reply(_meta(prefix, greq, req.model), _include_usage(req)))
+    meta, usage = _meta(prefix, greq, req.model), _include_usage(req)
+    answer = (CompletionReply(meta, usage, echo=greq.prompt)
+              if isinstance(req, CompletionRequest) and req.echo else reply(meta, usage))
+    return Call(model=req.model, request=greq, stream=bool(req.stream), reply=answer)
 
 
 def _meta(prefix: str, greq: GenerateRequest, model: str) -> dict:

@@ -87,7 +87,8 @@ class ChatRequest(SamplingFields, kw_only=True):
 
 
 class CompletionRequest(SamplingFields, kw_only=True):
-    prompt: str | Annotated[list[str], Meta(min_length=1, max_length=1)]
+    # a string, token ids, or a list of one of those (deployments.openai.request: `_prompt`)
+    prompt: str | list[Any]
     logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
     echo: bool | None = None
     suffix: str | None = None

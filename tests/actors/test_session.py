@@ -134,3 +134,13 @@ def test_a_continued_message_cannot_be_under_a_format(model, spec) -> None:
         _session(model, spec, ChatGenerate(request_id="r", messages=begun, constraint=creq,
                                            continue_final=True))
     assert err.value.status == 400 and "prefill" in err.value.message
+
+
+def test_a_completion_of_token_ids_is_those_ids(model, spec) -> None:
+    ids = model.prompt_ids("The sea")
+    session, _ = _session(model, spec, CompletionGenerate(request_id="w", prompt_ids=ids))
+    assert session.prompt_ids == ids
+    with pytest.raises(RequestError) as err:
+        _session(model, spec, CompletionGenerate(request_id="x",
+                                                 prompt_ids=[1, model.config.vocab_size]))
+    assert err.value.status == 400 and err.value.param == "prompt"

@@ -127,6 +127,11 @@ COMPLETION_CASES: list[tuple[str, Any, str]] = [
     ("prompt", 5, "prompt"),
     ("prompt", [], "prompt"),
     ("prompt", ["a", "b"], "prompt"),
+    ("prompt", [[1, 2], [3]], "prompt"),
+    ("prompt", [1.5], "prompt"),
+    ("prompt", [-1], "prompt"),
+    ("prompt", [[]], "prompt"),
+    ("suffix", "and then", "suffix"),  # fill-in-the-middle: said, not ignored
     ("logprobs", 21, "logprobs"),
     ("echo", "no", "echo"),
     ("suffix", 1, "suffix"),
@@ -240,3 +245,18 @@ def test_continue_final_message_continues_the_last_assistant_message() -> None:
     err = _error({"model": "m", "messages": [{"role": "user", "content": "hi"}],
                   "continue_final_message": True}, "chat")
     assert err.status == 400 and err.param == "continue_final_message"
+
+
+@pytest.mark.parametrize("prompt,ids", [([504, 3575], [504, 3575]), ([[7, 8, 9]], [7, 8, 9]),
+                                        (["Once"], None)])
+def test_a_completion_prompt_may_be_token_ids(prompt: Any, ids: list[int] | None) -> None:
+    greq = generate_request(*decode_request(json.dumps(
+        {"model": "m", "prompt": prompt}).encode(), CompletionRequest))
+    assert isinstance(greq, CompletionGenerate) and greq.prompt_ids == ids
+    assert greq.prompt == ("" if ids else "Once")
+
+
+@pytest.mark.parametrize("extra", [{"logprobs": 1}, {"prompt": [1, 2]}])
+def test_echo_is_refused_where_it_cannot_be_honoured(extra: dict) -> None:
+    err = _error({"model": "m", "prompt": "Once", "echo": True, **extra}, "completion")
+    assert err.status == 400 and err.param == "echo"
