@@ -145,6 +145,12 @@ class Embedder:
         else once the chats' steps have earned what a step costs."""
         return not busy or (self.credit > 0 and self.credit >= self.step_s)
 
+    def close(self) -> None:
+        """Stop the forward under way (the worker stops)."""
+        if self.forward is not None:
+            self.forward.steps.close()
+            self.forward = None
+
     def drop_cancelled(self) -> None:
         """Stop the forward under way if every request it computes for is cancelled."""
         if self.forward is not None and all(job.cancelled for job, _ in self.forward.picked):
@@ -156,15 +162,15 @@ class Embedder:
         many as MAX_STEP_TOKENS takes, the first whatever its length, if none is): while the
         earned time lasts when `busy` (then paid from it), else for IDLE_SLICE_S; at least
         one. Returns the outboxes of the jobs that ended."""
-        if self.forward is None:
-            if not jobs:
-                return []
-            self.forward = self._start(jobs)
-        forward = self.forward
+        if self.forward is None and not jobs:
+            return []
         allowance = self.credit if busy else IDLE_SLICE_S
         t0 = self.clock()
         vectors = None
+        forward = self.forward
         try:
+            if forward is None:
+                forward = self.forward = self._start(jobs)
             while True:
                 start = self.clock()
                 try:
@@ -180,7 +186,8 @@ class Embedder:
         except Exception as exc:  # a bug (inputs are checked before): those requests fail
             log.exception("embedding failed")
             self.forward = None
-            failed = list(dict.fromkeys(job for job, _ in forward.picked if job in jobs))
+            picked = forward.picked if forward is not None else [(jobs[0], 0)]
+            failed = list(dict.fromkeys(job for job, _ in picked if job in jobs))
             for job in failed:
                 jobs.remove(job)
                 job.outbox.put(Failed(message=f"Embedding failed: {exc}"))

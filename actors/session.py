@@ -212,8 +212,8 @@ class Session:
             if constraint is not None:
                 constraint.start(prefill)
             stream = (ChatStream(spec, prefill=prefill, parse_tool_calls=parse_tool_calls,
-                                 tools=tools) if isinstance(request, ChatGenerate)
-                      else None)
+                                 tools=tools, continuing=request.continue_final)
+                      if isinstance(request, ChatGenerate) else None)
             self.choices.append(Choice(self, i, sampler, constraint, stream))
 
     @property
@@ -256,6 +256,18 @@ def _render(request: ChatGenerate, model: Model) -> tuple[str, bool, bool]:
     except ModelError as exc:
         raise RequestError(str(exc), param="messages") from None
     return text, template.thinking_enabled(request.thinking), template.tools_enabled()
+
+
+def _before_final(tail: str, messages: list[dict]) -> str:
+    """A continued prompt's tail without the assistant's text at its end (as sent, or as
+    the template trimmed it): what the parser must see first is the turn's opening, not
+    text the client wrote (harmony's prefill is all that follows `<|start|>`)."""
+    content = messages[-1].get("content")
+    final = content if isinstance(content, str) else "".join(
+        p.get("text", "") for p in content or [] if isinstance(p, dict))
+    pieces = [p for p in {final, final.lstrip(), final.rstrip(), final.strip()}
+              if p and tail.endswith(p)]
+    return tail[: len(tail) - max(map(len, pieces))] if pieces else tail
 
 
 def prompt_tokens(request: ChatGenerate, model: Model) -> int:
@@ -310,6 +322,8 @@ def build_session(request: GenerateRequest, model: Model, spec: FormatSpec,
         raise RequestError(f"{what} is {limit} tokens; the prompt has {len(prompt_ids)}.",
                            param=param, code="context_length_exceeded")
     tail = model.tokenizer.decode(prompt_ids[-PROMPT_TAIL_TOKENS:], skip_special_tokens=False)
+    if chat and request.continue_final:  # the format's state before the client's text
+        tail = _before_final(tail, request.messages)
     prefill = format_prefill(spec, tail) if chat else ""
     constraints: list[Any] = []
     creq = request.constraint

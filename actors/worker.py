@@ -303,6 +303,7 @@ class Worker:
                         self.embedder.earn(time.perf_counter() - t0)
                     if self.embedder.ready(busy):
                         hand(self.embedder.run(embeds, busy))
+            self.embedder.close()
         except BaseException as exc:  # the worker is broken: tell every stream
             log.exception("decode loop failed")
             self.error = exc

@@ -78,6 +78,11 @@ class MessageBuilder:
     def end_segment(self, field: str) -> None:
         self._fields[field].end_segment()
 
+    def continue_segment(self, field: str) -> None:
+        """Text written next goes on an open segment: its leading whitespace is kept (a
+        turn the client began, which the model continues)."""
+        self._fields[field].open = True
+
     def end_segments(self) -> None:
         for f in self._fields.values():
             f.end_segment()

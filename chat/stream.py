@@ -25,6 +25,8 @@ class ChatStream:
         prefill: what `format_prefill` returned for the prompt.
         parse_tool_calls: see `parse`.
         tools: see `parse`.
+        continuing: the turn's content was begun by the client (a prefill the model goes
+            on writing): the first content keeps its leading whitespace.
     """
 
     def __init__(
@@ -34,6 +36,7 @@ class ChatStream:
         prefill: str = "",
         parse_tool_calls: bool = True,
         tools: list[dict] | None = None,
+        continuing: bool = False,
     ) -> None:
         self.spec = spec
         self._builder = MessageBuilder()
@@ -46,6 +49,8 @@ class ChatStream:
         self._broken = False
         if prefill:
             self._feed(prefill, False)
+        if continuing:
+            self._builder.continue_segment("content")
 
     @property
     def message(self) -> ChatMsg:

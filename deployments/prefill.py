@@ -1,7 +1,7 @@
 """A reply begun by the client (a prefill): a conversation whose last message is the
 assistant's own text is continued from that text, as Anthropic's Messages API and Ollama's
-chat do; the reply holds what the model adds. A last assistant message without text (and
-without tool calls) is the turn left for the model: it is dropped."""
+chat do; the reply holds what the model adds. A last assistant message without text, or
+only whitespace (and without tool calls), is the turn left for the model: it is dropped."""
 
 from __future__ import annotations
 
@@ -22,6 +22,6 @@ def continuation(messages: list[dict]) -> tuple[list[dict], bool]:
     last = messages[-1] if messages else {}
     if last.get("role") != "assistant" or last.get("tool_calls"):
         return messages, False
-    if not _text(last.get("content")):
+    if not _text(last.get("content")).strip():
         return messages[:-1], False
     return messages, True

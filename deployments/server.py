@@ -17,6 +17,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
 
 from deployments.access import AccessLog
+from deployments.anthropic import models as anthropic_models
 from deployments.anthropic.errors import error_response as anthropic_error_response
 from deployments.anthropic.routes import router as anthropic_router
 from deployments.embeddings.routes import router as embeddings_router
@@ -24,6 +25,7 @@ from deployments.errors import ApiError, error_response, ollama_error_response
 from deployments.ingress import Current, Ingress
 from deployments.metrics import render
 from deployments.ollama.routes import router as ollama_router
+from deployments.openai import routes as openai_routes
 from deployments.openai.routes import router as openai_router
 from deployments.page.routes import router as page_router
 from deployments.responses.routes import router as responses_router
@@ -47,6 +49,22 @@ async def metrics(request: Request, ingress: Current) -> Response:
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return await ingress.respond(run, error_response)
+
+
+# paths two API surfaces share, answered in the dialect of the client that asks (Anthropic's
+# SDKs send `anthropic-version`, OpenAI's never do)
+@server_router.get("/v1/models")
+async def models(request: Request, ingress: Current) -> Response:
+    if anthropic_models.wants_anthropic(request):
+        return await anthropic_models.list_models(request, ingress)
+    return await openai_routes.models(request, ingress)
+
+
+@server_router.get("/v1/models/{model_id:path}")
+async def model(model_id: str, request: Request, ingress: Current) -> Response:
+    if anthropic_models.wants_anthropic(request):
+        return await anthropic_models.get_model(model_id, request, ingress)
+    return await openai_routes.model(model_id, request, ingress)
 
 
 # the route table: each API surface's router (its paths are its own; the page's `/` goes

@@ -19,7 +19,7 @@ ALLOWED = {"chat": set(), "npu": set(), "actors": {"chat", "npu"},
 # app above them, the launcher apart (it starts processes; configs name the app by path)
 CORE = {"deployments.access", "deployments.body", "deployments.errors", "deployments.exchange",
         "deployments.ingress", "deployments.library", "deployments.metrics",
-        "deployments.routing"}
+        "deployments.prefill", "deployments.routing"}
 SURFACES = {"deployments.openai", "deployments.responses", "deployments.ollama",
             "deployments.embeddings", "deployments.anthropic", "deployments.page"}
 # inside npu/, by folder: the model's config and the loaded Model at the top, shared by the

@@ -292,6 +292,8 @@ def chat_request(req: ChatIn, variant: tuple | None = None) -> GenerateRequest:
     if req.tools:
         raw["tools"] = req.tools
     greq = _openai(raw, ChatRequest, _context_limit(req), variant)
+    if greq.constraint.response_format != "text":  # a document from its start: as before
+        return greq
     messages, prefilled = continuation(greq.messages)  # a last assistant message goes on
     return msgspec.structs.replace(greq, messages=messages, continue_final=prefilled)
 

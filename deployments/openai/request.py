@@ -132,6 +132,11 @@ def generate_request(req: OpenAIRequest, raw: dict, **extra: Any) -> GenerateReq
         raise ApiError(400, "'continue_final_message' continues the last message: it must be "
                             "an assistant message with text (and no tool calls).",
                        param="continue_final_message")
+    if prefilled and (constraint.response_format != "text"
+                      or constraint.tool_choice == "required"):
+        raise ApiError(400, "'continue_final_message' continues the last message as free "
+                            "text: it cannot be under a response format or a required tool "
+                            "call.", param="continue_final_message")
     return ChatGenerate(
         messages=messages, constraint=constraint, tools=raw.get("tools") or None,
         thinking=thinking, template_kwargs=template_kwargs, continue_final=prefilled,

@@ -1,13 +1,12 @@
 """OpenAI's routes: chat completions and completions through the ingress's one request
-path; the model list and model cards (in Anthropic's shape to a client that sends
-`anthropic-version`: the two APIs share the path). Errors in OpenAI's shape."""
+path; the model list and model cards (their paths are Anthropic's too: deployments.server
+routes them by the client's dialect). Errors in OpenAI's shape."""
 
 # No `from __future__ import annotations`: FastAPI reads the handlers' annotations.
 
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
-from deployments.anthropic import models as anthropic_models
 from deployments.errors import error_response
 from deployments.ingress import Current
 from deployments.openai.request import chat_call, completion_call
@@ -25,11 +24,8 @@ async def completions(request: Request, ingress: Current) -> Response:
     return await ingress.generate(request, "/v1/completions", completion_call, error_response)
 
 
-@router.get("/v1/models")
 async def models(request: Request, ingress: Current) -> Response:
-    if anthropic_models.wants_anthropic(request):  # the anthropic SDK's models.list()
-        return await anthropic_models.list_models(request, ingress)
-
+    """GET /v1/models in OpenAI's shape (deployments.server routes the shared path)."""
     async def run() -> Response:
         ingress.authenticate(request)
         infos = await ingress.infos()
@@ -39,11 +35,8 @@ async def models(request: Request, ingress: Current) -> Response:
     return await ingress.respond(run, error_response)
 
 
-@router.get("/v1/models/{model_id:path}")
 async def model(model_id: str, request: Request, ingress: Current) -> Response:
-    if anthropic_models.wants_anthropic(request):
-        return await anthropic_models.get_model(model_id, request, ingress)
-
+    """GET /v1/models/{model_id} in OpenAI's shape (deployments.server routes the path)."""
     async def run() -> Response:
         ingress.authenticate(request)
         ingress.check_model(model_id)

@@ -123,20 +123,17 @@ def _text(content: Any) -> str:
     return "" if content is None else str(content)
 
 
-def _continued(text: str, messages: list[dict]) -> str:
-    """`text` (a conversation rendered whole) cut right after its last message's text: the
-    last place that text (else, as some templates trim it, that text stripped) appears."""
+# stands in for the last message's text to find where a template writes it (private-use
+# characters: no template writes them, no trimming touches them)
+_SENTINEL = "\ue000flm-continue\ue001"
+
+
+def _final_text(messages: list[dict]) -> str:
     last = messages[-1] if messages else {}
     if last.get("role") != "assistant":
         raise TemplateError("only a conversation that ends with an assistant message can be "
                             "continued")
-    final = _text(last.get("content"))
-    for piece in (final, final.strip()):
-        at = text.rfind(piece)
-        if piece and at >= 0:
-            return text[: at + len(piece)]
-    raise TemplateError("the chat template does not show the last assistant message's text "
-                        "as it was sent, so the model cannot continue it")
+    return _text(last.get("content"))
 
 
 def polyfill(messages: list[dict], caps: Capabilities) -> list[dict]:
@@ -221,9 +218,8 @@ class ChatTemplate:
                 what the template wrote.
         """
         if continue_final:
-            return _continued(self.render(messages, tools, add_generation_prompt=False,
-                                          enable_thinking=enable_thinking, _native=_native,
-                                          **kwargs), messages)
+            return self._continued(messages, tools, enable_thinking=enable_thinking,
+                                   _native=_native, **kwargs)
         import jinja2
         from jinja2.exceptions import SecurityError
 
@@ -245,6 +241,23 @@ class ChatTemplate:
         except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError,
                 IndexError, ZeroDivisionError) as exc:
             raise TemplateError(f"the chat template failed: {type(exc).__name__}: {exc}") from None
+
+    def _continued(self, messages: list[dict], tools: list[dict] | None,
+                   **kwargs: Any) -> str:
+        """The conversation rendered whole, cut right after its last message's text: where
+        the template writes that message's text (found by rendering a stand-in for it), the
+        text as sent, or as the template trims it."""
+        final = _final_text(messages)
+        text = self.render(messages, tools, add_generation_prompt=False, **kwargs)
+        probe = self.render(messages[:-1] + [{**messages[-1], "content": _SENTINEL}], tools,
+                            add_generation_prompt=False, **kwargs)
+        at = probe.find(_SENTINEL)
+        if at >= 0 and text[:at] == probe[:at]:
+            for piece in (final, final.lstrip(), final.rstrip(), final.strip()):
+                if piece and text.startswith(piece, at):
+                    return text[: at + len(piece)]
+        raise TemplateError("the chat template does not show the last assistant message's text "
+                            "as it was sent, so the model cannot continue it")
 
     @property
     def capabilities(self) -> Capabilities:

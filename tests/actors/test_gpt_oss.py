@@ -57,3 +57,24 @@ def test_required_tool_call_parses_and_obeys_its_schema(worker) -> None:
         assert [c.name for c in calls] == ["light"]
         assert isinstance(json.loads(calls[0].arguments)["on"], bool)
         assert any(isinstance(e, Deltas) for e in events)
+
+
+def test_a_continued_answer_is_what_the_model_adds(worker) -> None:
+    """harmony: the parser starts in the final channel the prompt left open, without the
+    client's own text (the reply is what the model adds)."""
+    from actors.session import build_session
+    from chat import GrammarEngine
+
+    model = worker.model
+    req = ChatGenerate(request_id="c", messages=[{"role": "user", "content": "Lights?"},
+                                                 {"role": "assistant", "content": '{"on":'}],
+                       continue_final=True, thinking=False,
+                       template_kwargs={"reasoning_effort": "none"})
+    session = build_session(req, model, worker.spec,
+                            lambda: GrammarEngine(model.token_table, list(model.eos_token_ids)))
+    prompt = model.tokenizer.decode(session.prompt_ids, skip_special_tokens=False)
+    assert prompt.endswith('<|channel|>final<|message|>{"on":')
+    stream = session.choices[0].stream
+    assert stream.message.content == ""  # not the client's text
+    stream.update(" true}", final=True)
+    assert stream.message.content == " true}" and not stream.message.reasoning_content

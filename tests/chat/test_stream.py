@@ -107,3 +107,17 @@ def test_compute_deltas_skips_a_field_that_was_rewritten(caplog) -> None:
         out = compute_deltas(ChatMsg(content="abc"), ChatMsg(content="abd", reasoning_content="r"))
     assert [(d.field, d.text) for d in out] == [("reasoning_content", "r")]
     assert "rewrote" in caplog.text
+
+
+@pytest.mark.parametrize("kind", ["hermes_json", "qwen_xml", "gemma4", "lfm2_pythonic",
+                                  "harmony", "content_only"])
+def test_a_continued_turn_keeps_the_leading_space_of_what_follows(kind: str) -> None:
+    """A turn the client began ("The cat"): the model's " sat" stays " sat", streamed and
+    folded, so the client's text and the reply join as written."""
+    stream = ChatStream(spec_for_kind(kind), continuing=True)
+    deltas = stream.update(" sat", final=False) + stream.update(" on the mat", final=True)
+    assert "".join(d.text for d in deltas if d.field == "content") == " sat on the mat"
+    assert stream.message.content == " sat on the mat"
+    fresh = ChatStream(spec_for_kind(kind))
+    fresh.update(" sat on the mat", final=True)
+    assert fresh.message.content == "sat on the mat"  # a new turn: trimmed, as before

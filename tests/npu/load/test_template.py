@@ -64,18 +64,34 @@ def test_tools_enabled(name: str, expect: bool) -> None:
 
 PREFILLED = [{"role": "user", "content": "Describe a cat as JSON."},
              {"role": "assistant", "content": '{"name": "Tom",'}]
+# what the assistant's text may be: JSON begun; a character that the template's own markers
+# also hold; text that the user's message holds too, with the spaces a template may trim
+ASKED = "Say Yes or No. Sure.\n zq9x"
+BEGUN = ['{"name": "Tom",', "<", " Yes", "Sure.\n", "X"]
+
+
+def _head(text: str, final: str) -> str:
+    """`text` without the assistant's text at its end (as sent, or as a template trims it)."""
+    pieces = [p for p in {final, final.lstrip(), final.rstrip(), final.strip()}
+              if p and text.endswith(p)]
+    assert pieces, f"{text[-40:]!r} does not end with {final!r}"
+    return text[: len(text) - max(map(len, pieces))]
 
 
 @needs_shared
 @pytest.mark.parametrize("name", template_names() or ["none"])
 def test_every_shared_template_continues_a_last_assistant_message(name: str) -> None:
-    """The prompt ends with the assistant's own text: what the whole conversation renders
-    as, up to that text (its turn left open), not the turn closed and a new one opened."""
+    """The prompt ends with the assistant's own text, its turn left open: where the whole
+    conversation writes that text, whatever the text (the same place for each)."""
     tpl = ChatTemplate(template(name), bos_token="<s>", eos_token="</s>")
-    whole = tpl.render(PREFILLED, TOOLS, add_generation_prompt=False)
-    text = tpl.render(PREFILLED, TOOLS, continue_final=True)
-    assert text.endswith('{"name": "Tom",') and whole.startswith(text)
-    assert "Describe a cat as JSON." in text
+    heads = set()
+    for final in BEGUN:
+        conv = [{"role": "user", "content": ASKED}, {"role": "assistant", "content": final}]
+        whole = tpl.render(conv, TOOLS, add_generation_prompt=False)
+        text = tpl.render(conv, TOOLS, continue_final=True)
+        assert whole.startswith(text) and "zq9x" in text
+        heads.add(_head(text, final))
+    assert len(heads) == 1, heads
 
 
 def test_only_an_assistant_message_with_its_text_shown_is_continued() -> None:
