@@ -19,7 +19,7 @@ from ray import serve
 from actors.blas import blas_threads_for, set_blas_threads
 from actors.config import WorkerConfig
 from actors.events import Accepted, ChatGenerate, Event, GenerateRequest, Rejected
-from actors.library import gguf_quantization
+from actors.library import gguf_quantization, path_digest
 from actors.worker import Worker
 from chat import FormatKind
 from npu import ModelError
@@ -121,6 +121,7 @@ class ModelWorker:
         file_type = gguf_quantization(self.worker.model.path)  # a GGUF file's own name
         if file_type:
             self.weights["quantization"] = file_type
+        self.weights["digest"] = path_digest(self.worker.model.path)  # Ollama's listings
         threads = blas_threads_for(self.weights["weight_bytes"], config.blas_threads)
         set_blas_threads(threads)
         engine.set_threads(threads)  # the compiled CPU kernels' threads

@@ -52,6 +52,8 @@ class ChatGenerate(_Generate, tag="chat"):
             variant's, Ollama's /api/create TEMPLATE); None: the model's.
         continue_final: the last message is the assistant's answer begun (a prefill): the
             model goes on writing it, and the reply holds what it adds.
+        require_thinking: a model whose format has no reasoning refuses the request (400;
+            Ollama's `think: true`), rather than answering without thinking.
     """
 
     messages: list[dict] = msgspec.field(default_factory=list)
@@ -62,6 +64,7 @@ class ChatGenerate(_Generate, tag="chat"):
     reasoning_budget: int | None = None
     template: str | None = None
     continue_final: bool = False
+    require_thinking: bool = False
 
 
 class CompletionGenerate(_Generate, tag="completion"):

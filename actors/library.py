@@ -149,6 +149,16 @@ def _stamp(files: list[Path]) -> tuple:
     return tuple(out)
 
 
+def path_digest(path: Path) -> str:
+    """The digest of a served file, or of a folder's files (a Hugging Face directory):
+    `_digest`'s, as the library's models have ("" when it cannot be read)."""
+    try:
+        files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
+        return _digest(files)
+    except OSError:
+        return ""
+
+
 def _digest(files: list[Path]) -> str:
     h = hashlib.sha256()
     for f in files:

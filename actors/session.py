@@ -295,6 +295,8 @@ def build_session(request: GenerateRequest, model: Model, spec: FormatSpec,
         RequestError: what this model cannot do (400) or a prompt over the context (400).
     """
     chat = isinstance(request, ChatGenerate)
+    if chat and request.require_thinking and not spec.reasoning:
+        raise RequestError(f'"{model.name}" does not support thinking', param="think")
     if chat:
         text, thinking, tools_enabled = _render(request, model)
     else:

@@ -291,11 +291,19 @@ def chat_request(req: ChatIn, variant: tuple | None = None) -> GenerateRequest:
     raw = {"model": req.model, "messages": _messages(req.messages), **_sampling(req)}
     if req.tools:
         raw["tools"] = req.tools
-    greq = _openai(raw, ChatRequest, _context_limit(req), variant)
+    greq = _thinks(req, _openai(raw, ChatRequest, _context_limit(req), variant))
     if greq.constraint.response_format != "text":  # a document from its start: as before
         return greq
     messages, prefilled = continuation(greq.messages)  # a last assistant message goes on
     return msgspec.structs.replace(greq, messages=messages, continue_final=prefilled)
+
+
+def _thinks(req: _Common, greq: GenerateRequest) -> GenerateRequest:
+    """`greq`, refused by a model that cannot think when `think` asks for thinking (true or
+    an effort), as Ollama refuses it."""
+    if req.think is None or req.think is False:
+        return greq
+    return msgspec.structs.replace(greq, require_thinking=True)
 
 
 def generate_request(req: GenerateIn, variant: tuple | None = None) -> GenerateRequest:
@@ -328,7 +336,7 @@ def generate_request(req: GenerateIn, variant: tuple | None = None) -> GenerateR
     messages = ([{"role": "system", "content": req.system}] if req.system else []) \
         + [{"role": "user", "content": req.prompt}]
     raw = {"model": req.model, "messages": messages, **sampling}
-    return _openai(raw, ChatRequest, _context_limit(req), variant)
+    return _thinks(req, _openai(raw, ChatRequest, _context_limit(req), variant))
 
 
 def served(ingress: Ingress, name: str) -> str:

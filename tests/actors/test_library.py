@@ -135,6 +135,22 @@ def test_digest_reads_only_the_ends_of_a_big_file(tmp_path: Path, monkeypatch) -
     assert library._digest([path]) == digest
 
 
+def test_a_served_file_or_folder_has_the_librarys_digest(tmp_path: Path) -> None:
+    """What Ollama's listings show of a configured model: the digest the library gives the
+    same file; a folder's over its files; it changes when a file does."""
+    path = write_gguf(tmp_path / "one.gguf")
+    assert library.path_digest(path) == library._digest([path])
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"x" * 10)
+    before = library.path_digest(folder)
+    assert before.startswith("sha256:") and before != library.path_digest(path)
+    (folder / "model.safetensors").write_bytes(b"y" * 10)
+    assert library.path_digest(folder) != before
+    assert library.path_digest(tmp_path / "missing.gguf") == ""
+
+
 def test_unreadable_files_are_listed_with_the_reason_and_the_rest_serve(tmp_path: Path) -> None:
     (tmp_path / "broken.gguf").write_bytes(b"NOPE" + bytes(64))
     write_gguf(tmp_path / "half-00001-of-00002.gguf", split=(1, 2))

@@ -144,3 +144,14 @@ def test_a_completion_of_token_ids_is_those_ids(model, spec) -> None:
         _session(model, spec, CompletionGenerate(request_id="x",
                                                  prompt_ids=[1, model.config.vocab_size]))
     assert err.value.status == 400 and err.value.param == "prompt"
+
+
+def test_a_request_that_must_think_is_refused_by_a_model_that_cannot(model, spec) -> None:
+    req = ChatGenerate(request_id="y", messages=MSG, thinking=True, require_thinking=True)
+    assert spec.reasoning  # flm-tiny's format thinks: taken
+    _session(model, spec, req)
+    plain = msgspec.structs.replace(spec, reasoning=False)  # as SmolLM2's: no reasoning
+    with pytest.raises(RequestError) as err:
+        _session(model, plain, req)
+    assert err.value.status == 400 and "does not support thinking" in err.value.message
+    _session(model, plain, ChatGenerate(request_id="z", messages=MSG, thinking=True))

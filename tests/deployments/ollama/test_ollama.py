@@ -116,6 +116,12 @@ def test_raw_generate_takes_ollamas_boolean_logprobs() -> None:
     assert err.value.param == "top_logprobs" and "`$.top_logprobs`" in err.value.message
 
 
+@pytest.mark.parametrize("think,required", [(True, True), ("high", True), (False, False),
+                                            (None, False)])
+def test_think_asks_the_model_to_be_able_to(think, required: bool) -> None:
+    assert _chat(think=think).require_thinking is required
+
+
 def test_a_last_assistant_message_is_continued() -> None:
     hi = [{"role": "user", "content": "hi"}]
     begun = _chat(messages=hi + [{"role": "assistant", "content": "Well,"}])
