@@ -1,6 +1,6 @@
 """A request body as an API's typed request (its msgspec schema): `decode_json`, shared by
 every API surface, and `decode_raw` for the plain JSON object beside it; a bad body is a 400
-whose `param` is the offending field's path."""
+whose `param` is the offending field's path. `page_limit`: a listing's `limit` parameter."""
 
 from __future__ import annotations
 
@@ -106,3 +106,21 @@ def param_from(err: msgspec.ValidationError) -> str | None:
         field = text.split("`")[1]
         path = f"{path}.{field}" if path else field
     return path or None
+
+
+def page_limit(raw: str | None, *, default: int, most: int) -> int:
+    """A listing's `limit` query parameter: `default` when it is absent.
+
+    Raises:
+        ApiError: 400 naming `limit` when it is not an integer from 1 to `most`.
+    """
+    if raw is None:
+        return default
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= most:
+        raise ApiError(400, f"'limit' is {raw!r}; use an integer from 1 to {most} (default "
+                            f"{default}).", param="limit")
+    return n

@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from deployments.anthropic.errors import HEADER, error_response, new_request_id
+from deployments.body import page_limit
 from deployments.errors import ApiError
 from deployments.ingress import Ingress
 
@@ -38,19 +39,6 @@ def model_info(name: str, info: dict) -> dict:
     return {"type": "model", "id": name, "display_name": name,
             "created_at": rfc3339(info.get("created") or 0), "lifecycle": "active",
             "max_input_tokens": context, "max_tokens": context, "capabilities": None}
-
-
-def _limit(raw: str | None) -> int:
-    if raw is None:
-        return DEFAULT_LIMIT
-    try:
-        n = int(raw)
-    except ValueError:
-        n = 0
-    if not 1 <= n <= MAX_LIMIT:
-        raise ApiError(400, f"'limit' is {raw!r}; it must be an integer from 1 to "
-                            f"{MAX_LIMIT}.", param="limit")
-    return n
 
 
 def _cursor(ids: list[str], name: str, value: str) -> int:
@@ -90,7 +78,7 @@ async def list_models(request: Request, ingress: Ingress) -> Response:
     async def run() -> Response:
         ingress.authenticate(request)
         q = request.query_params
-        limit = _limit(q.get("limit"))
+        limit = page_limit(q.get("limit"), default=DEFAULT_LIMIT, most=MAX_LIMIT)
         page = models_page(await ingress.infos(), after_id=q.get("after_id"),
                            before_id=q.get("before_id"), limit=limit)
         return JSONResponse(page, headers={HEADER: new_request_id()})

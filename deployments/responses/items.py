@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
+from deployments.body import page_limit
 from deployments.errors import ApiError
 
 LIMIT_DEFAULT, LIMIT_MAX = 20, 100
@@ -51,19 +52,6 @@ def input_items(items: str | list[dict]) -> list[dict]:
     return [_item(item) for item in items]
 
 
-def _limit(values: list[str]) -> int:
-    if not values:
-        return LIMIT_DEFAULT
-    try:
-        limit = int(values[-1])
-    except ValueError:
-        limit = 0
-    if not 1 <= limit <= LIMIT_MAX:
-        raise ApiError(400, f"'limit' is {values[-1]!r}; use an integer from 1 to "
-                            f"{LIMIT_MAX} (default {LIMIT_DEFAULT}).", param="limit")
-    return limit
-
-
 def item_page(items: list[dict], query: Iterable[tuple[str, str]]) -> dict:
     """One page of `items` (oldest first) as OpenAI's list object, for the query parameters
     `limit` (1-100, default 20), `order` ("desc", the default: newest first, or "asc"),
@@ -77,7 +65,8 @@ def item_page(items: list[dict], query: Iterable[tuple[str, str]]) -> dict:
     params: dict[str, list[str]] = {}
     for key, value in query:
         params.setdefault(key.removesuffix("[]"), []).append(value)
-    limit = _limit(params.get("limit", []))
+    limit = page_limit((params.get("limit") or [None])[-1], default=LIMIT_DEFAULT,
+                       most=LIMIT_MAX)
     order = (params.get("order") or ["desc"])[-1]
     if order not in ("asc", "desc"):
         raise ApiError(400, f"'order' is {order!r}; use 'asc' or 'desc'.", param="order")
