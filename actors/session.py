@@ -278,13 +278,49 @@ def prompt_tokens(request: ChatGenerate, model: Model) -> int:
         RequestError: the template cannot render the conversation (400).
     """
     text, _, _ = _render(request, model)
-    ids = model.prompt_ids(text)
-    return len(ids) or int(model.tokenizer.bos_id is not None)
+    return _count(text, model)
+
+
+def _count(text: str, model: Model) -> int:
+    return len(model.prompt_ids(text)) or int(model.tokenizer.bos_id is not None)
 
 
 def context_limit(request: GenerateRequest, model: Model) -> int:
     """The tokens prompt and output may take: the model's context, or less if asked."""
     return min(model.context_length, request.context_limit or model.context_length)
+
+
+def _constraints(request: GenerateRequest, spec: FormatSpec,
+                 grammar_engine: Callable[[], Any], tools_enabled: bool,
+                 thinking: bool, n: int) -> list[Any]:
+    """`n` matchers, one per choice (the compiled grammar is cached); none when nothing is
+    constrained.
+
+    Raises:
+        RequestError: a schema or tool the grammar refuses (400).
+    """
+    chat = isinstance(request, ChatGenerate)
+    # a completion's text is the document itself: the format without reasoning or calls
+    shape = spec if chat else spec_for_kind(FormatKind.CONTENT_ONLY)
+    try:
+        constraints = [make_constraint(shape, request.constraint, grammar_engine,
+                                       request_id=request.request_id,
+                                       tools_enabled=tools_enabled,
+                                       thinking_enabled=thinking and chat)
+                       for _ in range(n)]
+    except ConstraintError as exc:
+        raise RequestError(exc.message, param=exc.param) from None
+    return [] if constraints[0] is None else constraints
+
+
+def counted(request: ChatGenerate, model: Model, spec: FormatSpec,
+            grammar_engine: Callable[[], Any]) -> int:
+    """`prompt_tokens`, with the request's tools and format checked as `build_session`
+    checks them (a schema that /v1/messages would refuse is refused when counting too)."""
+    text, thinking, tools_enabled = _render(request, model)
+    if request.constraint.constrains:
+        _constraints(request, spec, grammar_engine, tools_enabled, thinking, n=1)
+    return _count(text, model)
 
 
 def build_session(request: GenerateRequest, model: Model, spec: FormatSpec,
@@ -327,21 +363,10 @@ def build_session(request: GenerateRequest, model: Model, spec: FormatSpec,
     if chat and request.continue_final:  # the format's state before the client's text
         tail = _before_final(tail, request.messages)
     prefill = format_prefill(spec, tail) if chat else ""
-    constraints: list[Any] = []
     creq = request.constraint
     parse_calls = chat and creq.parse_tool_calls and tools_enabled
-    # a completion's text is the document itself: the format without reasoning or calls
-    shape = spec if chat else spec_for_kind(FormatKind.CONTENT_ONLY)
-    try:  # one matcher per choice (the compiled grammar is cached); none: nothing to do
-        constraints = [make_constraint(shape, creq, grammar_engine,
-                                       request_id=request.request_id,
-                                       tools_enabled=tools_enabled,
-                                       thinking_enabled=thinking and chat)
-                       for _ in range(request.n)]
-    except ConstraintError as exc:
-        raise RequestError(exc.message, param=exc.param) from None
-    if constraints[0] is None:
-        constraints = []
+    constraints = _constraints(request, spec, grammar_engine, tools_enabled, thinking,
+                               request.n)
     stops = list(request.stop)
     if chat:
         stops += [s for s in spec.extra_stops if model.tokenizer.id_of(s) is None]

@@ -40,7 +40,7 @@ from actors.events import (
 from actors.metrics import Metrics
 from actors.outbox import End, Outbox, deliver
 from actors.scheduler import Scheduler
-from actors.session import Session, build_session, prompt_tokens
+from actors.session import Session, build_session, counted
 from actors.speculation import Speculation
 from chat import FormatSpec, GrammarEngine, detect_format
 from npu import Model
@@ -222,7 +222,8 @@ class Worker:
         """What `generate`'s first event would say of `request`'s prompt (its token count,
         or why the template refuses it), without running it: nothing is scheduled."""
         try:
-            n = await asyncio.to_thread(prompt_tokens, request, self.model)
+            n = await asyncio.to_thread(counted, request, self.model, self.spec_for(request),
+                                        self.grammar_engine)
         except RequestError as exc:
             return Rejected(status=exc.status, message=exc.message, param=exc.param,
                             code=exc.code, type=exc.type)

@@ -454,6 +454,24 @@ def test_count_tokens_is_the_prompt_generate_would_run(worker) -> None:
     assert counted.prompt_tokens > plain.prompt_tokens  # the tools are in the prompt
 
 
+def test_count_tokens_refuses_a_schema_generate_refuses(worker) -> None:
+    """A tool schema the grammar cannot take: counting says so as generating does (a client
+    that counts first learns it there)."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "zz"}}}}}]
+    req = _chat({"tools": tools, "tool_choice": "required"}, max_tokens=1)
+
+    async def both() -> tuple:
+        counted = await worker.count_tokens(req)
+        events = [ev async for batch in worker.generate(req) for ev in batch]
+        return counted, events[0]
+
+    counted, refused = asyncio.run(both())
+    assert isinstance(refused, Rejected) and refused.status == 400
+    assert isinstance(counted, Rejected) and counted.status == 400
+    assert counted.message == refused.message
+
+
 def test_a_reasoning_budget_closes_the_reasoning_and_the_answer_follows(tmp_path) -> None:
     """flm-tiny with a template whose generation prompt opens `<think>` (as Qwen3's with
     thinking on): its noise is all reasoning until the budget writes `</think>`."""
