@@ -325,10 +325,13 @@ def chat_request(req: CountIn) -> ChatGenerate:
         extra = dict(max_tokens=req.max_tokens, stop=list(req.stop_sequences or []),
                      temperature=req.temperature, top_p=req.top_p,
                      top_k=req.top_k or None, seed=req.seed, reasoning_budget=budget)
-    messages, prefilled = continuation(chat_messages(req))
-    if prefilled and messages[-1]["content"] != messages[-1]["content"].rstrip():
+    messages = chat_messages(req)
+    last = messages[-1] if messages else {}
+    if (last.get("role") == "assistant" and not last.get("tool_calls")
+            and last["content"] != last["content"].rstrip()):  # a prefill, as Anthropic's
         raise ApiError(400, "final assistant content cannot end with trailing whitespace",
                        param=f"messages[{len(req.messages) - 1}].content")
+    messages, prefilled = continuation(messages)
     return ChatGenerate(request_id=new_id(), messages=messages,
                         constraint=constraint, tools=tools, thinking=thinking,
                         template_kwargs={"reasoning_effort": effort} if effort else {},

@@ -216,11 +216,16 @@ def ollama_name(name: str) -> str:
     return name if ":" in name else name + LATEST
 
 
+def _digest(info: dict) -> str:
+    """A model's digest as Ollama lists one: 64 hex digits, without `sha256:`."""
+    return info.get("digest", "").removeprefix("sha256:")
+
+
 def tag(name: str, info: dict) -> dict:
     """A model in /api/tags."""
     full = ollama_name(name)
     return {"name": full, "model": full, "modified_at": _modified(info),
-            "size": info.get("weight_bytes", 0), "digest": info.get("digest", ""),
+            "size": info.get("weight_bytes", 0), "digest": _digest(info),
             "details": _details(info)}
 
 
@@ -230,7 +235,7 @@ def ps_entry(name: str, info: dict) -> dict:
     full = ollama_name(name)
     expires = info.get("expires_at", float("inf"))
     return {"name": full, "model": full, "size": info.get("weight_bytes", 0),
-            "digest": info.get("digest", ""), "details": _details(info),
+            "digest": _digest(info), "details": _details(info),
             "expires_at": NEVER if expires == float("inf") else _iso(expires), "size_vram": 0,
             "context_length": info.get("context_length")}
 

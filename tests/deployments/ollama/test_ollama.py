@@ -365,3 +365,11 @@ def test_a_modelfile_is_read_as_ollama_reads_it_and_the_fields_win() -> None:
     assert v.source == "qwen3" and v.system == "You are terse.\nAlways."
     assert v.template == "{{ if .System }}S:{{ .System }}\n{{ end }}U:{{ .Prompt }}\nA:"
     assert v.parameters == {"temperature": 0.2, "num_predict": 3, "stop": ["<|end|>", "User:"]}
+
+
+def test_listings_show_the_digest_as_ollama_does() -> None:
+    """/api/tags and /api/ps: 64 hex digits, no `sha256:` (clients show its first 12)."""
+    info = {"digest": "sha256:" + "ab" * 32, "weight_bytes": 5}
+    assert ollama_reply.tag("m", info)["digest"] == "ab" * 32
+    assert ollama_reply.ps_entry("m", info)["digest"] == "ab" * 32
+    assert ollama_reply.tag("m", {})["digest"] == ""
