@@ -113,6 +113,8 @@ class Accepted(msgspec.Struct, tag="accepted", tag_field="event"):
     model: str
     prompt_tokens: int
     load_s: float = 0.0  # seconds this request waited for its model to load (a library's)
+    # of the prompt, taken from the KV cache (known when the prompt starts; it goes out then)
+    cached_tokens: int = 0
 
 
 class Rejected(msgspec.Struct, tag="rejected", tag_field="event"):

@@ -18,7 +18,7 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from actors.events import Failed, Rejected, Usage
+from actors.events import Accepted, Failed, Rejected, Usage
 from actors.metrics import Metrics
 from actors.outbox import End, Outbox
 from actors.session import Choice, Session
@@ -96,7 +96,7 @@ class Scheduler:
         if seqs + n > max(self.max_batch, n):
             return []
         seqs += n
-        self._start(head)
+        self._start(head, outboxes)
         head_left = len(head.prompt_ids) - head.prefilled
         room = PREFILL_CHUNK - min(head_left, PREFILL_CHUNK // 2)
         riders: list[tuple[Session, int]] = []
@@ -109,7 +109,7 @@ class Scheduler:
                 self.model.engine.cached_prefix(session.prompt_ids)
             left = len(session.prompt_ids) - done
             if left <= room:
-                self._start(session)
+                self._start(session, outboxes)
                 left = len(session.prompt_ids) - session.prefilled
                 riders.append((session, left))
                 room -= left
@@ -290,12 +290,17 @@ class Scheduler:
             type="server_error"), End]
         return outbox
 
-    def _start(self, session: Session) -> None:
-        """Before a prompt's first chunk: take what the KV cache holds of it."""
+    def _start(self, session: Session, outboxes: dict[int, Outbox]) -> None:
+        """Before a prompt's first chunk: take what the KV cache holds of it (the Accepted
+        that waits for the first output tells it: Anthropic's message_start shows it)."""
         if session.cached is None:
             session.cached = self.model.engine.reuse_prefix(session.choices[0].seq_id,
                                                             session.prompt_ids)
             session.prefilled = session.cached
+            outbox = outboxes.get(session.id)
+            if outbox is not None and outbox.pending and isinstance(outbox.pending[0],
+                                                                    Accepted):
+                outbox.pending[0].cached_tokens = session.cached
 
     def _make_room(self, running: list[Session], paused: list[Session],
                    outboxes: dict[int, Outbox]) -> list[Outbox]:

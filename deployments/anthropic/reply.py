@@ -6,10 +6,10 @@ SDK equals the non-streamed reply); `MessagesReply` is the ingress's reply over 
 Usage as Anthropic counts it: `input_tokens` is the prompt's tokens that were computed,
 `cache_read_input_tokens` those taken from the prefix cache (their sum is the prompt,
 what count_tokens says), `cache_creation_input_tokens` 0 (caching costs nothing here).
-`message_start` comes with the worker's Accepted and carries the prompt's tokens (older
-clients read input usage there); the worker tells what of it was cached only at the end,
-so there the prompt counts whole as input, and `message_delta` carries the whole usage
-with the split (as Anthropic's does: newer clients read all of it there).
+`message_start` comes with the worker's Accepted and carries the prompt's tokens with the
+same split (the Accepted goes out with the first output, once the prompt has taken its
+cached prefix; older clients read input usage there), and `message_delta` carries the
+whole usage (as Anthropic's does: newer clients read all of it there).
 
 Ids as Anthropic's: `tool_use` blocks are `toolu_...` (a client sends back whichever id it
 got), and each answer has a `request-id` header (the SDK's `_request_id`).
@@ -48,11 +48,12 @@ def usage_body(u: Usage | None) -> dict:
 
 
 def start_usage(accepted: Accepted | None) -> dict:
-    """message_start's usage: the prompt's tokens (what of them was cached is told at the
-    end, in message_delta)."""
+    """message_start's usage: the prompt's tokens, split as in message_delta (those
+    computed, those the prefix cache served)."""
     n = accepted.prompt_tokens if accepted is not None else 0
-    return {"input_tokens": n, "output_tokens": 0, "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": 0}
+    cached = min(n, accepted.cached_tokens) if accepted is not None else 0
+    return {"input_tokens": n - cached, "output_tokens": 0, "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": cached}
 
 
 def tool_use_id(call_id: str) -> str:

@@ -454,6 +454,21 @@ def test_count_tokens_is_the_prompt_generate_would_run(worker) -> None:
     assert counted.prompt_tokens > plain.prompt_tokens  # the tools are in the prompt
 
 
+def test_accepted_tells_what_the_prefix_cache_served(worker) -> None:
+    """The Accepted goes out with the first output, once the prompt took its cached prefix:
+    it says what Usage says at the end (Anthropic's message_start shows it)."""
+    long = [{"role": "user", "content": "tell me about the sea " * 12}]
+
+    async def run() -> list:
+        return [ev async for b in worker.generate(_chat(messages=long, max_tokens=2, seed=1))
+                for ev in b]
+
+    first, again = asyncio.run(run()), asyncio.run(run())
+    assert isinstance(again[0], Accepted) and isinstance(again[-1], Usage)
+    assert again[0].cached_tokens == again[-1].cached_tokens > 0
+    assert first[0].cached_tokens == first[-1].cached_tokens
+
+
 def test_count_tokens_refuses_a_schema_generate_refuses(worker) -> None:
     """A tool schema the grammar cannot take: counting says so as generating does (a client
     that counts first learns it there)."""

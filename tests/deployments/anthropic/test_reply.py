@@ -16,7 +16,7 @@ from deployments.errors import ApiError
 from tests.deployments.anthropic.support import response, sdk
 
 BASE = {"id": "msg_1", "model": "m"}
-ACCEPTED = Accepted(request_id="1", model="m", prompt_tokens=20)
+ACCEPTED = Accepted(request_id="1", model="m", prompt_tokens=20, cached_tokens=16)
 
 
 def _events(*deltas: Delta, reason: str = "stop", stop: str | None = None) -> list:
@@ -168,8 +168,8 @@ def test_message_start_carries_the_prompts_tokens_and_message_delta_the_split(
         events = list(stream)
         final = stream.get_final_message()
     assert events[0].type == "message_start"
-    assert events[0].message.usage.input_tokens == 20  # the whole prompt: 4 + 16 cached
-    assert events[0].message.usage.output_tokens == 0
+    start = events[0].message.usage  # the prompt's 20 tokens: 4 computed, 16 cached
+    assert (start.input_tokens, start.cache_read_input_tokens, start.output_tokens) == (4, 16, 0)
     [delta] = [e for e in events if e.type == "message_delta"]
     assert (delta.usage.input_tokens, delta.usage.cache_read_input_tokens,
             delta.usage.output_tokens) == (4, 16, 7)
