@@ -182,12 +182,15 @@ def test_count_tokens_and_the_prefix_cache_in_usage(ac) -> None:
                                        tools=[WEATHER]).input_tokens
     assert second.usage.cache_read_input_tokens + second.usage.input_tokens == counted
     assert second._request_id == "req_" + second.id.removeprefix("msg_")
-    # streamed: message_start carries the prompt's tokens (the split comes at the end)
+    # streamed: message_start carries the prompt's tokens, split as the final usage
     with ac.messages.stream(model=SMOL, max_tokens=5, messages=turns, system=system,
                             tools=[WEATHER], extra_body=GREEDY) as stream:
         start = next(iter(stream))
+        assert start.type == "message_start"
+        begun = (start.message.usage.input_tokens,  # as sent, before the rest is folded in
+                 start.message.usage.cache_read_input_tokens)
         final = stream.get_final_message()
-    assert start.type == "message_start" and start.message.usage.input_tokens == counted
+    assert begun == (final.usage.input_tokens, final.usage.cache_read_input_tokens)
     assert final.usage.input_tokens + final.usage.cache_read_input_tokens == counted
     assert final.usage.cache_read_input_tokens > 0
 
