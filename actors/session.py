@@ -332,7 +332,9 @@ def build_session(request: GenerateRequest, model: Model, spec: FormatSpec,
     """
     chat = isinstance(request, ChatGenerate)
     if chat and request.require_thinking and not spec.reasoning:
-        raise RequestError(f'"{model.name}" does not support thinking', param="think")
+        # the thinking switch's field (each API's ingress names it its own way)
+        raise RequestError(f'"{model.name}" does not support thinking',
+                           param="reasoning_effort")
     if chat:
         text, thinking, tools_enabled = _render(request, model)
     else:
