@@ -1,6 +1,7 @@
 """The worker's request, GenerateRequest (a chat, a completion or an embedding, typed once
-at the ingress), and the events its stream yields, in order: one Accepted or Rejected, then
-Deltas and Finished per choice (an embedding: one Embeddings), then Usage."""
+at the ingress), and the events its stream yields, in order: one Accepted or Rejected, a
+Prompt where asked, then Deltas and Finished per choice (an embedding: one Embeddings), then
+Usage."""
 
 from __future__ import annotations
 
@@ -71,11 +72,19 @@ class CompletionGenerate(_Generate, tag="completion"):
     """A raw prompt, continued as it is (no template, no parsing): `prompt`, or the token
     ids `prompt_ids` where given. `constraint`: a response format only (the continuation a
     JSON document: vLLM's `response_format` on completions, Ollama's `format` with `raw`);
-    no tools, no reasoning."""
+    no tools, no reasoning.
+
+    `echo_prompt`: a Prompt event (the prompt's text as the model read it) comes before
+    any output; `prompt_logprobs`: with each prompt token's logprob after the tokens before
+    it (and the `top_logprobs` most likely there), the prompt computed whole (no cached
+    prefix taken). `max_tokens` 0 scores the prompt and writes nothing.
+    """
 
     prompt: str = ""
     prompt_ids: list[int] | None = None
     constraint: ConstraintRequest = msgspec.field(default_factory=ConstraintRequest)
+    echo_prompt: bool = False
+    prompt_logprobs: bool = False
 
 
 class EmbedGenerate(msgspec.Struct, kw_only=True, tag="embed"):
@@ -102,8 +111,11 @@ GenerateRequest = ChatGenerate | CompletionGenerate | EmbedGenerate
 
 
 class TokenLogprob(msgspec.Struct, array_like=True):
+    """A token's text, its log-probability (None: a prompt's first token, which follows
+    nothing), its bytes, and the most likely tokens in its place (text, logprob, bytes)."""
+
     token: str
-    logprob: float
+    logprob: float | None
     bytes: list[int]
     top: list[tuple[str, float, list[int]]]
 
@@ -123,6 +135,14 @@ class Rejected(msgspec.Struct, tag="rejected", tag_field="event"):
     type: str = "invalid_request_error"
     param: str | None = None
     code: str | None = None
+
+
+class Prompt(msgspec.Struct, tag="prompt", tag_field="event"):
+    """The prompt as the model read it (a completion's `echo_prompt`), before any output:
+    its text and, where asked (`prompt_logprobs`), one entry per prompt token."""
+
+    text: str
+    logprobs: list[TokenLogprob] | None = None
 
 
 class Deltas(msgspec.Struct, tag="deltas", tag_field="event"):
@@ -167,11 +187,11 @@ class Failed(msgspec.Struct, tag="failed", tag_field="event"):
     message: str
 
 
-Event = Accepted | Rejected | Deltas | Finished | Embeddings | Usage | Failed
+Event = Accepted | Rejected | Prompt | Deltas | Finished | Embeddings | Usage | Failed
 
 __all__ = ["Accepted", "ChatGenerate", "CompletionGenerate", "Deltas", "EmbedGenerate",
-           "Embeddings", "Event", "Failed", "Finished", "GenerateRequest", "Rejected",
-           "TokenLogprob", "Usage", "coalesce"]
+           "Embeddings", "Event", "Failed", "Finished", "GenerateRequest", "Prompt",
+           "Rejected", "TokenLogprob", "Usage", "coalesce"]
 
 
 def coalesce(events: list[Event]) -> list[Event]:

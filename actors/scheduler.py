@@ -89,6 +89,8 @@ class Scheduler:
         whole prompts in arrival order, skipping those too long for it (they start when
         they are the oldest), so a long prompt does not hold up the short ones behind it.
         A session whose prompt is done samples its first tokens and starts running.
+        A prompt whose own logprobs are asked (`Session.scores_prompt`) needs every row's
+        logits: it goes in a forward of its own, and rides no other's.
         Returns the outboxes of sessions that ended on their first token."""
         seqs = self.running_seqs(running)
         head = waiting[0]
@@ -100,9 +102,11 @@ class Scheduler:
         head_left = len(head.prompt_ids) - head.prefilled
         room = PREFILL_CHUNK - min(head_left, PREFILL_CHUNK // 2)
         riders: list[tuple[Session, int]] = []
-        for session in waiting[1:]:
+        for session in [] if head.scores_prompt else waiting[1:]:
             if room <= 0 or seqs + len(session.choices) > self.max_batch:
                 break
+            if session.scores_prompt:
+                continue
             # a prompt starts (takes its cached prefix) when it rides or heads the queue:
             # one that waits may find more cached by then (the head's, if they share it)
             done = session.prefilled if session.cached is not None else \
@@ -131,10 +135,13 @@ class Scheduler:
         try:
             logits = engine.prefill_many(
                 [(s.choices[0].seq_id, s.prompt_ids[s.prefilled : s.prefilled + take])
-                 for s, take in picked])
+                 for s, take in picked], every_row=head.scores_prompt)
         except KVCacheFull:  # (the check above makes this a bug; answer it cleanly)
             log.exception("prefill ran out of KV blocks")
             return [self._reject_unfittable(head, waiting, outboxes)]
+        if head.scores_prompt:  # (alone in the forward: every row is its own)
+            head.score(logits, head.prefilled)
+            logits = logits[-1:]
         ended: list[Outbox] = []
         for row, (session, take) in enumerate(picked):
             session.prefilled += take
@@ -145,9 +152,10 @@ class Scheduler:
             for c in session.choices[1:]:
                 engine.fork(first.seq_id, c.seq_id)
             outbox = outboxes[session.id]
+            outbox.pending += session.prompt_event()
             for c in session.choices:
                 c.prepare_mask()
-                outbox.pending += c.take(logits[row])
+                outbox.pending += c.first(logits[row])
             if session.done:
                 ended.append(self._close(session, outboxes))
             else:
@@ -294,8 +302,8 @@ class Scheduler:
         """Before a prompt's first chunk: take what the KV cache holds of it (the Accepted
         that waits for the first output tells it: Anthropic's message_start shows it)."""
         if session.cached is None:
-            session.cached = self.model.engine.reuse_prefix(session.choices[0].seq_id,
-                                                            session.prompt_ids)
+            session.cached = 0 if session.scores_prompt else self.model.engine.reuse_prefix(
+                session.choices[0].seq_id, session.prompt_ids)
             session.prefilled = session.cached
             outbox = outboxes.get(session.id)
             if outbox is not None and outbox.pending and isinstance(outbox.pending[0],

@@ -17,7 +17,16 @@ from typing import Any
 import numpy as np
 
 from actors.errors import RequestError
-from actors.events import ChatGenerate, Deltas, Event, Finished, GenerateRequest, TokenLogprob
+from actors.events import (
+    ChatGenerate,
+    CompletionGenerate,
+    Deltas,
+    Event,
+    Finished,
+    GenerateRequest,
+    Prompt,
+    TokenLogprob,
+)
 from actors.stops import StopMatcher
 from chat import (
     ChatStream,
@@ -92,6 +101,13 @@ class Choice:
         c = self.constraint
         self.masked = bool(c is not None and c.active and c.fill_mask(self.mask))
 
+    def first(self, logits: np.ndarray) -> list[Event]:
+        """The choice's first output after its prompt: `take`, or its end where it may
+        write nothing (`max_tokens` 0: the prompt alone, scored)."""
+        if self.session.request.max_tokens == 0:
+            return self.finish("length")
+        return self.take(logits)
+
     def take(self, logits: np.ndarray, token: int | None = None) -> list[Event]:
         """Sample from `logits` (unless the batch's sampling already drew `token`) and turn
         the token into events."""
@@ -140,12 +156,7 @@ class Choice:
             self.forced = list(self.session.reasoning_end_ids)
 
     def _logprob(self, logits: np.ndarray, token: int) -> TokenLogprob:
-        table = self.session.token_table
-        value, top = logprobs(logits, token, self.session.request.top_logprobs)
-        text = table[token].decode("utf-8", "replace")
-        return TokenLogprob(token=text, logprob=value, bytes=list(table[token]),
-                            top=[(table[t].decode("utf-8", "replace"), v, list(table[t]))
-                                 for t, v in top])
+        return self.session.logprob(logits, token)
 
     def _emit(self, text: str, lp: list | None, final: bool = False) -> list[Event]:
         if self.stream is not None:
@@ -189,6 +200,7 @@ class Session:
         self.token_table = token_table
         self.cancelled = False
         self.prefilled = 0  # prompt tokens already through the engine
+        self.prompt_scores: list[TokenLogprob] = []  # (`scores_prompt`) so far
         self.cached: int | None = None  # prompt tokens the KV cache held (None: not started)
         self.context_limit = context_limit(request, model)
         # a reasoning budget needs markers that end reasoning (none: no budget to keep)
@@ -219,6 +231,43 @@ class Session:
     @property
     def done(self) -> bool:
         return self.cancelled or all(c.done for c in self.choices)
+
+    @property
+    def scores_prompt(self) -> bool:
+        """Whether the prompt's own logprobs are asked: it needs every row's logits, so it
+        is computed whole (no cached prefix) and in a forward of its own."""
+        return isinstance(self.request, CompletionGenerate) and self.request.prompt_logprobs
+
+    def logprob(self, logits: np.ndarray, token: int) -> TokenLogprob:
+        """`token`'s logprob under `logits`, with the request's `top_logprobs`."""
+        table = self.token_table
+        value, top = logprobs(logits, token, self.request.top_logprobs)
+        return TokenLogprob(token=_piece(table[token]), logprob=value, bytes=list(table[token]),
+                            top=[(_piece(table[t]), v, list(table[t])) for t, v in top])
+
+    def score(self, logits: np.ndarray, start: int) -> None:
+        """Note the logprobs of the prompt tokens that `logits` (the rows after prompt
+        tokens `start`, `start` + 1, ...) predict; the first token's entry has none."""
+        ids, table = self.prompt_ids, self.token_table
+        if start == 0:
+            self.prompt_scores.append(TokenLogprob(token=_piece(table[ids[0]]), logprob=None,
+                                                   bytes=list(table[ids[0]]), top=[]))
+        for row, token in enumerate(ids[start + 1 : start + 1 + len(logits)]):
+            self.prompt_scores.append(self.logprob(logits[row], token))
+
+    def prompt_event(self) -> list[Event]:
+        """The Prompt event the request asks for (none if it does not)."""
+        request = self.request
+        if not isinstance(request, CompletionGenerate) or not request.echo_prompt:
+            return []
+        text = request.prompt if request.prompt_ids is None else \
+            self.model.tokenizer.decode(self.prompt_ids, skip_special_tokens=False)
+        return [Prompt(text=text,
+                       logprobs=list(self.prompt_scores) if request.prompt_logprobs else None)]
+
+
+def _piece(token: bytes) -> str:
+    return token.decode("utf-8", "replace")
 
 
 def _pick(value, default):

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 import msgspec
 from starlette.responses import Response
 
-from actors.events import Deltas, Failed, Finished, TokenLogprob, Usage
+from actors.events import Deltas, Failed, Finished, Prompt, TokenLogprob, Usage
 from chat import ChatMsg
 from deployments.errors import ApiError, error_body
 
@@ -62,6 +62,7 @@ def chat_logprobs(items: list[TokenLogprob] | None) -> dict | None:
 
 
 def completion_logprobs(items: list[TokenLogprob] | None, offset: int) -> dict | None:
+    """A completion choice's `logprobs`; a prompt's first token (echoed) has null ones."""
     if items is None:
         return None
     offsets, pos = [], offset
@@ -69,7 +70,8 @@ def completion_logprobs(items: list[TokenLogprob] | None, offset: int) -> dict |
         offsets.append(pos)
         pos += len(t.token)
     return {"tokens": [t.token for t in items], "token_logprobs": [t.logprob for t in items],
-            "top_logprobs": [{s: v for s, v, _ in t.top} for t in items],
+            "top_logprobs": [None if t.logprob is None else {s: v for s, v, _ in t.top}
+                             for t in items],
             "text_offset": offsets}
 
 
@@ -230,35 +232,57 @@ class ChatReply(_Reply):
 
 
 class CompletionReply(_Reply):
-    """A completion's chunks or object; with `echo`, each choice's text starts with the
-    prompt (in its first chunk when streamed)."""
+    """A completion's chunks or object; with `echo` (the worker's Prompt event), each
+    choice's text starts with the prompt, and its logprobs with the prompt's where they
+    were asked (in its first chunk when streamed)."""
 
     chunk_object = final_object = "text_completion"
 
-    def __init__(self, meta: dict, include_usage: bool = False, echo: str = "") -> None:
+    def __init__(self, meta: dict, include_usage: bool = False) -> None:
         super().__init__(meta, include_usage)
-        self.echo = echo
+        self.prompt = Prompt(text="")
         self.offsets: dict[int, int] = {}  # each choice's text so far, in characters
 
-    def _lead(self, index: int) -> str:
-        """The prompt, before a choice's first text (once)."""
+    def _chunks(self, batch: list):
+        for ev in batch:
+            if isinstance(ev, Prompt):
+                self.prompt = ev
+        yield from super()._chunks(batch)
+
+    def fold(self, batch: list) -> None:
+        for ev in batch:
+            if isinstance(ev, Prompt):
+                self.prompt = ev
+        super().fold(batch)
+
+    def _lead(self, index: int) -> tuple[str, list[TokenLogprob] | None]:
+        """The prompt and its logprobs, before a choice's first text (once)."""
         if index in self.offsets:
-            return ""
-        self.offsets[index] = len(self.echo)
-        return self.echo
+            return "", None
+        self.offsets[index] = len(self.prompt.text)
+        return self.prompt.text, self.prompt.logprobs
 
     def delta_choice(self, ev: Deltas) -> dict:
-        lead = self._lead(ev.index)
+        lead, lead_lp = self._lead(ev.index)
         off = self.offsets[ev.index]
         self.offsets[ev.index] = off + len(ev.text)
+        lp = _joined(lead_lp, ev.logprobs)
         return {"index": ev.index, "text": lead + ev.text,
-                "logprobs": completion_logprobs(ev.logprobs, off), "finish_reason": None}
+                "logprobs": completion_logprobs(lp, off - len(lead)), "finish_reason": None}
 
     def finish_choice(self, ev: Finished) -> dict:
-        return {"index": ev.index, "text": self._lead(ev.index), "logprobs": None,
+        lead, lead_lp = self._lead(ev.index)
+        return {"index": ev.index, "text": lead, "logprobs": completion_logprobs(lead_lp, 0),
                 "finish_reason": ev.finish_reason}
 
     def final_choice(self, index: int, fold: ChoiceFold) -> dict:
-        return {"index": index, "text": self.echo + "".join(fold.content),
-                "logprobs": completion_logprobs(fold.logprobs, len(self.echo)),
-                "finish_reason": fold.finish_reason}
+        lp = _joined(self.prompt.logprobs, fold.logprobs)
+        return {"index": index, "text": self.prompt.text + "".join(fold.content),
+                "logprobs": completion_logprobs(lp, 0), "finish_reason": fold.finish_reason}
+
+
+def _joined(first: list[TokenLogprob] | None,
+            then: list[TokenLogprob] | None) -> list[TokenLogprob] | None:
+    if first is None or then is None:
+        return then if first is None else first
+    return first + then

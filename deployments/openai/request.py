@@ -103,19 +103,21 @@ def generate_request(req: OpenAIRequest, raw: dict, **extra: Any) -> GenerateReq
         if req.suffix:
             raise ApiError(400, "'suffix' (text after the completion, fill-in-the-middle) is "
                                 "not supported by this server.", param="suffix")
-        if req.echo and (not isinstance(prompt, str) or req.logprobs is not None):
-            raise ApiError(400, "'echo' is supported with a text prompt and without "
-                                "'logprobs' (the prompt's own logprobs are not computed "
-                                "here).", param="echo")
+        if req.max_tokens == 0 and not req.echo:
+            raise ApiError(400, "'max_tokens' 0 writes nothing: it is for scoring a prompt, "
+                                "with 'echo' (and 'logprobs' for the prompt's logprobs).",
+                           param="max_tokens")
         # a response format (vLLM's): the continuation is the document, no reasoning first
         constraint = msgspec.structs.replace(
             _constraint({"response_format": raw.get("response_format")}),
             allow_reasoning=False)
         return CompletionGenerate(prompt=prompt if isinstance(prompt, str) else "",
                                   prompt_ids=None if isinstance(prompt, str) else prompt,
-                                  max_tokens=req.max_tokens or 16,
+                                  max_tokens=16 if req.max_tokens is None else req.max_tokens,
                                   logprobs=req.logprobs is not None,
                                   top_logprobs=req.logprobs or 0, constraint=constraint,
+                                  echo_prompt=bool(req.echo),
+                                  prompt_logprobs=bool(req.echo) and req.logprobs is not None,
                                   **common)
     constraint = _constraint(raw)
     messages = []
@@ -245,8 +247,7 @@ def _call(body: bytes, ingress: Ingress, schema: type[OpenAIRequest],
         req = convert_request(raw, schema)
     greq = generate_request(req, raw)
     meta, usage = _meta(prefix, greq, req.model), _include_usage(req)
-    answer = (CompletionReply(meta, usage, echo=greq.prompt)
-              if isinstance(req, CompletionRequest) and req.echo else reply(meta, usage))
+    answer = reply(meta, usage)
     return Call(model=req.model, request=greq, stream=bool(req.stream), reply=answer)
 
 

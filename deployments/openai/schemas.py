@@ -89,6 +89,8 @@ class ChatRequest(SamplingFields, kw_only=True):
 class CompletionRequest(SamplingFields, kw_only=True):
     # a string, token ids, or a list of one of those (deployments.openai.request: `_prompt`)
     prompt: str | list[Any]
+    # 0 with `echo`: the prompt scored (its logprobs), nothing written
+    max_tokens: Annotated[int, Meta(ge=0)] | None = None
     logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
     echo: bool | None = None
     suffix: str | None = None

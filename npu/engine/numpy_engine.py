@@ -378,10 +378,13 @@ class NumpyEngine:
         now (nothing is taken)."""
         return self.kv.cached(ids)
 
-    def prefill_many(self, items: Sequence[tuple[object, Sequence[int]]]) -> np.ndarray:
+    def prefill_many(self, items: Sequence[tuple[object, Sequence[int]]], *,
+                     every_row: bool = False) -> np.ndarray:
         """Prompt pieces of several sequences in one forward (one pass over the weights for
-        all of them); returns each one's next-token logits [len(items), V]. Each piece
-        should be at most PREFILL_CHUNK tokens.
+        all of them); returns each one's next-token logits [len(items), V] (`every_row`:
+        the logits after every token of the pieces, [sum of their lengths, V], the pieces'
+        rows one after another: a prompt's own logprobs). Each piece should be at most
+        PREFILL_CHUNK tokens.
 
         Raises:
             KVCacheFull: the pieces' KV does not fit (nothing has run; blocks reserved for
@@ -399,7 +402,7 @@ class NumpyEngine:
             ids.extend(piece)
         for seq, n in segments:
             self.kv.reserve(seq.kv, seq.pos + n)
-        return self._forward(np.asarray(ids, dtype=np.int64), segments)
+        return self._forward(np.asarray(ids, dtype=np.int64), segments, every_row=every_row)
 
     @property
     def can_rewind(self) -> bool:
@@ -599,7 +602,9 @@ class NumpyEngine:
                 limit=self.max_context, requested=seq.pos + n)
 
     # -- the forward pass -------------------------------------------------------------------
-    def _forward(self, ids: np.ndarray, segments: list[tuple[Seq, int]]) -> np.ndarray:
+    def _forward(self, ids: np.ndarray, segments: list[tuple[Seq, int]], *,
+                 every_row: bool = False) -> np.ndarray:
+        """The logits after each segment's last token (`every_row`: after every token)."""
         self._check_packed()
         decoding = len(segments) == len(ids)  # one token per sequence: batched attention
         positions = (np.array([s.pos for s, _ in segments], dtype=np.int64) if decoding else
@@ -622,7 +627,7 @@ class NumpyEngine:
         for seq, n in segments:
             self.kv.written(seq.kv, tokens[start : start + n])
             start += n
-        if not decoding:  # each segment's last row (decoding: every row is one)
+        if not (decoding or every_row):  # each segment's last row (decoding: every row is)
             x = x[[end - 1 for end in itertools.accumulate(n for _, n in segments)]]
         last = x if normed else self.ops.rms_norm(x, self.final_norm, self.config.rms_eps)
         return np.ascontiguousarray(self._mm(last, None, "lm_head"), dtype=np.float32)

@@ -34,8 +34,10 @@ class Engine(Protocol):
     def prefill(self, seq_id: object, ids: Sequence[int]) -> np.ndarray:
         """Feed a new sequence's (or more of a sequence's) tokens; the last one's logits."""
 
-    def prefill_many(self, items: Sequence[tuple[object, Sequence[int]]]) -> np.ndarray:
-        """Several sequences' tokens in one pass; each one's last logits [B, V]."""
+    def prefill_many(self, items: Sequence[tuple[object, Sequence[int]]], *,
+                     every_row: bool = False) -> np.ndarray:
+        """Several sequences' tokens in one pass; each one's last logits [B, V]
+        (`every_row`: the logits after every token, [sum of the pieces' lengths, V])."""
 
     def decode(self, seq_ids: Sequence[object], tokens: Sequence[int]) -> np.ndarray:
         """One token for each sequence; logits [B, V]."""

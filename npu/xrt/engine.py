@@ -210,9 +210,10 @@ class XRTEngine(NumpyEngine):
             raise ModelError(f"npu_mode {self.mode!r} cannot verify drafted tokens")
         return super().verify(items)
 
-    def _forward(self, ids: np.ndarray, segments: list[tuple[Seq, int]]) -> np.ndarray:
+    def _forward(self, ids: np.ndarray, segments: list[tuple[Seq, int]], *,
+                 every_row: bool = False) -> np.ndarray:
         if self.mode == "linear":
-            return super()._forward(ids, segments)
+            return super()._forward(ids, segments, every_row=every_row)
         x = self.embed_tokens(ids)
         start = 0
         ends = []
@@ -221,7 +222,8 @@ class XRTEngine(NumpyEngine):
             self.kv.written(seq.kv, ids[start : start + n])
             start += n
             ends.append(start - 1)
-        last = self.ops.rms_norm(x[ends], self.final_norm, self.config.rms_eps)
+        last = self.ops.rms_norm(x if every_row else x[ends], self.final_norm,
+                                 self.config.rms_eps)
         return np.ascontiguousarray(self._mm(last, None, "lm_head"), dtype=np.float32)
 
     def _embed_hidden(self, ids: np.ndarray, lengths: list[int],

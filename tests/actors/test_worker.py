@@ -15,12 +15,13 @@ from actors.events import (
     Deltas,
     Finished,
     GenerateRequest,
+    Prompt,
     Rejected,
     Usage,
 )
 from actors.worker import Worker
 from chat import constraint_request_from_openai
-from npu import LoadOptions, load_model
+from npu import LoadOptions, load_model, logprobs
 from npu.load.tiny import ensure_tiny
 
 pytestmark = pytest.mark.timeout(120)
@@ -518,3 +519,59 @@ def test_a_reasoning_budget_closes_the_reasoning_and_the_answer_follows(tmp_path
 
 async def _collect(worker: Worker, req: GenerateRequest) -> list:
     return [ev async for batch in worker.generate(req) for ev in batch]
+
+
+
+def _scored(events: list) -> tuple[Prompt, list[Finished], Usage]:
+    prompts = [e for e in events if isinstance(e, Prompt)]
+    assert len(prompts) == 1 and isinstance(events[1], Prompt)  # right after the Accepted
+    return prompts[0], [e for e in events if isinstance(e, Finished)], events[-1]
+
+
+def test_a_scored_prompt_gives_its_written_tokens_their_logprobs(worker) -> None:
+    """lm-evaluation-harness scores a continuation by echoing context + continuation with
+    `max_tokens` 0: each prompt token's logprob is the one the model gave it when it wrote
+    it (the first token's: none), however much of the prompt the cache held before."""
+    seed_ids = worker.model.prompt_ids("Once upon a time")
+    written = asyncio.run(_complete(worker, prompt_ids=seed_ids, max_tokens=6, temperature=0,
+                                    logprobs=True, top_logprobs=2, ignore_eos=True))
+    got = [t for e in written if isinstance(e, Deltas) for t in e.logprobs]
+    ids = seed_ids + [worker.model.token_table.index(bytes(t.bytes)) for t in got]
+    for _ in range(2):  # the second time its blocks are in the prefix cache: still scored
+        events = asyncio.run(_complete(worker, prompt_ids=ids, max_tokens=0, logprobs=True,
+                                       top_logprobs=2, echo_prompt=True,
+                                       prompt_logprobs=True))
+        prompt, finished, usage = _scored(events)
+        assert [f.finish_reason for f in finished] == ["length"]
+        assert usage.completion_tokens == 0 and usage.cached_tokens == 0
+        assert prompt.text == worker.model.tokenizer.decode(ids, skip_special_tokens=False)
+        scores = prompt.logprobs
+        assert len(scores) == len(ids) and scores[0].logprob is None and not scores[0].top
+        for want, have in zip(got, scores[len(seed_ids):], strict=True):
+            assert have.token == want.token
+            assert have.logprob == pytest.approx(want.logprob, abs=2e-3)
+            assert [s for s, _, _ in have.top] == [s for s, _, _ in want.top]
+        assert all(t.logprob <= 0 and len(t.top) == 2 and t.top[0][1] >= t.logprob
+                   for t in scores[1:])
+
+
+def test_a_prompt_longer_than_a_prefill_chunk_is_scored_across_chunks(worker,
+                                                                       tmp_path) -> None:
+    """Every prompt token is scored once, in order, across the 256-token prefill pieces:
+    the logprobs are those of feeding the prompt one token at a time (a model of its own
+    here, the worker's being the worker thread's)."""
+    ids = worker.model.prompt_ids(" ".join(f"word{i}" for i in range(300)))[:300]
+    assert len(ids) == 300
+    events = asyncio.run(_complete(worker, prompt_ids=ids, max_tokens=1, temperature=0,
+                                   echo_prompt=True, prompt_logprobs=True))
+    prompt, _, usage = _scored(events)
+    assert usage.completion_tokens == 1
+    engine = load_model(ensure_tiny(tmp_path), name="flm-tiny").engine
+    logits = engine.prefill("ref", ids[:1])
+    want = []
+    for token in ids[1:]:  # the logits after token i score token i + 1
+        want.append(logprobs(logits, token)[0])
+        logits = engine.decode(["ref"], [token])[0]
+    assert [t.token for t in prompt.logprobs] == [
+        worker.model.token_table[i].decode("utf-8", "replace") for i in ids]
+    assert [t.logprob for t in prompt.logprobs[1:]] == pytest.approx(want, abs=2e-3)

@@ -120,3 +120,28 @@ def test_speculative_decoding_gives_the_same_constrained_output_over_http(client
     finally:
         worker.close()
     assert body["choices"][0]["message"]["content"] == text
+
+
+def test_an_echoed_prompt_is_scored_as_lm_eval_scores_it(openai_client) -> None:
+    """lm-evaluation-harness's loglikelihood (its `local-completions` model) through the
+    official client: the context and a continuation echoed with `logprobs` and nothing
+    written; the continuation's tokens' logprobs say which answer the model believes."""
+    context = "The capital of France is"
+
+    def score(continuation: str) -> float:
+        out = openai_client.completions.create(model=MODEL, prompt=context + continuation,
+                                               echo=True, logprobs=1, max_tokens=0,
+                                               temperature=0)
+        choice, usage = out.choices[0], out.usage
+        assert choice.text == context + continuation and choice.finish_reason == "length"
+        assert usage.completion_tokens == 0
+        lp = choice.logprobs
+        assert len(lp.tokens) == usage.prompt_tokens == len(lp.token_logprobs)
+        assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+        assert "".join(lp.tokens) == context + continuation
+        ours = [i for i, at in enumerate(lp.text_offset) if at >= len(context)]
+        assert ours and all(max(lp.top_logprobs[i].values()) >= lp.token_logprobs[i]
+                            for i in ours)
+        return sum(lp.token_logprobs[i] for i in ours)
+
+    assert score(" Paris.") > score(" London.") + 1.0

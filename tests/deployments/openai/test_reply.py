@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from actors.events import Deltas, Finished, Usage
+from actors.events import Deltas, Finished, Prompt, TokenLogprob, Usage
 from deployments.openai.reply import CompletionReply, usage_body
 
 
@@ -29,18 +29,53 @@ def _chunks(body: bytes) -> list[dict]:
 
 @pytest.mark.parametrize("texts", [["Once", " upon"], []])  # some text, or none at all
 def test_echo_puts_the_prompt_before_each_choices_text(texts: list[str]) -> None:
-    events = [Deltas(index=i, text=t) for t in texts for i in (0, 1)]
+    events: list = [Prompt(text="Tell: ")]
+    events += [Deltas(index=i, text=t) for t in texts for i in (0, 1)]
     events += [Finished(index=i, finish_reason="length", completion_tokens=len(texts))
                for i in (0, 1)]
     events += [Usage(prompt_tokens=3, completion_tokens=2 * len(texts))]
-    streamed = CompletionReply({"id": "cmpl-x", "created": 0, "model": "m"}, echo="Tell: ")
+    streamed = CompletionReply({"id": "cmpl-x", "created": 0, "model": "m"})
     text = {0: "", 1: ""}
     for chunk in _chunks(streamed.render(events)):
         for c in chunk["choices"]:
             text[c["index"]] += c["text"]
-    whole = CompletionReply({"id": "cmpl-x", "created": 0, "model": "m"}, echo="Tell: ")
+    whole = CompletionReply({"id": "cmpl-x", "created": 0, "model": "m"})
     whole.fold(events)
     answer = json.loads(whole.answer().body)
     want = "Tell: " + "".join(texts)
     assert text == {0: want, 1: want}
     assert [c["text"] for c in answer["choices"]] == [want, want]
+
+
+def _lp(token: str, value: float | None) -> TokenLogprob:
+    return TokenLogprob(token=token, logprob=value, bytes=list(token.encode()),
+                        top=[] if value is None else [(token, value, list(token.encode()))])
+
+
+@pytest.mark.parametrize("texts", [["!"], []])  # a token written, or the prompt only scored
+def test_echoed_logprobs_start_with_the_prompts_the_first_one_null(texts: list[str]) -> None:
+    """lm-evaluation-harness's loglikelihood reads `token_logprobs[ctxlen:-1]` of an echoed
+    prompt: the prompt's tokens come first, the first with null logprobs, offsets counted
+    from the prompt's start; streamed chunks fold to the same."""
+    prompt = Prompt(text="Tell me", logprobs=[_lp("Tell", None), _lp(" me", -1.5)])
+    events: list = [prompt]
+    events += [Deltas(index=0, text=t, logprobs=[_lp(t, -0.25)]) for t in texts]
+    events += [Finished(index=0, finish_reason="length", completion_tokens=len(texts)),
+               Usage(prompt_tokens=2, completion_tokens=len(texts))]
+    whole = CompletionReply({"id": "cmpl-x", "created": 0, "model": "m"})
+    whole.fold(events)
+    choice = json.loads(whole.answer().body)["choices"][0]
+    assert choice["text"] == "Tell me" + "".join(texts)
+    lp = choice["logprobs"]
+    assert lp["tokens"] == ["Tell", " me", *texts]
+    assert lp["token_logprobs"] == [None, -1.5] + [-0.25] * len(texts)
+    assert lp["top_logprobs"] == [None, {" me": -1.5}] + [{t: -0.25} for t in texts]
+    assert lp["text_offset"] == [0, 4] + [7] * len(texts)
+    streamed = CompletionReply({"id": "cmpl-x", "created": 0, "model": "m"})
+    folded: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [],
+                               "text_offset": []}
+    for chunk in _chunks(streamed.render(events)):
+        for c in chunk["choices"]:
+            for key in folded:
+                folded[key] += (c["logprobs"] or {}).get(key, [])
+    assert folded == lp

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from deployments.errors import ApiError
 from actors.events import ChatGenerate, CompletionGenerate
+from deployments.errors import ApiError
 from deployments.openai.request import decode_request, generate_request
 from deployments.openai.schemas import ChatRequest, CompletionRequest
 
@@ -256,7 +256,24 @@ def test_a_completion_prompt_may_be_token_ids(prompt: Any, ids: list[int] | None
     assert greq.prompt == ("" if ids else "Once")
 
 
-@pytest.mark.parametrize("extra", [{"logprobs": 1}, {"prompt": [1, 2]}])
-def test_echo_is_refused_where_it_cannot_be_honoured(extra: dict) -> None:
-    err = _error({"model": "m", "prompt": "Once", "echo": True, **extra}, "completion")
-    assert err.status == 400 and err.param == "echo"
+@pytest.mark.parametrize("extra,scored", [({}, False), ({"logprobs": 1}, True),
+                                          ({"prompt": [1, 2], "logprobs": 0}, True),
+                                          ({"max_tokens": 0, "logprobs": 1}, True)])
+def test_echo_asks_the_worker_for_the_prompt_and_with_logprobs_its_logprobs(
+        extra: dict, scored: bool) -> None:
+    greq = generate_request(*decode_request(json.dumps(
+        {"model": "m", "prompt": "Once", "echo": True, **extra}).encode(), CompletionRequest))
+    assert isinstance(greq, CompletionGenerate)
+    assert greq.echo_prompt and greq.prompt_logprobs == scored
+    assert greq.max_tokens == extra.get("max_tokens", 16)
+    plain = generate_request(*decode_request(json.dumps(
+        {"model": "m", "prompt": "Once", "logprobs": 1}).encode(), CompletionRequest))
+    assert not plain.echo_prompt and not plain.prompt_logprobs
+
+
+def test_max_tokens_0_is_for_scoring_an_echoed_prompt() -> None:
+    err = _error({"model": "m", "prompt": "Once", "max_tokens": 0}, "completion")
+    assert err.status == 400 and err.param == "max_tokens" and "echo" in err.message
+    err = _error({"model": "m", "prompt": "Once", "max_tokens": -1, "echo": True},
+                 "completion")
+    assert err.status == 400 and err.param == "max_tokens"

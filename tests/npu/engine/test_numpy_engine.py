@@ -196,6 +196,10 @@ def test_prompts_prefilled_together_match_the_oracle(oracle_models, name: str) -
     assert _rel(out[0], ref[12]) < TOL and _rel(out[1], ref[9]) < TOL
     with pytest.raises(ValueError):
         engine.prefill_many([("x", ids[:2]), ("x", ids[2:4])])
+    # every row (a prompt's own logprobs): the logits after each token, pieces in order
+    rows = engine.prefill_many([("all", ids[:7]), ("all1", ids[:1])], every_row=True)
+    assert rows.shape[0] == 8
+    assert max(_rel(rows[i], ref[i]) for i in range(7)) < TOL and _rel(rows[7], ref[0]) < TOL
 
 
 def test_chunked_prefill_equals_one_chunk(oracle_models, monkeypatch) -> None:

@@ -68,6 +68,11 @@ def test_modes_match_the_cpu_engine_and_count_launches(tiny, kdir, mode, per_lay
     before = sim.clock.launches
     npu.decode(["a"], [4])
     assert sim.clock.launches - before == per_layer * cfg.num_layers + 1
+    # a prompt's every row (its own logprobs): the logits after each of its tokens
+    rows = npu.prefill_many([("p", ids)], every_row=True)
+    assert rows.shape == (len(ids), cfg.vocab_size)
+    assert max(_rel(rows[end - 1], ref.prefill(("s", end), ids[:end]))
+               for end in (1, 4, len(ids))) < 0.03
 
 
 def test_linear_mode_embeds_as_the_cpu_engine_and_fused_modes_refuse(tiny, kdir) -> None:
