@@ -67,9 +67,7 @@ def _inputs(value: Any) -> list[str | list[int]]:
         return [value]
     if not isinstance(value, list) or not value:
         raise bad("is empty" if value == [] else "has the wrong type")
-    if len(value) > MAX_INPUTS:
-        raise ApiError(400, f"'input' holds {len(value)} inputs; at most {MAX_INPUTS} are "
-                       "allowed.", param="input")
+    _check_count(len(value))
     if all(isinstance(v, str) for v in value):
         for i, v in enumerate(value):
             if not v:
@@ -84,6 +82,14 @@ def _inputs(value: Any) -> list[str | list[int]]:
                                param=f"input[{i}]")
         return [list(v) for v in value]
     raise bad("mixes types")
+
+
+def _check_count(count: int) -> None:
+    """A 400 naming the limit when one request carries more than MAX_INPUTS inputs (the
+    same on OpenAI's route and Ollama's /api/embed)."""
+    if count > MAX_INPUTS:
+        raise ApiError(400, f"'input' holds {count} inputs; at most {MAX_INPUTS} are "
+                       "allowed.", param="input")
 
 
 def _dimensions(value: int | None) -> int | None:
@@ -117,12 +123,14 @@ def openai_call(body: bytes, ingress: Ingress) -> Call:
 
 def embed_call(body: bytes, ingress: Ingress) -> Call:
     """/api/embed's Call: inputs over the context are cut to it unless `truncate` is false;
-    no input at all loads the model (answered with no embeddings)."""
+    no input at all loads the model (answered with no embeddings); more than MAX_INPUTS
+    inputs is a 400, as on /v1/embeddings. (/api/embeddings takes one `prompt`: no cap.)"""
     req = decode(body, EmbedIn)
     model = served(ingress, req.model)
     texts = [req.input] if isinstance(req.input, str) else req.input
     if not texts or texts == [""]:
         return Call(now=OllamaEmbedReply(req.model, legacy=False).empty())
+    _check_count(len(texts))
     for i, text in enumerate(texts):
         if not text:
             raise ApiError(400, f"input {i} is empty")

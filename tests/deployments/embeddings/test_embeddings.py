@@ -10,7 +10,8 @@ import base64
 import numpy as np
 import pytest
 
-from actors.events import Accepted, EmbedGenerate, Embeddings, Rejected, Usage
+from actors.events import Accepted, Embeddings, EmbedGenerate, Rejected, Usage
+from deployments.embeddings.request import MAX_INPUTS
 from tests.deployments.test_ingress import FakeStream, FakeWorker, _client
 
 VECTORS = np.array([[0.6, 0.8, 0.0], [0.0, 0.0, 1.0]], dtype="<f4")
@@ -104,3 +105,18 @@ def test_ollama_empty_input_loads_and_bad_input_is_an_ollama_error() -> None:
     r = client.post("/api/embed", json={"model": "other", "input": "a"})
     assert r.status_code == 404 and "other" in r.json()["error"]
     assert worker.requests == []
+
+
+def test_ollama_embed_caps_its_inputs_as_openai_does() -> None:
+    """/api/embed refuses more inputs than /v1/embeddings takes, in Ollama's shape and
+    naming the limit, before any worker is asked; the limit itself still passes."""
+    worker = FakeWorker(_play())
+    client, _ = _client(worker)
+    r = client.post("/api/embed", json={"model": "m", "input": ["a"] * (MAX_INPUTS + 1)})
+    assert r.status_code == 400, r.text
+    assert list(r.json()) == ["error"] and str(MAX_INPUTS) in r.json()["error"]
+    r = client.post("/v1/embeddings", json={"model": "m", "input": ["a"] * (MAX_INPUTS + 1)})
+    assert r.status_code == 400 and str(MAX_INPUTS) in r.json()["error"]["message"]
+    assert worker.requests == []
+    r = client.post("/api/embed", json={"model": "m", "input": ["a"] * MAX_INPUTS})
+    assert r.status_code == 200 and len(worker.requests[0].inputs) == MAX_INPUTS

@@ -242,3 +242,86 @@ def test_truncation_auto_that_cannot_fit_is_the_workers_refusal() -> None:
     assert err.value.body["code"] == "context_length_exceeded"
     assert err.value.body["param"] == "input"
     assert [m["content"][0] for m in worker.requests[0].messages] == ["z"]  # the least
+
+
+def _agent_loop(rounds: int, output: int = 400) -> list[dict]:
+    """One user message, then `rounds` tool rounds (a call, its output) of `output` chars."""
+    items: list[dict] = [{"role": "user", "content": "t" * 100}]
+    for i in range(rounds):
+        items += [{"type": "function_call", "call_id": f"c{i}", "name": "get_weather",
+                   "arguments": f'{{"city": "{i}"}}'},
+                  {"type": "function_call_output", "call_id": f"c{i}", "output": "o" * output}]
+    return items
+
+
+def _calls_and_outputs(sent: list[dict]) -> tuple[list[str], list[str]]:
+    calls = [c["id"] for m in sent for c in m.get("tool_calls") or []]
+    return calls, [m["tool_call_id"] for m in sent if m["role"] == "tool"]
+
+
+def test_truncation_auto_drops_the_oldest_tool_rounds_of_an_agent_loop() -> None:
+    """One user message and six rounds of 400 chars: over the context, the two oldest whole
+    rounds go; the instructions, the user message and the newest rounds stay."""
+    worker = CountingWorker(FakeStream(_done()))
+    oa, _ = _sdk(worker)
+    r = oa.responses.create(model="m", instructions="Be brief.", input=_agent_loop(6),
+                            tools=[WEATHER], truncation="auto")
+    assert r.output_text == "Hello"
+    sent = worker.requests[0].messages
+    assert sent[0] == {"role": "system", "content": "Be brief."}
+    assert sent[1] == {"role": "user", "content": "t" * 100}
+    assert _calls_and_outputs(sent) == (["c2", "c3", "c4", "c5"], ["c2", "c3", "c4", "c5"])
+    assert sum(len(m["content"]) for m in sent) < CONTEXT
+    assert len(worker.counted) <= 4  # the whole prompt, then a binary search over 5 cuts
+
+
+def test_truncation_auto_of_a_loop_keeps_each_output_with_its_call() -> None:
+    """A round whose call is answered only after the next round's call is never cut from
+    its answer, even when that cut alone would fit: the least is sent instead."""
+    items = _agent_loop(1, output=500) + [
+        {"role": "assistant", "content": "p" * 1500},
+        {"type": "function_call", "call_id": "a", "name": "get_weather", "arguments": "{}"},
+        {"role": "assistant", "content": "Now the other one."},
+        {"type": "function_call", "call_id": "b", "name": "get_weather", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "a", "output": "x" * 300},
+        {"type": "function_call_output", "call_id": "b", "output": "y" * 300}]
+    worker = CountingWorker(FakeStream(_done()))
+    oa, _ = _sdk(worker)
+    oa.responses.create(model="m", input=items, tools=[WEATHER], truncation="auto")
+    sent = worker.requests[0].messages
+    assert _calls_and_outputs(sent) == (["a", "b"], ["a", "b"])
+    assert [m["content"][:1] for m in sent] == ["t", "p", "N", "x", "y"]
+
+
+def test_truncation_auto_drops_user_turns_before_rounds_after_the_last_user() -> None:
+    """An earlier user turn goes first (all rounds stay when that is enough); when it is
+    not, the rounds after the last user message go too, never that message."""
+    worker = CountingWorker(FakeStream(_done()), FakeStream(_done()))
+    oa, _ = _sdk(worker)
+    earlier = [{"role": "user", "content": "a" * 900}, {"role": "assistant", "content": "b"}]
+    oa.responses.create(model="m", input=earlier + _agent_loop(4), tools=[WEATHER],
+                        truncation="auto")
+    sent = worker.requests[0].messages
+    assert sent[0]["content"] == "t" * 100 and len(_calls_and_outputs(sent)[0]) == 4
+    oa.responses.create(model="m", input=earlier + _agent_loop(6), tools=[WEATHER],
+                        truncation="auto")
+    sent = worker.requests[1].messages
+    assert sent[0]["content"] == "t" * 100
+    assert _calls_and_outputs(sent)[1] == ["c2", "c3", "c4", "c5"]
+
+
+def test_truncation_auto_never_drops_the_newest_round() -> None:
+    """A newest round over the context on its own: the least that is sent (the user
+    message and that round), which the worker refuses for its length."""
+    refusal = [[Rejected(status=400, message="This model's maximum context length is 2048 "
+                                             "tokens; the prompt has 3000.",
+                         param="messages", code="context_length_exceeded")]]
+    worker = CountingWorker(FakeStream(refusal))
+    oa, _ = _sdk(worker)
+    with pytest.raises(openai.BadRequestError) as err:
+        oa.responses.create(model="m", input=_agent_loop(3, output=3000), tools=[WEATHER],
+                            truncation="auto")
+    assert err.value.body["code"] == "context_length_exceeded"
+    sent = worker.requests[0].messages
+    assert sent[0]["content"] == "t" * 100
+    assert _calls_and_outputs(sent) == (["c2"], ["c2"])
