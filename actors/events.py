@@ -155,13 +155,16 @@ class Deltas(msgspec.Struct, tag="deltas", tag_field="event"):
 class Finished(msgspec.Struct, tag="finished", tag_field="event"):
     """A choice ended. `message` (chat) is its final parse: what a non-streamed reply
     shows (a stream cannot take back a call it started; the final parse can). `stop`: the
-    stop string that ended it (None: an end token, the grammar or a limit ended it)."""
+    stop string that ended it (None: an end token, the grammar or a limit ended it).
+    `cut_block`: a chat cut by a limit inside a tool block before any call in it was
+    named: the block's raw text, which `message` does not show."""
 
     index: int
     finish_reason: str
     completion_tokens: int
     message: ChatMsg | None = None
     stop: str | None = None
+    cut_block: str = ""
 
 
 class Usage(msgspec.Struct, tag="usage", tag_field="event"):

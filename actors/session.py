@@ -176,10 +176,11 @@ class Choice:
         events = self._emit(tail, None, final=reason != "length")
         if reason == "stop" and self.stream is not None and self.stream.message.tool_calls:
             reason = "tool_calls"
+        cut = self.stream.cut_block if reason == "length" and self.stream else ""
         return events + [Finished(index=self.index, finish_reason=reason,
                                   completion_tokens=self.generated,
                                   message=self.stream.message if self.stream else None,
-                                  stop=self.stops.matched)]
+                                  stop=self.stops.matched, cut_block=cut)]
 
 
 class Session:

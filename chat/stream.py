@@ -61,6 +61,12 @@ class ChatStream:
     def finished(self) -> bool:
         return self._finished
 
+    @property
+    def cut_block(self) -> str:
+        """The raw text of a tool block begun with no call in it named yet: what an output
+        cut there (by a token limit) wrote that `message` does not show."""
+        return "" if self._broken or self._finished else self._parser.cut_block
+
     def update(self, text_piece: str, final: bool = False) -> list[Delta]:
         """Append `text_piece`; `final=True` ends the turn and releases held-back text.
 

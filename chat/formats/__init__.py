@@ -16,9 +16,14 @@ from chat.spec import FormatKind, FormatSpec
 
 
 class Parser(Protocol):
-    """Consumes a turn's text piece by piece into its builder; `final` ends the turn."""
+    """Consumes a turn's text piece by piece into its builder; `final` ends the turn.
+    `cut_block`: the raw text of a tool block begun with no call in it named yet (what a
+    turn cut there would lose: the parse shows nothing of it)."""
 
     def feed(self, text: str, final: bool) -> None: ...
+
+    @property
+    def cut_block(self) -> str: ...
 
 
 def make_parser(

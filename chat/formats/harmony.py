@@ -41,6 +41,11 @@ class HarmonyParser:
         self.message = Markers(HARMONY_MESSAGE)
         self._scanned = 0
 
+    @property
+    def cut_block(self) -> str:
+        """Harmony's calls are named in their header, before any text of theirs: none."""
+        return ""
+
     def feed(self, text: str, final: bool) -> None:
         buf = self.buf + text if self.buf else text
         pos = 0

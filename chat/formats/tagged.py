@@ -177,6 +177,14 @@ class TaggedParser:
         return self._open_block(marker, at + len(marker))
 
     # -- tool blocks ----------------------------------------------------------------------
+    @property
+    def cut_block(self) -> str:
+        """The raw text of a tool block begun whose first call has no name yet (its opener
+        and what followed, as far as it got); "" elsewhere."""
+        if self.mode != _TOOL or self.b.call_count != self.block_first_call:
+            return ""
+        return "".join(self.block_raw) + self.buf
+
     def _open_block(self, opener: str, after: int) -> int:
         assert self.block_factory is not None
         self.b.end_segment(CONTENT)

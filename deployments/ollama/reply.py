@@ -54,7 +54,8 @@ def _tool_calls(calls: list[dict], cut: bool) -> tuple[list[dict], str]:
     `cut` the answer, a last call whose arguments are not yet a whole JSON object (none
     written, or part of one) comes back as text, the call as the model was writing it
     (`{"name": ..., "arguments": ...` so far): never a call a client would run without its
-    arguments."""
+    arguments. (A call cut before its name was whole is the worker's `cut_block`: its
+    raw text, after these.)"""
     out, text = [], ""
     for i, c in enumerate(calls):
         f = c["function"]
@@ -95,6 +96,7 @@ class OllamaReply:
         self.usage: Usage | None = None
         self.error: str | None = None
         self.load_s = 0.0  # the model's load, when this request waited for it
+        self.cut_block = ""  # a tool block cut before its call was named: text
 
     def _object(self, content: str, thinking: str = "", calls: list | None = None,
                 logprobs: list | None = None, done: bool = False) -> dict:
@@ -153,6 +155,8 @@ class OllamaReply:
                 if ev.index == 0 and self.endpoint == "chat" and ev.message is not None:
                     calls, text = _tool_calls(self.choice.chat_message().get("tool_calls", []),
                                               ev.finish_reason == "length")
+                    self.cut_block = ev.cut_block
+                    text += ev.cut_block
                     if calls or text:  # Ollama sends a call whole, once it is complete
                         out.append(self._object(text, calls=calls))
             elif isinstance(ev, Usage):
@@ -190,7 +194,7 @@ class OllamaReply:
         calls, text = _tool_calls(msg.get("tool_calls", []),
                                   self.choice.finish_reason == "length")
         logprobs = _logprobs(self.choice.logprobs) if self.choice.logprobs else None
-        return self._object((msg.get("content") or "") + text,
+        return self._object((msg.get("content") or "") + text + self.cut_block,
                             msg.get("reasoning_content") or "", calls, logprobs, done=True)
 
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chat import ChatStream, Delta, compute_deltas, parse, spec_for_kind
+from chat import ChatStream, Delta, FormatKind, compute_deltas, parse, spec_for_kind
 from chat.message import ChatMsg, ToolCall
 from tests.chat.fixtures import CASES
 from tests.chat.support import fold, is_prefix_msg, stream_pieces, without_ids
@@ -121,3 +121,23 @@ def test_a_continued_turn_keeps_the_leading_space_of_what_follows(kind: str) -> 
     fresh = ChatStream(spec_for_kind(kind))
     fresh.update(" sat on the mat", final=True)
     assert fresh.message.content == "sat on the mat"  # a new turn: trimmed, as before
+
+
+@pytest.mark.parametrize("kind,text,cut", [
+    # a block begun, its call not named yet: the block is the cut text, however it was split
+    (FormatKind.HERMES_JSON, 'Sure. <tool_call>{"name": "get', '<tool_call>{"name": "get'),
+    (FormatKind.QWEN_XML, "<tool_call>\n<function=get_wea", "<tool_call>\n<function=get_wea"),
+    # the call named: it is in the message, nothing is cut text
+    (FormatKind.HERMES_JSON, '<tool_call>{"name": "get_weather", "arguments": {"ci', ""),
+    (FormatKind.HERMES_JSON, "Just text", ""),
+    (FormatKind.HARMONY, "<|channel|>commentary to=functions.get", ""),
+])
+def test_a_tool_block_cut_before_its_call_is_named_is_held_as_raw_text(
+        kind: FormatKind, text: str, cut: str) -> None:
+    for seed in range(5):
+        stream = ChatStream(spec_for_kind(kind))
+        stream_pieces(stream, text, random.Random(seed), max_piece=4, final=False)
+        assert stream.cut_block == cut
+        assert not any(c.name for c in stream.message.tool_calls) or not cut
+    stream.update("", final=True)
+    assert stream.cut_block == ""  # a turn that ended: the parse shows everything

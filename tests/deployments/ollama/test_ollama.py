@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from actors.events import ChatGenerate, CompletionGenerate, Deltas, Failed, Finished, Usage
-from chat import ChatMsg, Delta, ToolCall
+from chat import ChatMsg, ChatStream, Delta, FormatKind, ToolCall, spec_for_kind
 from deployments.errors import ApiError
 from deployments.ollama import reply as ollama_reply
 from deployments.ollama import request
@@ -248,6 +248,23 @@ def test_a_call_cut_by_the_token_limit_is_text(arguments: str, stream: bool) -> 
         {"city": "Rome"}]  # the whole call before it stays a call
     assert final["content"] == '{"name": "get", "arguments": ' + arguments
     assert lines[-1]["done_reason"] == "length"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_cut_before_its_name_was_whole_is_text(stream: bool) -> None:
+    """The parse holds a tool block back until its call is named: cut by the limit there,
+    the block comes back as the text the model wrote (not dropped), after what preceded it."""
+    chat = ChatStream(spec_for_kind(FormatKind.HERMES_JSON))
+    deltas = chat.update('Sure. <tool_call>{"name": "get')
+    events = [Deltas(index=0, deltas=deltas),
+              Finished(index=0, finish_reason="length", completion_tokens=9,
+                       message=chat.message, cut_block=chat.cut_block),
+              Usage(prompt_tokens=11, completion_tokens=9)]
+    reply = ollama_reply.OllamaReply("m", "chat", started=0.0)
+    lines = reply.add(events)
+    final = _fold_lines(lines) if stream else reply.final()["message"]
+    assert final["content"] == 'Sure.<tool_call>{"name": "get'
+    assert not final.get("tool_calls") and lines[-1]["done_reason"] == "length"
 
 
 def test_a_call_without_arguments_that_ended_is_a_call() -> None:
