@@ -281,7 +281,20 @@ def request_template(source: str, bos_token: str, eos_token: str) -> ChatTemplat
     return ChatTemplate(source, bos_token=bos_token, eos_token=eos_token)
 
 
-def _render(request: ChatGenerate, model: Model) -> tuple[str, bool, bool]:
+def render_prompt(request: ChatGenerate, model: Model, *,
+                  add_generation_prompt: bool = True) -> str:
+    """The prompt text of a chat request, as generation renders it (`add_generation_prompt`
+    False: the conversation alone, without the assistant turn's opening; a continued last
+    message has none either way).
+
+    Raises:
+        RequestError: the template cannot render the conversation (400).
+    """
+    return _render(request, model, add_generation_prompt=add_generation_prompt)[0]
+
+
+def _render(request: ChatGenerate, model: Model, *,
+            add_generation_prompt: bool = True) -> tuple[str, bool, bool]:
     """The prompt text of a chat request, whether the model thinks, whether its template
     shows tools (the request's own template when it brings one)."""
     creq = request.constraint
@@ -293,16 +306,19 @@ def _render(request: ChatGenerate, model: Model) -> tuple[str, bool, bool]:
         raise RequestError("A conversation that ends with the assistant's own text (a "
                            "prefill) is continued as free text: it cannot be under a "
                            "response format or a required tool call.", param="messages")
+    opening = add_generation_prompt and not request.continue_final
     try:
         if request.template is None or not model.generates:
             text = model.render(request.messages, tools, enable_thinking=request.thinking,
-                                continue_final=request.continue_final, **extra)
+                                continue_final=request.continue_final,
+                                add_generation_prompt=opening, **extra)
             return text, model.thinking_enabled(request.thinking), model.tools_enabled()
         own = model.template
         template = request_template(request.template, own.bos_token if own else "",
                                     own.eos_token if own else "")
         text = template.render(request.messages, tools, enable_thinking=request.thinking,
-                               continue_final=request.continue_final, **extra)
+                               continue_final=request.continue_final,
+                               add_generation_prompt=opening, **extra)
     except ModelError as exc:
         raise RequestError(str(exc), param="messages") from None
     return text, template.thinking_enabled(request.thinking), template.tools_enabled()

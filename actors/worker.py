@@ -42,6 +42,8 @@ from actors.outbox import End, Outbox, deliver
 from actors.scheduler import Scheduler
 from actors.session import Session, build_session, counted
 from actors.speculation import Speculation
+from actors.tokenize import Detokenize, Tokenize, TokenizerInfo
+from actors.tokenize import answer as tokenize_answer
 from chat import FormatSpec, GrammarEngine, detect_format
 from npu import Model
 
@@ -142,12 +144,18 @@ class Worker:
         return m.snapshot()
 
     # -- requests -------------------------------------------------------------------------------
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[list[Event]]:
+    async def generate(self, request: GenerateRequest | Tokenize | Detokenize | TokenizerInfo
+                       ) -> AsyncIterator[list[Event]]:
         """Events for one request, in batches: Rejected alone, or Accepted first (together
         with the first output), then Deltas/Finished per choice, then Usage (or Failed if the
         worker breaks). A batch holds every event that was ready, so a slow consumer gets
-        fewer, larger messages."""
+        fewer, larger messages. A Tokenize, Detokenize or TokenizerInfo is answered in one
+        batch (Accepted and its Tokens, Text or Info: actors.tokenize), in a helper thread:
+        nothing is scheduled."""
         self.requests += 1
+        if isinstance(request, (Tokenize, Detokenize, TokenizerInfo)):
+            yield await asyncio.to_thread(tokenize_answer, request, self.model)
+            return
         if isinstance(request, EmbedGenerate):
             async for batch in self._embed(request):
                 yield batch

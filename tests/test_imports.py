@@ -21,7 +21,8 @@ CORE = {"deployments.access", "deployments.body", "deployments.errors", "deploym
         "deployments.ingress", "deployments.library", "deployments.metrics",
         "deployments.prefill", "deployments.routing"}
 SURFACES = {"deployments.openai", "deployments.responses", "deployments.ollama",
-            "deployments.embeddings", "deployments.anthropic", "deployments.page"}
+            "deployments.embeddings", "deployments.anthropic", "deployments.page",
+            "deployments.tokenize"}
 # inside npu/, by folder: the model's config and the loaded Model at the top, shared by the
 # three jobs below them; the engine under the NPU's (whose engine extends the CPU's); loading
 # over both (it makes their engines); none of them reaches back up
@@ -43,6 +44,8 @@ DEPLOYMENTS = {
     "deployments.embeddings": CORE | {"deployments.ollama"},
     # the chat page (its `/` answers Ollama's clients as Ollama's route does)
     "deployments.page": CORE | {"deployments.ollama"},
+    # a conversation typed as OpenAI's chat completions types it (its count is theirs)
+    "deployments.tokenize": CORE | {"deployments.openai"},
     "deployments.server": CORE | SURFACES,
     "deployments.app": CORE | {"deployments.server"},
     "deployments.launch": set(),

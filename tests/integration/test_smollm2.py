@@ -145,3 +145,34 @@ def test_an_echoed_prompt_is_scored_as_lm_eval_scores_it(openai_client) -> None:
         return sum(lp.token_logprobs[i] for i in ours)
 
     assert score(" Paris.") > score(" London.") + 1.0
+
+
+def test_lm_eval_scores_token_ids_with_the_servers_own_tokenizer(client) -> None:
+    """As lm-evaluation-harness does with its remote tokenizer (tokenized requests): the
+    context and the continuation tokenized by /tokenize, sent as token ids with `echo`,
+    `logprobs` 1 and `max_tokens` 1; it sums `token_logprobs[ctxlen:-1]` and calls the
+    continuation greedy when each of its tokens is the top one."""
+    info = client.get("/tokenizer_info", params={"model": MODEL}).json()
+    assert info["eos_token"] == "<|im_end|>" and "im_start" in info["chat_template"]
+
+    def ids(text: str) -> list[int]:
+        r = client.post("/tokenize", json={"model": MODEL, "prompt": text,
+                                           "add_special_tokens": False})
+        return r.json()["tokens"]
+
+    context = ids("The capital of France is")
+
+    def score(continuation: str) -> tuple[float, bool]:
+        whole = context + ids(continuation)
+        r = client.post("/v1/completions", json={
+            "model": MODEL, "prompt": [whole], "echo": True, "logprobs": 1, "max_tokens": 1,
+            "temperature": 0, "seed": 1234})
+        assert r.status_code == 200, r.text
+        lp = r.json()["choices"][0]["logprobs"]
+        assert len(lp["token_logprobs"]) == len(whole) + 1  # and the one token written
+        got = lp["token_logprobs"][len(context):-1]
+        tops = lp["top_logprobs"][len(context):-1]
+        return sum(got), all(v == max(t.values()) for v, t in zip(got, tops, strict=True))
+
+    (paris, greedy), (london, _) = score(" Paris"), score(" London")
+    assert paris > london and greedy
