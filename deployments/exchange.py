@@ -54,7 +54,10 @@ class Call:
     prompt prefills); a stream whose first event takes longer starts with them (b"": the
     stream starts with its first event, and nothing is sent between events).
     `keep_loaded_s`: how long a library model stays loaded after this request (Ollama's
-    keep_alive; None: the app's default)."""
+    keep_alive; None: the app's default).
+    `parts`: a request of several (a completions batch: one prompt each), run together on
+    the model's workers, each folding its events into its own reply; then `reply.answer()`
+    joins them. Not streamed; a part's refusal is the request's."""
 
     model: str = ""
     request: GenerateRequest | None = None
@@ -66,3 +69,4 @@ class Call:
     keep_alive: bytes = b""
     keep_alive_s: float = 5.0
     keep_loaded_s: float | None = None
+    parts: list[Call] = field(default_factory=list)

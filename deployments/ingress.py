@@ -281,6 +281,9 @@ class Ingress(LibraryFront):
             return call.now
         if call.later is not None:
             return await call.later()
+        if call.parts:
+            await self._fold_parts(call.parts, trace)
+            return call.reply.answer()
         reply = call.reply
         if call.stream and call.keep_alive:
             opening = asyncio.ensure_future(self._open(call, trace))
@@ -300,6 +303,25 @@ class Ingress(LibraryFront):
             return reply.answer()
         return StreamingResponse(self._stream(gen, head, call), media_type=reply.media_type,
                                  headers=reply.headers)
+
+    async def _fold_parts(self, parts: list[Call], trace: RequestTrace) -> None:
+        """Each part's request run on its worker at once (the worker batches them), its
+        events folded into its own reply; the first refusal or failure cancels the rest
+        and is raised."""
+        async def fold(part: Call) -> None:
+            gen, head = await self._open(part, trace)
+            try:
+                await self._drain(gen, head, part.reply.fold)
+            except asyncio.CancelledError:  # another part failed, or the client left
+                gen.cancel()
+                raise
+
+        tasks = [asyncio.ensure_future(fold(part)) for part in parts]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
 
     async def _open(self, call: Call, trace: RequestTrace) -> tuple[_Traced, list]:
         """The request's stream on `model`'s worker (each batch shown to `trace`) and what

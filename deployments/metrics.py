@@ -119,11 +119,17 @@ class RequestTrace:
         self.done = False
 
     def saw(self, batch: list) -> None:
+        """Note a batch of the request's events (a batch of prompts has a Usage each: they
+        add up)."""
         for ev in batch:
             if self.first_at is None and isinstance(ev, (Deltas, Finished)):
                 self.first_at = time.perf_counter()
             elif isinstance(ev, Usage):
-                self.usage = ev
+                u = self.usage
+                self.usage = ev if u is None else Usage(
+                    prompt_tokens=u.prompt_tokens + ev.prompt_tokens,
+                    completion_tokens=u.completion_tokens + ev.completion_tokens,
+                    cached_tokens=u.cached_tokens + ev.cached_tokens)
 
     def answered(self, status: int, streaming: bool) -> None:
         """The response's status is decided; a streamed one ends later (`ended`)."""

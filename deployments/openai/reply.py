@@ -145,7 +145,7 @@ class _Reply:
         self.meta, self.include_usage = meta, include_usage
         self.started: set[int] = set()  # choices that have sent a chunk
         self.folds: dict[int, ChoiceFold] = {}
-        self.usage = usage_body(Usage(prompt_tokens=0, completion_tokens=0))
+        self.counts = Usage(prompt_tokens=0, completion_tokens=0)
 
     # the choice objects, per API
     def delta_choice(self, ev: Deltas) -> dict:
@@ -203,14 +203,18 @@ class _Reply:
                 f.finish_reason = ev.finish_reason
                 f.final = ev.message
             elif isinstance(ev, Usage):
-                self.usage = usage_body(ev)
+                self.counts = ev
             elif isinstance(ev, Failed):
                 raise ApiError(503, ev.message, type="server_error")
 
+    def choices(self) -> list[dict]:
+        """The folded choices, by index."""
+        return [self.final_choice(i, self.folds[i]) for i in sorted(self.folds)]
+
     def answer(self) -> Response:
-        choices = [self.final_choice(i, self.folds[i]) for i in sorted(self.folds)]
         return Response(_encoder.encode({**self.meta, "object": self.final_object,
-                                         "choices": choices, "usage": self.usage}),
+                                         "choices": self.choices(),
+                                         "usage": usage_body(self.counts)}),
                         media_type="application/json")
 
 
@@ -286,3 +290,47 @@ def _joined(first: list[TokenLogprob] | None,
     if first is None or then is None:
         return then if first is None else first
     return first + then
+
+
+class CompletionBatchReply:
+    """The answer to a completions request of several prompts (a batch: each prompt its own
+    worker request, folded by its own CompletionReply): one object with every prompt's
+    choices, prompt k's choice i at index k * n + i (OpenAI's order), the usage summed.
+    Never streamed (the request path refuses a streamed batch)."""
+
+    media_type = "application/json"
+    headers: ClassVar[dict[str, str]] = {}
+
+    def __init__(self, meta: dict, parts: list[CompletionReply], n: int) -> None:
+        self.meta, self.parts, self.n = meta, parts, n
+
+    def answer(self) -> Response:
+        choices = []
+        for k, part in enumerate(self.parts):
+            for choice in part.choices():
+                choices.append({**choice, "index": k * self.n + choice["index"]})
+        u = [p.counts for p in self.parts]
+        usage = Usage(prompt_tokens=sum(x.prompt_tokens for x in u),
+                      completion_tokens=sum(x.completion_tokens for x in u),
+                      cached_tokens=sum(x.cached_tokens for x in u),
+                      accepted_prediction_tokens=sum(x.accepted_prediction_tokens for x in u),
+                      rejected_prediction_tokens=sum(x.rejected_prediction_tokens for x in u))
+        return Response(_encoder.encode({**self.meta, "object": "text_completion",
+                                         "choices": choices, "usage": usage_body(usage)}),
+                        media_type=self.media_type)
+
+    # the parts fold the events: nothing comes here
+    def fold(self, batch: list) -> None:
+        raise NotImplementedError("a batch's parts fold their own events")
+
+    def lead(self) -> bytes:
+        return b""
+
+    def render(self, batch: list) -> bytes:
+        raise NotImplementedError("a batch is never streamed")
+
+    def broken(self) -> bytes:
+        return b""
+
+    def tail(self) -> bytes:
+        return b""

@@ -23,11 +23,13 @@ from deployments.body import decode_json, decode_raw, param_from
 from deployments.errors import ApiError
 from deployments.exchange import Call
 from deployments.ingress import Ingress
-from deployments.openai.reply import ChatReply, CompletionReply
+from deployments.openai.reply import ChatReply, CompletionBatchReply, CompletionReply
 from deployments.openai.schemas import ChatRequest, CompletionRequest
 from deployments.prefill import continuation
 
 OpenAIRequest = ChatRequest | CompletionRequest
+# prompts one completions request may hold (a batch: each one its own worker request)
+MAX_PROMPTS = 64
 
 
 def decode_request(body: bytes, schema: type[OpenAIRequest]) -> tuple[OpenAIRequest, dict]:
@@ -81,9 +83,11 @@ def _check_chat(req: ChatRequest) -> None:
                                 f"not on a {m.role!r} message.", param=f"{where}.tool_calls")
 
 
-def generate_request(req: OpenAIRequest, raw: dict, **extra: Any) -> GenerateRequest:
+def generate_request(req: OpenAIRequest, raw: dict, *, prompt: str | list[int] | None = None,
+                     **extra: Any) -> GenerateRequest:
     """The worker's request for a typed chat or completion request: typed once, here
-    (`extra`: fields no OpenAI request sets, as Ollama's `context_limit`).
+    (`prompt`: the one of a completion's batch this request is for, else its only one;
+    `extra`: fields no OpenAI request sets, as Ollama's `context_limit`).
 
     Raises:
         ApiError: 400 for constraint options (tools, tool_choice, response_format, the
@@ -99,7 +103,8 @@ def generate_request(req: OpenAIRequest, raw: dict, **extra: Any) -> GenerateReq
         frequency_penalty=req.frequency_penalty or 0.0, seed=req.seed,
         ignore_eos=bool(req.ignore_eos), **extra)
     if isinstance(req, CompletionRequest):
-        prompt = _prompt(req.prompt)
+        if prompt is None:
+            [prompt] = _prompts(req.prompt, most=1)
         if req.suffix:
             raise ApiError(400, "'suffix' (text after the completion, fill-in-the-middle) is "
                                 "not supported by this server.", param="suffix")
@@ -146,32 +151,35 @@ def generate_request(req: OpenAIRequest, raw: dict, **extra: Any) -> GenerateReq
         logprobs=bool(req.logprobs), top_logprobs=req.top_logprobs or 0, **common)
 
 
-def _prompt(prompt: str | list[Any]) -> str | list[int]:
-    """A completion's one prompt: a string, token ids, or a list of one of those.
+def _prompts(prompt: str | list[Any], most: int = MAX_PROMPTS) -> list[str | list[int]]:
+    """A completion's prompts: a string, token ids, or a list of strings or of token-id
+    lists (a batch, OpenAI's), at most `most`.
 
     Raises:
-        ApiError: 400, several prompts (a batch), or a list that is none of these.
+        ApiError: 400, more prompts than `most`, or a list that is none of these.
     """
     if isinstance(prompt, str):
-        return prompt
+        return [prompt]
     if prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return _token_ids(prompt)
-    if len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
-        raise ApiError(400, f"'prompt' holds {len(prompt)} prompts; this server completes one "
-                            "prompt a request (send each as its own request; 'n' asks for "
-                            "several completions of one).", param="prompt")
-    if len(prompt) == 1 and isinstance(prompt[0], str):
-        return prompt[0]
-    if len(prompt) == 1 and isinstance(prompt[0], list) and prompt[0]:
-        return _token_ids(prompt[0])
-    raise ApiError(400, "'prompt' must be a string, an array of token ids, or an array of "
-                        "one of those.", param="prompt")
-
-
-def _token_ids(ids: list[Any]) -> list[int]:
-    if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
-        raise ApiError(400, "'prompt' as token ids must hold non-negative integers only.",
+        return [_token_ids(prompt, "prompt")]
+    if not prompt or not (all(isinstance(p, str) for p in prompt)
+                          or all(isinstance(p, list) and p for p in prompt)):
+        raise ApiError(400, "'prompt' must be a string, an array of token ids, or an array of "
+                            "strings or of token-id arrays (a batch).", param="prompt")
+    if len(prompt) > most:
+        detail = ("this route completes one prompt a request" if most == 1 else
+                  f"at most {most} are completed in one request")
+        raise ApiError(400, f"'prompt' holds {len(prompt)} prompts; {detail} (send the rest "
+                            "in other requests; 'n' asks for several completions of one).",
                        param="prompt")
+    return [p if isinstance(p, str) else _token_ids(p, f"prompt[{i}]")
+            for i, p in enumerate(prompt)]
+
+
+def _token_ids(ids: list[Any], param: str) -> list[int]:
+    if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+        raise ApiError(400, f"'{param}' as token ids must hold non-negative integers only.",
+                       param=param)
     return list(ids)
 
 
@@ -229,26 +237,50 @@ def with_defaults(raw: dict, system: str | None, options: dict[str, Any]) -> dic
 
 def chat_call(body: bytes, ingress: Ingress) -> Call:
     """POST /v1/chat/completions's Call."""
-    return _call(body, ingress, ChatRequest, ChatReply, "chatcmpl-")
+    return _call(*decode_request(body, ChatRequest), ingress, ChatReply, "chatcmpl-")
 
 
 def completion_call(body: bytes, ingress: Ingress) -> Call:
-    """POST /v1/completions's Call."""
-    return _call(body, ingress, CompletionRequest, CompletionReply, "cmpl-")
+    """POST /v1/completions's Call: one prompt's, or a batch's (several prompts, each its
+    own worker request, their choices in one answer: prompt k's choice i at k * n + i)."""
+    req, raw = decode_request(body, CompletionRequest)
+    prompts = _prompts(req.prompt)
+    if len(prompts) == 1:
+        return _call(req, raw, ingress, CompletionReply, "cmpl-")
+    if req.stream:
+        raise ApiError(400, "A batch of prompts is answered whole: send it with 'stream': "
+                            "false, or stream each prompt in a request of its own.",
+                       param="stream")
+    req, raw = _with_variant(req, raw, ingress)
+    parts = []
+    for k, p in enumerate(prompts):  # a worker's refusal of one names it: prompt[k]
+        greq = generate_request(req, raw, prompt=p)
+        parts.append(Call(model=req.model, request=greq, params={"prompt": f"prompt[{k}]"},
+                          reply=CompletionReply(_meta("cmpl-", greq, req.model))))
+    meta = {**parts[0].reply.meta, "id": f"cmpl-{uuid.uuid4().hex}"}
+    return Call(model=req.model, parts=parts,
+                reply=CompletionBatchReply(meta, [p.reply for p in parts], req.n or 1))
 
 
-def _call(body: bytes, ingress: Ingress, schema: type[OpenAIRequest],
+def _call(req: OpenAIRequest, raw: dict, ingress: Ingress,
           reply: type[ChatReply | CompletionReply], prefix: str) -> Call:
-    req, raw = decode_request(body, schema)
-    ingress.check_model(req.model)
-    variant = ingress.variant(req.model)
-    if variant is not None:  # a library variant's defaults (Ollama's /api/create)
-        raw = with_defaults(raw, *variant)
-        req = convert_request(raw, schema)
+    req, raw = _with_variant(req, raw, ingress)
     greq = generate_request(req, raw)
     meta, usage = _meta(prefix, greq, req.model), _include_usage(req)
     answer = reply(meta, usage)
     return Call(model=req.model, request=greq, stream=bool(req.stream), reply=answer)
+
+
+def _with_variant(req: OpenAIRequest, raw: dict,
+                  ingress: Ingress) -> tuple[OpenAIRequest, dict]:
+    """The request with a library variant's defaults (Ollama's /api/create) where its model
+    is one; 404 for an unknown model."""
+    ingress.check_model(req.model)
+    variant = ingress.variant(req.model)
+    if variant is None:
+        return req, raw
+    raw = with_defaults(raw, *variant)
+    return convert_request(raw, type(req)), raw
 
 
 def _meta(prefix: str, greq: GenerateRequest, model: str) -> dict:

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from actors.events import Deltas, Finished, Prompt, TokenLogprob, Usage
-from deployments.openai.reply import CompletionReply, usage_body
+from deployments.openai.reply import CompletionBatchReply, CompletionReply, usage_body
 
 
 def test_usage_counts_speculative_drafts_only_when_there_were_some() -> None:
@@ -79,3 +79,23 @@ def test_echoed_logprobs_start_with_the_prompts_the_first_one_null(texts: list[s
             for key in folded:
                 folded[key] += (c["logprobs"] or {}).get(key, [])
     assert folded == lp
+
+
+def test_a_batch_lists_each_prompts_choices_in_openais_order_and_sums_usage() -> None:
+    """Prompt k's choice i is at index k * n + i; the usage adds up the prompts'."""
+    parts = []
+    for k, texts in enumerate([["a", "b"], ["c", "d"], ["e", "f"]]):
+        part = CompletionReply({"id": f"cmpl-{k}", "created": 0, "model": "m"})
+        part.fold([Prompt(text=f"p{k} ")] * (k == 1)
+                  + [Deltas(index=i, text=t) for i, t in enumerate(texts)]
+                  + [Finished(index=i, finish_reason="length", completion_tokens=1)
+                     for i in (0, 1)]
+                  + [Usage(prompt_tokens=3 + k, completion_tokens=2, cached_tokens=k)])
+        parts.append(part)
+    batch = CompletionBatchReply({"id": "cmpl-b", "created": 0, "model": "m"}, parts, n=2)
+    body = json.loads(batch.answer().body)
+    assert body["id"] == "cmpl-b" and body["object"] == "text_completion"
+    assert [(c["index"], c["text"]) for c in body["choices"]] == [
+        (0, "a"), (1, "b"), (2, "p1 c"), (3, "p1 d"), (4, "e"), (5, "f")]
+    assert body["usage"] == {"prompt_tokens": 12, "completion_tokens": 6, "total_tokens": 18,
+                             "prompt_tokens_details": {"cached_tokens": 3}}
