@@ -39,6 +39,7 @@ from chat import (
 )
 from chat.decode import mask_words
 from npu import ChatTemplate, Model, ModelError, Sampler, SamplingParams, logprobs
+from npu.sampler import row_logprobs
 
 log = logging.getLogger(__name__)
 _ids = itertools.count()
@@ -253,8 +254,12 @@ class Session:
         if start == 0:
             self.prompt_scores.append(TokenLogprob(token=_piece(table[ids[0]]), logprob=None,
                                                    bytes=list(table[ids[0]]), top=[]))
-        for row, token in enumerate(ids[start + 1 : start + 1 + len(logits)]):
-            self.prompt_scores.append(self.logprob(logits[row], token))
+        tokens = ids[start + 1 : start + 1 + len(logits)]
+        for token, (value, top) in zip(tokens, row_logprobs(logits, tokens,
+                                                            self.request.top_logprobs)):
+            self.prompt_scores.append(TokenLogprob(
+                token=_piece(table[token]), logprob=value, bytes=list(table[token]),
+                top=[(_piece(table[t]), v, list(table[t])) for t, v in top]))
 
     def prompt_event(self) -> list[Event]:
         """The Prompt event the request asks for (none if it does not)."""

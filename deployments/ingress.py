@@ -44,6 +44,8 @@ from deployments.metrics import RequestTrace
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_S = "1"
+# a batch's requests open at once on the model's workers (the rest wait their turn here)
+PARTS_OPEN = 8
 # tries of a request whose worker dies before answering (each on a replica the router
 # still believes alive; the router drops a replica it saw die)
 START_ATTEMPTS = 3
@@ -94,6 +96,13 @@ async def _next(it: AsyncIterator) -> object:
         return _END
 
 
+def _settled(task: asyncio.Task) -> None:
+    """Take a dropped task's outcome: a worker stream cancelled under it ends in Serve's
+    RequestCancelledError, which asyncio would otherwise log as never retrieved."""
+    if not task.cancelled():
+        task.exception()
+
+
 async def _paced(batches: AsyncIterator[list], every: float) -> AsyncIterator[list | None]:
     """`batches`, with a None each time `every` seconds pass without one (the next batch
     is awaited throughout, never cancelled for the pause)."""
@@ -110,6 +119,7 @@ async def _paced(batches: AsyncIterator[list], every: float) -> AsyncIterator[li
     finally:
         if step is not None:
             step.cancel()
+            step.add_done_callback(_settled)
 
 
 class _Traced:
@@ -305,16 +315,20 @@ class Ingress(LibraryFront):
                                  headers=reply.headers)
 
     async def _fold_parts(self, parts: list[Call], trace: RequestTrace) -> None:
-        """Each part's request run on its worker at once (the worker batches them), its
-        events folded into its own reply; the first refusal or failure cancels the rest
+        """Each part's request run on its worker, PARTS_OPEN at a time (the worker batches
+        them; more would only wait in the handle's queue, whose limit would refuse them),
+        its events folded into its own reply; the first refusal or failure cancels the rest
         and is raised."""
+        room = asyncio.Semaphore(PARTS_OPEN)
+
         async def fold(part: Call) -> None:
-            gen, head = await self._open(part, trace)
-            try:
-                await self._drain(gen, head, part.reply.fold)
-            except asyncio.CancelledError:  # another part failed, or the client left
-                gen.cancel()
-                raise
+            async with room:
+                gen, head = await self._open(part, trace)
+                try:
+                    await self._drain(gen, head, part.reply.fold)
+                except asyncio.CancelledError:  # another part failed, or the client left
+                    gen.cancel()
+                    raise
 
         tasks = [asyncio.ensure_future(fold(part)) for part in parts]
         try:

@@ -9,6 +9,8 @@ mask (NaN logits), the best allowed token is used instead.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import msgspec
 import numpy as np
 
@@ -299,6 +301,31 @@ def _top_p(probs: np.ndarray, top_p: float) -> tuple[np.ndarray, np.ndarray]:
 def _nanargmax(x: np.ndarray) -> int:
     """The best token ignoring NaN (0 when every logit is NaN)."""
     return 0 if np.isnan(x).all() else int(np.nanargmax(x))
+
+
+def row_logprobs(logits: np.ndarray, tokens: Sequence[int], top: int = 0,
+                 block: int = 32) -> list[tuple[float, list[tuple[int, float]]]]:
+    """`logprobs` of each row of `logits` [T, V] for its token in `tokens` (a prompt's
+    rows), `block` rows at a time: the same values as row by row, within float rounding."""
+    out: list[tuple[float, list[tuple[int, float]]]] = []
+    for a in range(0, len(tokens), block):
+        b = min(a + block, len(tokens))
+        x = np.asarray(logits[a:b], dtype=np.float32)
+        m = x.max(axis=1, keepdims=True)
+        lse = m[:, 0].astype(np.float64) + np.log(
+            np.exp(x - m).sum(axis=1, dtype=np.float64))
+        rows = np.arange(b - a)
+        picked = x[rows, np.asarray(tokens[a:b])].astype(np.float64) - lse
+        best = np.empty((b - a, min(top, x.shape[1])), dtype=np.int64)
+        rest = x.copy() if top > 1 else x
+        for j in range(best.shape[1]):  # the best, then the best of the rest (top is small)
+            best[:, j] = rest.argmax(axis=1)
+            if j + 1 < best.shape[1]:
+                rest[rows, best[:, j]] = -np.inf
+        for r in rows:
+            tops = [(int(i), float(np.float64(x[r, i]) - lse[r])) for i in best[r]]
+            out.append((float(picked[r]), tops))
+    return out
 
 
 def logprobs(logits: np.ndarray, token: int, top: int = 0) -> tuple[float, list[tuple[int, float]]]:

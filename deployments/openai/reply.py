@@ -61,18 +61,27 @@ def chat_logprobs(items: list[TokenLogprob] | None) -> dict | None:
                                           for s, v, b in t.top]} for t in items]}
 
 
-def completion_logprobs(items: list[TokenLogprob] | None, offset: int) -> dict | None:
-    """A completion choice's `logprobs`; a prompt's first token (echoed) has null ones."""
-    if items is None:
+def completion_logprobs(items: list[TokenLogprob] | None, offset: int,
+                        prompt: list[TokenLogprob] | None = None) -> dict | None:
+    """A completion choice's `logprobs`: its tokens' from `offset` (characters into the
+    choice's text), after the echoed `prompt`'s where given (from 0; its first token's are
+    null). None where there are neither."""
+    if items is None and prompt is None:
         return None
-    offsets, pos = [], offset
-    for t in items:
-        offsets.append(pos)
-        pos += len(t.token)
+    offsets = [*_offsets(prompt or [], 0), *_offsets(items or [], offset)]
+    items = [*(prompt or []), *(items or [])]
     return {"tokens": [t.token for t in items], "token_logprobs": [t.logprob for t in items],
             "top_logprobs": [None if t.logprob is None else {s: v for s, v, _ in t.top}
                              for t in items],
             "text_offset": offsets}
+
+
+def _offsets(items: list[TokenLogprob], start: int) -> list[int]:
+    out, pos = [], start
+    for t in items:
+        out.append(pos)
+        pos += len(t.token)
+    return out
 
 
 class ChoiceFold:
@@ -270,26 +279,21 @@ class CompletionReply(_Reply):
         lead, lead_lp = self._lead(ev.index)
         off = self.offsets[ev.index]
         self.offsets[ev.index] = off + len(ev.text)
-        lp = _joined(lead_lp, ev.logprobs)
         return {"index": ev.index, "text": lead + ev.text,
-                "logprobs": completion_logprobs(lp, off - len(lead)), "finish_reason": None}
+                "logprobs": completion_logprobs(ev.logprobs, off, lead_lp),
+                "finish_reason": None}
 
     def finish_choice(self, ev: Finished) -> dict:
         lead, lead_lp = self._lead(ev.index)
-        return {"index": ev.index, "text": lead, "logprobs": completion_logprobs(lead_lp, 0),
+        return {"index": ev.index, "text": lead,
+                "logprobs": completion_logprobs(None, 0, lead_lp),
                 "finish_reason": ev.finish_reason}
 
     def final_choice(self, index: int, fold: ChoiceFold) -> dict:
-        lp = _joined(self.prompt.logprobs, fold.logprobs)
         return {"index": index, "text": self.prompt.text + "".join(fold.content),
-                "logprobs": completion_logprobs(lp, 0), "finish_reason": fold.finish_reason}
-
-
-def _joined(first: list[TokenLogprob] | None,
-            then: list[TokenLogprob] | None) -> list[TokenLogprob] | None:
-    if first is None or then is None:
-        return then if first is None else first
-    return first + then
+                "logprobs": completion_logprobs(fold.logprobs, len(self.prompt.text),
+                                                self.prompt.logprobs),
+                "finish_reason": fold.finish_reason}
 
 
 class CompletionBatchReply:

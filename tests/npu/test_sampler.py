@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from npu import Sampler, SamplingParams, logprobs
+from npu.sampler import row_logprobs
 
 
 def _mask(allowed: list[int], size: int) -> np.ndarray:
@@ -247,3 +248,21 @@ def test_greedy_verify_keeps_the_draft_only_when_it_is_the_argmax() -> None:
     assert s.verify(logits, 2) == 1
     assert s.verify(logits, 3) == 1
     assert s.verify(logits, 1, _mask([2, 3], 4)) == 2
+
+
+@pytest.mark.parametrize("top", [0, 1, 3])
+def test_row_logprobs_are_each_rows_logprobs(top: int) -> None:
+    """A prompt's rows scored together (in blocks) give what each row gives alone: the
+    token's logprob and the top ones, the token equal to the best where it is the best."""
+    rng = np.random.default_rng(3)
+    logits = (rng.standard_normal((70, 500)) * 4).astype(np.float32)
+    tokens = [int(t) for t in rng.integers(0, 500, 70)]
+    tokens[5] = int(np.argmax(logits[5]))
+    got = row_logprobs(logits, tokens, top, block=16)
+    for row, (value, best) in enumerate(got):
+        want_value, want_best = logprobs(logits[row], tokens[row], top)
+        assert value == pytest.approx(want_value, abs=1e-5)
+        assert [i for i, _ in best] == [i for i, _ in want_best]
+        assert [v for _, v in best] == pytest.approx([v for _, v in want_best], abs=1e-5)
+    if top:
+        assert got[5][0] == got[5][1][0][1]  # lm-eval's greedy check: exactly equal

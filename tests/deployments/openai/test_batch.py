@@ -10,12 +10,13 @@ import pytest
 from starlette.testclient import TestClient
 
 from actors.worker import Worker
-from deployments.ingress import Ingress, current
+from deployments.ingress import PARTS_OPEN, Ingress, current
 from deployments.openai.request import MAX_PROMPTS
 from deployments.server import make_app
 from npu import load_model
 from npu.load.tiny import ensure_tiny
-from tests.deployments.tokenize.test_worker import LocalHandle
+from tests.deployments.test_ingress import _Method
+from tests.deployments.tokenize.test_worker import LocalHandle, _Gen
 
 pytestmark = pytest.mark.timeout(120)
 PROMPTS = ["Once upon a time", "The sea is", "Tell me"]
@@ -89,3 +90,32 @@ def test_a_refused_prompt_refuses_the_batch_naming_it(client, worker) -> None:
 def test_a_batch_that_cannot_be_answered_is_a_400(client, body: dict, param: str) -> None:
     r = client.post("/v1/completions", json={"model": "flm-tiny", **body})
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+class CountingHandle(LocalHandle):
+    """A worker handle that counts the requests open on it at once."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.open = self.most = 0
+        self.generate = _Method(lambda greq, *args: _Gen(self._counted(worker.generate(greq))))
+
+    async def _counted(self, events):
+        self.open += 1
+        self.most = max(self.most, self.open)
+        try:
+            async for batch in events:
+                yield batch
+        finally:
+            self.open -= 1
+
+
+def test_a_large_batch_opens_a_few_requests_at_a_time(worker) -> None:
+    """A worker runs a few sequences at once; a batch's other prompts wait at the ingress,
+    not in Serve's handle queue, whose limit would refuse them (a 503 for the batch)."""
+    handle = CountingHandle(worker)
+    app = make_app()
+    app.dependency_overrides[current] = lambda: Ingress({"flm-tiny": handle}, {})
+    with TestClient(app) as client:
+        body = _complete(client, [[5 + i] for i in range(MAX_PROMPTS)], max_tokens=2)
+    assert len(body["choices"]) == MAX_PROMPTS
+    assert 1 < handle.most <= PARTS_OPEN

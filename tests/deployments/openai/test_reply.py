@@ -99,3 +99,23 @@ def test_a_batch_lists_each_prompts_choices_in_openais_order_and_sums_usage() ->
         (0, "a"), (1, "b"), (2, "p1 c"), (3, "p1 d"), (4, "e"), (5, "f")]
     assert body["usage"] == {"prompt_tokens": 12, "completion_tokens": 6, "total_tokens": 18,
                              "prompt_tokens_details": {"cached_tokens": 3}}
+
+
+def test_written_tokens_offsets_start_after_the_echoed_text_streamed_or_not() -> None:
+    """A prompt whose token pieces are not its text (a character split across tokens shows
+    as U+FFFD in each): the written tokens' offsets still start at the prompt text's end,
+    the same streamed or not."""
+    prompt = Prompt(text="a媽", logprobs=[_lp("a", None), _lp("\ufffd", -1.0),
+                                          _lp("\ufffd", -2.0)])
+    events = [prompt, Deltas(index=0, text="b", logprobs=[_lp("b", -0.5)]),
+              Deltas(index=0, text="c", logprobs=[_lp("c", -0.5)]),
+              Finished(index=0, finish_reason="length", completion_tokens=2),
+              Usage(prompt_tokens=3, completion_tokens=2)]
+    whole = CompletionReply({"id": "cmpl-x", "created": 0, "model": "m"})
+    whole.fold(events)
+    offsets = json.loads(whole.answer().body)["choices"][0]["logprobs"]["text_offset"]
+    assert offsets == [0, 1, 2, 2, 3]
+    streamed = CompletionReply({"id": "cmpl-x", "created": 0, "model": "m"})
+    got = [o for chunk in _chunks(streamed.render(events)) for c in chunk["choices"]
+           for o in (c["logprobs"] or {}).get("text_offset", [])]
+    assert got == offsets
