@@ -389,6 +389,52 @@ def test_a_client_that_leaves_before_the_first_event_cancels_the_request() -> No
     assert ingress.metrics.snapshot()["flm_client_disconnects_total"] == [[["/x"], 1.0]]
 
 
+class RequestCancelledError(Exception):  # named as Serve's
+    pass
+
+
+class ServeStream(GatedStream):
+    """A GatedStream that ends as Serve's handle does when it was cancelled: an await of
+    its next batch that is cancelled raises RequestCancelledError, not CancelledError."""
+
+    async def __anext__(self) -> list:
+        try:
+            return await super().__anext__()
+        except asyncio.CancelledError:
+            if self.cancelled:
+                raise RequestCancelledError("r") from None
+            raise
+
+
+def test_a_client_that_leaves_a_paced_stream_leaves_no_unretrieved_error() -> None:
+    """A keep-alive stream (Anthropic's pings) whose client goes away while its next batch
+    is awaited: the request is cancelled on the worker, and that batch's task, whose
+    await Serve ends in RequestCancelledError, is not logged as an error never retrieved."""
+    import gc
+
+    gate = asyncio.Event()
+    ingress, call = _keep_alive_call(_reply(), {1: gate})
+    stream = ingress.workers["m"].plays[0] = ServeStream(_reply(), {1: gate})
+    reported: list[dict] = []
+
+    async def events_then_leave() -> None:
+        from deployments.metrics import RequestTrace
+
+        asyncio.get_running_loop().set_exception_handler(lambda _, ctx: reported.append(ctx))
+        response = await ingress._answer(call, RequestTrace(ingress.metrics, "/x"))
+        body = response.body_iterator
+        assert b"Hello" in await body.__anext__()
+        assert await body.__anext__() == KEEP_ALIVE  # the next batch is being awaited
+        await body.aclose()
+        for _ in range(3):  # the dropped task runs its cancellation
+            await asyncio.sleep(0)
+        gc.collect()  # (asyncio reports an unretrieved exception when the task goes)
+
+    asyncio.run(events_then_leave())
+    assert stream.cancelled
+    assert [ctx.get("message") for ctx in reported] == []
+
+
 def test_head_answers_where_ollama_answers_it() -> None:
     """Liveness checks of Ollama's clients and proxies send HEAD to /, /api/version and
     /api/tags (Ollama registers HEAD there); /health too."""
