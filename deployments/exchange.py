@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from starlette.responses import Response
 
@@ -40,6 +40,26 @@ class Reply(Protocol):
     def fold(self, batch: list) -> None: ...
 
     def answer(self) -> Response: ...
+
+
+class WholeReply:
+    """The streaming half of a Reply whose answer is never streamed (embeddings, tokenize,
+    a batch of prompts): nothing; its `fold` and `answer` are its own."""
+
+    media_type = "application/json"
+    headers: ClassVar[dict[str, str]] = {}
+
+    def lead(self) -> bytes:
+        return b""
+
+    def render(self, batch: list) -> bytes:
+        return b""
+
+    def broken(self) -> bytes:
+        return b""
+
+    def tail(self) -> bytes:
+        return b""
 
 
 @dataclass

@@ -14,15 +14,13 @@ from starlette.responses import JSONResponse, Response
 
 from actors.events import Embeddings, Failed, Usage
 from deployments.errors import ApiError
+from deployments.exchange import WholeReply
 
 _encoder = msgspec.json.Encoder()
 
 
-class _EmbedFold:
+class _EmbedFold(WholeReply):
     """What every embedding reply collects of the events."""
-
-    media_type = "application/json"
-    headers: dict[str, str] = {}
 
     def __init__(self) -> None:
         self.result: Embeddings | None = None
@@ -45,18 +43,6 @@ class _EmbedFold:
                            type="server_error")
         return np.frombuffer(r.vectors, dtype="<f4").reshape(len(r.tokens), r.dims)
 
-    # never streamed: the streaming half of the Reply protocol is not used
-    def lead(self) -> bytes:
-        return b""
-
-    def render(self, batch: list) -> bytes:
-        return b""
-
-    def broken(self) -> bytes:
-        return b""
-
-    def tail(self) -> bytes:
-        return b""
 
 
 class OpenAIEmbedReply(_EmbedFold):

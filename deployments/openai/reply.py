@@ -12,6 +12,7 @@ from starlette.responses import Response
 from actors.events import Deltas, Failed, Finished, Prompt, TokenLogprob, Usage
 from chat import ChatMsg
 from deployments.errors import ApiError, error_body
+from deployments.exchange import WholeReply
 
 _encoder = msgspec.json.Encoder()
 DONE = b"data: [DONE]\n\n"
@@ -296,14 +297,11 @@ class CompletionReply(_Reply):
                 "finish_reason": fold.finish_reason}
 
 
-class CompletionBatchReply:
+class CompletionBatchReply(WholeReply):
     """The answer to a completions request of several prompts (a batch: each prompt its own
     worker request, folded by its own CompletionReply): one object with every prompt's
     choices, prompt k's choice i at index k * n + i (OpenAI's order), the usage summed.
     Never streamed (the request path refuses a streamed batch)."""
-
-    media_type = "application/json"
-    headers: ClassVar[dict[str, str]] = {}
 
     def __init__(self, meta: dict, parts: list[CompletionReply], n: int) -> None:
         self.meta, self.parts, self.n = meta, parts, n
@@ -323,18 +321,5 @@ class CompletionBatchReply:
                                          "choices": choices, "usage": usage_body(usage)}),
                         media_type=self.media_type)
 
-    # the parts fold the events: nothing comes here
-    def fold(self, batch: list) -> None:
+    def fold(self, batch: list) -> None:  # the parts fold their own events
         raise NotImplementedError("a batch's parts fold their own events")
-
-    def lead(self) -> bytes:
-        return b""
-
-    def render(self, batch: list) -> bytes:
-        raise NotImplementedError("a batch is never streamed")
-
-    def broken(self) -> bytes:
-        return b""
-
-    def tail(self) -> bytes:
-        return b""

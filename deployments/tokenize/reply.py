@@ -15,6 +15,7 @@ from starlette.responses import Response
 from actors.events import Failed
 from actors.tokenize import Info, Text, Tokens
 from deployments.errors import ApiError
+from deployments.exchange import WholeReply
 
 _encoder = msgspec.json.Encoder()
 
@@ -27,11 +28,8 @@ def piece(data: bytes) -> str | list[int]:
         return list(data)
 
 
-class _Fold:
+class _Fold(WholeReply):
     """What every tokenize reply collects of the events: the one answer."""
-
-    media_type = "application/json"
-    headers: dict[str, str] = {}
 
     def __init__(self) -> None:
         self.result: Any = None
@@ -51,18 +49,6 @@ class _Fold:
     def json(self, body: dict[str, Any]) -> Response:
         return Response(_encoder.encode(body), media_type=self.media_type)
 
-    # never streamed: the streaming half of the Reply protocol is not used
-    def lead(self) -> bytes:
-        return b""
-
-    def render(self, batch: list) -> bytes:
-        return b""
-
-    def broken(self) -> bytes:
-        return b""
-
-    def tail(self) -> bytes:
-        return b""
 
 
 class LlamaTokenizeReply(_Fold):
