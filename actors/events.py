@@ -176,6 +176,11 @@ class Usage(msgspec.Struct, tag="usage", tag_field="event"):
     accepted_prediction_tokens: int = 0
     rejected_prediction_tokens: int = 0
 
+    def plus(self, other: Usage) -> Usage:
+        """Both requests' counts (the prompts of a batch)."""
+        return Usage(*(a + b for a, b in zip(msgspec.structs.astuple(self),
+                                             msgspec.structs.astuple(other), strict=True)))
+
 
 class Embeddings(msgspec.Struct, tag="embeddings", tag_field="event"):
     """An embedding request's vectors: `vectors` is float32 little-endian, row-major

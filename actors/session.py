@@ -128,7 +128,7 @@ class Choice:
         self.tokens.append(token)
         lp = None
         if s.request.logprobs:
-            lp = [self._logprob(logits, token)]
+            lp = [s.logprob(logits, token)]
         if token in s.eos_ids and not s.request.ignore_eos:
             return self.finish("stop")
         text = self.stops.push(self.detok.push(token))
@@ -155,9 +155,6 @@ class Choice:
         if self.reasoning_tokens >= budget:
             self.budget_spent = True
             self.forced = list(self.session.reasoning_end_ids)
-
-    def _logprob(self, logits: np.ndarray, token: int) -> TokenLogprob:
-        return self.session.logprob(logits, token)
 
     def _emit(self, text: str, lp: list | None, final: bool = False) -> list[Event]:
         if self.stream is not None:
@@ -242,24 +239,23 @@ class Session:
 
     def logprob(self, logits: np.ndarray, token: int) -> TokenLogprob:
         """`token`'s logprob under `logits`, with the request's `top_logprobs`."""
+        return self._token_logprob(token, *logprobs(logits, token, self.request.top_logprobs))
+
+    def _token_logprob(self, token: int, value: float | None,
+                       top: list[tuple[int, float]]) -> TokenLogprob:
         table = self.token_table
-        value, top = logprobs(logits, token, self.request.top_logprobs)
         return TokenLogprob(token=_piece(table[token]), logprob=value, bytes=list(table[token]),
                             top=[(_piece(table[t]), v, list(table[t])) for t, v in top])
 
     def score(self, logits: np.ndarray, start: int) -> None:
         """Note the logprobs of the prompt tokens that `logits` (the rows after prompt
         tokens `start`, `start` + 1, ...) predict; the first token's entry has none."""
-        ids, table = self.prompt_ids, self.token_table
+        ids = self.prompt_ids
         if start == 0:
-            self.prompt_scores.append(TokenLogprob(token=_piece(table[ids[0]]), logprob=None,
-                                                   bytes=list(table[ids[0]]), top=[]))
+            self.prompt_scores.append(self._token_logprob(ids[0], None, []))
         tokens = ids[start + 1 : start + 1 + len(logits)]
-        for token, (value, top) in zip(tokens, row_logprobs(logits, tokens,
-                                                            self.request.top_logprobs)):
-            self.prompt_scores.append(TokenLogprob(
-                token=_piece(table[token]), logprob=value, bytes=list(table[token]),
-                top=[(_piece(table[t]), v, list(table[t])) for t, v in top]))
+        self.prompt_scores += [self._token_logprob(t, *scored) for t, scored in zip(
+            tokens, row_logprobs(logits, tokens, self.request.top_logprobs))]
 
     def prompt_event(self) -> list[Event]:
         """The Prompt event the request asks for (none if it does not)."""

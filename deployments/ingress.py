@@ -323,12 +323,7 @@ class Ingress(LibraryFront):
 
         async def fold(part: Call) -> None:
             async with room:
-                gen, head = await self._open(part, trace)
-                try:
-                    await self._drain(gen, head, part.reply.fold)
-                except asyncio.CancelledError:  # another part failed, or the client left
-                    gen.cancel()
-                    raise
+                await self._drain(*await self._open(part, trace), part.reply.fold)
 
         tasks = [asyncio.ensure_future(fold(part)) for part in parts]
         try:
@@ -463,10 +458,14 @@ class Ingress(LibraryFront):
 
     async def _drain(self, gen: _Traced, head: list, on_batch: Callable[[list], None]) -> None:
         """Every batch of a request's events to `on_batch`; a worker that dies on the way is
-        a 503."""
+        a 503. Cancelled (its client left, or another part of its batch failed), it cancels
+        the request on the worker."""
         try:
             async for batch in self._batches(head, gen):
                 on_batch(batch)
+        except asyncio.CancelledError:
+            gen.cancel()
+            raise
         except ApiError:
             raise
         except Exception as exc:

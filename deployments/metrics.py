@@ -125,11 +125,7 @@ class RequestTrace:
             if self.first_at is None and isinstance(ev, (Deltas, Finished)):
                 self.first_at = time.perf_counter()
             elif isinstance(ev, Usage):
-                u = self.usage
-                self.usage = ev if u is None else Usage(
-                    prompt_tokens=u.prompt_tokens + ev.prompt_tokens,
-                    completion_tokens=u.completion_tokens + ev.completion_tokens,
-                    cached_tokens=u.cached_tokens + ev.cached_tokens)
+                self.usage = ev if self.usage is None else self.usage.plus(ev)
 
     def answered(self, status: int, streaming: bool) -> None:
         """The response's status is decided; a streamed one ends later (`ended`)."""

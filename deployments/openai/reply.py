@@ -4,6 +4,7 @@ and the pieces other APIs reuse (`ChoiceFold`, `message_from`, `usage_body`)."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any, ClassVar
 
 import msgspec
@@ -258,16 +259,16 @@ class CompletionReply(_Reply):
         self.offsets: dict[int, int] = {}  # each choice's text so far, in characters
 
     def _chunks(self, batch: list):
-        for ev in batch:
-            if isinstance(ev, Prompt):
-                self.prompt = ev
+        self._note_prompt(batch)
         yield from super()._chunks(batch)
 
     def fold(self, batch: list) -> None:
-        for ev in batch:
-            if isinstance(ev, Prompt):
-                self.prompt = ev
+        self._note_prompt(batch)
         super().fold(batch)
+
+    def _note_prompt(self, batch: list) -> None:
+        """The worker's Prompt event (echo), which comes before any choice's output."""
+        self.prompt = next((ev for ev in batch if isinstance(ev, Prompt)), self.prompt)
 
     def _lead(self, index: int) -> tuple[str, list[TokenLogprob] | None]:
         """The prompt and its logprobs, before a choice's first text (once)."""
@@ -311,12 +312,7 @@ class CompletionBatchReply(WholeReply):
         for k, part in enumerate(self.parts):
             for choice in part.choices():
                 choices.append({**choice, "index": k * self.n + choice["index"]})
-        u = [p.counts for p in self.parts]
-        usage = Usage(prompt_tokens=sum(x.prompt_tokens for x in u),
-                      completion_tokens=sum(x.completion_tokens for x in u),
-                      cached_tokens=sum(x.cached_tokens for x in u),
-                      accepted_prediction_tokens=sum(x.accepted_prediction_tokens for x in u),
-                      rejected_prediction_tokens=sum(x.rejected_prediction_tokens for x in u))
+        usage = functools.reduce(Usage.plus, (p.counts for p in self.parts))
         return Response(_encoder.encode({**self.meta, "object": "text_completion",
                                          "choices": choices, "usage": usage_body(usage)}),
                         media_type=self.media_type)

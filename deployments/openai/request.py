@@ -246,7 +246,7 @@ def completion_call(body: bytes, ingress: Ingress) -> Call:
     req, raw = decode_request(body, CompletionRequest)
     prompts = _prompts(req.prompt)
     if len(prompts) == 1:
-        return _call(req, raw, ingress, CompletionReply, "cmpl-")
+        return _call(req, raw, ingress, CompletionReply, "cmpl-", prompt=prompts[0])
     if req.stream:
         raise ApiError(400, "A batch of prompts is answered whole: send it with 'stream': "
                             "false, or stream each prompt in a request of its own.",
@@ -263,9 +263,10 @@ def completion_call(body: bytes, ingress: Ingress) -> Call:
 
 
 def _call(req: OpenAIRequest, raw: dict, ingress: Ingress,
-          reply: type[ChatReply | CompletionReply], prefix: str) -> Call:
+          reply: type[ChatReply | CompletionReply], prefix: str,
+          prompt: str | list[int] | None = None) -> Call:
     req, raw = _with_variant(req, raw, ingress)
-    greq = generate_request(req, raw)
+    greq = generate_request(req, raw, prompt=prompt)
     meta, usage = _meta(prefix, greq, req.model), _include_usage(req)
     answer = reply(meta, usage)
     return Call(model=req.model, request=greq, stream=bool(req.stream), reply=answer)
