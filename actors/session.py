@@ -399,9 +399,8 @@ def build_session(request: GenerateRequest, model: Model, spec: FormatSpec,
     """
     chat = isinstance(request, ChatGenerate)
     if chat and request.require_thinking and not spec.reasoning:
-        # the thinking switch's field (each API's ingress names it its own way)
-        raise RequestError(f'"{model.name}" does not support thinking',
-                           param="reasoning_effort")
+        # the worker's own field: each API's ingress names it its own way (Call.params)
+        raise RequestError(f'"{model.name}" does not support thinking', param="thinking")
     if chat:
         text, thinking, tools_enabled = _render(request, model)
     else:
