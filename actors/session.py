@@ -399,8 +399,9 @@ def build_session(request: GenerateRequest, model: Model, spec: FormatSpec,
     """
     chat = isinstance(request, ChatGenerate)
     if chat and request.require_thinking and not spec.reasoning:
-        # the worker's own field: each API's ingress names it its own way (Call.params)
-        raise RequestError(f'"{model.name}" does not support thinking', param="thinking")
+        # the worker's own field (Ollama's errors, the only API that sets it, name no field)
+        raise RequestError(f'"{model.name}" does not support thinking',
+                           param="require_thinking")
     if chat:
         text, thinking, tools_enabled = _render(request, model)
     else:

@@ -380,8 +380,7 @@ def _call(req: ChatIn | GenerateIn, endpoint: str, empty: bool, ingress: Ingress
             else generate_request(req, variant))
     return Call(model=model, request=greq, stream=req.stream is not False,
                 reply=OllamaReply(req.model, endpoint, time.perf_counter()),
-                params={"context_limit": "options.num_ctx", "thinking": "think"},
-                keep_loaded_s=keep)
+                params={"context_limit": "options.num_ctx"}, keep_loaded_s=keep)
 
 
 async def _load(ingress: Ingress, model: str, asked: str, endpoint: str,

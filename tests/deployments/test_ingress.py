@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import msgspec
 import pytest
 from starlette.testclient import TestClient
 
@@ -21,7 +22,7 @@ from actors.events import (
     Rejected,
     Usage,
 )
-from chat import Delta
+from chat import Delta, FormatKind, spec_for_kind
 from deployments.exchange import Call
 from deployments.ingress import Ingress, current
 from deployments.openai.reply import ChatReply
@@ -157,6 +158,27 @@ def test_a_rejected_request_is_an_error_in_the_apis_own_shape() -> None:
     assert r.status_code == 400 and r.json() == {"error": "Bad tool."}
     r = client.post("/v1/responses", json={"model": "m", "input": "Hi"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "tools[0]"
+
+
+def test_ollamas_think_refusal_reads_as_ollamas() -> None:
+    """The worker's refusal of `think: true` on a model that cannot think, through /api/chat:
+    Ollama's words as Ollama says them (the worker names its own field, require_thinking;
+    Ollama's errors name none)."""
+    from actors.errors import RequestError
+    from actors.session import build_session
+
+    class NoReasoning:
+        name = "m"
+
+    with pytest.raises(RequestError) as err:  # what the worker refuses it with
+        build_session(ChatGenerate(request_id="r", messages=[], require_thinking=True),
+                      NoReasoning(), msgspec.structs.replace(spec_for_kind(
+                          FormatKind.HERMES_JSON), reasoning=False), lambda: None)
+    e = err.value
+    rejected = [[Rejected(status=e.status, message=e.message, param=e.param)]]
+    client, _ = _client(FakeWorker(FakeStream(rejected)))
+    r = client.post("/api/chat", json={**CHAT, "think": True})
+    assert r.status_code == 400 and r.json() == {"error": '"m" does not support thinking'}
 
 
 def test_a_worker_that_dies_before_answering_is_tried_again() -> None:
