@@ -20,6 +20,7 @@ from actors.blas import blas_threads_for, set_blas_threads
 from actors.config import WorkerConfig
 from actors.events import Accepted, ChatGenerate, Event, GenerateRequest, Rejected
 from actors.library import gguf_quantization, path_digest
+from actors.rerank import is_reranker
 from actors.worker import Worker
 from chat import FormatKind
 from npu import ModelError
@@ -163,7 +164,8 @@ class ModelWorker:
                     "error": self.failure, "path": self.path, "replica": self.replica}
         m = self.worker.model
         spec = self.worker.spec
-        capabilities = ["completion"] if m.generates else ["embedding"]
+        capabilities = (["completion"] if m.generates else ["rerank"] if is_reranker(m)
+                        else ["embedding"])
         if m.generates and spec.kind is not FormatKind.CONTENT_ONLY and m.tools_enabled():
             capabilities.append("tools")
         if m.generates and spec.reasoning:

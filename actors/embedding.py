@@ -4,7 +4,8 @@ inputs of the oldest requests first, as many as MAX_STEP_TOKENS takes, in one fo
 engine run a few steps at a time (`Engine.embed_steps`: a step is a layer's work for a few
 hundred rows), so that neither a long input nor a large batch holds the streams beside it; a
 request whose inputs are all done ends with its vectors (truncated to the asked dimensions,
-L2-normalized) and Usage.
+L2-normalized) and Usage. A reranker's query-document pairs run as inputs the same way, with
+their token types (actors.rerank: its job ends with the pairs' scores).
 
 Embedding never touches the KV cache: no blocks are taken, nothing cached is written or
 evicted, so the prefix cache serves the chats beside it as before.
@@ -19,7 +20,7 @@ from collections.abc import Callable
 import numpy as np
 
 from actors.errors import RequestError
-from actors.events import Accepted, Embeddings, EmbedGenerate, Failed, Usage
+from actors.events import Accepted, Embeddings, EmbedGenerate, Event, Failed, Usage
 from actors.outbox import End, Outbox
 from npu import Model
 from npu.engine.steps import Steps
@@ -41,13 +42,16 @@ IDLE_SLICE_S = 0.02
 
 class EmbedJob:
     """One embedding request in the worker: its inputs' token ids and their vectors as
-    they are computed (rows in input order)."""
+    they are computed (rows in input order). `types`: each input's token types, where the
+    engine is given them (a reranker's pairs, actors.rerank.RerankJob); None: all 0."""
 
-    __slots__ = ("request", "ids", "vectors", "done", "cancelled", "outbox")
+    __slots__ = ("request", "ids", "types", "vectors", "done", "cancelled", "outbox")
 
-    def __init__(self, request: EmbedGenerate, ids: list[list[int]], dims: int) -> None:
+    def __init__(self, request: EmbedGenerate, ids: list[list[int]], dims: int,
+                 types: list[list[int]] | None = None) -> None:
         self.request = request
         self.ids = ids
+        self.types = types
         self.vectors = np.empty((len(ids), dims), dtype=np.float32)
         self.done = 0  # inputs computed, in order
         self.cancelled = False
@@ -60,6 +64,14 @@ class EmbedJob:
     def accepted(self, model: str) -> Accepted:
         return Accepted(request_id=self.request.request_id, model=model,
                         prompt_tokens=self.tokens)
+
+    def answer(self) -> list[Event]:
+        """The events that end the request once every input is computed: its vectors
+        (truncated to the asked dimensions, L2-normalized), then Usage."""
+        out = finish(self.vectors, self.request.dimensions)
+        return [Embeddings(vectors=out.tobytes(), dims=out.shape[1],
+                           tokens=[len(x) for x in self.ids]),
+                Usage(prompt_tokens=self.tokens, completion_tokens=0)]
 
 
 def build_embedding(request: EmbedGenerate, model: Model) -> EmbedJob:
@@ -225,13 +237,16 @@ class Embedder:
             else:
                 continue
             break
-        return Forward(self.model.engine.embed_steps(items), picked)
+        engine = self.model.engine
+        if all(job.types is None for job, _ in picked):
+            return Forward(engine.embed_steps(items), picked)
+        types = [job.types[row] if job.types is not None else [0] * len(job.ids[row])
+                 for job, row in picked]  # (only an encoder takes types: a reranker's)
+        return Forward(engine.embed_steps(items, types=types), picked)
 
     def _close(self, job: EmbedJob) -> Outbox:
-        out = finish(job.vectors, job.request.dimensions)
         outbox = job.outbox
-        outbox.put(Embeddings(vectors=out.tobytes(), dims=out.shape[1],
-                              tokens=[len(x) for x in job.ids]))
-        outbox.put(Usage(prompt_tokens=job.tokens, completion_tokens=0))
+        for event in job.answer():
+            outbox.put(event)
         outbox.put(End)
         return outbox

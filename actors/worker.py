@@ -25,7 +25,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from actors.embedding import Embedder, EmbedJob, build_embedding
+from actors.embedding import Embedder, EmbedJob
 from actors.errors import RequestError
 from actors.events import (
     Accepted,
@@ -39,6 +39,7 @@ from actors.events import (
 )
 from actors.metrics import Metrics
 from actors.outbox import End, Outbox, deliver
+from actors.rerank import Rerank, build_job, is_reranker, rerank_only
 from actors.scheduler import Scheduler
 from actors.session import Session, build_session, counted
 from actors.speculation import Speculation
@@ -144,8 +145,8 @@ class Worker:
         return m.snapshot()
 
     # -- requests -------------------------------------------------------------------------------
-    async def generate(self, request: GenerateRequest | Tokenize | Detokenize | TokenizerInfo
-                       ) -> AsyncIterator[list[Event]]:
+    async def generate(self, request: GenerateRequest | Rerank | Tokenize | Detokenize
+                       | TokenizerInfo) -> AsyncIterator[list[Event]]:
         """Events for one request, in batches: Rejected alone, or Accepted first (together
         with the first output), then Deltas/Finished per choice, then Usage (or Failed if the
         worker breaks). A batch holds every event that was ready, so a slow consumer gets
@@ -156,9 +157,12 @@ class Worker:
         if isinstance(request, (Tokenize, Detokenize, TokenizerInfo)):
             yield await asyncio.to_thread(tokenize_answer, request, self.model)
             return
-        if isinstance(request, EmbedGenerate):
+        if isinstance(request, (EmbedGenerate, Rerank)):  # a Rerank's pairs embed alike
             async for batch in self._embed(request):
                 yield batch
+            return
+        if is_reranker(self.model):
+            yield [Rejected(status=400, param="model", message=rerank_only(self.model))]
             return
         if not self.model.generates:
             yield [Rejected(status=400, param="model", message=(
@@ -188,10 +192,11 @@ class Worker:
         async for batch in self._submit(session, outbox):
             yield batch
 
-    async def _embed(self, request: EmbedGenerate) -> AsyncIterator[list[Event]]:
-        """An embedding request's events: Rejected, or Accepted, Embeddings and Usage."""
+    async def _embed(self, request: EmbedGenerate | Rerank) -> AsyncIterator[list[Event]]:
+        """An embedding request's events: Rejected, or Accepted, Embeddings (a Rerank's:
+        Scores) and Usage."""
         try:
-            job = await asyncio.to_thread(build_embedding, request, self.model)
+            job = await asyncio.to_thread(build_job, request, self.model)
         except RequestError as exc:
             yield [Rejected(status=exc.status, message=exc.message, param=exc.param,
                             code=exc.code, type=exc.type)]

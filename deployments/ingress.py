@@ -199,6 +199,22 @@ class Ingress(LibraryFront):
             raise ApiError(404, f"The model '{name}' does not exist; see /v1/models.",
                            param="model", code="model_not_found")
 
+    def served(self, name: str | None) -> str:
+        """The served model a request names: the only one when it names none and the server
+        serves one model (no models_dir), as llama-server and vLLM take a body without
+        `model` (the tokenizer and rerank routes).
+
+        Raises:
+            ApiError: 400 `model` missing where there is a choice; 404 an unknown model.
+        """
+        if name is None:
+            if len(self.streams) == 1 and self.library is None:
+                return next(iter(self.streams))
+            raise ApiError(400, "'model' is required: this server serves more than one "
+                                "model; see /v1/models.", param="model")
+        self.check_model(name)
+        return self.resolve(name) or name
+
     async def info(self, name: str, verbose: bool = False) -> dict:
         """A model's description from one of its workers (a bare one when its workers are
         all down: the model is still listed; a model that could not load says why under

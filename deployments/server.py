@@ -28,6 +28,7 @@ from deployments.ollama.routes import router as ollama_router
 from deployments.openai import routes as openai_routes
 from deployments.openai.routes import router as openai_router
 from deployments.page.routes import router as page_router
+from deployments.rerank.routes import router as rerank_router
 from deployments.responses.routes import router as responses_router
 from deployments.tokenize.routes import router as tokenize_router
 
@@ -71,7 +72,7 @@ async def model(model_id: str, request: Request, ingress: Current) -> Response:
 # the route table: each API surface's router (its paths are its own; the page's `/` goes
 # before Ollama's, which it answers for a client that is not a browser)
 ROUTERS = (server_router, page_router, openai_router, responses_router, ollama_router,
-           embeddings_router, anthropic_router, tokenize_router)
+           embeddings_router, anthropic_router, tokenize_router, rerank_router)
 
 
 async def _routing_error(request: Request, exc: HTTPException) -> Response:

@@ -56,8 +56,8 @@ class Model:
                **kwargs: Any) -> str:
         """The prompt text for a conversation (with the template's BOS, if it writes one)."""
         if not self.generates:
-            raise ModelError(f"model {self.name} is an embedding model ({self.kind}): it "
-                             "serves embeddings only")
+            kind = "a reranker" if self.pooling == "rank" else "an embedding model"
+            raise ModelError(f"model {self.name} is {kind} ({self.kind}): it does not chat")
         if self.template is None:
             raise ModelError(f"model {self.name} has no chat template: use /v1/completions")
         return self.template.render(messages, tools, enable_thinking=enable_thinking,
@@ -85,7 +85,8 @@ class Model:
 
     @property
     def pooling(self) -> str:
-        """How `engine.embed` pools a token list: "mean", "cls", "last" or "max"."""
+        """How `engine.embed` pools a token list: "mean", "cls", "last", "max" or "rank" (a
+        reranker's classification head: one score per query-document pair)."""
         return self._pooling.mode
 
     @property

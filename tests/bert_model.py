@@ -1,7 +1,9 @@
 """A small random BERT encoder (BertModel) as a Hugging Face directory, with a WordPiece
 tokenizer.json built here and sentence-transformers' files (mean pooling by default), and
 the same model written as llama.cpp's converter writes a `bert` GGUF: for the engine's tests
-and the served app's embedding tests."""
+and the served app's embedding tests. `build_reranker`: a random cross-encoder
+(BertForSequenceClassification or XLMRobertaForSequenceClassification, one label) from the
+same encoder, for the rerank tests (its GGUF with llama.cpp's cls / cls.output head)."""
 
 from __future__ import annotations
 
@@ -13,13 +15,15 @@ import numpy as np
 from npu.load.tiny import DATA
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+# XLM-RoBERTa's, in its order (<pad> is 1: positions start at 2)
+ROBERTA_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
 DIMS = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
         "intermediate_size": 128, "max_position_embeddings": 128, "type_vocab_size": 2}
 POOLING_KEYS = {"mean": "pooling_mode_mean_tokens", "cls": "pooling_mode_cls_token",
                 "last": "pooling_mode_lasttoken", "max": "pooling_mode_max_tokens"}
 
 
-def _vocab() -> dict[str, int]:
+def _vocab(specials: list[str] = SPECIALS) -> dict[str, int]:
     """Specials, characters and their "##" continuations, common suffixes, then flm-tiny's
     corpus's most frequent words (deterministic: ties by the word)."""
     import re
@@ -29,25 +33,33 @@ def _vocab() -> dict[str, int]:
     chars = sorted({c for c in text if not c.isspace()})
     words = Counter(w for w in re.findall(r"[a-z]+", text) if len(w) > 1)
     top = [w for w, _ in sorted(words.items(), key=lambda kv: (-kv[1], kv[0]))[:400]]
-    pieces = [*SPECIALS, *chars, *("##" + c for c in chars),
+    pieces = [*specials, *chars, *("##" + c for c in chars),
               *("##" + s for s in ("s", "ed", "ing", "er", "ly", "es", "ion", "al")), *top]
     return {p: i for i, p in enumerate(dict.fromkeys(pieces))}
 
 
-def _tokenizer():
-    """A lowercasing WordPiece tokenizer over `_vocab`, [CLS] ... [SEP] around a text."""
+def _tokenizer(roberta: bool = False):
+    """A lowercasing WordPiece tokenizer over `_vocab`, [CLS] ... [SEP] around a text
+    (`roberta`: XLM-RoBERTa's specials and templates, <s> a </s></s> b </s> for a pair, every
+    token of type 0)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
     from tokenizers.processors import TemplateProcessing
 
-    vocab = _vocab()
-    tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    specials = ROBERTA_SPECIALS if roberta else SPECIALS
+    vocab = _vocab(specials)
+    tok = Tokenizer(models.WordPiece(vocab, unk_token=specials[3] if roberta else "[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece(prefix="##")
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIALS])
-    tok.post_processor = TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    if roberta:
+        tok.post_processor = TemplateProcessing(
+            single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>",
+            special_tokens=[("<s>", vocab["<s>"]), ("</s>", vocab["</s>"])])
+    else:
+        tok.post_processor = TemplateProcessing(
+            single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+            special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
     return tok
 
 
@@ -161,7 +173,11 @@ _GGUF_LAYER = {"attention.self.query": "attn_q", "attention.self.key": "attn_k",
                "attn.Wqkv": "attn_qkv", "attn.out_proj": "attn_output",
                "norm1": "attn_output_norm", "mlp.fc11": "ffn_up", "mlp.fc12": "ffn_gate",
                "mlp.fc2": "ffn_down", "norm2": "layer_output_norm"}
-GGUF_POOLING = {"mean": 1, "cls": 2, "last": 3}
+GGUF_POOLING = {"mean": 1, "cls": 2, "last": 3, "rank": 4}
+# a BertForSequenceClassification's head -> llama.cpp's names (its converter drops the
+# pooler and writes the classifier as cls.output; `write_bert_gguf(pooler=True)` keeps the
+# pooler as cls, as it writes RoBERTa's classifier.dense)
+_GGUF_HEAD = {"pooler.dense": "cls", "classifier": "cls.output"}
 
 
 def _phantom(token: str) -> str:
@@ -172,12 +188,13 @@ def _phantom(token: str) -> str:
 
 
 def write_bert_gguf(folder: Path, path: Path, qtype=None, *, pooling: str | None = "mean",
-                    add_bos_eos: bool = True) -> Path:
+                    add_bos_eos: bool = True, pooler: bool = True) -> Path:
     """`build_bert`'s model (`folder`) as a `bert` (or `nomic-bert`) GGUF file: llama.cpp's
     tensor names and metadata, its vocabulary in phantom-space form with token types,
     matrices in `qtype` (gguf's GGMLQuantizationType; default F32); the embedding tables
     stay F32 (llama.cpp's converter keeps position_embd and token_types F32; token_embd is
-    kept so here too)."""
+    kept so here too). A `build_reranker` BERT (pooling "rank") gets its head as cls (the
+    pooler; `pooler=False`: none, as llama.cpp's converter writes it) and cls.output."""
     from gguf import GGMLQuantizationType as QT
     from gguf import GGUFWriter, quants
     from safetensors.numpy import load_file
@@ -185,6 +202,7 @@ def write_bert_gguf(folder: Path, path: Path, qtype=None, *, pooling: str | None
     qtype = qtype or QT.F32
     cfg = json.loads((folder / "config.json").read_text())
     arch = "nomic-bert" if cfg["architectures"] == ["NomicBertModel"] else "bert"
+    classifier = cfg["architectures"] == ["BertForSequenceClassification"]
     if arch == "nomic-bert":
         cfg = {"max_position_embeddings": cfg["n_positions"], "hidden_size": cfg["n_embd"],
                "intermediate_size": cfg["n_inner"], "num_hidden_layers": cfg["n_layer"],
@@ -219,7 +237,12 @@ def write_bert_gguf(folder: Path, path: Path, qtype=None, *, pooling: str | None
     w.add_add_bos_token(add_bos_eos)
     w.add_add_sep_token(add_bos_eos)
     for name, a in load_file(str(folder / "model.safetensors")).items():
-        base, suffix = name.rsplit(".", 1)
+        base, suffix = name.removeprefix("bert.").rsplit(".", 1)
+        if classifier and base in _GGUF_HEAD:
+            if base == "pooler.dense" and not pooler:
+                continue
+            w.add_tensor(f"{_GGUF_HEAD[base]}.{suffix}", np.ascontiguousarray(a, np.float32))
+            continue
         if base.startswith("pooler."):
             continue
         if base in _GGUF_NAMES:
@@ -236,3 +259,53 @@ def write_bert_gguf(folder: Path, path: Path, qtype=None, *, pooling: str | None
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def build_reranker(folder: Path, *, roberta: bool = False, seed: int = 0,
+                   activation: str | None = None, dims: dict | None = None) -> Path:
+    """A random cross-encoder with one label in `folder` (created), from `build_bert`'s
+    encoder: BertForSequenceClassification (the pooler, dense + tanh on [CLS], then the
+    classifier), or with `roberta` XLMRobertaForSequenceClassification (RoBERTa's head,
+    classifier.dense + tanh then out_proj; positions from pad_token_id + 1, so two more
+    rows; one token type; <s> a </s></s> b </s> pairs). `activation`: the config's
+    sentence_transformers.activation_fn (None: none, CrossEncoder's default sigmoid)."""
+    from safetensors.numpy import load_file, save_file
+
+    D = {**DIMS, **(dims or {})}
+    if roberta:
+        D = {**D, "max_position_embeddings": D["max_position_embeddings"] + 2,
+             "type_vocab_size": 1}
+    build_bert(folder, pooling=None, seed=seed, dims=D)
+    H = D["hidden_size"]
+    rng = np.random.default_rng(seed + 1)
+    w = load_file(str(folder / "model.safetensors"))
+    if roberta:
+        _tokenizer(roberta=True).save(str(folder / "tokenizer.json"))
+        w = {f"roberta.{k}": v for k, v in w.items() if not k.startswith("pooler.")}
+        w["classifier.dense.weight"] = (rng.standard_normal((H, H)) * H ** -0.5
+                                        ).astype(np.float32)
+        w["classifier.dense.bias"] = (rng.standard_normal(H) * 0.1).astype(np.float32)
+        head = "classifier.out_proj"
+    else:
+        w = {f"bert.{k}": v for k, v in w.items()}
+        head = "classifier"
+    w[head + ".weight"] = (rng.standard_normal((1, H)) * 2 * H ** -0.5).astype(np.float32)
+    w[head + ".bias"] = np.array([0.1], np.float32)
+    save_file(w, str(folder / "model.safetensors"))
+    config = json.loads((folder / "config.json").read_text())
+    config["id2label"], config["label2id"] = {"0": "LABEL_0"}, {"LABEL_0": 0}
+    if roberta:
+        config.update(architectures=["XLMRobertaForSequenceClassification"],
+                      model_type="xlm-roberta", pad_token_id=1, bos_token_id=0,
+                      eos_token_id=2, layer_norm_eps=1e-5)
+        (folder / "tokenizer_config.json").write_text(json.dumps({
+            "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>",
+            "eos_token": "</s>", "unk_token": "<unk>", "sep_token": "</s>",
+            "cls_token": "<s>", "pad_token": "<pad>", "mask_token": "<mask>",
+            "model_max_length": D["max_position_embeddings"] - 2}))
+    else:
+        config["architectures"] = ["BertForSequenceClassification"]
+    if activation is not None:
+        config["sentence_transformers"] = {"activation_fn": activation}
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder

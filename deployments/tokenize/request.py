@@ -98,23 +98,6 @@ def _convert(raw: dict[str, Any], kind: type) -> Any:
         raise ApiError(400, f"Invalid request: {exc}", param=param_from(exc)) from None
 
 
-def served(ingress: Ingress, name: str | None) -> str:
-    """The served model a request names: the only one when it names none and the server
-    serves one model (no models_dir).
-
-    Raises:
-        ApiError: 400 `model` missing where there is a choice; 404 an unknown model.
-    """
-    if name is None:
-        names = list(ingress.streams)
-        if len(names) == 1 and ingress.library is None:
-            return names[0]
-        raise ApiError(400, "'model' is required: this server serves more than one model; "
-                            "see /v1/models.", param="model")
-    ingress.check_model(name)
-    return ingress.resolve(name) or name
-
-
 def _request_id() -> str:
     return f"tok-{uuid.uuid4().hex}"
 
@@ -139,7 +122,7 @@ def tokenize_call(body: bytes, ingress: Ingress) -> Call:
         return _content_call(_convert(raw, ContentIn), ingress)
     if given[0] == "prompt":
         req = _convert(raw, PromptIn)
-        model = served(ingress, req.model)
+        model = ingress.served(req.model)
         job = Tokenize(request_id=_request_id(), text=req.prompt,
                        add_special=req.add_special_tokens, pieces=bool(req.return_token_strs))
         return Call(model=model, request=job,
@@ -152,7 +135,7 @@ def _content_call(req: ContentIn, ingress: Ingress) -> Call:
         raise ApiError(400, "'parse_special': false is not supported: special-token text "
                             "(such as '<|im_end|>') always reads as that token here.",
                        param="parse_special")
-    model = served(ingress, req.model)
+    model = ingress.served(req.model)
     job = Tokenize(request_id=_request_id(), text=req.content, add_special=req.add_special,
                    pieces=req.with_pieces)
     return Call(model=model, request=job, reply=LlamaTokenizeReply(pieces=req.with_pieces))
@@ -170,7 +153,7 @@ def _messages_call(raw: dict[str, Any], req: MessagesIn, ingress: Ingress) -> Ca
         raise ApiError(400, "'chat_template' is not supported: the model's own template "
                             "renders the conversation, as on /v1/chat/completions.",
                        param="chat_template")
-    model = served(ingress, req.model)
+    model = ingress.served(req.model)
     chat_raw = {k: v for k, v in (("model", model), ("messages", req.messages),
                                   ("tools", req.tools),
                                   ("chat_template_kwargs", req.chat_template_kwargs),
@@ -191,7 +174,7 @@ def _messages_call(raw: dict[str, Any], req: MessagesIn, ingress: Ingress) -> Ca
 def detokenize_call(body: bytes, ingress: Ingress) -> Call:
     """POST /detokenize's Call (ids outside the vocabulary: the worker's 400 names one)."""
     req = _convert(_object(body), DetokenizeIn)
-    model = served(ingress, req.model)
+    model = ingress.served(req.model)
     return Call(model=model, request=Detokenize(request_id=_request_id(), tokens=req.tokens),
                 reply=DetokenizeReply())
 
@@ -199,5 +182,5 @@ def detokenize_call(body: bytes, ingress: Ingress) -> Call:
 def tokenizer_info_call(model: str | None, ingress: Ingress) -> Call:
     """GET /tokenizer_info's Call (vLLM's; `model` from the query, optional where the server
     serves one model)."""
-    return Call(model=served(ingress, model),
+    return Call(model=ingress.served(model),
                 request=TokenizerInfo(request_id=_request_id()), reply=TokenizerInfoReply())

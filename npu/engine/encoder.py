@@ -1,16 +1,18 @@
-"""EncoderEngine: the CPU engine for BERT-family encoders (BERT, nomic-bert), which serve
-embeddings only.
+"""EncoderEngine: the CPU engine for BERT-family encoders (BERT, nomic-bert; XLM-RoBERTa
+read as a BERT, npu.load.pooling), which serve embeddings, or a reranker's scores (a
+classification head as the pooling: npu.engine.pooling's "rank").
 
 A layer is BERT's post-norm block: x = LN(x + Attn(x)); x = LN(x + MLP(x)), with biases,
 bidirectional attention over each input's own tokens (npu.engine.attention, no KV cache),
 learned absolute positions (BERT) or rotary ones (nomic-bert), and a GELU MLP (BERT) or a
-SwiGLU one (nomic-bert). The embeddings are word + position + token type 0 (every input is
-one segment), then a LayerNorm. Linear layers are `Linear`s of the engine's backend
-(npu.engine.linear), so the integer block formats multiply on the compiled kernels as the
-decoders' do; LayerNorm and GELU are numpy.
+SwiGLU one (nomic-bert). The embeddings are word + position + token type (0 for every token
+unless `types` are given: a query-document pair's second segment is type 1), then a
+LayerNorm. Linear layers are `Linear`s of the engine's backend (npu.engine.linear), so the
+integer block formats multiply on the compiled kernels as the decoders' do; LayerNorm and
+GELU are numpy.
 
 It has the Engine Protocol's members so a worker can hold it like any engine; those of
-generation raise ModelError naming the model an embedding model.
+generation raise ModelError naming the model an embedding model (or a reranker).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from npu.engine.attention import PackedAttention, embed_inputs, row_spans
 from npu.engine.cores import default_threads
 from npu.engine.linear import Linear, LinearFactory, Threads
 from npu.engine.numpy_engine import EMBED_TILE, Tensors
-from npu.engine.pooling import Pooling, pool
+from npu.engine.pooling import RANK, Pooling, pool
 from npu.engine.quant import INTEGER, QMatrix
 from npu.engine.steps import Steps, run_steps
 from npu.errors import ModelError
@@ -61,7 +63,8 @@ NOMIC_BERT = EncoderRoles(position=None, embed_norm="emb_ln", layer="encoder.lay
                           norm_attn="norm1", up="mlp.fc11", gate="mlp.fc12", down="mlp.fc2",
                           norm_ff="norm2")
 ROLES = {"bert": BERT, "nomic_bert": NOMIC_BERT}
-PREFIXES = ("bert.", "model.")  # checkpoints saved from a model that wraps the encoder
+# checkpoints saved from a model that wraps the encoder (a sequence classifier's included)
+PREFIXES = ("bert.", "model.", "roberta.")
 
 
 class EncoderLayer:
@@ -132,8 +135,7 @@ class EncoderEngine:
         if self.positions is not None and len(self.positions) < self.max_context:
             raise ModelError(f"{R.position} has {len(self.positions)} rows for a context of "
                              f"{self.max_context}")
-        types = t.maybe(R.token_type)
-        self.token_type = types[0] if types is not None else None  # one segment: type 0
+        self.token_types = t.maybe(R.token_type)  # [type vocabulary, hidden]; None: none
         self.embed_norm = t.norm(R.embed_norm)
         self.layers = [self._layer(t, R, i) for i in range(c.num_layers)]
         self.inv_freq = None if c.absolute_positions else rope_mod.inv_freq(c.rope["default"],
@@ -168,7 +170,8 @@ class EncoderEngine:
     @property
     def weight_bytes(self) -> int:
         """Bytes of the weights as held."""
-        vectors = [a for a in (self.positions, self.token_type, *self.embed_norm) if a is not None]
+        vectors = [a for a in (self.positions, self.token_types, *self.embed_norm)
+                   if a is not None]
         for L in self.layers:
             vectors += [a for a in (L.bqkv, L.bo, L.b_up, L.b_down, *L.norm_attn, *L.norm_ff)
                         if a is not None]
@@ -197,8 +200,9 @@ class EncoderEngine:
         """The CPU is always there."""
 
     def _no_generation(self, *_: object) -> Any:
-        raise ModelError(f"{self.config.arch} is an embedding model (an encoder): it does not "
-                         "generate text")
+        kind = "a reranker" if self.pooling.mode == RANK else "an embedding model"
+        raise ModelError(f"{self.config.arch} is {kind} (an encoder): it does not generate "
+                         "text")
 
     prefill = prefill_many = decode = reuse_prefix = blocks_needed = fork = _no_generation
     verify = rewind = _no_generation
@@ -221,37 +225,56 @@ class EncoderEngine:
         return {"sequences": 0, "kv_blocks": 0, "cached_blocks": 0, "kv_bytes": 0}
 
     # -- embeddings ---------------------------------------------------------------------------
-    def embed(self, items: Sequence[Sequence[int]]) -> np.ndarray:
+    def embed(self, items: Sequence[Sequence[int]], *,
+              types: Sequence[Sequence[int]] | None = None) -> np.ndarray:
         """Pooled vectors of token lists (with their [CLS] / [SEP] already), all in one
-        forward: float32 [len(items), dims], not normalized. Bidirectional attention over
-        each list's own tokens; a row is the same whatever else is in the batch.
-        `embed_steps`, run to its end.
+        forward: float32 [len(items), dims], not normalized (a reranker's: [len(items), 1],
+        each pair's score). Bidirectional attention over each list's own tokens; a row is the
+        same whatever else is in the batch. `embed_steps`, run to its end.
+
+        Args:
+            items: token ids, one list per input (a reranker's: a query-document pair each).
+            types: each token's type (segment), one list per item of its length (a pair's
+                second segment is 1 in BERT); None: 0 for every token.
 
         Raises:
-            ValueError: a list is empty, or has an id outside the vocabulary.
+            ValueError: a list is empty, has an id outside the vocabulary, or its types do
+                not match it or the model's token types.
             ContextLengthError: a list is longer than the model's context.
         """
-        return run_steps(self.embed_steps(items))
+        return run_steps(self.embed_steps(items, types=types))
 
-    def embed_steps(self, items: Sequence[Sequence[int]]) -> Steps[np.ndarray]:
+    def embed_steps(self, items: Sequence[Sequence[int]], *,
+                    types: Sequence[Sequence[int]] | None = None) -> Steps[np.ndarray]:
         """`embed` in steps (the vectors are the generator's value): a step is one layer's
         work before or after its attention for a span of at most EMBED_TILE packed rows
         (`row_spans`); the numbers do not depend on the steps."""
         if not items:
             return np.zeros((0, self.embedding_dims), dtype=np.float32)
         lengths, ids = embed_inputs(items, self.max_context, self.vocab_size)
+        segments = None if types is None else self._types(types, lengths)
         positions = np.concatenate([np.arange(n) for n in lengths])
-        x = yield from self._hidden(ids, positions, lengths)
+        x = yield from self._hidden(ids, positions, lengths, segments)
         return pool(x, lengths, self.pooling)
 
-    def _hidden(self, ids: np.ndarray, positions: np.ndarray,
-                lengths: list[int]) -> Steps[np.ndarray]:
+    def _types(self, types: Sequence[Sequence[int]], lengths: list[int]) -> np.ndarray:
+        """`types` packed as the ids are (int64), checked against the items and the model."""
+        if len(types) != len(lengths) or any(len(t) != n for t, n in zip(types, lengths)):
+            raise ValueError("types must hold one type per token of each item")
+        packed = np.asarray([t for row in types for t in row], dtype=np.int64)
+        rows = 0 if self.token_types is None else len(self.token_types)
+        if packed.size and (packed.min() < 0 or packed.max() >= max(rows, 1)):
+            raise ValueError(f"token types must be in 0..{max(rows, 1) - 1} for this model")
+        return packed
+
+    def _hidden(self, ids: np.ndarray, positions: np.ndarray, lengths: list[int],
+                types: np.ndarray | None = None) -> Steps[np.ndarray]:
         c, eps = self.config, self.config.rms_eps
         x = self.embed_tokens(ids)
         if self.positions is not None:
             x = x + self.positions[positions]
-        if self.token_type is not None:
-            x = x + self.token_type
+        if self.token_types is not None:  # type 0 everywhere unless types are given
+            x = x + (self.token_types[0] if types is None else self.token_types[types])
         x = np.ascontiguousarray(ops_mod.layer_norm(x, *self.embed_norm, eps), dtype=np.float32)
         cos_sin = None if self.inv_freq is None else rope_mod.cos_sin(self.inv_freq, positions,
                                                                       1.0)

@@ -1,6 +1,7 @@
 """Pooling: how a model turns its last hidden states into one embedding vector per input
-(mean, CLS or last token, then sentence-transformers' Dense layers if any), and `pool`,
-which does it for a packed batch.
+(mean, CLS or last token, then sentence-transformers' Dense layers if any), or a reranker's
+score per query-document pair (the first token through the classification head: "rank",
+llama.cpp's LLAMA_POOLING_TYPE_RANK), and `pool`, which does it for a packed batch.
 
 The vectors are left unnormalized: L2 normalization and Matryoshka truncation are the
 caller's (they depend on the request, not the model).
@@ -15,11 +16,15 @@ import numpy as np
 
 from npu.errors import ModelError
 
-MODES = ("mean", "cls", "last", "max")
+MODES = ("mean", "cls", "last", "max", "rank")
+RANK = "rank"
 # llama.cpp's `{arch}.pooling_type` enum (LLAMA_POOLING_TYPE_*): 0 none, 1 mean, 2 cls,
-# 3 last, 4 rank (a reranker's head: not an embedding)
-GGUF_POOLING = {1: "mean", 2: "cls", 3: "last"}
+# 3 last, 4 rank (a reranker's classification head)
+GGUF_POOLING = {1: "mean", 2: "cls", 3: "last", 4: RANK}
 DENSE_ACTIVATIONS = ("identity", "tanh")
+# what a reranker's scores go through: sigmoid (sentence-transformers' CrossEncoder with one
+# label, vLLM's default), the raw logit (llama-server's), or tanh (a config that names it)
+SCORE_ACTIVATIONS = ("sigmoid", "identity", "tanh")
 
 
 class Dense(msgspec.Struct, frozen=True, kw_only=True):
@@ -52,19 +57,36 @@ class Pooling(msgspec.Struct, frozen=True, kw_only=True):
 
     Attributes:
         mode: "mean" (over the input's tokens), "cls" (the first token), "last" (the last
-            token: decoder embedders such as Qwen3-Embedding) or "max" (per dimension).
-        dense: sentence-transformers Dense layers applied after pooling, in order.
+            token: decoder embedders such as Qwen3-Embedding), "max" (per dimension) or
+            "rank" (a reranker: the first token through `dense`, the classification head,
+            to one score per input, then `activation`).
+        dense: sentence-transformers Dense layers applied after pooling, in order (rank:
+            the head's layers: BERT's pooler or RoBERTa's dense with tanh, then the output
+            projection).
+        activation: rank: what the scores go through ("sigmoid", "identity": the raw
+            logit, "tanh"); "identity" for the other modes.
         source: where the mode came from (for logs and model listings).
     """
 
     mode: str = "mean"
     dense: tuple[Dense, ...] = ()
+    activation: str = "identity"
     source: str = "default"
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ModelError(f"pooling {self.mode!r} is not supported (supported: "
                              f"{', '.join(MODES)})")
+        if self.activation not in SCORE_ACTIVATIONS:
+            raise ModelError(f"score activation {self.activation!r} is not supported "
+                             f"(supported: {', '.join(SCORE_ACTIVATIONS)})")
+        if self.mode == RANK:
+            if not self.dense or self.dense[-1].weight.shape[0] != 1:
+                rows = self.dense[-1].weight.shape[0] if self.dense else 0
+                raise ModelError(f"a reranker's head must end in one score; it gives {rows} "
+                                 "(a classifier of several labels does not rerank)")
+        elif self.activation != "identity":
+            raise ModelError(f"pooling {self.mode!r} takes no score activation")
 
     def dims(self, hidden_size: int) -> int:
         """The embedding's width for a model of `hidden_size`.
@@ -88,7 +110,7 @@ def pool(hidden: np.ndarray, lengths: Sequence[int], pooling: Pooling) -> np.nda
     ends = np.cumsum(lengths)
     starts = ends - np.asarray(lengths)
     mode = pooling.mode
-    if mode == "cls":
+    if mode in ("cls", RANK):
         out = hidden[starts]
     elif mode == "last":
         out = hidden[ends - 1]
@@ -99,6 +121,10 @@ def pool(hidden: np.ndarray, lengths: Sequence[int], pooling: Pooling) -> np.nda
     out = np.asarray(out, dtype=np.float32)
     if pooling.dense:  # row by row: a BLAS product's sums may group rows differently
         out = np.concatenate([_dense(pooling.dense, row[None]) for row in out])
+    if pooling.activation == "sigmoid":  # 1 / (1 + e^-x), without overflow for large |x|
+        out = np.exp(-np.logaddexp(0, -out))
+    elif pooling.activation == "tanh":
+        out = np.tanh(out)
     return np.ascontiguousarray(out, dtype=np.float32)
 
 

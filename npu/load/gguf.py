@@ -23,11 +23,18 @@ from typing import Any
 
 import numpy as np
 
-from npu.engine.convert import fresh, packed_rows
 from npu.config import ENCODER_ARCHITECTURES
+from npu.engine.convert import fresh, packed_rows
 from npu.engine.linear import PackedMatrix
-from npu.engine.quant import (CONVERTED, QT, QMatrix, conversion_bound, converted_type,
-                              release_pages, row_bytes)
+from npu.engine.quant import (
+    CONVERTED,
+    QT,
+    QMatrix,
+    conversion_bound,
+    converted_type,
+    release_pages,
+    row_bytes,
+)
 from npu.errors import ModelError
 from npu.load.gguf_header import GGUFHeader, TensorInfo, read_header
 from npu.load.mapped import MappedFile
@@ -73,7 +80,9 @@ _LAYER_ARCH = {
 # the encoders' names (npu.engine.encoder's roles), without the .weight / .bias suffix
 _ENCODER_GLOBAL = {"token_embd": "embeddings.word_embeddings",
                    "token_types": "embeddings.token_type_embeddings",
-                   "position_embd": "embeddings.position_embeddings"}
+                   "position_embd": "embeddings.position_embeddings",
+                   # a reranker's classification head (npu.load.pooling reads it)
+                   "cls": "classifier.dense", "cls.output": "classifier.out_proj"}
 _ENCODER = {
     "bert": ("encoder.layer", {"token_embd_norm": "embeddings.LayerNorm"}, {
         "attn_q": "attention.self.query", "attn_k": "attention.self.key",

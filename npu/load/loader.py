@@ -10,8 +10,8 @@ unsupported piece is a `ModelError` naming it.
 from __future__ import annotations
 
 import json
-from functools import partial
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,14 @@ from npu.engine.pooling import Pooling
 from npu.errors import ModelError
 from npu.load.gc_pause import gc_paused
 from npu.load.options import LoadOptions
-from npu.load.pooling import pooling_from_directory, pooling_from_gguf
+from npu.load.pooling import (
+    HEAD_PREFIXES,
+    classifier_of,
+    classifier_pooling,
+    encoder_config,
+    pooling_from_directory,
+    pooling_from_gguf,
+)
 from npu.load.safetensors import load_weights
 from npu.load.template import ChatTemplate
 from npu.load.tokenizer import Tokenizer
@@ -101,7 +108,8 @@ def _quantizer(quantize: str | None, *, encoder: bool = False):
     stored bf16/fp16; everything else float32. `encoder`: a BERT-family model's embedding
     tables (words, positions, token types) are held in F16 under any `quantize`: they are
     looked up, not multiplied, so a block format's error would go into every token as it is
-    (measured on a random BERT: CLS cosine 0.9986 with Q8_0 tables, 0.9992 with float)."""
+    (measured on a random BERT: CLS cosine 0.9986 with Q8_0 tables, 0.9992 with float); a
+    reranker's head (HEAD_PREFIXES) stays float32: a few vectors' worth, read once."""
     from npu.engine.quant import QT, QUANTIZE, QMatrix, row_bytes
 
     if quantize is not None and quantize not in QUANTIZE:
@@ -109,7 +117,7 @@ def _quantizer(quantize: str | None, *, encoder: bool = False):
     target = QUANTIZE.get(quantize) if quantize else None
 
     def keep(name: str, arr: np.ndarray, dtype: str):
-        if arr.ndim != 2:
+        if arr.ndim != 2 or (encoder and name.startswith(HEAD_PREFIXES)):
             return arr
         qtype = target or {"BF16": QT.BF16, "F16": QT.F16}.get(dtype)
         if encoder and target and "embeddings." in name:
@@ -301,14 +309,16 @@ def _from_gguf(file: Path, packed: bool, pool: ThreadPoolExecutor):
                        meta.get("tokenizer.ggml.eot_token_id"),
                        meta.get("tokenizer.ggml.eom_token_id"))
     return (config, make_tokenizer, g.chat_template, eos_ids,
-            SamplingParams(), g.tensors, pooling_from_gguf(meta, file), g.release_pages)
+            SamplingParams(), g.tensors, pooling_from_gguf(meta, file, g.tensors),
+            g.release_pages)
 
 
 def _from_directory(folder: Path, quantize: str | None):
     config_path = folder / "config.json"
     if not config_path.exists():
         raise ModelError(f"{folder}: config.json is missing (and no .gguf file)")
-    config = config_from_json(_read_json(config_path))
+    raw = _read_json(config_path)
+    config = config_from_json(encoder_config(raw))  # a reranker's: its encoder's
     tok_config = _read_json(folder / "tokenizer_config.json")
     tok_path = folder / "tokenizer.json"
     if not tok_path.exists():
@@ -329,8 +339,9 @@ def _from_directory(folder: Path, quantize: str | None):
         min_p=float(gen.get("min_p") or 0.0),
         repetition_penalty=float(gen.get("repetition_penalty") or 1.0))
     weights = load_weights(folder, keep=_quantizer(quantize, encoder=config.arch in ENCODERS))
-    return (config, lambda: tokenizer, source, eos_ids, defaults, weights,
-            pooling_from_directory(folder), None)
+    pooling = (classifier_pooling(raw, weights, folder) if classifier_of(raw)
+               else pooling_from_directory(folder))
+    return (config, lambda: tokenizer, source, eos_ids, defaults, weights, pooling, None)
 
 
 __all__ = ["Model", "load_model"]

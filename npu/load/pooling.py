@@ -1,9 +1,14 @@
 """A model's pooling (npu.engine.pooling.Pooling) from its files: a GGUF file's
-`{arch}.pooling_type` (llama.cpp's enum), a Hugging Face directory's sentence-transformers
-files (`modules.json`, the Pooling module's config.json and the Dense modules' weights), else
-the default: mean over the input's tokens, for decoders and encoders alike (what
-sentence-transformers does with a plain transformers checkpoint; llama.cpp has no default: a
-file without a pooling type embeds per token there).
+`{arch}.pooling_type` (llama.cpp's enum; 4, rank, with the file's classification head: a
+reranker), a Hugging Face directory's sentence-transformers files (`modules.json`, the Pooling
+module's config.json and the Dense modules' weights) or its sequence classifier's head (a
+reranker: `classifier_of`), else the default: mean over the input's tokens, for decoders and
+encoders alike (what sentence-transformers does with a plain transformers checkpoint;
+llama.cpp has no default: a file without a pooling type embeds per token there).
+
+A reranker's scores go through sigmoid unless its config names another activation, as
+sentence-transformers' CrossEncoder and vLLM score a one-label classifier (Cohere's and Jina's
+relevance scores are in 0..1 too); llama-server answers the raw logit. The order is the same.
 """
 
 from __future__ import annotations
@@ -12,9 +17,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 
-from npu.engine.pooling import GGUF_POOLING, Dense, Pooling
+from npu.engine.pooling import GGUF_POOLING, RANK, Dense, Pooling
+from npu.engine.quant import QMatrix
 from npu.errors import ModelError
 
 # sentence-transformers' Pooling config keys -> our modes
@@ -25,19 +32,162 @@ ST_ACTIVATIONS = {"torch.nn.modules.linear.Identity": "identity",
                   "torch.nn.modules.activation.Tanh": "tanh"}
 # modules that do not change the pooled vector (Normalize: the caller normalizes)
 ST_NEUTRAL = ("Transformer", "Normalize")
+# a CrossEncoder's activation (config.json's sentence_transformers.activation_fn, or the
+# older sbert_ce_default_activation_function) -> the scores' activation
+ST_SCORE_ACTIVATIONS = {"torch.nn.modules.activation.Sigmoid": "sigmoid",
+                        "torch.nn.modules.linear.Identity": "identity",
+                        "torch.nn.modules.activation.Tanh": "tanh"}
+# a reranker's score activation where its files name none (one label: sigmoid)
+DEFAULT_SCORE_ACTIVATION = "sigmoid"
 
 
-def pooling_from_gguf(meta: dict[str, Any], path: Path) -> Pooling:
-    """The pooling a GGUF file's metadata names (the default when it names none)."""
+class Classifier(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a Hugging Face `*ForSequenceClassification` checkpoint keeps its head, read as
+    its encoder (a BertModel) and a rank Pooling.
+
+    Attributes:
+        dense: the head's first layer, dense then tanh on the first token (BERT's pooler,
+            RoBERTa's classifier.dense), without .weight / .bias.
+        out: the output projection to the one score.
+        roberta: positions start at pad_token_id + 1 (RoBERTa, XLM-RoBERTa): the rows before
+            are dropped (as llama.cpp's converter drops them) and the context is that much
+            shorter, so the encoder reads it as a BERT (its one token type included).
+    """
+
+    dense: tuple[str, ...]
+    out: str
+    roberta: bool = False
+
+
+_ROBERTA = Classifier(dense=("classifier.dense",), out="classifier.out_proj", roberta=True)
+CLASSIFIERS = {
+    "BertForSequenceClassification": Classifier(dense=("bert.pooler.dense", "pooler.dense"),
+                                                out="classifier"),
+    "XLMRobertaForSequenceClassification": _ROBERTA,
+    "RobertaForSequenceClassification": _ROBERTA,
+}
+# tensors of a head (kept in float32 under `quantize`: a few vectors' worth, read once)
+HEAD_PREFIXES = ("classifier.", "bert.pooler.", "pooler.")
+
+
+def classifier_of(raw: dict[str, Any]) -> Classifier | None:
+    """The head of a config.json's sequence classifier (None: not one we serve)."""
+    return next((CLASSIFIERS[a] for a in raw.get("architectures") or [] if a in CLASSIFIERS),
+                None)
+
+
+def _position_offset(raw: dict[str, Any]) -> int:
+    pad = raw.get("pad_token_id")
+    return 1 + int(pad if pad is not None else 1)
+
+
+def encoder_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """A sequence classifier's config.json as its encoder's (BertModel's keys; a RoBERTa's
+    context less the position rows it skips); any other config as it is."""
+    head = classifier_of(raw)
+    if head is None:
+        return raw
+    out = {**raw, "architectures": ["BertModel"]}
+    if head.roberta and raw.get("max_position_embeddings") is not None:
+        out["max_position_embeddings"] = int(raw["max_position_embeddings"]) - \
+            _position_offset(raw)
+    return out
+
+
+def _float(value: np.ndarray | QMatrix) -> np.ndarray:
+    arr = value.dequantize() if isinstance(value, QMatrix) else value
+    return np.ascontiguousarray(arr, dtype=np.float32)
+
+
+def _layer(weights: dict[str, Any], name: str, activation: str) -> Dense | None:
+    """The dense layer `name` taken out of `weights` (None: there is none)."""
+    weight = weights.pop(name + ".weight", None)
+    bias = weights.pop(name + ".bias", None)
+    if weight is None:
+        return None
+    weight = _float(weight)
+    if weight.ndim != 2:
+        raise ModelError(f"tensor {name}.weight has shape {list(weight.shape)}, not a matrix")
+    return Dense(weight=weight, bias=None if bias is None else _float(bias).reshape(-1),
+                 activation=activation)
+
+
+def _score_activation(raw: dict[str, Any], where: Path) -> str:
+    st = raw.get("sentence_transformers")
+    name = (st.get("activation_fn") if isinstance(st, dict) else None) or \
+        raw.get("sbert_ce_default_activation_function")
+    if name is None:
+        return DEFAULT_SCORE_ACTIVATION
+    act = ST_SCORE_ACTIVATIONS.get(name)
+    if act is None:
+        raise ModelError(f"{where}/config.json: the scores' activation {name!r} is not "
+                         f"supported (supported: {', '.join(ST_SCORE_ACTIVATIONS)})")
+    return act
+
+
+def classifier_pooling(raw: dict[str, Any], weights: dict[str, Any], folder: Path) -> Pooling:
+    """A sequence classifier's head as a rank Pooling, its tensors taken out of `weights`
+    (a RoBERTa's position rows before pad_token_id + 1 dropped there too); the scores'
+    activation is the config's (see the module's docstring).
+
+    Raises:
+        ModelError: a head tensor is missing, or the classifier has more than one label.
+    """
+    head = classifier_of(raw)
+    if head is None:
+        raise ModelError(f"{folder}/config.json: not a sequence classifier")
+    labels = int(raw.get("num_labels") or len(raw.get("id2label") or {}) or 2)
+    if labels != 1:
+        raise ModelError(f"{folder}: a reranker gives one score; this classifier has {labels} "
+                         "labels (id2label)")
+    if head.roberta:
+        _drop_positions(weights, _position_offset(raw))
+    dense = next((d for n in head.dense if (d := _layer(weights, n, "tanh")) is not None), None)
+    out = _layer(weights, head.out, "identity")
+    if dense is None or out is None:
+        missing = head.dense[0] if dense is None else head.out
+        raise ModelError(f"{folder}: the classifier lacks tensor {missing + '.weight'!r}")
+    return Pooling(mode=RANK, dense=(dense, out), activation=_score_activation(raw, folder),
+                   source="classifier")
+
+
+def _drop_positions(weights: dict[str, Any], offset: int) -> None:
+    """The position table without its first `offset` rows (RoBERTa's padding_idx + 1)."""
+    name = next((n for n in ("roberta.embeddings.position_embeddings.weight",
+                             "embeddings.position_embeddings.weight") if n in weights), None)
+    if name is None:
+        return  # the encoder names what is missing
+    table = weights[name]
+    if isinstance(table, QMatrix):
+        rows, cols = table.shape
+        weights[name] = QMatrix(table.qtype, (rows - offset, cols), table.data[offset:])
+    else:
+        weights[name] = table[offset:]
+
+
+def pooling_from_gguf(meta: dict[str, Any], path: Path,
+                      tensors: dict[str, Any] | None = None) -> Pooling:
+    """The pooling a GGUF file's metadata names (the default when it names none): a
+    reranker's (rank) with the classification head taken out of `tensors` (llama.cpp's
+    cls / cls.output, under the names npu.load.gguf gives them), also for a file that names
+    no pooling type but has the head (llama-server ranks with it given `--reranking`)."""
     arch = meta.get("general.architecture")
     value = meta.get(f"{arch}.pooling_type")
-    if value in (None, 0):
-        return Pooling()
-    mode = GGUF_POOLING.get(int(value))
-    if mode is None:
+    mode = None if value in (None, 0) else GGUF_POOLING.get(int(value))
+    if value not in (None, 0) and mode is None:
         raise ModelError(f"{path}: {arch}.pooling_type {value} is not supported (1 mean, 2 cls, "
-                         "3 last; 4 rank is a reranker's head)")
-    return Pooling(mode=mode, source="gguf")
+                         "3 last, 4 rank)")
+    if mode not in (None, RANK):
+        return Pooling(mode=mode, source="gguf")
+    head = [d for d in (_layer(tensors or {}, "classifier.dense", "tanh"),
+                        _layer(tensors or {}, "classifier.out_proj", "identity")) if d]
+    if not head:
+        if mode == RANK:
+            raise ModelError(f"{path}: {arch}.pooling_type 4 (rank) needs a classification head "
+                             "(tensors cls.weight or cls.output.weight); the file has none")
+        return Pooling()
+    return Pooling(mode=RANK, dense=tuple(head), activation=DEFAULT_SCORE_ACTIVATION,
+                   source="gguf")
 
 
 def _read(path: Path) -> Any:

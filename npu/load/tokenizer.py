@@ -6,6 +6,7 @@ from __future__ import annotations
 import codecs
 import json
 import re
+from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -88,9 +89,10 @@ class Tokenizer:
             without merges and post-processor).
     """
 
-    def __init__(self, path: Path | dict, *, bos_token: str | None = None, eos_token: str | None = None,
-                 unk_token: str | None = None, pad_token: str | None = None,
-                 add_bos: bool = False, add_eos: bool = False, spm: SpmTokenizer | None = None) -> None:
+    def __init__(self, path: Path | dict, *, bos_token: str | None = None,
+                 eos_token: str | None = None, unk_token: str | None = None,
+                 pad_token: str | None = None, add_bos: bool = False, add_eos: bool = False,
+                 spm: SpmTokenizer | None = None) -> None:
         from tokenizers import Tokenizer as HFTokenizer
 
         self._spm = spm
@@ -155,6 +157,27 @@ class Tokenizer:
         if room is not None:
             enc.truncate(max(0, room - self._tok.num_special_tokens_to_add(False)))
         return self._tok.post_process(enc).ids
+
+    def encode_pairs(self, first: str,
+                     seconds: Sequence[str]) -> list[tuple[list[int], list[int]]]:
+        """Token ids and token types of `first` paired with each of `seconds` (a reranker's
+        query and documents), with the special tokens the post-processor puts around a pair
+        ([CLS] a [SEP] b [SEP] for BERT, b's tokens of type 1; <s> a </s></s> b </s> for
+        XLM-RoBERTa); `first` is tokenized once.
+
+        Raises:
+            ModelError: the tokenizer has no post-processor to pair texts with (a GGUF
+                SentencePiece vocabulary's).
+        """
+        if self._spm is not None or self._tok.post_processor is None:
+            raise ModelError("this model's tokenizer has no template for a pair of texts "
+                             "(a post-processor): it cannot rerank")
+        head = self._tok.encode(first, add_special_tokens=False)
+        out = []
+        for text in seconds:
+            pair = self._tok.post_process(head, self._tok.encode(text, add_special_tokens=False))
+            out.append((pair.ids, pair.type_ids))
+        return out
 
     def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str:
         if self._spm is not None:

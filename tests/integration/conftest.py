@@ -1,7 +1,7 @@
 """One Ray Serve instance for the whole test run: flm-tiny on two replicas, a random gpt-oss
-(harmony format), a random BERT encoder (embeddings only), the default model, and the real
-stories260K model when ../shared is there; a secured app (API key, CORS) that also holds a
-model that cannot load."""
+(harmony format), a random BERT encoder (embeddings only), a random BERT cross-encoder (a
+reranker), the default model, and the real stories260K model when ../shared is there; a
+secured app (API key, CORS) that also holds a model that cannot load."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.bert_model import build_bert
+from tests.bert_model import build_bert, build_reranker
 from tests.gpt_oss_model import build_gpt_oss
 from tests.shared import SHARED
 
@@ -21,10 +21,18 @@ SECRET = "test-key-123"
 # a model on the secured app that cannot load (an architecture the engine does not run)
 UNLOADABLE = "no-such-arch"
 UNLOADABLE_CONFIG = '{"architectures": ["FooForCausalLM"], "model_type": "foo"}'
+RERANKER = "bert-rerank"
 
 
 @pytest.fixture(scope="session")
-def serve_url(tmp_path_factory):
+def reranker_dir(tmp_path_factory) -> Path:
+    """The random BERT cross-encoder (BertForSequenceClassification, one label) the app
+    serves as RERANKER: its tests score the same folder with transformers."""
+    return build_reranker(tmp_path_factory.mktemp("reranker") / "model")
+
+
+@pytest.fixture(scope="session")
+def serve_url(tmp_path_factory, reranker_dir):
     ray = pytest.importorskip("ray")
     from ray import serve
 
@@ -51,6 +59,7 @@ def serve_url(tmp_path_factory):
                    "speculative": {"row_cost": 0.05}})
     bert = build_bert(tmp_path_factory.mktemp("bert") / "model")  # random BERT encoder
     models.append({"name": "bert-tiny", "path": str(bert), "max_batch": 2})
+    models.append({"name": RERANKER, "path": str(reranker_dir), "max_batch": 2})
     serve.run(build_app({"models": models, "max_request_bytes": 1 << 20}), name="flm",
               route_prefix="/")
     # two simulated NPUs: one worker replica each, claiming {"NPU": 1} from Ray

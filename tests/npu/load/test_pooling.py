@@ -23,8 +23,8 @@ def test_gguf_pooling_type_is_llama_cpps_enum(value, mode: str) -> None:
     assert pooling_from_gguf(meta, Path("m.gguf")).mode == mode
 
 
-def test_a_rerankers_pooling_is_refused() -> None:
-    with pytest.raises(ModelError, match="rank"):
+def test_rank_pooling_without_a_classification_head_is_refused() -> None:
+    with pytest.raises(ModelError, match="classification head"):
         pooling_from_gguf({"general.architecture": "bert", "bert.pooling_type": 4},
                           Path("m.gguf"))
 

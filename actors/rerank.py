@@ -1,0 +1,109 @@
+"""Rerank requests in the worker: a query scored against each document by a reranker (a
+cross-encoder: npu.engine.pooling's "rank" head), each query-document pair, as the model's
+tokenizer pairs two texts, one input of the embedding forward (actors.embedding: the same
+steps between the chats', in the same bounded share of their time); a pair's score is the
+model's one output.
+
+A `Rerank` goes through the worker's `generate` as an embedding request does: Rejected
+alone, or Accepted, one `Scores` (in the documents' order: the ingress sorts them) and Usage.
+`build_job` also refuses what a model does not serve: a reranker asked to embed, an
+embedding or generation model asked to rerank (and `rerank_only` words a reranker's refusal
+of chat and completions).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from actors.embedding import EmbedJob, build_embedding
+from actors.errors import RequestError
+from actors.events import EmbedGenerate, Event, Usage
+from npu import Model
+from npu.engine.pooling import RANK
+
+# what a reranker is, for the refusals that name it
+RERANKERS = ("a cross-encoder: a *ForSequenceClassification checkpoint with one label, or a "
+             "GGUF file with pooling_type 4")
+
+
+class Rerank(msgspec.Struct, kw_only=True, tag="rerank"):
+    """A query and the documents to score against it, each document paired with the query
+    (`query` first, as cross-encoders are trained: [CLS] query [SEP] document [SEP])."""
+
+    request_id: str
+    query: str
+    documents: list[str] = msgspec.field(default_factory=list)
+
+
+class Scores(msgspec.Struct, tag="scores", tag_field="event"):
+    """A Rerank's answer: each document's relevance score, in the documents' order (the
+    model's output through its activation, npu.load.pooling), and each pair's token count."""
+
+    scores: list[float]
+    tokens: list[int]
+
+
+class RerankJob(EmbedJob):
+    """A Rerank in the worker: its pairs' token ids and types, their scores as computed."""
+
+    __slots__ = ()
+
+    def answer(self) -> list[Event]:
+        return [Scores(scores=[float(s) for s in self.vectors[:, 0]],
+                       tokens=[len(x) for x in self.ids]),
+                Usage(prompt_tokens=self.tokens, completion_tokens=0)]
+
+
+def is_reranker(model: Model) -> bool:
+    """Whether `model` scores pairs (its pooling is a classification head)."""
+    return model.pooling == RANK
+
+
+def rerank_only(model: Model) -> str:
+    """The refusal of a request a reranker does not serve (chat, completions, embeddings)."""
+    return (f"The model '{model.name}' is a reranker ({RERANKERS}): it scores documents "
+            "against a query (/v1/rerank), it does not generate or embed.")
+
+
+def build_rerank(request: Rerank, model: Model) -> RerankJob:
+    """The request's query-document pairs as token ids and types, checked against the model.
+
+    Raises:
+        RequestError: the model does not rerank (`model`), there are no documents, or the
+            query (`query`) or a pair (`documents[i]`) is longer than the model's context.
+    """
+    if not is_reranker(model):
+        kind = "an embedding model" if model.kind == "encoder" else "a generation model"
+        raise RequestError(f"The model '{model.name}' is {kind}: it does not rerank (a "
+                           f"reranker is {RERANKERS}).", param="model")
+    if not request.documents:
+        raise RequestError("'documents' holds no documents.", param="documents")
+    tok, limit = model.tokenizer, model.context_length
+    least = tok.encode_pairs(request.query, [""])[0][0]  # the query with the pair's specials
+    if len(least) > limit:
+        raise RequestError(f"The query has {len(least)} tokens with the pair's special tokens; "
+                           f"this model's maximum context length is {limit} tokens.",
+                           param="query", code="context_length_exceeded")
+    pairs = tok.encode_pairs(request.query, request.documents)
+    for i, (ids, _) in enumerate(pairs):
+        if len(ids) > limit:
+            raise RequestError(f"Document {i} with the query has {len(ids)} tokens; this "
+                               f"model's maximum context length is {limit} tokens.",
+                               param=f"documents[{i}]", code="context_length_exceeded")
+    # a model of one token type (XLM-RoBERTa) reads every token as type 0
+    types = [t for _, t in pairs] if model.config.type_vocab_size > 1 else None
+    return RerankJob(request, [ids for ids, _ in pairs], model.embedding_dims, types)
+
+
+def build_job(request: EmbedGenerate | Rerank, model: Model) -> EmbedJob:
+    """The worker's job for an embedding or rerank request, where `model` serves it.
+
+    Raises:
+        RequestError: the model does not serve the request (`model`), or its inputs are
+            refused (`build_embedding`, `build_rerank`).
+    """
+    if isinstance(request, Rerank):
+        return build_rerank(request, model)
+    if is_reranker(model):
+        raise RequestError(rerank_only(model), param="model")
+    return build_embedding(request, model)

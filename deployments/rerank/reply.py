@@ -1,0 +1,62 @@
+"""Rerank answers: the worker's scores (actors.rerank.Scores, in the documents' order) as
+one JSON object, the shape llama-server, vLLM, Jina and Cohere share: `id`, `model`,
+`results` sorted by `relevance_score`, highest first (ties in the documents' order), each
+with its `index` in the request's documents and, where asked, its `document: {"text"}`;
+`usage: {prompt_tokens, total_tokens}` (every pair's tokens). Never streamed."""
+
+from __future__ import annotations
+
+import msgspec
+from starlette.responses import Response
+
+from actors.events import Failed, Usage
+from actors.rerank import Scores
+from deployments.errors import ApiError
+from deployments.exchange import WholeReply
+
+_encoder = msgspec.json.Encoder()
+
+
+class RerankReply(WholeReply):
+    """A rerank request's answer.
+
+    Args:
+        request_id: the answer's `id`.
+        model: the model as the client named it.
+        documents: the request's documents' texts (for `return_documents`).
+        top_n: the best this many results (None: all).
+        return_documents: each result with its document.
+    """
+
+    def __init__(self, request_id: str, model: str, documents: list[str], *,
+                 top_n: int | None = None, return_documents: bool = True) -> None:
+        self.request_id, self.model, self.documents = request_id, model, documents
+        self.top_n, self.return_documents = top_n, return_documents
+        self.result: Scores | None = None
+        self.usage: Usage | None = None
+
+    def fold(self, batch: list) -> None:
+        for ev in batch:
+            if isinstance(ev, Scores):
+                self.result = ev
+            elif isinstance(ev, Usage):
+                self.usage = ev
+            elif isinstance(ev, Failed):
+                raise ApiError(503, ev.message, type="server_error")
+
+    def answer(self) -> Response:
+        r = self.result
+        if r is None or len(r.scores) != len(self.documents):
+            raise ApiError(503, "The model worker ended without the scores.",
+                           type="server_error")
+        order = sorted(range(len(r.scores)), key=lambda i: -r.scores[i])  # stable: ties
+        results = []
+        for i in order[:self.top_n]:
+            item = {"index": i, "relevance_score": r.scores[i]}
+            if self.return_documents:
+                item["document"] = {"text": self.documents[i]}
+            results.append(item)
+        tokens = self.usage.prompt_tokens if self.usage else sum(r.tokens)
+        body = {"id": self.request_id, "model": self.model, "results": results,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+        return Response(_encoder.encode(body), media_type=self.media_type)

@@ -1,0 +1,82 @@
+"""Rerank requests, one shape on every path (llama-server's, vLLM's, Jina's and Cohere's
+bodies are the same fields): `query`, `documents` (strings, or Cohere's and Jina's
+`{"text": ...}` objects), `top_n`, `return_documents`, `model` (optional where the server
+serves one model, as llama-server's and vLLM's; a name it does not serve is a 404). Fields
+the others add (Cohere's `max_chunks_per_doc`, `rank_fields`, vLLM's
+`truncate_prompt_tokens`) are not read.
+
+Checked here: the types, an empty query or document list, `top_n` below 0 and more than
+MAX_DOCUMENTS documents (a 400 naming the field); by the worker, against the model: a pair
+longer than its context (`documents[i]`), a model that does not rerank (`model`).
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import msgspec
+
+from actors.rerank import Rerank
+from deployments.body import decode_json
+from deployments.errors import ApiError
+from deployments.exchange import Call
+from deployments.ingress import Ingress
+from deployments.rerank.reply import RerankReply
+
+# the most documents one request may carry (as /v1/embeddings' inputs)
+MAX_DOCUMENTS = 2048
+
+
+class TextIn(msgspec.Struct):
+    """Cohere's and Jina's document (or query) object."""
+
+    text: str
+
+
+class RerankIn(msgspec.Struct, kw_only=True):
+    """A rerank body.
+
+    Attributes:
+        top_n: the best this many results (None, or 0 as vLLM's default: every document;
+            more than there are: every document).
+        return_documents: each result with its `document: {"text": ...}` (default true, as
+            vLLM and Jina answer; llama-server never sends them, Cohere's v1 when asked).
+    """
+
+    query: str | TextIn
+    documents: list[str | TextIn]
+    model: str | None = None
+    top_n: int | None = None
+    return_documents: bool | None = None
+
+
+def _text(value: str | TextIn) -> str:
+    return value.text if isinstance(value, TextIn) else value
+
+
+def rerank_call(body: bytes, ingress: Ingress) -> Call:
+    """A rerank request's Call (every rerank path's).
+
+    Raises:
+        ApiError: 400 naming the field (see the module's docstring); 404 an unknown model.
+    """
+    req = decode_json(body, RerankIn)
+    query = _text(req.query)
+    if not query:
+        raise ApiError(400, "'query' is empty.", param="query")
+    if not req.documents:
+        raise ApiError(400, "'documents' is empty: send at least one document.",
+                       param="documents")
+    if len(req.documents) > MAX_DOCUMENTS:
+        raise ApiError(400, f"'documents' holds {len(req.documents)} documents; at most "
+                            f"{MAX_DOCUMENTS} are allowed.", param="documents")
+    if req.top_n is not None and req.top_n < 0:
+        raise ApiError(400, f"'top_n' must be at least 1 (0 or none: every document); got "
+                            f"{req.top_n}.", param="top_n")
+    model = ingress.served(req.model)
+    documents = [_text(d) for d in req.documents]
+    request_id = f"rerank-{uuid.uuid4().hex}"
+    reply = RerankReply(request_id, req.model or model, documents, top_n=req.top_n or None,
+                        return_documents=req.return_documents is not False)
+    return Call(model=model, request=Rerank(request_id=request_id, query=query,
+                                            documents=documents), reply=reply)

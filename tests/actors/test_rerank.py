@@ -1,0 +1,104 @@
+"""Rerank requests in the worker (no Ray): Accepted, the documents' scores in their order
+(the engine's scores of the pairs, the same alone or beside others) and Usage; a pair over
+the context refused naming the document; and each model refusing what it does not serve:
+a reranker chat and embeddings, an embedding or generation model reranking."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from actors.errors import RequestError
+from actors.events import Accepted, ChatGenerate, EmbedGenerate, Rejected, Usage
+from actors.rerank import Rerank, Scores, build_job, build_rerank
+from actors.worker import Worker
+from npu import load_model
+from tests.bert_model import DIMS, build_reranker
+
+pytestmark = pytest.mark.timeout(60)
+
+QUERY = "where did the cat sit?"
+DOCUMENTS = ["The cat sat on the mat.", "Stocks fell sharply today.", "a cat"]
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory) -> Worker:
+    folder = build_reranker(tmp_path_factory.mktemp("rr") / "model")
+    w = Worker(lambda: load_model(folder, name="rr"), max_batch=2)
+    yield w
+    w.close()
+
+
+async def _events(worker: Worker, request) -> list:
+    return [ev async for batch in worker.generate(request) for ev in batch]
+
+
+def _run(worker: Worker, request) -> list:
+    return asyncio.run(_events(worker, request))
+
+
+def _rerank(worker: Worker, documents: list[str], query: str = QUERY) -> list:
+    return _run(worker, Rerank(request_id="r", query=query, documents=documents))
+
+
+def test_scores_come_in_the_documents_order(worker) -> None:
+    events = _rerank(worker, DOCUMENTS)
+    assert [type(e) for e in events] == [Accepted, Scores, Usage]
+    accepted, scores, usage = events
+    pairs = worker.model.tokenizer.encode_pairs(QUERY, DOCUMENTS)
+    assert scores.tokens == [len(ids) for ids, _ in pairs]
+    assert accepted.prompt_tokens == usage.prompt_tokens == sum(scores.tokens)
+    assert usage.completion_tokens == 0
+    want = worker.model.engine.embed([p[0] for p in pairs], types=[p[1] for p in pairs])
+    np.testing.assert_allclose(scores.scores, want[:, 0], rtol=0, atol=1e-6)
+    assert all(0 < s < 1 for s in scores.scores)  # sigmoid: no activation in the config
+
+
+def test_a_documents_score_is_the_same_alone_or_with_others(worker) -> None:
+    alone = _rerank(worker, DOCUMENTS[1:2])[1].scores
+    mixed = _rerank(worker, DOCUMENTS)[1].scores
+
+    async def together() -> list:  # three requests in the worker at once
+        return await asyncio.gather(*(_events(worker, Rerank(request_id=f"r{i}", query=QUERY,
+                                                              documents=[d]))
+                                      for i, d in enumerate(DOCUMENTS)))
+    side = [events[1].scores[0] for events in asyncio.run(together())]
+    np.testing.assert_allclose(alone[0], mixed[1], rtol=0, atol=1e-6)
+    np.testing.assert_allclose(side, mixed, rtol=0, atol=1e-6)
+
+
+def test_a_pair_over_the_context_is_refused_naming_the_document(worker) -> None:
+    long = "cat " * DIMS["max_position_embeddings"]
+    (r,) = _rerank(worker, ["short", long])
+    assert isinstance(r, Rejected) and r.status == 400
+    assert r.param == "documents[1]" and r.code == "context_length_exceeded"
+    assert "Document 1" in r.message and str(DIMS["max_position_embeddings"]) in r.message
+    (r,) = _rerank(worker, ["short"], query=long)
+    assert r.param == "query" and r.code == "context_length_exceeded"
+
+
+def test_a_reranker_does_not_chat_or_embed(worker) -> None:
+    chat = ChatGenerate(request_id="c", messages=[{"role": "user", "content": "hi"}])
+    for request in (chat, EmbedGenerate(request_id="e", inputs=["hi"])):
+        (r,) = _run(worker, request)
+        assert isinstance(r, Rejected) and r.status == 400 and r.param == "model"
+        assert "'rr' is a reranker" in r.message and "/v1/rerank" in r.message
+
+
+@pytest.mark.parametrize("kind,words", [("encoder", "an embedding model"),
+                                        ("decoder", "a generation model")])
+def test_a_model_that_is_not_a_reranker_does_not_rerank(kind: str, words: str) -> None:
+    model = SimpleNamespace(name="m", kind=kind, pooling="mean")
+    with pytest.raises(RequestError) as exc:
+        build_job(Rerank(request_id="r", query="q", documents=["d"]), model)
+    assert exc.value.param == "model" and f"'m' is {words}" in exc.value.message
+    assert "pooling_type 4" in exc.value.message  # what a reranker is
+
+
+def test_no_documents_is_refused(worker) -> None:
+    with pytest.raises(RequestError) as exc:
+        build_rerank(Rerank(request_id="r", query="q"), worker.model)
+    assert exc.value.param == "documents"

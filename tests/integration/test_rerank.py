@@ -1,0 +1,111 @@
+"""Rerank through HTTP on the shared Serve instance: a random BERT cross-encoder ranks the
+documents as transformers scores them (sigmoid of its logits), on every path (llama-server's,
+vLLM's, Jina's, Cohere's), with `top_n` and `return_documents`; what a client sees of bad
+input and of models that do not rerank (OpenAI's error shape, the field named); Cohere's
+own client pointed at the server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.integration.conftest import RERANKER
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+QUERY = "where did the cat sit?"
+DOCUMENTS = ["The cat sat on the mat.", "Stocks fell sharply today.", "a",
+             "the cat and the dog sat on the mat; the cat slept", "It rained in Oslo."]
+
+
+@pytest.fixture(scope="module")
+def expected(reranker_dir: Path) -> dict:
+    """transformers' scores of the pairs (sigmoid of the logits: the config names no
+    activation) and their token counts."""
+    import torch
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(str(reranker_dir))
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(
+        str(reranker_dir)).eval()
+    enc = [tok(QUERY, d, return_tensors="pt") for d in DOCUMENTS]
+    with torch.no_grad():
+        logits = np.array([model(**e).logits[0, 0].item() for e in enc])
+    return {"scores": 1 / (1 + np.exp(-logits)),
+            "tokens": sum(int(e["input_ids"].shape[1]) for e in enc)}
+
+
+def _error(r) -> dict:
+    assert r.status_code in (400, 404), r.text
+    return r.json()["error"]
+
+
+def test_results_rank_as_transformers_scores(client, expected) -> None:
+    r = client.post("/v1/rerank", json={"model": RERANKER, "query": QUERY,
+                                        "documents": DOCUMENTS})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    order = [int(i) for i in np.argsort(-expected["scores"], kind="stable")]
+    assert [x["index"] for x in body["results"]] == order
+    np.testing.assert_allclose([x["relevance_score"] for x in body["results"]],
+                               expected["scores"][order], rtol=0, atol=1e-4)
+    assert [x["document"]["text"] for x in body["results"]] == [DOCUMENTS[i] for i in order]
+    assert body["usage"] == {"prompt_tokens": expected["tokens"],
+                             "total_tokens": expected["tokens"]}
+    assert body["model"] == RERANKER and body["id"].startswith("rerank-")
+    # llama-server's alias, Cohere's v2 path, top_n and no documents: the same ranking, cut
+    for path in ("/v1/reranking", "/v2/rerank", "/rerank"):
+        cut = client.post(path, json={"model": RERANKER, "query": QUERY,
+                                      "documents": [{"text": d} for d in DOCUMENTS],
+                                      "top_n": 2, "return_documents": False}).json()
+        assert [x["index"] for x in cut["results"]] == order[:2]
+        assert all(set(x) == {"index", "relevance_score"} for x in cut["results"])
+
+
+def test_bad_input_and_models_that_do_not_rerank(client) -> None:
+    body = {"model": RERANKER, "query": QUERY}
+    err = _error(client.post("/v1/rerank", json={**body, "documents": []}))
+    assert err["param"] == "documents"
+    err = _error(client.post("/v1/rerank", json={**body, "documents": ["ok", 7]}))
+    assert err["param"] == "documents[1]"
+    err = _error(client.post("/v1/rerank", json={**body, "documents": ["ok", "cat " * 200]}))
+    assert err["param"] == "documents[1]" and err["code"] == "context_length_exceeded"
+    err = _error(client.post("/v1/rerank", json={**body, "model": "nope",
+                                                 "documents": ["ok"]}))
+    assert err["code"] == "model_not_found"
+    for model, words in (("smollm2-135m", "a generation model"),
+                         ("bert-tiny", "an embedding model")):
+        err = _error(client.post("/v1/rerank", json={**body, "model": model,
+                                                     "documents": ["ok"]}))
+        assert err["param"] == "model" and words in err["message"]
+
+
+def test_a_reranker_does_not_chat_or_embed(client) -> None:
+    chat = client.post("/v1/chat/completions", json={
+        "model": RERANKER, "messages": [{"role": "user", "content": "hi"}]})
+    embed = client.post("/v1/embeddings", json={"model": RERANKER, "input": "hi"})
+    for r in (chat, embed):
+        err = _error(r)
+        assert err["param"] == "model" and "is a reranker" in err["message"]
+    # what it serves, as Ollama's /api/show lists it
+    show = client.post("/api/show", json={"model": RERANKER})
+    assert show.status_code == 200 and show.json()["capabilities"] == ["rerank"]
+
+
+def test_cohere_client(serve_url, expected) -> None:
+    """Cohere's SDK (v1 and v2 clients) with its base URL set to the server."""
+    import cohere
+
+    order = [int(i) for i in np.argsort(-expected["scores"], kind="stable")]
+    v2 = cohere.ClientV2(base_url=serve_url, api_key="unused", timeout=120)
+    r = v2.rerank(model=RERANKER, query=QUERY, documents=DOCUMENTS, top_n=3)
+    assert [x.index for x in r.results] == order[:3]
+    np.testing.assert_allclose([x.relevance_score for x in r.results],
+                               expected["scores"][order[:3]], rtol=0, atol=1e-4)
+    v1 = cohere.Client(base_url=serve_url, api_key="unused", timeout=120)
+    r = v1.rerank(model=RERANKER, query=QUERY, documents=DOCUMENTS, return_documents=True)
+    assert [x.document.text for x in r.results] == [DOCUMENTS[i] for i in order]
+    with pytest.raises(cohere.errors.BadRequestError):
+        v2.rerank(model=RERANKER, query=QUERY, documents=[])
