@@ -1,6 +1,6 @@
 """The access log: one line per HTTP request, written by the ingress replica when the
-response's last byte has gone (or its client went away), as Ollama's `[GIN]` lines and
-llama-server's request lines are:
+response's last byte has gone (or its client went away: 499 when it left before any answer,
+as nginx logs it), as Ollama's `[GIN]` lines and llama-server's request lines are:
 
     [flm] 2026/12/05 08:30:01 | 200 |   1.402 s | POST /v1/chat/completions | smollm2-135m
           | 36 in, 21 out | first token 0.120 s          (one line; cut here to fit)
@@ -13,12 +13,16 @@ output tokens and the time to its first token (from the request's `RequestTrace`
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-TRACE_KEY = "flm_trace"  # the request state's key of a generating request's RequestTrace
+TRACE_KEY = "flm_trace"
+# the status of a request whose client went away before any answer (nginx's "client closed
+# request"): nothing was sent, so it is neither the server's failure nor a success
+CLIENT_CLOSED = 499  # the request state's key of a generating request's RequestTrace
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -67,12 +71,17 @@ class AccessLog:
         async def watched(message: Message) -> None:
             if message["type"] == "http.response.start":
                 seen["status"] = int(message["status"])
+                seen["started"] = True
             elif message["type"] == "http.response.body" and not message.get("more_body"):
                 seen["ended"] = True
             await send(message)
 
         try:
             await self.app(scope, receive, watched)
+        except asyncio.CancelledError:
+            if not seen.get("started"):  # gone before any answer: nginx's 499, not a 500
+                seen["status"] = CLIENT_CLOSED
+            raise
         finally:
             self.write(self._line(scope, state, at, time.perf_counter() - started, seen))
 

@@ -69,3 +69,18 @@ def test_a_request_whose_client_goes_away_still_gets_its_line() -> None:
         asyncio.run(AccessLog(app, write=written.append)(scope, None, send))
     (line,) = written
     assert " | 200 | " in line and line.endswith(" | POST /api/chat | client went away")
+
+
+@pytest.mark.timeout(10)
+def test_a_client_gone_before_any_answer_is_logged_499_not_500() -> None:
+    """A non-streamed request whose client left while it was generating: nothing was sent."""
+    written: list[str] = []
+
+    async def app(scope, receive, send) -> None:
+        raise asyncio.CancelledError  # Serve cancels the handler: the client went away
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions"}
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(AccessLog(app, write=written.append)(scope, None, None))
+    (line,) = written
+    assert " | 499 | " in line and line.endswith(" | client went away")
