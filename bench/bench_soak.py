@@ -3,7 +3,7 @@ under load, on one node and across two; bounded in time, it stops by itself.
 
     .venv/bin/python bench/bench_soak.py [--quick] [--seconds S] [--clients N] [--nodes 1|2|both]
 
-Each phase runs N clients (64; --quick: 8) for S seconds (120; --quick: 20) against flm-tiny
+Each phase runs N clients (64; --quick: 8) for S seconds (120; --quick: 12) against flm-tiny
 with two worker replicas, served as `make serve` serves (configs/serve.env: HAProxy
 ingress). Each client loops over plain, tool_choice "required", json_schema and
 reasoning-off streams, and a malformed request every fifth turn; a quarter of the streams
@@ -294,7 +294,7 @@ def one_node(seconds: float, clients: int, cache: Path) -> list[tuple[str, bool]
     url = f"http://127.0.0.1:{port}"
     handle = serve.get_deployment_handle("worker-flm-tiny", app_name="flm")
     _all_workers(handle, 2)
-    asyncio.run(_run(url, clients, Until(time.monotonic() + min(10.0, seconds / 4)), Tally()))
+    asyncio.run(_run(url, clients, Until(time.monotonic() + min(10.0, max(5.0, seconds / 4))), Tally()))
     before = workers(handle, 2)  # after the warm-up: the RSS baseline
     replicas_before = serve_replicas()
     victim: dict = {}
@@ -487,7 +487,7 @@ def main() -> int:
     parser.add_argument("--clients", type=int)
     parser.add_argument("--nodes", choices=["1", "2", "both"], default="both")
     args = parser.parse_args()
-    seconds = args.seconds or (20.0 if args.quick else 120.0)
+    seconds = args.seconds or (12.0 if args.quick else 120.0)
     clients = args.clients or (8 if args.quick else 64)
     cache = Path(tempfile.mkdtemp(prefix="flm-soak-"))
     os.environ["FLM_CACHE"] = str(cache)
