@@ -37,6 +37,8 @@ class Tokenize(msgspec.Struct, kw_only=True, tag="tokenize"):
         add_generation_prompt: a chat ends with the opening of the assistant's turn, as for
             generation. False: the conversation alone. default: True.
         pieces: also each token's bytes (`Tokens.pieces`). default: False.
+        spellings: also each token's spelling in the vocabulary (`Tokens.spellings`).
+            default: False.
     """
 
     request_id: str
@@ -45,6 +47,7 @@ class Tokenize(msgspec.Struct, kw_only=True, tag="tokenize"):
     add_special: bool = False
     add_generation_prompt: bool = True
     pieces: bool = False
+    spellings: bool = False
 
 
 class Detokenize(msgspec.Struct, kw_only=True, tag="detokenize"):
@@ -76,12 +79,14 @@ class Info(msgspec.Struct, tag="info", tag_field="event"):
 
 
 class Tokens(msgspec.Struct, tag="tokens", tag_field="event"):
-    """A Tokenize's answer: the ids, the model's context length, and each token's bytes
-    when asked (a special token's text where its bytes are none: BOS, PAD, UNK)."""
+    """A Tokenize's answer: the ids, the model's context length, and when asked each
+    token's bytes (a special token's text where its bytes are none: BOS, PAD, UNK) or its
+    spelling in the vocabulary (`Ġworld`)."""
 
     ids: list[int]
     context_length: int
     pieces: list[bytes] | None = None
+    spellings: list[str] | None = None
 
 
 class Text(msgspec.Struct, tag="text", tag_field="event"):
@@ -103,7 +108,9 @@ def answer(request: Tokenize | Detokenize | TokenizerInfo, model: Model) -> list
         else:
             ids = token_ids(request, model)
             out = Tokens(ids=ids, context_length=model.context_length,
-                         pieces=pieces(ids, model) if request.pieces else None)
+                         pieces=pieces(ids, model) if request.pieces else None,
+                         spellings=(model.tokenizer.spellings(ids) if request.spellings
+                                    else None))
             n = len(ids)
     except RequestError as exc:
         return [Rejected(status=exc.status, message=exc.message, param=exc.param,

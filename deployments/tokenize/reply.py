@@ -1,8 +1,8 @@
 """Tokenize and detokenize answers: the worker's `Tokens` or `Text` (actors.tokenize) in
 llama-server's shape (`{"tokens": [ids]}`, or `[{"id", "piece"}]` with pieces: a piece is
 its text where its bytes are whole UTF-8, else the list of its bytes) or vLLM's (`count`,
-`max_model_len`, `tokens`, `token_strs`: each token's text, U+FFFD where a token holds part
-of a character; null unless asked). /detokenize answers both APIs' names for the text:
+`max_model_len`, `tokens`, `token_strs`: each token's spelling in the vocabulary, `Ġworld`,
+as transformers' `convert_ids_to_tokens` gives it; null unless asked). /detokenize answers both APIs' names for the text:
 `content` (llama-server's) and `prompt` (vLLM's). Never streamed."""
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ class LlamaTokenizeReply(_Fold):
 
 
 class VllmTokenizeReply(_Fold):
-    """vLLM's /tokenize answer (`token_strs`: each token's text too)."""
+    """vLLM's /tokenize answer (`token_strs`: each token's vocabulary spelling too)."""
 
     def __init__(self, *, token_strs: bool = False) -> None:
         super().__init__()
@@ -75,8 +75,7 @@ class VllmTokenizeReply(_Fold):
 
     def answer(self) -> Response:
         t: Tokens = self.got(Tokens)
-        strs = ([p.decode("utf-8", errors="replace") for p in t.pieces or []]
-                if self.token_strs else None)
+        strs = t.spellings if self.token_strs else None
         return self.json({"count": len(t.ids), "max_model_len": t.context_length,
                           "tokens": t.ids, "token_strs": strs})
 

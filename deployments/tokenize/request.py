@@ -124,7 +124,8 @@ def tokenize_call(body: bytes, ingress: Ingress) -> Call:
         req = _convert(raw, PromptIn)
         model = ingress.served(req.model)
         job = Tokenize(request_id=_request_id(), text=req.prompt,
-                       add_special=req.add_special_tokens, pieces=bool(req.return_token_strs))
+                       add_special=req.add_special_tokens,
+                       spellings=bool(req.return_token_strs))
         return Call(model=model, request=job,
                     reply=VllmTokenizeReply(token_strs=bool(req.return_token_strs)))
     return _messages_call(raw, _convert(raw, MessagesIn), ingress)
@@ -167,7 +168,7 @@ def _messages_call(raw: dict[str, Any], req: MessagesIn, ingress: Ingress) -> Ca
         chat = ingress.with_variant_template(model, chat)
     token_strs = bool(req.return_token_strs)
     job = Tokenize(request_id=_request_id(), chat=chat,
-                   add_generation_prompt=req.add_generation_prompt, pieces=token_strs)
+                   add_generation_prompt=req.add_generation_prompt, spellings=token_strs)
     return Call(model=model, request=job, reply=VllmTokenizeReply(token_strs=token_strs))
 
 

@@ -184,6 +184,22 @@ class Tokenizer:
             return self._spm.decode(list(ids), skip_special_tokens=skip_special_tokens)
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def spellings(self, ids: Sequence[int]) -> list[str]:
+        """Each id's spelling in the vocabulary (`Ġworld` byte-level, `▁world` SentencePiece,
+        `##ing` WordPiece; an added token's content), as transformers'
+        `convert_ids_to_tokens` gives it; "" for an id the vocabulary does not have."""
+        table = self.__dict__.get("_spellings")
+        if table is None:
+            table = [""] * self.size
+            for piece, i in self._ids.items():
+                if 0 <= i < self.size:
+                    table[i] = piece
+            for a in self._json["added_tokens"] or []:
+                if 0 <= a.get("id", -1) < self.size:
+                    table[a["id"]] = a["content"]
+            self.__dict__["_spellings"] = table
+        return [table[i] if 0 <= i < len(table) else "" for i in ids]
+
     def token_bytes(self, size: int | None = None) -> list[bytes]:
         """The bytes each token decodes to, padded with b"" to `size` (the logits width).
 

@@ -18,10 +18,11 @@ IDS = [5, 6, 7]
 PIECES = [b"Hi", b"\xc3", b"\xa9"]
 
 
-def _tokens(pieces: bool = False) -> FakeStream:
+def _tokens(pieces: bool = False, spellings: bool = False) -> FakeStream:
     return FakeStream([[Accepted(request_id="r", model="m", prompt_tokens=3),
                         Tokens(ids=IDS, context_length=2048,
-                               pieces=PIECES if pieces else None)]])
+                               pieces=PIECES if pieces else None,
+                               spellings=["Hi", "Ġ", "Ã"] if spellings else None)]])
 
 
 def _text(text: str = "Hi there") -> FakeStream:
@@ -54,17 +55,17 @@ def test_llama_servers_shape_with_its_defaults_and_its_pieces() -> None:
 
 
 def test_vllms_prompt_shape_with_its_defaults_and_token_strs() -> None:
-    worker = FakeWorker(_tokens(), _tokens(pieces=True))
+    worker = FakeWorker(_tokens(), _tokens(spellings=True))
     client, _ = _client(worker)
     r = client.post("/tokenize", json={"model": "m", "prompt": "Hi é"})
     assert r.json() == {"count": 3, "max_model_len": 2048, "tokens": IDS, "token_strs": None}
     r = client.post("/v1/tokenize", json={"model": "m", "prompt": "Hi é",
                                           "add_special_tokens": False,
                                           "return_token_strs": True})
-    assert r.json()["token_strs"] == ["Hi", "\ufffd", "\ufffd"]
+    assert r.json()["token_strs"] == ["Hi", "Ġ", "Ã"]  # the vocabulary's spellings
     first, second = worker.requests
-    assert first.add_special and not first.pieces  # vLLM's default: special tokens added
-    assert not second.add_special and second.pieces
+    assert first.add_special and not first.spellings  # vLLM's default: specials added
+    assert not second.add_special and second.spellings and not second.pieces
 
 
 def test_vllms_messages_are_typed_as_chat_completions_types_them() -> None:

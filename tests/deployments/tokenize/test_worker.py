@@ -88,9 +88,18 @@ def test_pieces_add_up_to_the_texts_bytes(client) -> None:
     data = b"".join(p.encode() if isinstance(p, str) else bytes(p) for p in pieces)
     assert data == TEXT.encode()
     assert any(isinstance(p, list) for p in pieces)  # a character split across tokens
-    strs = client.post("/tokenize", json={"prompt": TEXT, "return_token_strs": True}).json()
-    assert [s for s in strs["token_strs"] if "\ufffd" not in s] == \
-        [p for p in pieces if isinstance(p, str)]
+
+
+
+def test_vllms_token_strs_are_the_vocabularys_spellings(client, worker) -> None:
+    """As vLLM answers (transformers' convert_ids_to_tokens): `Ġworld`, not " world"."""
+    from transformers import PreTrainedTokenizerFast
+
+    got = client.post("/tokenize", json={"prompt": TEXT, "add_special_tokens": False,
+                                         "return_token_strs": True}).json()
+    hf = PreTrainedTokenizerFast(tokenizer_file=str(worker.model.path / "tokenizer.json"))
+    assert got["token_strs"] == hf.convert_ids_to_tokens(got["tokens"])
+    assert "Ġwor" in got["token_strs"] and "<|im_end|>" in got["token_strs"]
 
 
 def test_a_conversations_count_is_chat_completions_prompt_tokens(client) -> None:
