@@ -1,8 +1,11 @@
-"""Rerank requests in the worker: a query scored against each document by a reranker (a
-cross-encoder: npu.engine.pooling's "rank" head), each query-document pair, as the model's
-tokenizer pairs two texts, one input of the embedding forward (actors.embedding: the same
-steps between the chats', in the same bounded share of their time); a pair's score is the
-model's one output.
+"""Rerank requests in the worker: a query scored against each document by a reranker
+(npu.engine.pooling's "rank" head), each query-document pair one input of the embedding
+forward (actors.embedding: the same steps between the chats', in the same bounded share of
+their time); a pair's score is the model's one output. A cross-encoder's pair is the two
+texts as its tokenizer pairs them; a decoder reranker's (Qwen3-Reranker) is its prompt with
+the query, the document and the instruction written in (`decoder_pairs`: llama-server's
+format_prompt_rerank fills the GGUF file's rerank template alike, in one pass here, so text
+in a query that looks like a slot stays text).
 
 A `Rerank` goes through the worker's `generate` as an embedding request does: Rejected
 alone, or Accepted, one `Scores` (in the documents' order: the ingress sorts them) and Usage.
@@ -13,6 +16,8 @@ of chat and completions).
 
 from __future__ import annotations
 
+import re
+
 import msgspec
 
 from actors.embedding import EmbedJob, build_embedding
@@ -20,19 +25,24 @@ from actors.errors import RequestError
 from actors.events import EmbedGenerate, Event, Usage
 from npu import Model
 from npu.engine.pooling import RANK
+from npu.load.pooling import RERANK_INSTRUCTION
 
 # what a reranker is, for the refusals that name it
 RERANKERS = ("a cross-encoder: a *ForSequenceClassification checkpoint with one label, or a "
-             "GGUF file with pooling_type 4")
+             "GGUF file with pooling_type 4; or a decoder reranker such as Qwen3-Reranker")
+SLOT = re.compile(r"\{(query|document|instruction)\}")
 
 
 class Rerank(msgspec.Struct, kw_only=True, tag="rerank"):
     """A query and the documents to score against it, each document paired with the query
-    (`query` first, as cross-encoders are trained: [CLS] query [SEP] document [SEP])."""
+    (`query` first, as cross-encoders are trained: [CLS] query [SEP] document [SEP]).
+    `instruction`: a decoder reranker's task, written into its prompt (None: the model
+    card's, RERANK_INSTRUCTION); a cross-encoder takes none."""
 
     request_id: str
     query: str
     documents: list[str] = msgspec.field(default_factory=list)
+    instruction: str | None = None
 
 
 class Scores(msgspec.Struct, tag="scores", tag_field="event"):
@@ -78,12 +88,15 @@ def build_rerank(request: Rerank, model: Model) -> RerankJob:
                            f"reranker is {RERANKERS}).", param="model")
     if not request.documents:
         raise RequestError("'documents' holds no documents.", param="documents")
+    if model.rerank_prompt is not None:
+        return decoder_pairs(request, model)
+    if request.instruction is not None:
+        raise RequestError(f"The model '{model.name}' is a cross-encoder: it takes no "
+                           "instruction (a decoder reranker such as Qwen3-Reranker does).",
+                           param="instruction")
     tok, limit = model.tokenizer, model.context_length
     least = tok.encode_pairs(request.query, [""])[0][0]  # the query with the pair's specials
-    if len(least) > limit:
-        raise RequestError(f"The query has {len(least)} tokens with the pair's special tokens; "
-                           f"this model's maximum context length is {limit} tokens.",
-                           param="query", code="context_length_exceeded")
+    _check_query(len(least), limit, "with the pair's special tokens")
     pairs = tok.encode_pairs(request.query, request.documents)
     for i, (ids, _) in enumerate(pairs):
         if len(ids) > limit:
@@ -93,6 +106,46 @@ def build_rerank(request: Rerank, model: Model) -> RerankJob:
     # a model of one token type (XLM-RoBERTa) reads every token as type 0
     types = [t for _, t in pairs] if model.config.type_vocab_size > 1 else None
     return RerankJob(request, [ids for ids, _ in pairs], model.embedding_dims, types)
+
+
+def decoder_pairs(request: Rerank, model: Model) -> RerankJob:
+    """A decoder reranker's job: each document's prompt (the model's, its slots filled with
+    the query, the document and the instruction) as the ids a generation prompt has (BOS
+    where the tokenizer adds one; special-token text is those tokens, as in llama-server
+    and the model card's tokenization).
+
+    Raises:
+        RequestError: an instruction the model's prompt has no slot for (`instruction`), or
+            the query (`query`) or a document's prompt (`documents[i]`) over the context.
+    """
+    prompt, limit = model.rerank_prompt, model.context_length
+    if request.instruction is not None and "{instruction}" not in prompt:
+        raise RequestError(f"The model '{model.name}' has a rerank prompt without an "
+                           "instruction in it (its GGUF file's own): it takes no instruction.",
+                           param="instruction")
+    instruction = RERANK_INSTRUCTION if request.instruction is None else request.instruction
+    values = {"query": request.query, "instruction": instruction}
+
+    def ids(document: str) -> list[int]:
+        text = SLOT.sub(lambda m: document if m[1] == "document" else values[m[1]], prompt)
+        return model.prompt_ids(text)
+
+    _check_query(len(ids("")), limit, "in the model's rerank prompt")
+    out = [ids(d) for d in request.documents]
+    for i, item in enumerate(out):
+        if len(item) > limit:
+            raise RequestError(f"Document {i} in the model's rerank prompt has {len(item)} "
+                               f"tokens; this model's maximum context length is {limit} "
+                               "tokens.", param=f"documents[{i}]",
+                               code="context_length_exceeded")
+    return RerankJob(request, out, model.embedding_dims)
+
+
+def _check_query(tokens: int, limit: int, how: str) -> None:
+    if tokens > limit:
+        raise RequestError(f"The query has {tokens} tokens {how}; this model's maximum "
+                           f"context length is {limit} tokens.", param="query",
+                           code="context_length_exceeded")
 
 
 def build_job(request: EmbedGenerate | Rerank, model: Model) -> EmbedJob:

@@ -80,14 +80,21 @@ class Model:
 
     @property
     def generates(self) -> bool:
-        """Whether chat and completions can run on the model (an encoder cannot)."""
-        return self.kind == "decoder"
+        """Whether chat and completions can run on the model (an encoder or a reranker
+        cannot)."""
+        return self.kind == "decoder" and self._pooling.mode != "rank"
 
     @property
     def pooling(self) -> str:
         """How `engine.embed` pools a token list: "mean", "cls", "last", "max" or "rank" (a
         reranker's classification head: one score per query-document pair)."""
         return self._pooling.mode
+
+    @property
+    def rerank_prompt(self) -> str | None:
+        """A decoder reranker's prompt, its slots {query}, {document} and maybe {instruction}
+        (npu.engine.pooling.Pooling.prompt); None for any other model."""
+        return self._pooling.prompt
 
     @property
     def embedding_dims(self) -> int:

@@ -91,6 +91,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="hold a Hugging Face checkpoint's matrices in this block format")
     s.add_argument("--chat-template", help="a Jinja file used instead of the model's own "
                                            "chat template")
+    s.add_argument("--rerank", action="store_true",
+                   help="serve a decoder reranker's Hugging Face directory (Qwen3-Reranker) "
+                        "on /v1/rerank (its llama.cpp GGUF file is one without this)")
     s.add_argument("--verbose", "-v", action="store_true",
                    help="also show Ray's and Serve's own INFO lines on the console (they "
                         "are always in Ray's log files; FLM_VERBOSE=1 does the same)")
@@ -154,6 +157,8 @@ def config_for(args: argparse.Namespace) -> dict[str, Any]:
                 model[key] = getattr(args, key)
         if args.chat_template:
             model["chat_template"] = str(Path(args.chat_template).resolve())
+        if args.rerank:
+            model["rerank"] = True
         app_args["models"].append(model)
     if args.models_dir:
         app_args.update(_library_args(args))

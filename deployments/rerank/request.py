@@ -1,9 +1,9 @@
 """Rerank requests, one shape on every path (llama-server's, vLLM's, Jina's and Cohere's
 bodies are the same fields): `query`, `documents` (strings, or Cohere's and Jina's
-`{"text": ...}` objects), `top_n`, `return_documents`, `model` (optional where the server
-serves one model, as llama-server's and vLLM's; a name it does not serve is a 404). Fields
-the others add (Cohere's `max_chunks_per_doc`, `rank_fields`, vLLM's
-`truncate_prompt_tokens`) are not read.
+`{"text": ...}` objects), `top_n`, `return_documents`, `instruction` (a decoder reranker's
+task), `model` (optional where the server serves one model, as llama-server's and vLLM's; a
+name it does not serve is a 404). Fields the others add (Cohere's `max_chunks_per_doc`,
+`rank_fields`, vLLM's `truncate_prompt_tokens`) are not read.
 
 Checked here: the types, an empty query or document list, `top_n` below 0 and more than
 MAX_DOCUMENTS documents (a 400 naming the field); by the worker, against the model: a pair
@@ -41,6 +41,8 @@ class RerankIn(msgspec.Struct, kw_only=True):
             more than there are: every document).
         return_documents: each result with its `document: {"text": ...}` (default true, as
             vLLM and Jina answer; llama-server never sends them, Cohere's v1 when asked).
+        instruction: a decoder reranker's task (Qwen3-Reranker's `<Instruct>`, the
+            `instruction` of its model card's format; default: its model card's).
     """
 
     query: str | TextIn
@@ -48,6 +50,7 @@ class RerankIn(msgspec.Struct, kw_only=True):
     model: str | None = None
     top_n: int | None = None
     return_documents: bool | None = None
+    instruction: str | None = None
 
 
 def _text(value: str | TextIn) -> str:
@@ -79,4 +82,5 @@ def rerank_call(body: bytes, ingress: Ingress) -> Call:
     reply = RerankReply(request_id, req.model or model, documents, top_n=req.top_n or None,
                         return_documents=req.return_documents is not False)
     return Call(model=model, request=Rerank(request_id=request_id, query=query,
-                                            documents=documents), reply=reply)
+                                            documents=documents,
+                                            instruction=req.instruction), reply=reply)

@@ -33,7 +33,7 @@ from npu.engine.fused import FusedLayers
 from npu.engine.kv_cache import KV_TYPES, BlockPool, SeqBlocks, kv_row
 from npu.engine.linear import Linear, LinearFactory, PackedMatrix, Threads
 from npu.engine.ops import KernelOps
-from npu.engine.pooling import Pooling, pool
+from npu.engine.pooling import RANK, Pooling, pool
 from npu.engine.quant import INTEGER, QMatrix
 from npu.engine.roles import Roles, roles_for
 from npu.engine.steps import Steps, run_steps
@@ -247,6 +247,8 @@ class NumpyEngine:
             self.lm_head = w.linear("lm_head.weight")
         elif tied:
             self.lm_head = self.linears.tied_head(self.embed_tokens)
+        elif self.pooling.mode == RANK:  # a decoder reranker: its pooling's head scores
+            self.lm_head = None
         else:
             raise ModelError("the weights lack tensor 'lm_head.weight' and the config does "
                              "not tie it to the embeddings")
@@ -691,8 +693,12 @@ class NumpyEngine:
         """x @ W.T for the named weight of a layer (or the lm_head): the one place a
         linear layer is computed (a `Linear` of the engine's backend), which other engines
         replace."""
-        w = self.lm_head if layer is None else getattr(layer, name)
-        return w(x)
+        if layer is not None:
+            return getattr(layer, name)(x)
+        if self.lm_head is None:
+            raise ModelError("this model is a reranker without an LM head: it scores pairs "
+                             "(embed), it has no logits")
+        return self.lm_head(x)
 
     def _attention(self, li: int, L: Layer, h: np.ndarray, segments, tables,
                    cos, sin) -> np.ndarray:

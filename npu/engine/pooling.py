@@ -1,7 +1,9 @@
 """Pooling: how a model turns its last hidden states into one embedding vector per input
 (mean, CLS or last token, then sentence-transformers' Dense layers if any), or a reranker's
-score per query-document pair (the first token through the classification head: "rank",
-llama.cpp's LLAMA_POOLING_TYPE_RANK), and `pool`, which does it for a packed batch.
+score per query-document pair ("rank", llama.cpp's LLAMA_POOLING_TYPE_RANK: a cross-encoder's
+first token through its classification head, or a decoder reranker's last token through the
+difference of its two answer tokens' rows, as llama.cpp reads Qwen3-Reranker), and `pool`,
+which does it for a packed batch.
 
 The vectors are left unnormalized: L2 normalization and Matryoshka truncation are the
 caller's (they depend on the request, not the model).
@@ -25,6 +27,11 @@ DENSE_ACTIVATIONS = ("identity", "tanh")
 # what a reranker's scores go through: sigmoid (sentence-transformers' CrossEncoder with one
 # label, vLLM's default), the raw logit (llama-server's), or tanh (a config that names it)
 SCORE_ACTIVATIONS = ("sigmoid", "identity", "tanh")
+# the token a reranker's head reads: a cross-encoder's first ([CLS], <s>), a decoder's last
+# (where it would answer its prompt's question)
+RANK_POSITIONS = ("first", "last")
+# what a decoder reranker's prompt is filled with (npu.load.pooling; actors.rerank fills it)
+PROMPT_SLOTS = ("{query}", "{document}")
 
 
 class Dense(msgspec.Struct, frozen=True, kw_only=True):
@@ -58,19 +65,27 @@ class Pooling(msgspec.Struct, frozen=True, kw_only=True):
     Attributes:
         mode: "mean" (over the input's tokens), "cls" (the first token), "last" (the last
             token: decoder embedders such as Qwen3-Embedding), "max" (per dimension) or
-            "rank" (a reranker: the first token through `dense`, the classification head,
-            to one score per input, then `activation`).
+            "rank" (a reranker: the token `position` names through `dense`, the
+            classification head, to one score per input, then `activation`).
         dense: sentence-transformers Dense layers applied after pooling, in order (rank:
             the head's layers: BERT's pooler or RoBERTa's dense with tanh, then the output
             projection).
         activation: rank: what the scores go through ("sigmoid", "identity": the raw
             logit, "tanh"); "identity" for the other modes.
+        position: rank: the token the head reads, "first" (a cross-encoder's) or "last" (a
+            decoder reranker's: its head is the answer tokens' rows, true less false).
+        prompt: rank on a decoder: the text a query-document pair is written into, with
+            the slots {query} and {document} (llama.cpp's rerank template), and
+            {instruction} where a request may name its task; None for a cross-encoder
+            (the tokenizer pairs the two texts).
         source: where the mode came from (for logs and model listings).
     """
 
     mode: str = "mean"
     dense: tuple[Dense, ...] = ()
     activation: str = "identity"
+    position: str = "first"
+    prompt: str | None = None
     source: str = "default"
 
     def __post_init__(self) -> None:
@@ -85,8 +100,14 @@ class Pooling(msgspec.Struct, frozen=True, kw_only=True):
                 rows = self.dense[-1].weight.shape[0] if self.dense else 0
                 raise ModelError(f"a reranker's head must end in one score; it gives {rows} "
                                  "(a classifier of several labels does not rerank)")
-        elif self.activation != "identity":
-            raise ModelError(f"pooling {self.mode!r} takes no score activation")
+            if self.position not in RANK_POSITIONS:
+                raise ModelError(f"a reranker's head reads the {self.position!r} token "
+                                 f"(supported: {', '.join(RANK_POSITIONS)})")
+            missing = [s for s in PROMPT_SLOTS if self.prompt is not None and s not in self.prompt]
+            if missing:
+                raise ModelError(f"a reranker's prompt lacks the slots {', '.join(missing)}")
+        elif self.activation != "identity" or self.prompt is not None:
+            raise ModelError(f"pooling {self.mode!r} takes no score activation or prompt")
 
     def dims(self, hidden_size: int) -> int:
         """The embedding's width for a model of `hidden_size`.
@@ -110,9 +131,9 @@ def pool(hidden: np.ndarray, lengths: Sequence[int], pooling: Pooling) -> np.nda
     ends = np.cumsum(lengths)
     starts = ends - np.asarray(lengths)
     mode = pooling.mode
-    if mode in ("cls", RANK):
+    if mode == "cls" or (mode == RANK and pooling.position == "first"):
         out = hidden[starts]
-    elif mode == "last":
+    elif mode in ("last", RANK):
         out = hidden[ends - 1]
     elif mode == "mean":
         out = np.stack([hidden[s:e].mean(axis=0, dtype=np.float32) for s, e in zip(starts, ends)])

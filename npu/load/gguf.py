@@ -56,7 +56,11 @@ LINEAR = re.compile(r"(token_embd|output|blk\.\d+\.(attn_(q|k|v|output)|ffn_(gat
 
 _GLOBAL = {"token_embd.weight": "model.embed_tokens.weight",
            "output.weight": "lm_head.weight", "output_norm.weight": "model.norm.weight",
-           "token_embd_norm.weight": "model.embedding_norm.weight"}
+           "token_embd_norm.weight": "model.embedding_norm.weight",
+           # a decoder reranker's answer rows (llama.cpp's Qwen3-Reranker: "yes", "no"), as
+           # the encoders' head is named (npu.load.pooling reads it)
+           "cls.output.weight": "classifier.out_proj.weight",
+           "cls.output.bias": "classifier.out_proj.bias"}
 _LAYER = {
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",

@@ -30,6 +30,7 @@ from npu.load.pooling import (
     HEAD_PREFIXES,
     classifier_of,
     classifier_pooling,
+    decoder_rank_pooling,
     encoder_config,
     pooling_from_directory,
     pooling_from_gguf,
@@ -178,6 +179,7 @@ def _load(path: str | Path, device: str, options: LoadOptions | None, *, name: s
         raise ModelError("device 'npu' needs a kernel directory (kernel_dir)")
     folder = Path(path)
     gguf_file = find_gguf(folder)
+    rerank = tuple(opts.rerank_tokens) if opts.rerank else None
     # a GGUF file's tokenizer is built on a thread while its k-quants convert (C, the GIL
     # let go), and the engine's last weights pack (C, on a thread) while the tokenizer (if
     # it is not done) and the template are built: `tokenizers`' parse holds the GIL
@@ -187,9 +189,10 @@ def _load(path: str | Path, device: str, options: LoadOptions | None, *, name: s
                 raise ModelError(f"{gguf_file}: quantize applies to Hugging Face checkpoints; "
                                  "a GGUF file keeps its own formats")
             # the decoder's k-quants converted straight into the CPU kernels' packed layout
-            parts = _from_gguf(gguf_file, device == "cpu" and opts.backend == "cpu", pool)
+            parts = _from_gguf(gguf_file, device == "cpu" and opts.backend == "cpu", pool,
+                               rerank)
         elif folder.is_dir():
-            parts = _from_directory(folder, quantize)
+            parts = _from_directory(folder, quantize, rerank)
         else:
             raise ModelError(f"model path {folder} does not exist (a model directory or a "
                              ".gguf file)")
@@ -200,6 +203,10 @@ def _load(path: str | Path, device: str, options: LoadOptions | None, *, name: s
             except OSError as exc:
                 raise ModelError(f"chat_template {chat_template}: {exc.strerror}") from None
         encoder = config.arch in ENCODERS
+        if device == "cpu" and pooling.prompt is not None:
+            # a decoder reranker's CPU engine computes no logits: its untied LM head (4B, 8B:
+            # about a tenth of the weights) is not held, its two rows are the pooling's
+            weights.pop("lm_head.weight", None)
         engine = _engine(config, weights, device, opts, pooling, folder,
                          xrt=xrt, device_index=device_index)
         packing = (pool.submit(engine.pack, max(1, cores() - 1))
@@ -290,10 +297,11 @@ def _gguf_tokenizer(meta: dict, file: Path) -> Tokenizer:
                      add_eos=bool(meta.get("tokenizer.ggml.add_eos_token", False)))
 
 
-def _from_gguf(file: Path, packed: bool, pool: ThreadPoolExecutor):
+def _from_gguf(file: Path, packed: bool, pool: ThreadPoolExecutor,
+               rerank: tuple[str, str] | None = None):
     """A GGUF file's parts, its tokenizer as a function that gives it: built on `pool`
     while k-quants convert (C: the GIL let go), else by the caller (beside the packing).
-    `packed`: read_gguf's."""
+    `packed`: read_gguf's; `rerank`: a decoder reranker's answer tokens (pooling_from_gguf)."""
     from npu.engine.quant import CONVERTED
     from npu.load.gguf import read_gguf, read_gguf_header
 
@@ -309,11 +317,11 @@ def _from_gguf(file: Path, packed: bool, pool: ThreadPoolExecutor):
                        meta.get("tokenizer.ggml.eot_token_id"),
                        meta.get("tokenizer.ggml.eom_token_id"))
     return (config, make_tokenizer, g.chat_template, eos_ids,
-            SamplingParams(), g.tensors, pooling_from_gguf(meta, file, g.tensors),
+            SamplingParams(), g.tensors, pooling_from_gguf(meta, file, g.tensors, rerank),
             g.release_pages)
 
 
-def _from_directory(folder: Path, quantize: str | None):
+def _from_directory(folder: Path, quantize: str | None, rerank: tuple[str, str] | None = None):
     config_path = folder / "config.json"
     if not config_path.exists():
         raise ModelError(f"{folder}: config.json is missing (and no .gguf file)")
@@ -339,8 +347,14 @@ def _from_directory(folder: Path, quantize: str | None):
         min_p=float(gen.get("min_p") or 0.0),
         repetition_penalty=float(gen.get("repetition_penalty") or 1.0))
     weights = load_weights(folder, keep=_quantizer(quantize, encoder=config.arch in ENCODERS))
-    pooling = (classifier_pooling(raw, weights, folder) if classifier_of(raw)
-               else pooling_from_directory(folder))
+    if rerank is not None:  # a decoder reranker: its LM head's answer rows
+        if config.arch in ENCODERS:
+            raise ModelError(f"{folder}: rerank applies to a decoder (Qwen3-Reranker); "
+                             f"{raw.get('architectures')} reranks as a sequence classifier")
+        pooling = decoder_rank_pooling(weights, tokenizer.id_of, rerank, folder)
+    else:
+        pooling = (classifier_pooling(raw, weights, folder) if classifier_of(raw)
+                   else pooling_from_directory(folder))
     return (config, lambda: tokenizer, source, eos_ids, defaults, weights, pooling, None)
 
 

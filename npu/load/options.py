@@ -32,6 +32,14 @@ class LoadOptions(msgspec.Struct, kw_only=True):
             most fused the kernel directory has for the model).
         backend: the CPU engine's linear layers: "cpu" (the compiled kernels) or
             "reference" (numpy, float32: the oracle).
+        rerank: serve a decoder as a reranker (Qwen3-Reranker, whose config.json says
+            only Qwen3ForCausalLM; vLLM's hf_overrides say the same): a query-document
+            pair is scored P(true) of the last token's logits of `rerank_tokens` in its
+            prompt (npu.load.pooling). A GGUF file with pooling_type 4 or a cls.output
+            head (llama.cpp's converted Qwen3-Reranker) is one without it.
+        rerank_tokens: `rerank`'s answer tokens, false then true, as the vocabulary spells
+            them (vLLM's classifier_from_token; quote them in YAML, where no and yes are
+            booleans).
     """
 
     chat_template: str | None = None
@@ -42,3 +50,5 @@ class LoadOptions(msgspec.Struct, kw_only=True):
     kernel_dir: str | None = None
     npu_mode: Literal["auto", "linear", "block", "layer"] = "auto"
     backend: Literal["cpu", "reference"] = "cpu"
+    rerank: bool = False
+    rerank_tokens: tuple[str, str] = ("no", "yes")

@@ -9,11 +9,19 @@ llama.cpp has no default: a file without a pooling type embeds per token there).
 A reranker's scores go through sigmoid unless its config names another activation, as
 sentence-transformers' CrossEncoder and vLLM score a one-label classifier (Cohere's and Jina's
 relevance scores are in 0..1 too); llama-server answers the raw logit. The order is the same.
+
+A decoder reranker (Qwen3-Reranker) answers "yes" or "no" to a prompt that holds the query
+and the document; its score is P(yes) = softmax([no, yes])[yes] = sigmoid(yes - no) of the
+last token's logits, so its head is one row, the LM head's "yes" row less its "no" row (vLLM's
+`classifier_from_token` with `is_original_qwen3_reranker`; llama.cpp's converter writes the
+two rows as `cls.output`, "yes" first, and answers the softmax's first value). Its prompt is
+the GGUF file's `tokenizer.chat_template.rerank` where it has one, else the model card's.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +47,17 @@ ST_SCORE_ACTIVATIONS = {"torch.nn.modules.activation.Sigmoid": "sigmoid",
                         "torch.nn.modules.activation.Tanh": "tanh"}
 # a reranker's score activation where its files name none (one label: sigmoid)
 DEFAULT_SCORE_ACTIVATION = "sigmoid"
+# a decoder reranker's answer tokens, false then true (vLLM's classifier_from_token)
+RERANK_TOKENS = ("no", "yes")
+# Qwen3-Reranker's prompt (its model card's: the system turn, the user turn of instruction,
+# query and document, the assistant turn opened with an empty think block) and the
+# instruction it names by default
+RERANK_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
+RERANK_PROMPT = ("<|im_start|>system\nJudge whether the Document meets the requirements based "
+                 "on the Query and the Instruct provided. Note that the answer can only be "
+                 "\"yes\" or \"no\".<|im_end|>\n<|im_start|>user\n<Instruct>: {instruction}\n"
+                 "<Query>: {query}\n<Document>: {document}<|im_end|>\n<|im_start|>assistant\n"
+                 "<think>\n\n</think>\n\n")
 
 
 class Classifier(msgspec.Struct, frozen=True, kw_only=True):
@@ -166,17 +185,33 @@ def _drop_positions(weights: dict[str, Any], offset: int) -> None:
 
 
 def pooling_from_gguf(meta: dict[str, Any], path: Path,
-                      tensors: dict[str, Any] | None = None) -> Pooling:
+                      tensors: dict[str, Any] | None = None,
+                      rerank: tuple[str, str] | None = None) -> Pooling:
     """The pooling a GGUF file's metadata names (the default when it names none): a
     reranker's (rank) with the classification head taken out of `tensors` (llama.cpp's
     cls / cls.output, under the names npu.load.gguf gives them), also for a file that names
-    no pooling type but has the head (llama-server ranks with it given `--reranking`)."""
+    no pooling type but has the head (llama-server ranks with it given `--reranking`). A
+    decoder's rank reads its last token through cls.output (two rows: the first less the
+    second), else, for pooling_type 4 without it or for `rerank` (the answer tokens, false
+    then true, a model entry names), through its LM head's rows (`decoder_rank_pooling`).
+
+    Raises:
+        ModelError: an unsupported pooling type, a rank file without a head, `rerank` on an
+            encoder, or answer tokens the vocabulary does not have.
+    """
+    from npu.load.gguf import ENCODERS
+
     arch = meta.get("general.architecture")
     value = meta.get(f"{arch}.pooling_type")
     mode = None if value in (None, 0) else GGUF_POOLING.get(int(value))
     if value not in (None, 0) and mode is None:
         raise ModelError(f"{path}: {arch}.pooling_type {value} is not supported (1 mean, 2 cls, "
                          "3 last, 4 rank)")
+    if arch not in ENCODERS:
+        return _decoder_pooling_from_gguf(meta, path, tensors or {}, mode, rerank)
+    if rerank is not None:
+        raise ModelError(f"{path}: rerank applies to a decoder (Qwen3-Reranker); this {arch} "
+                         "encoder reranks only with a classification head (pooling_type 4)")
     if mode not in (None, RANK):
         return Pooling(mode=mode, source="gguf")
     head = [d for d in (_layer(tensors or {}, "classifier.dense", "tanh"),
@@ -188,6 +223,68 @@ def pooling_from_gguf(meta: dict[str, Any], path: Path,
         return Pooling()
     return Pooling(mode=RANK, dense=tuple(head), activation=DEFAULT_SCORE_ACTIVATION,
                    source="gguf")
+
+
+def _decoder_pooling_from_gguf(meta: dict[str, Any], path: Path, tensors: dict[str, Any],
+                               mode: str | None, rerank: tuple[str, str] | None) -> Pooling:
+    if rerank is None and mode not in (None, RANK):
+        return Pooling(mode=mode, source="gguf")
+    out = _layer(tensors, "classifier.out_proj", "identity")  # cls.output, "yes" row first
+    if out is None and rerank is None and mode is None:
+        return Pooling()
+    prompt = meta.get("tokenizer.chat_template.rerank")
+    if isinstance(prompt, str) and "{instruction}" not in prompt:
+        # llama.cpp's converter writes the model card's prompt with its default instruction:
+        # that instruction becomes the slot a request may fill
+        prompt = prompt.replace(RERANK_INSTRUCTION, "{instruction}", 1)
+    prompt = prompt if isinstance(prompt, str) else RERANK_PROMPT
+    if out is not None:
+        rows = out.weight.shape[0]
+        if rows not in (1, 2):
+            raise ModelError(f"{path}: cls.output has {rows} rows; a decoder reranker's has "
+                             "two (the answer tokens, true first) or one")
+        weight = out.weight if rows == 1 else out.weight[:1] - out.weight[1:]
+        bias = out.bias if out.bias is None or rows == 1 else out.bias[:1] - out.bias[1:]
+        head = Dense(weight=np.ascontiguousarray(weight), bias=bias)
+        return Pooling(mode=RANK, dense=(head,), activation=DEFAULT_SCORE_ACTIVATION,
+                       position="last", prompt=prompt, source="gguf")
+    tokens = meta.get("tokenizer.ggml.tokens") or []
+    index = {t: i for i, t in enumerate(tokens) if t in (rerank or RERANK_TOKENS)}
+    return decoder_rank_pooling(tensors, index.get, rerank or RERANK_TOKENS, path,
+                                prompt=prompt)
+
+
+def decoder_rank_pooling(weights: dict[str, Any], token_id: Callable[[str], int | None],
+                         tokens: tuple[str, str], where: Path, *,
+                         prompt: str = RERANK_PROMPT) -> Pooling:
+    """A decoder reranker's head from its LM head (`lm_head.weight`, else the tied
+    embedding; read, not taken out of `weights`): the row of `tokens[1]` (true, "yes") less
+    the row of `tokens[0]` (false, "no"), on the last token, through sigmoid: P(true) of
+    the softmax over the two tokens' logits, as vLLM's `classifier_from_token` scores.
+
+    Args:
+        token_id: a token's id from its text as the vocabulary spells it (None: not one).
+
+    Raises:
+        ModelError: a token the vocabulary does not have, or no LM head.
+    """
+    ids = []
+    for text in tokens:
+        i = token_id(text)
+        if i is None:
+            raise ModelError(f"{where}: the reranker's answer token {text!r} is not a token of "
+                             "the vocabulary (rerank_tokens names them as it spells them)")
+        ids.append(i)
+    head = weights.get("lm_head.weight")
+    head = head if head is not None else weights.get("model.embed_tokens.weight")
+    if head is None or getattr(head, "ndim", 2) != 2:
+        raise ModelError(f"{where}: a decoder reranker needs the LM head (lm_head.weight or "
+                         "the tied embeddings)")
+    rows = head[ids] if isinstance(head, np.ndarray) else head.rows(np.asarray(ids))
+    rows = np.asarray(rows, dtype=np.float32)
+    weight = np.ascontiguousarray(rows[1:] - rows[:1])
+    return Pooling(mode=RANK, dense=(Dense(weight=weight),), activation=DEFAULT_SCORE_ACTIVATION,
+                   position="last", prompt=prompt, source="rerank")
 
 
 def _read(path: Path) -> Any:
