@@ -72,6 +72,9 @@ class LibraryModel(msgspec.Struct, frozen=True, kw_only=True):
         quantization: the file type (Q4_K_M, Q8_0, ...) or the dtype of most weights.
         context_length: the trained context (None: not stated).
         chat_template: the template the file carries ("" when none, or not a GGUF file).
+        capability: what it serves, read from its header: "completion" (a decoder),
+            "embedding" (an encoder) or "rerank" (a reranker: a GGUF file with pooling_type
+            4 or a cls.output head, a sequence classifier's config.json).
         error: why the model cannot be read ("" when it can).
         alias_of: for an alias (/api/copy), the model it stands for ("" otherwise).
         system: a variant's system prompt (/api/create; None: the request's own).
@@ -92,6 +95,7 @@ class LibraryModel(msgspec.Struct, frozen=True, kw_only=True):
     quantization: str = ""
     context_length: int | None = None
     chat_template: str = ""
+    capability: str = "completion"
     error: str = ""
     alias_of: str = ""
     system: str | None = None
@@ -207,7 +211,19 @@ def _gguf_facts(files: list[Path]) -> dict[str, Any]:
     template = meta.get("tokenizer.chat_template")
     return {"family": arch, "parameters": params, "quantization": quant,
             "context_length": int(ctx) if isinstance(ctx, int) else None,
-            "chat_template": template if isinstance(template, str) else ""}
+            "chat_template": template if isinstance(template, str) else "",
+            "capability": _gguf_capability(meta, arch, {t.name for t in tensors})}
+
+
+def _gguf_capability(meta: dict[str, Any], arch: str, names: set[str]) -> str:
+    """What a GGUF file serves, as npu.load.pooling reads it at load: a reranker (pooling
+    type 4, or llama.cpp's classification head), else an encoder's embeddings, else chat."""
+    from npu.load.gguf import ENCODERS
+
+    if meta.get(f"{arch}.pooling_type") == 4 or "cls.output.weight" in names or (
+            arch in ENCODERS and "cls.weight" in names):
+        return "rerank"
+    return "embedding" if arch in ENCODERS else "completion"
 
 
 def _type_name(tensor_type: int) -> str:
@@ -254,7 +270,20 @@ def _hf_facts(folder: Path, shards: list[Path]) -> dict[str, Any]:
     return {"family": str(config.get("model_type") or text.get("model_type") or ""),
             "parameters": params,
             "quantization": dtypes.most_common(1)[0][0] if dtypes else "",
-            "context_length": int(ctx) if isinstance(ctx, int) else None}
+            "context_length": int(ctx) if isinstance(ctx, int) else None,
+            "capability": _hf_capability(config)}
+
+
+def _hf_capability(config: dict[str, Any]) -> str:
+    """What a Hugging Face directory serves, as npu.load reads its config.json (a decoder
+    reranker's directory needs a model entry's `rerank`: a library has none)."""
+    from npu.config import ENCODER_ARCHITECTURES
+    from npu.load.pooling import classifier_of
+
+    if classifier_of(config) is not None:
+        return "rerank"
+    archs = config.get("architectures") or []
+    return "embedding" if any(a in ENCODER_ARCHITECTURES for a in archs) else "completion"
 
 
 class _Found(msgspec.Struct, frozen=True):

@@ -170,10 +170,11 @@ class LibraryFront:
             raise ApiError(404, f"The model '{name}' does not exist; see /v1/models.",
                            param="model", code="model_not_found")
         info = entry.info()
-        caps = ["completion"]
-        if "tools" in entry.chat_template:
+        caps = [entry.capability]
+        if entry.capability == "completion" and "tools" in entry.chat_template:
             caps.append("tools")
-        if "<think>" in entry.chat_template or "enable_thinking" in entry.chat_template:
+        if entry.capability == "completion" and (
+                "<think>" in entry.chat_template or "enable_thinking" in entry.chat_template):
             caps.append("thinking")
         return {**info, "capabilities": caps,
                 **({"template": entry.chat_template} if verbose else {}),

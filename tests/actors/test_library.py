@@ -17,17 +17,23 @@ from actors.library import Library, model_key
 
 
 def write_gguf(path: Path, arch: str = "llama", *, ctx: int = 4096, file_type: int | None = 15,
-               rows: int = 4, split: tuple[int, int] | None = None) -> Path:
-    """A GGUF file with a header of `arch` and one small f32 tensor (`split`: part, count)."""
+               rows: int = 4, split: tuple[int, int] | None = None,
+               pooling: int | None = None, extra: tuple[str, ...] = ()) -> Path:
+    """A GGUF file with a header of `arch` and one small f32 tensor (`split`: part, count;
+    `pooling`: its pooling_type; `extra`: more tensors' names)."""
     w = GGUFWriter(str(path), arch)
     w.add_uint32(f"{arch}.context_length", ctx)
     if file_type is not None:
         w.add_uint32("general.file_type", file_type)
+    if pooling is not None:
+        w.add_uint32(f"{arch}.pooling_type", pooling)
     w.add_string("tokenizer.chat_template", "{{ messages }} tools")
     if split:
         w.add_uint16("split.no", split[0] - 1)
         w.add_uint16("split.count", split[1])
     w.add_tensor(f"blk.{split[0] if split else 0}.w", np.zeros((rows, 32), np.float32))
+    for name in extra:
+        w.add_tensor(name, np.zeros((2, 32), np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -204,3 +210,24 @@ def test_a_configured_gguf_file_is_listed_by_its_own_type(tmp_path: Path) -> Non
     assert gguf_quantization(tmp_path / "nowhere") is None
     (tmp_path / "bad.gguf").write_bytes(b"GGUF\x03")
     assert gguf_quantization(tmp_path / "bad.gguf") is None
+
+
+def test_each_model_says_what_it_serves_before_it_loads(tmp_path: Path) -> None:
+    """Chat, embeddings or rerank, from the header alone (Ollama's /api/show capabilities
+    of a library model): llama.cpp's reranker files by their pooling type or head."""
+    write_gguf(tmp_path / "chat.gguf", "qwen3")
+    write_gguf(tmp_path / "embed.gguf", "bert", pooling=1)
+    write_gguf(tmp_path / "bge-reranker.gguf", "bert", pooling=4,
+               extra=("cls.weight", "cls.output.weight"))
+    write_gguf(tmp_path / "qwen3-reranker.gguf", "qwen3", pooling=4,
+               extra=("cls.output.weight",))
+    write_hf(tmp_path / "ms-marco")
+    (tmp_path / "ms-marco" / "config.json").write_text(json.dumps(
+        {"model_type": "bert", "architectures": ["BertForSequenceClassification"]}))
+    write_hf(tmp_path / "minilm")
+    (tmp_path / "minilm" / "config.json").write_text(json.dumps(
+        {"model_type": "bert", "architectures": ["BertModel"]}))
+    models = Library(tmp_path).models()
+    assert {name: m.capability for name, m in models.items()} == {
+        "chat": "completion", "embed": "embedding", "bge-reranker": "rerank",
+        "qwen3-reranker": "rerank", "ms-marco": "rerank", "minilm": "embedding"}

@@ -85,3 +85,20 @@ def test_show_gives_a_variants_system_prompt_and_parameters_as_modelfile_lines(
     assert shown["parameters"] == 'temperature 0.2\nstop "<a>"\nstop "b"'
     plain = show(front.library_info("base"))
     assert "system" not in plain and plain["parameters"] == ""
+
+
+def test_show_lists_a_library_models_capability_from_its_header(tmp_path) -> None:
+    """Ollama's /api/show of a model not loaded yet: an embedding or rerank file is not a
+    chat model with tools (its header's chat template mentions them)."""
+    from deployments.ollama.reply import show
+    from tests.actors.test_library import write_gguf
+
+    write_gguf(tmp_path / "chat.gguf", "qwen3")
+    write_gguf(tmp_path / "embed.gguf", "bert", pooling=1)
+    write_gguf(tmp_path / "rerank.gguf", "qwen3", pooling=4, extra=("cls.output.weight",))
+    front = LibraryFront(_Handle([]), {"models_dir": str(tmp_path)})
+    front.streams = {}
+    caps = {name: show(front.library_info(name))["capabilities"]
+            for name in ("chat", "embed", "rerank")}
+    assert caps == {"chat": ["completion", "tools"], "embed": ["embedding"],
+                    "rerank": ["rerank"]}
