@@ -76,8 +76,9 @@ class CompletionGenerate(_Generate, tag="completion"):
 
     `echo_prompt`: a Prompt event (the prompt's text as the model read it) comes before
     any output; `prompt_logprobs`: with each prompt token's logprob after the tokens before
-    it (and the `top_logprobs` most likely there), the prompt computed whole (no cached
-    prefix taken). `max_tokens` 0 scores the prompt and writes nothing.
+    it (and the `top_logprobs` most likely there): a cached prefix is taken only as far as
+    an earlier scored prompt gave the same start its scores (actors.score_memo).
+    `max_tokens` 0 scores the prompt and writes nothing.
     """
 
     prompt: str = ""

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from actors.events import Accepted, Failed, Rejected, Usage
 from actors.metrics import Metrics
 from actors.outbox import End, Outbox
+from actors.score_memo import ScoreMemo
 from actors.session import Choice, Session
 from actors.speculation import NgramDrafter, Speculation, StepCost, draft_length
 from npu import KVCacheFull, Model
@@ -49,6 +50,7 @@ class Scheduler:
         self.speculation = (speculation if speculation.on and model.engine.can_rewind
                             else None)
         self.cost = StepCost()  # what drafts add to a forward, measured
+        self.scores = ScoreMemo()  # scored prompts' logprobs: their starts' cache is usable
 
     @staticmethod
     def running_seqs(running: list[Session]) -> int:
@@ -148,6 +150,9 @@ class Scheduler:
             if session.prefilled < len(session.prompt_ids):
                 continue
             waiting.remove(session)
+            if session.scores_prompt:
+                self.scores.add(session.prompt_ids, session.request.top_logprobs,
+                                session.prompt_scores)
             first = session.choices[0]
             for c in session.choices[1:]:
                 engine.fork(first.seq_id, c.seq_id)
@@ -302,8 +307,16 @@ class Scheduler:
         """Before a prompt's first chunk: take what the KV cache holds of it (the Accepted
         that waits for the first output tells it: Anthropic's message_start shows it)."""
         if session.cached is None:
-            session.cached = 0 if session.scores_prompt else self.model.engine.reuse_prefix(
-                session.choices[0].seq_id, session.prompt_ids)
+            engine, ids = self.model.engine, session.prompt_ids
+            if session.scores_prompt:  # as far as a scored prompt of the same start goes
+                known, scores = self.scores.longest(ids, session.request.top_logprobs)
+                session.cached = engine.reuse_prefix(session.choices[0].seq_id,
+                                                     ids[:known]) if known > 1 else 0
+                # entries 0..cached are the memo's; the rows computed give the rest
+                session.prompt_scores = list(scores[:session.cached + 1]) \
+                    if session.cached else []
+            else:
+                session.cached = engine.reuse_prefix(session.choices[0].seq_id, ids)
             session.prefilled = session.cached
             outbox = outboxes.get(session.id)
             if outbox is not None and outbox.pending and isinstance(outbox.pending[0],

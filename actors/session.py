@@ -234,7 +234,8 @@ class Session:
     @property
     def scores_prompt(self) -> bool:
         """Whether the prompt's own logprobs are asked: it needs every row's logits, so it
-        is computed whole (no cached prefix) and in a forward of its own."""
+        is computed in a forward of its own, and takes a cached prefix only as far as the
+        scheduler's ScoreMemo has its scores."""
         return isinstance(self.request, CompletionGenerate) and self.request.prompt_logprobs
 
     def logprob(self, logits: np.ndarray, token: int) -> TokenLogprob:

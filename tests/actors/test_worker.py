@@ -575,3 +575,36 @@ def test_a_prompt_longer_than_a_prefill_chunk_is_scored_across_chunks(worker,
     assert [t.token for t in prompt.logprobs] == [
         worker.model.token_table[i].decode("utf-8", "replace") for i in ids]
     assert [t.logprob for t in prompt.logprobs[1:]] == pytest.approx(want, abs=2e-3)
+
+
+def test_choices_of_one_context_take_its_cached_blocks_and_its_scores(worker,
+                                                                        tmp_path) -> None:
+    """lm-evaluation-harness's multiple choice: one context, a prompt per continuation. The
+    second prompt takes the KV cache's blocks of the context and the first one's scores of
+    them (actors.score_memo), computes only the rest, and gives the logprobs of feeding it
+    one token at a time."""
+    ctx = worker.model.prompt_ids(" ".join(f"fact{i}" for i in range(40)))[:40]
+    first = ctx + worker.model.tokenizer.encode(" the red one")
+    second = ctx + worker.model.tokenizer.encode(" a blue bird")
+    scored = []
+    for ids in (first, second):
+        events = asyncio.run(_complete(worker, prompt_ids=ids, max_tokens=0, logprobs=True,
+                                       top_logprobs=1, echo_prompt=True,
+                                       prompt_logprobs=True))
+        prompt, _, usage = _scored(events)
+        scored.append((prompt.logprobs, usage.cached_tokens))
+    (a, cached_a), (b, cached_b) = scored
+    assert cached_a == 0 and cached_b == 32  # the context's two whole blocks of 16
+    assert b[:33] == a[:33]  # the memo's entries: tokens 0..32
+    engine = load_model(ensure_tiny(tmp_path), name="flm-tiny").engine
+    logits = engine.prefill("ref", second[:1])
+    want = []
+    for token in second[1:]:
+        want.append(logprobs(logits, token)[0])
+        logits = engine.decode(["ref"], [token])[0]
+    assert len(b) == len(second) and b[0].logprob is None
+    assert [t.logprob for t in b[1:]] == pytest.approx(want, abs=2e-3)
+    # another top-logprobs count is not the memo's: computed whole
+    events = asyncio.run(_complete(worker, prompt_ids=second, max_tokens=0, logprobs=True,
+                                   top_logprobs=3, echo_prompt=True, prompt_logprobs=True))
+    assert _scored(events)[2].cached_tokens == 0
