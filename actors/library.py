@@ -32,6 +32,7 @@ from actors.aliases import Alias, AliasStore
 from actors.errors import RequestError
 from actors.go_template import GoTemplateError, is_go_template, jinja_from_go
 from npu.load.gguf_header import read_header
+from npu.load.gguf_tokenizer import TOKENIZER_MODELS
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,7 @@ class LibraryModel(msgspec.Struct, frozen=True, kw_only=True):
                 "parameters": self.parameters, "quantization": self.quantization,
                 "context_length": self.context_length, "file_format": self.format,
                 "weight_bytes": self.size, "digest": self.digest, "library": True,
+                "capabilities": [self.capability],
                 **({"error": self.error} if self.error else {})}
 
 
@@ -207,6 +209,10 @@ def _gguf_facts(files: list[Path]) -> dict[str, Any]:
             if len(t.shape) == 2:
                 by_type[t.tensor_type] += t.n_bytes
         quant = _type_name(by_type.most_common(1)[0][0]) if by_type else ""
+    tokenizer = meta.get("tokenizer.ggml.model")
+    if tokenizer is not None and tokenizer not in TOKENIZER_MODELS:  # as the load would say
+        raise ValueError(f"its tokenizer model {tokenizer!r} is not supported (supported: "
+                         f"{', '.join(TOKENIZER_MODELS)})")
     ctx = meta.get(f"{arch}.context_length")
     template = meta.get("tokenizer.chat_template")
     return {"family": arch, "parameters": params, "quantization": quant,
@@ -216,12 +222,14 @@ def _gguf_facts(files: list[Path]) -> dict[str, Any]:
 
 
 def _gguf_capability(meta: dict[str, Any], arch: str, names: set[str]) -> str:
-    """What a GGUF file serves, as npu.load.pooling reads it at load: a reranker (pooling
-    type 4, or llama.cpp's classification head), else an encoder's embeddings, else chat."""
+    """What a GGUF file serves, by npu.load.pooling's rule at load: a reranker (pooling type
+    4, or none named and llama.cpp's classification head there), else an encoder's
+    embeddings, else chat."""
     from npu.load.gguf import ENCODERS
 
-    if meta.get(f"{arch}.pooling_type") == 4 or "cls.output.weight" in names or (
-            arch in ENCODERS and "cls.weight" in names):
+    pooling = meta.get(f"{arch}.pooling_type")
+    head = "cls.output.weight" in names or (arch in ENCODERS and "cls.weight" in names)
+    if pooling == 4 or (pooling in (None, 0) and head):
         return "rerank"
     return "embedding" if arch in ENCODERS else "completion"
 

@@ -76,11 +76,13 @@ def rerank_only(model: Model) -> str:
 
 
 def build_rerank(request: Rerank, model: Model) -> RerankJob:
-    """The request's query-document pairs as token ids and types, checked against the model.
+    """The request's query-document pairs as token ids and types, checked against the model:
+    a document is cut at its end where its pair would pass the model's context (as
+    sentence-transformers' CrossEncoder and Cohere's rerank cut it); the query never is.
 
     Raises:
         RequestError: the model does not rerank (`model`), there are no documents, or the
-            query (`query`) or a pair (`documents[i]`) is longer than the model's context.
+            query (`query`) leaves no room for a document in the model's context.
     """
     if not is_reranker(model):
         kind = "an embedding model" if model.kind == "encoder" else "a generation model"
@@ -96,13 +98,8 @@ def build_rerank(request: Rerank, model: Model) -> RerankJob:
                            param="instruction")
     tok, limit = model.tokenizer, model.context_length
     least = tok.encode_pairs(request.query, [""])[0][0]  # the query with the pair's specials
-    _check_query(len(least), limit, "with the pair's special tokens")
-    pairs = tok.encode_pairs(request.query, request.documents)
-    for i, (ids, _) in enumerate(pairs):
-        if len(ids) > limit:
-            raise RequestError(f"Document {i} with the query has {len(ids)} tokens; this "
-                               f"model's maximum context length is {limit} tokens.",
-                               param=f"documents[{i}]", code="context_length_exceeded")
+    _check_query(len(least) + 1, limit, "with the pair's special tokens and a document")
+    pairs = tok.encode_pairs(request.query, request.documents, limit=limit)
     # a model of one token type (XLM-RoBERTa) reads every token as type 0
     types = [t for _, t in pairs] if model.config.type_vocab_size > 1 else None
     return RerankJob(request, [ids for ids, _ in pairs], model.embedding_dims, types)
@@ -130,15 +127,22 @@ def decoder_pairs(request: Rerank, model: Model) -> RerankJob:
         text = SLOT.sub(lambda m: document if m[1] == "document" else values[m[1]], prompt)
         return model.prompt_ids(text)
 
-    _check_query(len(ids("")), limit, "in the model's rerank prompt")
-    out = [ids(d) for d in request.documents]
-    for i, item in enumerate(out):
-        if len(item) > limit:
-            raise RequestError(f"Document {i} in the model's rerank prompt has {len(item)} "
-                               f"tokens; this model's maximum context length is {limit} "
-                               "tokens.", param=f"documents[{i}]",
-                               code="context_length_exceeded")
-    return RerankJob(request, out, model.embedding_dims)
+    def fitted(document: str) -> list[int]:
+        """The prompt's ids, the document cut at its end where they would pass the
+        context (cut by tokens, decoded and filled in again: a few tries at most)."""
+        out = ids(document)
+        while len(out) > limit and document:
+            doc = model.tokenizer.encode(document)
+            keep = max(0, len(doc) - (len(out) - limit) - 1)
+            document = model.tokenizer.decode(doc[:keep], skip_special_tokens=False) \
+                if keep else ""
+            out = ids(document)
+        return out
+
+    how = ("with the instruction " if request.instruction is not None else "") + \
+        "in the model's rerank prompt and a document"
+    _check_query(len(ids("")) + 1, limit, how)
+    return RerankJob(request, [fitted(d) for d in request.documents], model.embedding_dims)
 
 
 def _check_query(tokens: int, limit: int, how: str) -> None:

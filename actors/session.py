@@ -309,8 +309,12 @@ def _render(request: ChatGenerate, model: Model, *,
                            "prefill) is continued as free text: it cannot be under a "
                            "response format or a required tool call.", param="messages")
     opening = add_generation_prompt and not request.continue_final
+    if not model.generates:  # an encoder or a reranker: nothing to render a chat for
+        kind = "a reranker" if model.pooling == "rank" else "an embedding model"
+        raise RequestError(f"The model '{model.name}' is {kind}: it does not chat.",
+                           param="model")
     try:
-        if request.template is None or not model.generates:
+        if request.template is None:
             text = model.render(request.messages, tools, enable_thinking=request.thinking,
                                 continue_final=request.continue_final,
                                 add_generation_prompt=opening, **extra)

@@ -201,6 +201,11 @@ class Worker:
             yield [Rejected(status=exc.status, message=exc.message, param=exc.param,
                             code=exc.code, type=exc.type)]
             return
+        except Exception:  # a bug: answer cleanly, keep serving
+            log.exception("preparing request %s failed", request.request_id)
+            yield [Rejected(status=500, message="Internal error while preparing the request.",
+                            type="server_error")]
+            return
         if self.error is not None:
             yield [Rejected(status=503, message="The model worker has failed.",
                             type="server_error")]

@@ -294,7 +294,8 @@ def one_node(seconds: float, clients: int, cache: Path) -> list[tuple[str, bool]
     url = f"http://127.0.0.1:{port}"
     handle = serve.get_deployment_handle("worker-flm-tiny", app_name="flm")
     _all_workers(handle, 2)
-    asyncio.run(_run(url, clients, Until(time.monotonic() + min(10.0, max(5.0, seconds / 4))), Tally()))
+    warm_up = min(10.0, max(5.0, seconds / 4))
+    asyncio.run(_run(url, clients, Until(time.monotonic() + warm_up), Tally()))
     before = workers(handle, 2)  # after the warm-up: the RSS baseline
     replicas_before = serve_replicas()
     victim: dict = {}

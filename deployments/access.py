@@ -19,10 +19,10 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-TRACE_KEY = "flm_trace"
+TRACE_KEY = "flm_trace"  # the request state's key of a generating request's RequestTrace
 # the status of a request whose client went away before any answer (nginx's "client closed
 # request"): nothing was sent, so it is neither the server's failure nor a success
-CLIENT_CLOSED = 499  # the request state's key of a generating request's RequestTrace
+CLIENT_CLOSED = 499
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -146,6 +146,9 @@ def config_for(args: argparse.Namespace) -> dict[str, Any]:
     if args.model is None and not args.models_dir:
         raise UsageError("give a model (a .gguf file, a model directory, or one of "
                          + ", ".join(NAMES) + ") or --models-dir DIR")
+    if args.rerank and args.model is None:
+        raise UsageError("--rerank applies to the model given (a decoder reranker's Hugging "
+                         "Face directory), not to --models-dir's models")
     app_args: dict[str, Any] = {"models": []}
     if args.model is not None:
         path = _check_path(args.model)

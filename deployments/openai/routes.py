@@ -47,9 +47,12 @@ async def model(model_id: str, request: Request, ingress: Current) -> Response:
 
 def model_card(name: str, info: dict) -> dict:
     """A model's card; one that could not load is `"status": "unavailable"` with the
-    reason under "error"."""
+    reason under "error". `capabilities` (where known: "completion", "embedding",
+    "rerank", as Ollama's /api/show lists them) tells a chat front end which to offer."""
     card = {"id": name, "object": "model", "created": info.get("created", 0),
             "owned_by": "flm-serve", "context_length": info.get("context_length")}
+    if info.get("capabilities"):
+        card["capabilities"] = info["capabilities"]
     if info.get("error"):
         card.update(status="unavailable", error=info["error"])
     return card

@@ -39,6 +39,9 @@ SPLITS = {
     "qwen2": _QWEN2, "deepseek-r1-qwen": _QWEN2,
 }
 
+# the `tokenizer.ggml.model`s read here (llama.cpp's "t5" Unigram, XLM-RoBERTa's, is not)
+TOKENIZER_MODELS = ("gpt2", "llama", "bert")
+
 
 def _byte_level_pre(pre: str | None) -> dict[str, Any]:
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
@@ -213,8 +216,8 @@ def tokenizer_json(meta: dict[str, Any], path: str = "the GGUF file", *,
                           "vocab": dict(zip(tokens, range(len(tokens)))), "merges": pairs}}
     if model == "bert":
         return _wordpiece(meta, tokens, types, path)
-    raise ModelError(f"{path}: tokenizer model {model!r} is not supported (supported: gpt2, "
-                     "llama, bert)")
+    raise ModelError(f"{path}: tokenizer model {model!r} is not supported (supported: "
+                     f"{', '.join(TOKENIZER_MODELS)})")
 
 
 def _wordpiece_piece(token: str) -> str:

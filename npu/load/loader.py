@@ -22,7 +22,7 @@ from npu.config import ENCODERS, ModelConfig, config_from_json
 from npu.engine.cores import default_threads as cores
 from npu.engine.encoder import EncoderEngine
 from npu.engine.numpy_engine import NumpyEngine
-from npu.engine.pooling import Pooling
+from npu.engine.pooling import RANK, Pooling
 from npu.errors import ModelError
 from npu.load.gc_pause import gc_paused
 from npu.load.options import LoadOptions
@@ -104,13 +104,15 @@ def default_model_path() -> Path:
 BUILTIN_TEMPLATES = {"smollm2-135m": "smollm2_chat_template.jinja"}
 
 
-def _quantizer(quantize: str | None, *, encoder: bool = False):
+def _quantizer(quantize: str | None, *, encoder: bool = False, rerank: bool = False):
     """`keep` for load_weights: matrices into `quantize`'s block format, or left in their
     stored bf16/fp16; everything else float32. `encoder`: a BERT-family model's embedding
     tables (words, positions, token types) are held in F16 under any `quantize`: they are
     looked up, not multiplied, so a block format's error would go into every token as it is
     (measured on a random BERT: CLS cosine 0.9986 with Q8_0 tables, 0.9992 with float); a
-    reranker's head (HEAD_PREFIXES) stays float32: a few vectors' worth, read once."""
+    reranker's head (HEAD_PREFIXES) stays float32: a few vectors' worth, read once.
+    `rerank`: a decoder reranker's LM head stays as stored (its two answer rows are read from
+    it, then it is dropped on the CPU): a block format's error would go into every score."""
     from npu.engine.quant import QT, QUANTIZE, QMatrix, row_bytes
 
     if quantize is not None and quantize not in QUANTIZE:
@@ -121,6 +123,8 @@ def _quantizer(quantize: str | None, *, encoder: bool = False):
         if arr.ndim != 2 or (encoder and name.startswith(HEAD_PREFIXES)):
             return arr
         qtype = target or {"BF16": QT.BF16, "F16": QT.F16}.get(dtype)
+        if rerank and name == "lm_head.weight":
+            qtype = {"BF16": QT.BF16, "F16": QT.F16}.get(dtype)
         if encoder and target and "embeddings." in name:
             qtype = QT.F16
         if qtype is None:
@@ -217,6 +221,11 @@ def _load(path: str | Path, device: str, options: LoadOptions | None, *, name: s
                     if source and not encoder else None)
         if packing is not None:
             packing.result()
+    if pooling.mode == RANK and pooling.prompt is None:  # a cross-encoder pairs two texts
+        try:
+            tokenizer.encode_pairs("query", ["document"])
+        except ModelError as exc:
+            raise ModelError(f"{folder}: a reranker, but {exc}") from None
     if engine.vocab_size < tokenizer.size:
         raise ModelError(f"{folder}: the tokenizer has {tokenizer.size} tokens but the model "
                          f"only {engine.vocab_size} logits")
@@ -238,6 +247,9 @@ def _engine(config: ModelConfig, weights: dict, device: str, opts: LoadOptions,
         return EncoderEngine(config, weights, backend=opts.backend, pooling=pooling)
     if device == "npu":
         from npu.xrt import XRT
+
+        if pooling.mode == RANK:
+            raise ModelError(f"{folder}: a reranker runs on the CPU only (device: cpu)")
 
         if opts.kv_cache_type != "f16":
             raise ModelError(f"kv_cache_type {opts.kv_cache_type!r} is the CPU engine's: the "
@@ -346,7 +358,8 @@ def _from_directory(folder: Path, quantize: str | None, rerank: tuple[str, str] 
         top_k=int(gen.get("top_k") or 0), top_p=float(gen.get("top_p") or 1.0),
         min_p=float(gen.get("min_p") or 0.0),
         repetition_penalty=float(gen.get("repetition_penalty") or 1.0))
-    weights = load_weights(folder, keep=_quantizer(quantize, encoder=config.arch in ENCODERS))
+    weights = load_weights(folder, keep=_quantizer(quantize, encoder=config.arch in ENCODERS,
+                                                   rerank=rerank is not None))
     if rerank is not None:  # a decoder reranker: its LM head's answer rows
         if config.arch in ENCODERS:
             raise ModelError(f"{folder}: rerank applies to a decoder (Qwen3-Reranker); "

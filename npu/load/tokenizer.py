@@ -102,6 +102,10 @@ class Tokenizer:
                 self._tok = _from_document(doc) if spm is None else None
             else:
                 self._tok = HFTokenizer.from_file(str(path))
+                # a file may save padding and truncation (sentence-transformers' fixed 128):
+                # an input is never padded (a pad would be attended) nor cut silently here
+                self._tok.no_padding()
+                self._tok.no_truncation()
                 doc = json.loads(path.read_text(encoding="utf-8"))
         except Exception as exc:
             where = "the GGUF tokenizer" if isinstance(path, dict) else path
@@ -158,12 +162,14 @@ class Tokenizer:
             enc.truncate(max(0, room - self._tok.num_special_tokens_to_add(False)))
         return self._tok.post_process(enc).ids
 
-    def encode_pairs(self, first: str,
-                     seconds: Sequence[str]) -> list[tuple[list[int], list[int]]]:
+    def encode_pairs(self, first: str, seconds: Sequence[str], *,
+                     limit: int | None = None) -> list[tuple[list[int], list[int]]]:
         """Token ids and token types of `first` paired with each of `seconds` (a reranker's
         query and documents), with the special tokens the post-processor puts around a pair
         ([CLS] a [SEP] b [SEP] for BERT, b's tokens of type 1; <s> a </s></s> b </s> for
-        XLM-RoBERTa); `first` is tokenized once.
+        XLM-RoBERTa); `first` is tokenized once. `limit`: a second text is cut at its end
+        so that its pair has at most this many tokens (transformers' `only_second`
+        truncation; `first` is never cut).
 
         Raises:
             ModelError: the tokenizer has no post-processor to pair texts with (a GGUF
@@ -173,9 +179,14 @@ class Tokenizer:
             raise ModelError("this model's tokenizer has no template for a pair of texts "
                              "(a post-processor): it cannot rerank")
         head = self._tok.encode(first, add_special_tokens=False)
+        room = None if limit is None else max(
+            0, limit - len(head.ids) - self._tok.num_special_tokens_to_add(True))
         out = []
         for text in seconds:
-            pair = self._tok.post_process(head, self._tok.encode(text, add_special_tokens=False))
+            second = self._tok.encode(text, add_special_tokens=False)
+            if room is not None and len(second.ids) > room:
+                second.truncate(room)
+            pair = self._tok.post_process(head, second)
             out.append((pair.ids, pair.type_ids))
         return out
 

@@ -231,3 +231,20 @@ def test_each_model_says_what_it_serves_before_it_loads(tmp_path: Path) -> None:
     assert {name: m.capability for name, m in models.items()} == {
         "chat": "completion", "embed": "embedding", "bge-reranker": "rerank",
         "qwen3-reranker": "rerank", "ms-marco": "rerank", "minilm": "embedding"}
+
+
+def test_a_file_whose_tokenizer_cannot_load_is_listed_with_the_reason(tmp_path: Path) -> None:
+    """llama.cpp's XLM-RoBERTa files (bge-reranker-v2-m3) carry a "t5" Unigram vocabulary:
+    listed with why, not as a reranker the first request would find unloadable."""
+    from gguf import GGUFWriter as Writer
+
+    w = Writer(str(tmp_path / "bge-reranker-v2-m3.gguf"), "bert")
+    w.add_uint32("bert.pooling_type", 4)
+    w.add_string("tokenizer.ggml.model", "t5")
+    w.add_tensor("cls.output.weight", np.zeros((1, 32), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    entry = Library(tmp_path).models()["bge-reranker-v2-m3"]
+    assert "tokenizer model 't5' is not supported" in entry.error

@@ -70,14 +70,23 @@ def test_a_documents_score_is_the_same_alone_or_with_others(worker) -> None:
     np.testing.assert_allclose(side, mixed, rtol=0, atol=1e-6)
 
 
-def test_a_pair_over_the_context_is_refused_naming_the_document(worker) -> None:
-    long = "cat " * DIMS["max_position_embeddings"]
-    (r,) = _rerank(worker, ["short", long])
-    assert isinstance(r, Rejected) and r.status == 400
-    assert r.param == "documents[1]" and r.code == "context_length_exceeded"
-    assert "Document 1" in r.message and str(DIMS["max_position_embeddings"]) in r.message
+def test_a_document_past_the_context_is_cut_and_a_query_past_it_refused(worker) -> None:
+    """As sentence-transformers' CrossEncoder and Cohere cut a long document (RAG chunks
+    past a 512-token BERT's context): scored as its start that fits; the query is never
+    cut."""
+    limit = DIMS["max_position_embeddings"]
+    long = "cat " * limit
+    _, scores, _ = _rerank(worker, ["short", long])
+    assert scores.tokens[1] == limit
+    fits = len(worker.model.tokenizer.encode_pairs(QUERY, [""])[0][0])
+    cut = "cat " * (limit - fits)  # one token a word: exactly the context
+    _, same, _ = _rerank(worker, [cut])
+    assert same.tokens == [limit]
+    np.testing.assert_allclose(scores.scores[1], same.scores[0], rtol=0, atol=1e-6)
     (r,) = _rerank(worker, ["short"], query=long)
+    assert isinstance(r, Rejected) and r.status == 400
     assert r.param == "query" and r.code == "context_length_exceeded"
+    assert str(limit) in r.message
 
 
 def test_a_reranker_does_not_chat_or_embed(worker) -> None:
@@ -86,6 +95,9 @@ def test_a_reranker_does_not_chat_or_embed(worker) -> None:
         (r,) = _run(worker, request)
         assert isinstance(r, Rejected) and r.status == 400 and r.param == "model"
         assert "'rr' is a reranker" in r.message and "/v1/rerank" in r.message
+    # Anthropic's count_tokens (and vLLM's /tokenize of messages) render a chat: refused alike
+    r = asyncio.run(worker.count_tokens(chat))
+    assert isinstance(r, Rejected) and r.param == "model" and "is a reranker" in r.message
 
 
 @pytest.mark.parametrize("kind,words", [("encoder", "an embedding model"),

@@ -76,13 +76,18 @@ def test_the_instruction_changes_the_prompt_and_the_scores(worker) -> None:
                                rtol=0, atol=1e-6)
 
 
-def test_a_prompt_over_the_context_is_refused_naming_the_field(worker) -> None:
-    long = "cat " * DIMS["max_position_embeddings"]
-    (r,) = _rerank(worker, ["short", long])
-    assert isinstance(r, Rejected) and r.status == 400
-    assert r.param == "documents[1]" and r.code == "context_length_exceeded"
-    assert "Document 1" in r.message and str(DIMS["max_position_embeddings"]) in r.message
+def test_a_document_past_the_context_is_cut_and_a_query_past_it_refused(worker) -> None:
+    """A long document is cut at its end inside the prompt (the prompt's own end, the
+    assistant's opening, stays); a query that leaves no room is a 400 naming it."""
+    limit = DIMS["max_position_embeddings"]
+    long = "cat " * limit
+    _, scores, _ = _rerank(worker, ["short", long])
+    assert limit - 4 <= scores.tokens[1] <= limit
+    job = build_rerank(Rerank(request_id="r", query=QUERY, documents=[long]), worker.model)
+    tail = worker.model.tokenizer.decode(job.ids[0], skip_special_tokens=False)
+    assert tail.endswith("<think>\n\n</think>\n\n") and "cat cat" in tail
     (r,) = _rerank(worker, ["short"], query=long)
+    assert isinstance(r, Rejected) and r.status == 400
     assert r.param == "query" and r.code == "context_length_exceeded"
 
 

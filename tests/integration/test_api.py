@@ -348,9 +348,9 @@ def test_invalid_json_and_oversized_bodies(client) -> None:
 
 
 def test_unknown_paths_and_methods_are_openai_shaped(client) -> None:
-    r = client.post("/v1/rerank", json={"model": "flm-tiny", "query": "x"})
+    r = client.post("/v1/audio/speech", json={"model": "flm-tiny", "input": "x"})
     assert r.status_code == 404
-    assert "/v1/rerank" in r.json()["error"]["message"]
+    assert "/v1/audio/speech" in r.json()["error"]["message"]
     r = client.get("/v1/chat/completions")
     assert r.status_code == 405 and "GET" in r.json()["error"]["message"]
     assert "POST" in r.headers["allow"]

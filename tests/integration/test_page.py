@@ -7,16 +7,16 @@ naming what is missing."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
-import json
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from tests.integration.conftest import SECRET, UNLOADABLE
+from tests.integration.conftest import RERANKER, SECRET, UNLOADABLE
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 WAIT_S = 60  # the longest a page condition is waited for (a loaded 2-core machine)
@@ -164,6 +164,17 @@ def test_page_asks_for_the_api_key_and_shows_an_unloadable_model(browser,
     assert option.text == f"{UNLOADABLE} (unavailable)" and not option.is_enabled()
     assert "FooForCausalLM" in option.get_attribute("title")
     assert browser.find_element(By.ID, "model").get_attribute("value") == "flm-tiny"
+
+
+def test_the_model_list_offers_chat_models_only(browser, serve_url) -> None:
+    """The embedding model and the reranker the app serves are not offered for chat (their
+    /v1/models cards say what they serve)."""
+    from selenium.webdriver.common.by import By
+
+    _open(browser, serve_url + "/", "flm-tiny")
+    offered = {o.get_attribute("value")
+               for o in browser.find_elements(By.CSS_SELECTOR, "#model option")}
+    assert "tiny-gpt-oss" in offered and not offered & {"bert-tiny", RERANKER}
 
 
 def test_tool_calls_show_as_they_stream(browser, serve_url) -> None:

@@ -70,8 +70,12 @@ def test_bad_input_and_models_that_do_not_rerank(client) -> None:
     assert err["param"] == "documents"
     err = _error(client.post("/v1/rerank", json={**body, "documents": ["ok", 7]}))
     assert err["param"] == "documents[1]"
-    err = _error(client.post("/v1/rerank", json={**body, "documents": ["ok", "cat " * 200]}))
-    assert err["param"] == "documents[1]" and err["code"] == "context_length_exceeded"
+    err = _error(client.post("/v1/rerank", json={**body, "query": "cat " * 200,
+                                                 "documents": ["ok"]}))
+    assert err["param"] == "query" and err["code"] == "context_length_exceeded"
+    # a document past the context is cut to fit (as CrossEncoder and Cohere cut it)
+    r = client.post("/v1/rerank", json={**body, "documents": ["ok", "cat " * 200]})
+    assert r.status_code == 200 and len(r.json()["results"]) == 2
     err = _error(client.post("/v1/rerank", json={**body, "model": "nope",
                                                  "documents": ["ok"]}))
     assert err["code"] == "model_not_found"
@@ -92,6 +96,10 @@ def test_a_reranker_does_not_chat_or_embed(client) -> None:
     # what it serves, as Ollama's /api/show lists it
     show = client.post("/api/show", json={"model": RERANKER})
     assert show.status_code == 200 and show.json()["capabilities"] == ["rerank"]
+    cards = {m["id"]: m for m in client.get("/v1/models").json()["data"]}
+    assert cards[RERANKER]["capabilities"] == ["rerank"]
+    assert cards["bert-tiny"]["capabilities"] == ["embedding"]
+    assert "completion" in cards["flm-tiny"]["capabilities"]
 
 
 def test_cohere_client(serve_url, expected) -> None:

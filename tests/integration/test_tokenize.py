@@ -66,9 +66,9 @@ def test_bad_input_is_a_400_or_404_in_openais_shape(client) -> None:
            "tokens[1]")
     err = _error(client.post("/tokenize", json={"model": "nope", "prompt": "x"}), 404, "model")
     assert err["code"] == "model_not_found"
-    # an encoder has no chat template: its refusal names the messages
+    # an encoder does not chat: its refusal names the model
     err = _error(client.post("/tokenize", json={"model": "bert-tiny", "messages": MESSAGES}),
-                 400, "messages")
+                 400, "model")
     assert "embedding" in err["message"]
 
 

@@ -52,6 +52,8 @@ async function loadModels() {
   const previous = select.value || localStorage.getItem("flm-model");
   select.replaceChildren();
   for (const m of (await response.json()).data) {
+    // an embedding model or a reranker does not chat: not offered here
+    if (m.capabilities && !m.capabilities.includes("completion")) continue;
     const unavailable = m.status === "unavailable";
     const option = el("option", "", unavailable ? `${m.id} (unavailable)` : m.id);
     option.value = m.id;

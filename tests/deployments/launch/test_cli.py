@@ -36,6 +36,8 @@ def test_options_reach_the_config(tmp_path, monkeypatch) -> None:
                      "replicas": 2, "max_batch": 4, "chat_template": str(template.resolve())}
     assert _config("flm-tiny", "--name", "tiny")["applications"][0]["args"]["models"][0][
         "name"] == "tiny"
+    assert _config("flm-tiny", "--rerank")["applications"][0]["args"]["models"][0][
+        "rerank"] is True
     monkeypatch.setenv("FLM_API_KEY", "from-env")
     assert _config("flm-tiny")["applications"][0]["args"]["api_key"] == "from-env"
 
@@ -94,6 +96,7 @@ def test_models_dir_and_its_options_reach_the_config(tmp_path) -> None:
     (["--models-dir", "/no/such/dir"], "--models-dir /no/such/dir: no such directory"),
     (["--models-dir", ".", "--keep-alive", "soon"], "--keep-alive: keep_alive 'soon'"),
     (["--models-dir", ".", "--max-loaded-models", "0"], "--max-loaded-models 0 is out of"),
+    (["--models-dir", ".", "--rerank"], "--rerank applies to the model given"),
 ])
 def test_a_bad_library_option_is_one_line(argv: list[str], text: str, capsys) -> None:
     assert cli.main(["serve", *argv]) == 2

@@ -161,7 +161,7 @@ def test_an_encoder_adds_its_own_specials_and_refuses_a_chat(tmp_path) -> None:
     assert special.pieces[0] == b"[CLS]" and special.pieces[-1] == b"[SEP]"
     [refused] = answer(Tokenize(request_id="t", chat=ChatGenerate(request_id="t",
                                                                   messages=MESSAGES)), bert)
-    assert refused.status == 400 and refused.param == "messages"
+    assert refused.status == 400 and refused.param == "model"
     assert "embedding" in refused.message
 
 

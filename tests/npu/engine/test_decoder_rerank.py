@@ -80,6 +80,20 @@ def test_q8_0_scores_stay_near(models) -> None:
     np.testing.assert_allclose(_scores(model, ref["ids"]), ref["want"], rtol=0, atol=0.03)
 
 
+def test_the_answer_rows_are_read_from_the_head_as_stored_under_quantize(models) -> None:
+    """quantize holds the layers in a block format, not the LM head whose two rows score
+    every pair: the head is the float one's exactly."""
+    folder = models["untied"]["folder"]
+    plain, quantized = (load_model(folder, rerank=True, quantize=q) for q in (None, "q4_0"))
+    np.testing.assert_array_equal(quantized._pooling.dense[0].weight,
+                                  plain._pooling.dense[0].weight)
+
+
+def test_a_reranker_on_the_npu_is_refused_at_load(models, tmp_path: Path) -> None:
+    with pytest.raises(ModelError, match="runs on the CPU only"):
+        load_model(models["untied"]["folder"], "npu", rerank=True, kernel_dir=str(tmp_path))
+
+
 def test_a_reranker_without_its_lm_head_computes_no_logits(models) -> None:
     model = load_model(models["untied"]["folder"], rerank=True)
     with pytest.raises(ModelError, match="reranker without an LM head"):

@@ -130,3 +130,42 @@ def test_what_does_not_rerank_is_a_model_error(config: dict, weights: dict,
                                                message: str) -> None:
     with pytest.raises(ModelError, match=message):
         classifier_pooling(config, dict(weights), Path("m"))
+
+
+def test_a_cross_encoder_whose_tokenizer_cannot_pair_texts_is_refused_at_load(
+        tmp_path: Path) -> None:
+    """Not a reranker that loads and answers every request with an error."""
+    import json
+
+    from npu import load_model
+    from tests.bert_model import build_reranker
+
+    folder = build_reranker(tmp_path / "rr")
+    doc = json.loads((folder / "tokenizer.json").read_text())
+    doc["post_processor"] = None
+    (folder / "tokenizer.json").write_text(json.dumps(doc))
+    with pytest.raises(ModelError, match="a reranker, but .*no template for a pair of texts"):
+        load_model(folder)
+
+
+def test_padding_and_truncation_saved_in_a_tokenizer_json_are_not_applied(
+        tmp_path: Path) -> None:
+    """sentence-transformers saves fixed padding (128) and truncation with some models: a
+    pad would be attended (no mask here) and a cut would pass the context check."""
+    import json
+
+    from npu.load.tokenizer import Tokenizer
+    from tests.bert_model import build_reranker
+
+    folder = build_reranker(tmp_path / "rr")
+    plain = Tokenizer(folder / "tokenizer.json")
+    doc = json.loads((folder / "tokenizer.json").read_text())
+    doc["padding"] = {"strategy": {"Fixed": 64}, "direction": "Right", "pad_to_multiple_of": None,
+                      "pad_id": 0, "pad_type_id": 0, "pad_token": "[PAD]"}
+    doc["truncation"] = {"direction": "Right", "max_length": 6, "strategy": "LongestFirst",
+                         "stride": 0}
+    (folder / "tokenizer.json").write_text(json.dumps(doc))
+    saved = Tokenizer(folder / "tokenizer.json")
+    text = "the cat sat on the mat and the dog sat on the rug"
+    assert saved.encode_pairs("where?", [text]) == plain.encode_pairs("where?", [text])
+    assert saved.encode(text) == plain.encode(text) and len(plain.encode(text)) > 6
