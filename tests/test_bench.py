@@ -17,7 +17,7 @@ from tests.shared import ROOT
                                     "bench_peer.py", "bench_kernels.py", "bench_soak.py",
                                     "bench_prefix.py", "bench_embed.py",
                                     "bench_library.py", "bench_spec.py", "bench_tokenizer.py",
-                                    "bench_kv.py", "bench_threads.py"])
+                                    "bench_kv.py", "bench_threads.py", "bench_scoring.py"])
 def test_benchmark_runs_in_quick_mode(script: str) -> None:
     # a bench that starts Ray gets none of the settings the test session's own Serve
     # instance put in os.environ (its HAProxy's ports among them)
