@@ -12,6 +12,7 @@ from actors.rerank import Rerank, build_rerank
 from actors.worker import Worker
 from npu import load_model
 from tests.deployments.test_ingress import FakeStream, FakeWorker, _client, _Method
+from tests.deployments.tokenize.test_worker import _Gen
 from tests.qwen3_reranker import build_qwen3_reranker
 
 pytestmark = pytest.mark.timeout(60)
@@ -19,22 +20,6 @@ pytestmark = pytest.mark.timeout(60)
 QUERY = "where did the cat sit?"
 DOCS = ["The cat sat on the mat.", "Stocks fell sharply today.", "a cat", "dogs bark",
         "the mat"]
-
-
-class _Stream:
-    """A worker's event stream as Serve's handle gives it (batches; `cancel`)."""
-
-    def __init__(self, gen) -> None:
-        self.gen = gen
-
-    def __aiter__(self) -> _Stream:
-        return self
-
-    async def __anext__(self) -> list:
-        return await self.gen.__anext__()
-
-    def cancel(self) -> None:
-        pass  # each request here is read to its end
 
 
 class WorkerHandle(FakeWorker):
@@ -45,9 +30,9 @@ class WorkerHandle(FakeWorker):
         self.worker = worker
         self.generate = _Method(self._serve)
 
-    def _serve(self, request) -> _Stream:
+    def _serve(self, request) -> _Gen:
         self.requests.append(request)
-        return _Stream(self.worker.generate(request))
+        return _Gen(self.worker.generate(request))
 
 
 @pytest.fixture(scope="module")
