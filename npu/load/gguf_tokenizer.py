@@ -10,6 +10,8 @@
   "piece", bracketed specials ("[CLS]") as they are; undone here. The normalizer lowercases,
   as llama.cpp's WPM tokenizer does (the file does not say whether the model was cased), and
   the post-processor writes [CLS] ... [SEP] (`bos_token_id`, `seperator_token_id`).
+- "t5": SentencePiece Unigram (llama.cpp's UGM; XLM-RoBERTa's, as its converter writes bge-m3,
+  multilingual-e5 and bge-reranker-v2-m3), see `_unigram`.
 Tokens whose `token_type` is control (3) are special added tokens, user-defined (4) plain
 added tokens, both matched whole in text.
 """
@@ -26,7 +28,7 @@ import numpy as np
 from npu.errors import ModelError
 from npu.load.tokenizer import byte_decoder
 
-CONTROL, USER_DEFINED = 3, 4
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED = 1, 2, 3, 4
 
 # The split regexes of the pre-tokenizers llama.cpp names (facts of the original tokenizers)
 _LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
@@ -39,8 +41,8 @@ SPLITS = {
     "qwen2": _QWEN2, "deepseek-r1-qwen": _QWEN2,
 }
 
-# the `tokenizer.ggml.model`s read here (llama.cpp's "t5" Unigram, XLM-RoBERTa's, is not)
-TOKENIZER_MODELS = ("gpt2", "llama", "bert")
+# the `tokenizer.ggml.model`s read here
+TOKENIZER_MODELS = ("gpt2", "llama", "bert", "t5")
 
 
 def _byte_level_pre(pre: str | None) -> dict[str, Any]:
@@ -57,14 +59,19 @@ def _byte_level_pre(pre: str | None) -> dict[str, Any]:
     return byte_level  # "gpt-2", "default" and anything else: GPT-2's own split
 
 
-def _added(tokens: list[str], types: list[int], keep=lambda t: True) -> list[dict]:
+def _added(tokens: list[str], types: list[int], keep=lambda t: True, *,
+           unknown: bool = False) -> list[dict]:
+    """The added tokens: control ones special, user-defined ones plain (`unknown`: the
+    unknown token too, special, as `tokenizers`' XLM-RoBERTa has it)."""
     n = min(len(tokens), len(types))
     kinds = np.asarray(types[:n])
     out = []
-    for i in np.flatnonzero((kinds == CONTROL) | (kinds == USER_DEFINED)).tolist():
+    wanted = (kinds == CONTROL) | (kinds == USER_DEFINED) | (unknown & (kinds == UNKNOWN))
+    for i in np.flatnonzero(wanted).tolist():
         if keep(tokens[i]):
             out.append({"id": i, "content": tokens[i], "single_word": False, "lstrip": False,
-                        "rstrip": False, "normalized": False, "special": types[i] == CONTROL})
+                        "rstrip": False, "normalized": False,
+                        "special": types[i] != USER_DEFINED})
     return out
 
 
@@ -216,6 +223,8 @@ def tokenizer_json(meta: dict[str, Any], path: str = "the GGUF file", *,
                           "vocab": dict(zip(tokens, range(len(tokens)))), "merges": pairs}}
     if model == "bert":
         return _wordpiece(meta, tokens, types, path)
+    if model == "t5":
+        return _unigram(meta, tokens, types)
     raise ModelError(f"{path}: tokenizer model {model!r} is not supported (supported: "
                      f"{', '.join(TOKENIZER_MODELS)})")
 
@@ -270,3 +279,91 @@ def _wordpiece(meta: dict[str, Any], tokens: list[str], types: list[int],
         pair=" ".join([*first, "$A:0", *last, "$B:1", *[f"{t}:1" for t in last]]),
         special_tokens=[(t, vocab[t]) for t in dict.fromkeys([*first, *last])])
     return json.loads(tok.to_str())
+
+
+def _unigram(meta: dict[str, Any], tokens: list[str], types: list[int]) -> dict[str, Any]:
+    """A SentencePiece Unigram tokenizer.json document that tokenizes as llama.cpp's UGM
+    tokenizer (src/llama-vocab.cpp) does:
+
+    - normalizer: the file's `precompiled_charsmap` (SentencePiece's, `tokenizers`'
+      Precompiled; none without one, as llama.cpp), then its whitespace rule: with
+      `remove_extra_whitespaces` every run of non-spaces gets one "\u2581" before it and the
+      spaces go (leading, trailing, repeated); without, each space becomes "\u2581" and, with
+      `add_space_prefix`, one more goes in front. Only " " counts as a space, after the
+      charsmap (which maps tabs and newlines to it in XLM-RoBERTa's nmt_nfkc).
+    - model: Unigram over every token with its score, unknown runs fused into one unknown
+      token (llama.cpp's Viterbi over the whole text; a piece never holds an inner "\u2581",
+      so this is `tokenizers`' per-text Viterbi). No byte fallback (llama.cpp has none).
+    - added tokens: control and unknown tokens special, user-defined ones plain.
+    - post-processor: BOS text EOS and, for a pair, BOS a EOS SEP b EOS as llama-server
+      builds a rerank input (XLM-RoBERTa: <s> a </s></s> b </s>), from `add_bos_token`,
+      `add_eos_token`, `add_sep_token` (llama.cpp's UGM defaults: no BOS, EOS, no SEP).
+    A vocabulary of 250,000 tokens (bge-m3's size) takes about 0.1 s here, and about 0.8 s
+    more in `tokenizers` (its Unigram model builds a trie of every piece).
+    """
+    import base64
+
+    n = len(tokens)
+    scores = np.zeros(n, dtype=np.float64)
+    given = meta.get("tokenizer.ggml.scores") or []
+    scores[:min(n, len(given))] = np.asarray(given[:n], dtype=np.float64)
+    kinds = np.ones(n, dtype=np.int64)
+    kinds[:min(n, len(types))] = np.asarray(types[:n], dtype=np.int64)
+    normal = kinds == NORMAL
+    # llama.cpp scores an unknown piece at the lowest normal token's score less 10, where
+    # `tokenizers` takes the lowest of all: no other token is scored below that lowest one
+    # (the converter's [PAD] fillers hold -10000)
+    if normal.any():
+        scores = np.where(normal, scores, np.maximum(scores, scores[normal].min()))
+    unk = meta.get("tokenizer.ggml.unknown_token_id")
+    if not (isinstance(unk, int) and 0 <= unk < n):
+        found = np.flatnonzero(kinds == UNKNOWN)
+        unk = int(found[0]) if len(found) else (2 if n > 2 else None)  # llama.cpp's default
+    space = "\u2581"
+    rules: list[dict[str, Any]] = []
+    charsmap = meta.get("tokenizer.ggml.precompiled_charsmap")
+    if charsmap is not None and len(charsmap):
+        data = bytes(np.asarray(charsmap, dtype=np.int64).astype(np.uint8))
+        rules.append({"type": "Precompiled",
+                      "precompiled_charsmap": base64.b64encode(data).decode("ascii")})
+    prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", False))
+    if meta.get("tokenizer.ggml.remove_extra_whitespaces", False):
+        rules += [{"type": "Replace", "pattern": {"Regex": " +"}, "content": " "},
+                  {"type": "Replace", "pattern": {"Regex": "^ | $"}, "content": ""},
+                  {"type": "Prepend", "prepend": space}]
+    elif prefix:
+        rules.append({"type": "Prepend", "prepend": space})
+    rules.append({"type": "Replace", "pattern": {"String": " "}, "content": space})
+
+    def special(key: str, default: int | None) -> int | None:
+        i = meta.get(f"tokenizer.ggml.{key}", default)
+        return i if isinstance(i, int) and 0 <= i < n else None
+
+    bos, eos = special("bos_token_id", None), special("eos_token_id", 1)
+    sep = special("seperator_token_id", None)
+    first = [bos] if bos is not None and meta.get("tokenizer.ggml.add_bos_token", False) else []
+    last = [eos] if eos is not None and meta.get("tokenizer.ggml.add_eos_token", True) else []
+    middle = [sep] if sep is not None and meta.get("tokenizer.ggml.add_sep_token", False) else []
+
+    def piece(i: int) -> dict[str, Any]:
+        return {"SpecialToken": {"id": tokens[i], "type_id": 0}}
+
+    text_a = {"Sequence": {"id": "A", "type_id": 0}}
+    text_b = {"Sequence": {"id": "B", "type_id": 0}}
+    used = dict.fromkeys([*first, *last, *middle])
+    post = {"type": "TemplateProcessing",
+            "single": [*map(piece, first), text_a, *map(piece, last)],
+            "pair": [*map(piece, first), text_a, *map(piece, last), *map(piece, middle), text_b,
+                     *map(piece, last)],
+            "special_tokens": {tokens[i]: {"id": tokens[i], "ids": [i], "tokens": [tokens[i]]}
+                               for i in used}}
+    decoder_scheme = "always" if prefix or meta.get("tokenizer.ggml.remove_extra_whitespaces") \
+        else "never"
+    return {"version": "1.0", "truncation": None, "padding": None,
+            "added_tokens": _added(tokens, types, unknown=True),
+            "normalizer": {"type": "Sequence", "normalizers": rules},
+            "pre_tokenizer": None, "post_processor": post,
+            "decoder": {"type": "Metaspace", "replacement": space,
+                        "prepend_scheme": decoder_scheme, "split": True},
+            "model": {"type": "Unigram", "unk_id": unk, "byte_fallback": False,
+                      "vocab": list(zip(tokens, scores.tolist()))}}

@@ -114,6 +114,9 @@ class Tokenizer:
         self.unk_token, self.pad_token = unk_token, pad_token
         self.add_bos, self.add_eos = add_bos, add_eos
         vocab = (doc.get("model") or {}).get("vocab") if isinstance(path, dict) else None
+        if isinstance(vocab, list):  # a Unigram's [piece, score] pairs: later ids win, as there
+            # (bge-m3's 250k: 0.08 s against get_vocab's 0.3)
+            vocab = dict(zip((p for p, _ in vocab), range(len(vocab))))
         if isinstance(vocab, dict):  # built here (a GGUF file's): what get_vocab would copy
             # an added token's text names its own id (the metadata's BOS / EOS, the end of a
             # turn the model writes), though a file that has that text again later encodes

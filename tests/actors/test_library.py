@@ -234,17 +234,17 @@ def test_each_model_says_what_it_serves_before_it_loads(tmp_path: Path) -> None:
 
 
 def test_a_file_whose_tokenizer_cannot_load_is_listed_with_the_reason(tmp_path: Path) -> None:
-    """llama.cpp's XLM-RoBERTa files (bge-reranker-v2-m3) carry a "t5" Unigram vocabulary:
-    listed with why, not as a reranker the first request would find unloadable."""
+    """A file whose vocabulary is not read here (llama.cpp's "rwkv"): listed with why, not as
+    a reranker the first request would find unloadable."""
     from gguf import GGUFWriter as Writer
 
     w = Writer(str(tmp_path / "bge-reranker-v2-m3.gguf"), "bert")
     w.add_uint32("bert.pooling_type", 4)
-    w.add_string("tokenizer.ggml.model", "t5")
+    w.add_string("tokenizer.ggml.model", "rwkv")
     w.add_tensor("cls.output.weight", np.zeros((1, 32), np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     entry = Library(tmp_path).models()["bge-reranker-v2-m3"]
-    assert "tokenizer model 't5' is not supported" in entry.error
+    assert "tokenizer model 'rwkv' is not supported" in entry.error
