@@ -111,9 +111,12 @@ def decoder_pairs(request: Rerank, model: Model) -> RerankJob:
     where the tokenizer adds one; special-token text is those tokens, as in llama-server
     and the model card's tokenization).
 
+    A document whose prompt would pass the context is cut at its end (at a token's end,
+    never inside a character) until the prompt fits.
+
     Raises:
         RequestError: an instruction the model's prompt has no slot for (`instruction`), or
-            the query (`query`) or a document's prompt (`documents[i]`) over the context.
+            a query (`query`) that leaves no room for a document in the context.
     """
     prompt, limit = model.rerank_prompt, model.context_length
     if request.instruction is not None and "{instruction}" not in prompt:
@@ -129,13 +132,14 @@ def decoder_pairs(request: Rerank, model: Model) -> RerankJob:
 
     def fitted(document: str) -> list[int]:
         """The prompt's ids, the document cut at its end where they would pass the
-        context (cut by tokens, decoded and filled in again: a few tries at most)."""
+        context: by the tokens over, then again while the prompt's tokens at the cut (which
+        may merge across it) still pass; each pass shortens the document."""
         out = ids(document)
+        tok = model.tokenizer
         while len(out) > limit and document:
-            doc = model.tokenizer.encode(document)
-            keep = max(0, len(doc) - (len(out) - limit) - 1)
-            document = model.tokenizer.decode(doc[:keep], skip_special_tokens=False) \
-                if keep else ""
+            keep = len(tok.encode(document)) - (len(out) - limit)
+            shorter = tok.text_prefix(document, keep)
+            document = shorter if len(shorter) < len(document) else document[:-1]
             out = ids(document)
         return out
 

@@ -50,7 +50,10 @@ class Scheduler:
         self.speculation = (speculation if speculation.on and model.engine.can_rewind
                             else None)
         self.cost = StepCost()  # what drafts add to a forward, measured
-        self.scores = ScoreMemo()  # scored prompts' logprobs: their starts' cache is usable
+        # scored prompts' logprobs, so their starts' cached blocks are usable (none to use
+        # where the engine keeps no prefix cache)
+        self.scores = ScoreMemo() if getattr(model.engine, "prefix_cache", True) \
+            else ScoreMemo(max_cost=0)
 
     @staticmethod
     def running_seqs(running: list[Session]) -> int:

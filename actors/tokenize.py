@@ -126,8 +126,9 @@ def token_ids(request: Tokenize, model: Model) -> list[int]:
     """The ids of `request`'s text or chat (see `Tokenize`).
 
     Raises:
-        RequestError: the chat cannot be rendered (an encoder has no chat template; the
-            template refuses the conversation): 400 naming `messages`.
+        RequestError: the chat cannot be rendered: the model does not chat (an encoder, a
+            reranker: 400 naming `model`) or its template refuses the conversation (400
+            naming `messages`).
     """
     if request.chat is not None:
         return model.prompt_ids(render_prompt(

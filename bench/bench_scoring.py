@@ -42,7 +42,7 @@ async def _score(worker: Worker, ids: list[int], k: int) -> tuple[list[float], i
 def question(worker: Worker, context: list[int], memo: bool) -> tuple[float, int, list]:
     """Seconds for the four choices of one question, the tokens they took from the cache,
     their scores."""
-    worker.scheduler.scores = ScoreMemo() if memo else ScoreMemo(max_tokens=0)
+    worker.scheduler.scores = ScoreMemo() if memo else ScoreMemo(max_cost=0)
     tok = worker.model.tokenizer
     start, cached, scores = time.perf_counter(), 0, []
     for k, text in enumerate(CHOICES):

@@ -329,7 +329,7 @@ def _unigram(meta: dict[str, Any], tokens: list[str], types: list[int]) -> dict[
     prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", False))
     if meta.get("tokenizer.ggml.remove_extra_whitespaces", False):
         rules += [{"type": "Replace", "pattern": {"Regex": " +"}, "content": " "},
-                  {"type": "Replace", "pattern": {"Regex": "^ | $"}, "content": ""},
+                  {"type": "Replace", "pattern": {"Regex": "\\A | \\z"}, "content": ""},
                   {"type": "Prepend", "prepend": space}]
     elif prefix:
         rules.append({"type": "Prepend", "prepend": space})

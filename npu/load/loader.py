@@ -104,15 +104,20 @@ def default_model_path() -> Path:
 BUILTIN_TEMPLATES = {"smollm2-135m": "smollm2_chat_template.jinja"}
 
 
-def _quantizer(quantize: str | None, *, encoder: bool = False, rerank: bool = False):
+ANSWER_HEADS = ("lm_head.weight", "model.embed_tokens.weight")  # a decoder reranker's rows
+
+
+def _quantizer(quantize: str | None, *, encoder: bool = False,
+               answers: tuple[list[int], dict[str, np.ndarray]] | None = None):
     """`keep` for load_weights: matrices into `quantize`'s block format, or left in their
     stored bf16/fp16; everything else float32. `encoder`: a BERT-family model's embedding
     tables (words, positions, token types) are held in F16 under any `quantize`: they are
     looked up, not multiplied, so a block format's error would go into every token as it is
     (measured on a random BERT: CLS cosine 0.9986 with Q8_0 tables, 0.9992 with float); a
     reranker's head (HEAD_PREFIXES) stays float32: a few vectors' worth, read once.
-    `rerank`: a decoder reranker's LM head stays as stored (its two answer rows are read from
-    it, then it is dropped on the CPU): a block format's error would go into every score."""
+    `answers`: a decoder reranker's answer token ids and a dict that gets their rows of the
+    LM head and of the embeddings (ANSWER_HEADS) as stored, before any block format: they
+    score every pair, so a block format's error would go into every score."""
     from npu.engine.quant import QT, QUANTIZE, QMatrix, row_bytes
 
     if quantize is not None and quantize not in QUANTIZE:
@@ -122,9 +127,10 @@ def _quantizer(quantize: str | None, *, encoder: bool = False, rerank: bool = Fa
     def keep(name: str, arr: np.ndarray, dtype: str):
         if arr.ndim != 2 or (encoder and name.startswith(HEAD_PREFIXES)):
             return arr
+        if answers is not None and name in ANSWER_HEADS:
+            ids, rows = answers
+            rows[name] = np.asarray(arr[ids], dtype=np.float32)
         qtype = target or {"BF16": QT.BF16, "F16": QT.F16}.get(dtype)
-        if rerank and name == "lm_head.weight":
-            qtype = {"BF16": QT.BF16, "F16": QT.F16}.get(dtype)
         if encoder and target and "embeddings." in name:
             qtype = QT.F16
         if qtype is None:
@@ -358,13 +364,16 @@ def _from_directory(folder: Path, quantize: str | None, rerank: tuple[str, str] 
         top_k=int(gen.get("top_k") or 0), top_p=float(gen.get("top_p") or 1.0),
         min_p=float(gen.get("min_p") or 0.0),
         repetition_penalty=float(gen.get("repetition_penalty") or 1.0))
+    answer_ids = [tokenizer.id_of(t) for t in rerank] if rerank is not None else []
+    read: dict[str, np.ndarray] = {}
+    answers = (answer_ids, read) if answer_ids and None not in answer_ids else None
     weights = load_weights(folder, keep=_quantizer(quantize, encoder=config.arch in ENCODERS,
-                                                   rerank=rerank is not None))
+                                                   answers=answers))
     if rerank is not None:  # a decoder reranker: its LM head's answer rows
         if config.arch in ENCODERS:
             raise ModelError(f"{folder}: rerank applies to a decoder (Qwen3-Reranker); "
                              f"{raw.get('architectures')} reranks as a sequence classifier")
-        pooling = decoder_rank_pooling(weights, tokenizer.id_of, rerank, folder)
+        pooling = decoder_rank_pooling(weights, tokenizer.id_of, rerank, folder, read=read)
     else:
         pooling = (classifier_pooling(raw, weights, folder) if classifier_of(raw)
                    else pooling_from_directory(folder))

@@ -256,7 +256,8 @@ def _decoder_pooling_from_gguf(meta: dict[str, Any], path: Path, tensors: dict[s
 
 def decoder_rank_pooling(weights: dict[str, Any], token_id: Callable[[str], int | None],
                          tokens: tuple[str, str], where: Path, *,
-                         prompt: str = RERANK_PROMPT) -> Pooling:
+                         prompt: str = RERANK_PROMPT,
+                         read: dict[str, np.ndarray] | None = None) -> Pooling:
     """A decoder reranker's head from its LM head (`lm_head.weight`, else the tied
     embedding; read, not taken out of `weights`): the row of `tokens[1]` (true, "yes") less
     the row of `tokens[0]` (false, "no"), on the last token, through sigmoid: P(true) of
@@ -264,6 +265,10 @@ def decoder_rank_pooling(weights: dict[str, Any], token_id: Callable[[str], int 
 
     Args:
         token_id: a token's id from its text as the vocabulary spells it (None: not one).
+
+    `read`: the answer rows as the checkpoint stores them, by weight name, taken before
+    `quantize` held the matrix in a block format (loader: a block format's error would go
+    into every score).
 
     Raises:
         ModelError: a token the vocabulary does not have, or no LM head.
@@ -275,8 +280,14 @@ def decoder_rank_pooling(weights: dict[str, Any], token_id: Callable[[str], int 
             raise ModelError(f"{where}: the reranker's answer token {text!r} is not a token of "
                              "the vocabulary (rerank_tokens names them as it spells them)")
         ids.append(i)
-    head = weights.get("lm_head.weight")
-    head = head if head is not None else weights.get("model.embed_tokens.weight")
+    name = "lm_head.weight" if weights.get("lm_head.weight") is not None \
+        else "model.embed_tokens.weight"
+    if read and name in read:
+        weight = np.ascontiguousarray(read[name][1:] - read[name][:1])
+        return Pooling(mode=RANK, dense=(Dense(weight=weight),),
+                       activation=DEFAULT_SCORE_ACTIVATION, position="last", prompt=prompt,
+                       source="rerank")
+    head = weights.get(name)
     if head is None or getattr(head, "ndim", 2) != 2:
         raise ModelError(f"{where}: a decoder reranker needs the LM head (lm_head.weight or "
                          "the tied embeddings)")

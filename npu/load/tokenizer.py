@@ -193,6 +193,25 @@ class Tokenizer:
             out.append((pair.ids, pair.type_ids))
         return out
 
+    def text_prefix(self, text: str, tokens: int) -> str:
+        """The start of `text` that its first `tokens` tokens cover (their characters, as the
+        tokenizer's offsets give them; a character split across tokens is kept whole only
+        if all of its tokens are in): `text` cut at a token's end, never inside a character.
+        """
+        if tokens <= 0:
+            return ""
+        if self._spm is not None:  # no offsets: the decoded start (whole characters)
+            ids = self._spm.encode(text)
+            return text if tokens >= len(ids) else self._spm.decode(
+                ids[:tokens], skip_special_tokens=False).rstrip("\ufffd")
+        enc = self._tok.encode(text, add_special_tokens=False)
+        if tokens >= len(enc.ids):
+            return text
+        start, end = enc.offsets[tokens - 1]
+        if tokens < len(enc.ids) and enc.offsets[tokens] == (start, end):
+            end = start  # the token after shares its character: that character goes
+        return text[:end]
+
     def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str:
         if self._spm is not None:
             return self._spm.decode(list(ids), skip_special_tokens=skip_special_tokens)

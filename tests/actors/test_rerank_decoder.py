@@ -122,3 +122,22 @@ def test_a_cross_encoder_takes_no_instruction(tmp_path) -> None:
     with pytest.raises(RequestError) as exc:
         build_rerank(Rerank(request_id="r", query="q", documents=["d"], instruction="x"), model)
     assert exc.value.param == "instruction" and "'ce' is a cross-encoder" in exc.value.message
+
+
+@pytest.mark.timeout(20)
+def test_a_cut_inside_a_character_still_ends(worker) -> None:
+    """A document whose last character is several byte tokens, one token over the
+    context: cut before that character (a cut inside it decoded to U+FFFD, whose own bytes
+    are three tokens: the document never got shorter)."""
+    import msgspec
+
+    model = worker.model
+    for doc in ("ab\ufffd", "x\U0001F600"):
+        whole = build_rerank(Rerank(request_id="r", query=QUERY, documents=[doc]), model)
+        short = msgspec.structs.replace(model.config, max_position=len(whole.ids[0]) - 1)
+        saved, model.config = model.config, short
+        try:
+            job = build_rerank(Rerank(request_id="r", query=QUERY, documents=[doc]), model)
+        finally:
+            model.config = saved
+        assert len(job.ids[0]) < len(whole.ids[0])

@@ -1,10 +1,13 @@
-"""ScoreMemo: the longest shared start among the last scored prompts, per top-logprobs
-count; the oldest prompts go past the token budget."""
+"""ScoreMemo: the longest shared start among the last scored prompts of the same first
+block, per top-logprobs count; prompts of one block or less are not kept; the least
+recently used go past the cost budget (tokens times 1 + alternatives)."""
 
 from __future__ import annotations
 
 from actors.events import TokenLogprob
-from actors.score_memo import ScoreMemo
+from actors.score_memo import START, ScoreMemo
+
+HEAD = list(range(100, 100 + START))  # a first block the prompts below share
 
 
 def _entries(ids: list[int]) -> list[TokenLogprob]:
@@ -12,25 +15,35 @@ def _entries(ids: list[int]) -> list[TokenLogprob]:
             for k, i in enumerate(ids)]
 
 
+def _add(memo: ScoreMemo, ids: list[int], top: int = 1) -> None:
+    memo.add(ids, top, _entries(ids))
+
+
 def test_the_longest_shared_start_of_the_same_top_count() -> None:
     memo = ScoreMemo()
-    memo.add([1, 2, 3, 4], 1, _entries([1, 2, 3, 4]))
-    memo.add([1, 2, 9], 1, _entries([1, 2, 9]))
-    memo.add([1, 2, 3, 4, 5], 2, _entries([1, 2, 3, 4, 5]))  # another top count
-    shared, entries = memo.longest([1, 2, 3, 7, 7], 1)
-    assert shared == 3 and [e.token for e in entries] == ["1", "2", "3", "4"]
-    assert memo.longest([5, 1], 1) == (0, [])
-    assert memo.longest([1, 2, 3, 4, 5, 6], 2)[0] == 5
-    assert memo.longest([1, 2, 3], 1)[0] == 3  # a prompt inside a longer one
+    _add(memo, HEAD + [1, 2, 3, 4])
+    _add(memo, HEAD + [1, 2, 9])
+    _add(memo, HEAD + [1, 2, 3, 4, 5], top=2)  # another top count
+    shared, entries = memo.longest(HEAD + [1, 2, 3, 7, 7], 1)
+    assert shared == START + 3 and [e.token for e in entries[START:]] == ["1", "2", "3", "4"]
+    assert memo.longest([5] + HEAD, 1) == (0, [])  # another first block
+    assert memo.longest(HEAD + [1, 2, 3, 4, 5, 6], 2)[0] == START + 5
+    assert memo.longest(HEAD + [1, 2, 3], 1)[0] == START + 3  # inside a longer one
+    _add(memo, HEAD)  # one block: nothing later could take a cached block of it
+    _add(memo, [7] * 5)
+    assert len(memo) == 3
 
 
-def test_the_oldest_go_past_the_budget_and_a_used_one_stays() -> None:
-    memo = ScoreMemo(max_tokens=8)
-    memo.add([1, 1, 1], 0, _entries([1, 1, 1]))
-    memo.add([2, 2, 2], 0, _entries([2, 2, 2]))
-    assert memo.longest([1, 1], 0)[0] == 2  # used: now the newest
-    memo.add([3, 3, 3], 0, _entries([3, 3, 3]))  # 9 entries: the oldest, [2, 2, 2], goes
-    assert len(memo) == 2 and memo.longest([2, 2], 0) == (0, [])
-    assert memo.longest([1, 1, 1], 0)[0] == 3
-    memo.add(list(range(9)), 0, _entries(list(range(9))))  # larger than the budget: not kept
-    assert len(memo) == 2
+def test_the_least_recently_used_go_past_the_budget() -> None:
+    n = START + 2
+    memo = ScoreMemo(max_cost=3 * n * 2)  # three prompts of n tokens with 1 alternative
+    _add(memo, HEAD + [1, 1])
+    _add(memo, HEAD + [2, 2])
+    _add(memo, HEAD + [3, 3])
+    assert memo.longest(HEAD + [1, 1], 1)[0] == n  # used: now the most recent
+    _add(memo, HEAD + [4, 4])  # over the budget: [2, 2], the least recently used, goes
+    assert len(memo) == 3 and memo.longest(HEAD + [2, 2], 1)[0] == START
+    assert memo.longest(HEAD + [1, 1], 1)[0] == n
+    _add(memo, HEAD + list(range(200)))  # larger than the whole budget: not kept
+    assert len(memo) == 3
+    assert ScoreMemo(max_cost=0).longest(HEAD, 1) == (0, [])

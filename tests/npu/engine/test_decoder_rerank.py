@@ -80,10 +80,12 @@ def test_q8_0_scores_stay_near(models) -> None:
     np.testing.assert_allclose(_scores(model, ref["ids"]), ref["want"], rtol=0, atol=0.03)
 
 
-def test_the_answer_rows_are_read_from_the_head_as_stored_under_quantize(models) -> None:
-    """quantize holds the layers in a block format, not the LM head whose two rows score
-    every pair: the head is the float one's exactly."""
-    folder = models["untied"]["folder"]
+@pytest.mark.parametrize("head", ["untied", "tied"])
+def test_the_answer_rows_are_read_as_stored_under_quantize(models, head: str) -> None:
+    """quantize holds the matrices in a block format, but the two rows that score every
+    pair are read before it (the LM head's, or a tied model's embeddings'): the head is the
+    float one's exactly."""
+    folder = models[head]["folder"]
     plain, quantized = (load_model(folder, rerank=True, quantize=q) for q in (None, "q4_0"))
     np.testing.assert_array_equal(quantized._pooling.dense[0].weight,
                                   plain._pooling.dense[0].weight)

@@ -99,6 +99,9 @@ def test_whitespace_rules_follow_the_flags() -> None:
     assert ids(" a  b ", add_space_prefix=True) == [4, 6, 4, 8, 4]
     assert ids("a  b", add_space_prefix=False) == [5, 4, 8]
     assert ids("a c", add_space_prefix=False) == [5, 4, 3]  # "c": unknown
+    # only the text's own ends lose their spaces, not a line's (a newline the charsmap keeps)
+    assert ids("a \nb", remove_extra_whitespaces=True) == [6, 4, 3, 7]  # ▁a ▁ \n b
+    assert ids("a\n b", remove_extra_whitespaces=True) == [6, 3, 8]  # ▁a \n ▁b
 
 
 def test_flags_choose_the_special_tokens_around_a_text() -> None:
