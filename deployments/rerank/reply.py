@@ -26,12 +26,15 @@ class RerankReply(WholeReply):
         documents: the request's documents' texts (for `return_documents`).
         top_n: the best this many results (None: all).
         return_documents: each result with its document.
+        tei: Hugging Face TEI's answer instead: a list of `{"index", "score"}` (with
+            `"text"` where `return_documents`), sorted alike.
     """
 
     def __init__(self, request_id: str, model: str, documents: list[str], *,
-                 top_n: int | None = None, return_documents: bool = True) -> None:
+                 top_n: int | None = None, return_documents: bool = True,
+                 tei: bool = False) -> None:
         self.request_id, self.model, self.documents = request_id, model, documents
-        self.top_n, self.return_documents = top_n, return_documents
+        self.top_n, self.return_documents, self.tei = top_n, return_documents, tei
         self.result: Scores | None = None
         self.usage: Usage | None = None
 
@@ -50,6 +53,11 @@ class RerankReply(WholeReply):
             raise ApiError(503, "The model worker ended without the scores.",
                            type="server_error")
         order = sorted(range(len(r.scores)), key=lambda i: -r.scores[i])  # stable: ties
+        if self.tei:
+            return Response(_encoder.encode([
+                {"index": i, "score": r.scores[i],
+                 **({"text": self.documents[i]} if self.return_documents else {})}
+                for i in order[:self.top_n]]), media_type=self.media_type)
         results = []
         for i in order[:self.top_n]:
             item = {"index": i, "relevance_score": r.scores[i]}

@@ -2,12 +2,14 @@
 bodies are the same fields): `query`, `documents` (strings, or Cohere's and Jina's
 `{"text": ...}` objects), `top_n`, `return_documents`, `instruction` (a decoder reranker's
 task), `model` (optional where the server serves one model, as llama-server's and vLLM's; a
-name it does not serve is a 404). Fields the others add (Cohere's `max_chunks_per_doc`,
-`rank_fields`, vLLM's `truncate_prompt_tokens`) are not read.
+name it does not serve is a 404); or Hugging Face TEI's (`texts`, `return_text`), answered
+in TEI's shape. Fields the others add (Cohere's `max_chunks_per_doc`, `rank_fields`, vLLM's
+`truncate_prompt_tokens`) are not read.
 
-Checked here: the types, an empty query or document list, `top_n` below 0 and more than
-MAX_DOCUMENTS documents (a 400 naming the field); by the worker, against the model: a pair
-longer than its context (`documents[i]`), a model that does not rerank (`model`).
+Checked here: the types, an empty query or document list, `top_n` below 0, more than
+MAX_DOCUMENTS documents and TEI's `raw_scores: true` (a 400 naming the field); by the
+worker, against the model: a query that leaves no room for a document (`query`), a model
+that does not rerank (`model`).
 """
 
 from __future__ import annotations
@@ -43,14 +45,23 @@ class RerankIn(msgspec.Struct, kw_only=True):
             vLLM and Jina answer; llama-server never sends them, Cohere's v1 when asked).
         instruction: a decoder reranker's task (Qwen3-Reranker's `<Instruct>`, the
             `instruction` of its model card's format; default: its model card's).
+        texts, return_text, raw_scores, truncate: Hugging Face TEI's body (llama-server
+            takes it too), `texts` for `documents`: the answer is TEI's, a list of
+            `{"index", "score"}` (`"text"` with `return_text`); `raw_scores: true` (the
+            logits before the activation) is a 400; a text past the context is cut whatever
+            `truncate` says.
     """
 
     query: str | TextIn
-    documents: list[str | TextIn]
+    documents: list[str | TextIn] | None = None
+    texts: list[str] | None = None
     model: str | None = None
     top_n: int | None = None
     return_documents: bool | None = None
     instruction: str | None = None
+    return_text: bool = False
+    raw_scores: bool = False
+    truncate: bool | None = None
 
 
 def _text(value: str | TextIn) -> str:
@@ -67,20 +78,28 @@ def rerank_call(body: bytes, ingress: Ingress) -> Call:
     query = _text(req.query)
     if not query:
         raise ApiError(400, "'query' is empty.", param="query")
-    if not req.documents:
-        raise ApiError(400, "'documents' is empty: send at least one document.",
-                       param="documents")
-    if len(req.documents) > MAX_DOCUMENTS:
-        raise ApiError(400, f"'documents' holds {len(req.documents)} documents; at most "
-                            f"{MAX_DOCUMENTS} are allowed.", param="documents")
+    tei = req.texts is not None and req.documents is None  # TEI's body
+    field = "texts" if tei else "documents"
+    given = req.texts if tei else req.documents
+    if not given:
+        raise ApiError(400, f"'{field}' is empty: send at least one document.", param=field)
+    if len(given) > MAX_DOCUMENTS:
+        raise ApiError(400, f"'{field}' holds {len(given)} documents; at most "
+                            f"{MAX_DOCUMENTS} are allowed.", param=field)
+    if req.raw_scores:
+        raise ApiError(400, "'raw_scores' is not supported: the scores are the model's "
+                            "logits through its activation (sigmoid unless its config names "
+                            "another).", param="raw_scores")
     if req.top_n is not None and req.top_n < 0:
         raise ApiError(400, f"'top_n' must be at least 1 (0 or none: every document); got "
                             f"{req.top_n}.", param="top_n")
     model = ingress.served(req.model)
-    documents = [_text(d) for d in req.documents]
+    documents = [_text(d) for d in given]
     request_id = f"rerank-{uuid.uuid4().hex}"
     reply = RerankReply(request_id, req.model or model, documents, top_n=req.top_n or None,
-                        return_documents=req.return_documents is not False)
+                        return_documents=(req.return_text if tei
+                                          else req.return_documents is not False),
+                        tei=tei)
     return Call(model=model, request=Rerank(request_id=request_id, query=query,
                                             documents=documents,
                                             instruction=req.instruction), reply=reply)

@@ -62,6 +62,9 @@ def test_results_rank_as_transformers_scores(client, expected) -> None:
                                       "top_n": 2, "return_documents": False}).json()
         assert [x["index"] for x in cut["results"]] == order[:2]
         assert all(set(x) == {"index", "relevance_score"} for x in cut["results"])
+    # Hugging Face TEI's body and answer: the same ranking
+    tei = client.post("/rerank", json={"model": RERANKER, "query": QUERY, "texts": DOCUMENTS})
+    assert [x["index"] for x in tei.json()] == order
 
 
 def test_bad_input_and_models_that_do_not_rerank(client) -> None:

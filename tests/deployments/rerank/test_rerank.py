@@ -55,6 +55,21 @@ def test_top_n_return_documents_and_text_objects() -> None:
         assert len(r.json()["results"]) == 4 and r.json()["model"] == "m"
 
 
+def test_teis_body_gets_teis_answer() -> None:
+    """Hugging Face TEI's /rerank (llama-server takes it too): `texts`, `return_text`; the
+    answer a list of {index, score[, text]}, sorted alike."""
+    worker = FakeWorker(_play(), _play())
+    client, _ = _client(worker)
+    r = client.post("/rerank", json={"query": "cat?", "texts": DOCS, "truncate": True})
+    assert r.status_code == 200 and r.json() == [
+        {"index": 2, "score": 0.9}, {"index": 0, "score": 0.5}, {"index": 3, "score": 0.5},
+        {"index": 1, "score": 0.1}]
+    r = client.post("/rerank", json={"query": "cat?", "texts": DOCS, "return_text": True,
+                                     "raw_scores": False})
+    assert r.json()[0] == {"index": 2, "score": 0.9, "text": "the cat sat"}
+    assert worker.requests[0].documents == DOCS
+
+
 @pytest.mark.parametrize("body,param", [
     ({"documents": DOCS}, "query"),
     ({"query": "", "documents": DOCS}, "query"),
@@ -69,6 +84,9 @@ def test_top_n_return_documents_and_text_objects() -> None:
     ({"query": "q", "documents": DOCS, "top_n": "2"}, "top_n"),
     ({"query": "q", "documents": DOCS, "return_documents": "yes"}, "return_documents"),
     ({"query": "q", "documents": DOCS, "model": "nope"}, "model"),
+    ({"query": "q", "texts": []}, "texts"),
+    ({"query": "q", "texts": ["a", 2]}, "texts[1]"),
+    ({"query": "q", "texts": DOCS, "raw_scores": True}, "raw_scores"),
 ])
 def test_bad_input_is_a_400_naming_the_field(body: dict, param: str) -> None:
     worker = FakeWorker()
