@@ -85,9 +85,8 @@ def build_rerank(request: Rerank, model: Model) -> RerankJob:
             query (`query`) leaves no room for a document in the model's context.
     """
     if not is_reranker(model):
-        kind = "an embedding model" if model.kind == "encoder" else "a generation model"
-        raise RequestError(f"The model '{model.name}' is {kind}: it does not rerank (a "
-                           f"reranker is {RERANKERS}).", param="model")
+        raise RequestError(f"The model '{model.name}' is {model.role}: it does not rerank "
+                           f"(a reranker is {RERANKERS}).", param="model")
     if not request.documents:
         raise RequestError("'documents' holds no documents.", param="documents")
     if model.rerank_prompt is not None:

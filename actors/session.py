@@ -310,8 +310,7 @@ def _render(request: ChatGenerate, model: Model, *,
                            "response format or a required tool call.", param="messages")
     opening = add_generation_prompt and not request.continue_final
     if not model.generates:  # an encoder or a reranker: nothing to render a chat for
-        kind = "a reranker" if model.pooling == "rank" else "an embedding model"
-        raise RequestError(f"The model '{model.name}' is {kind}: it does not chat.",
+        raise RequestError(f"The model '{model.name}' is {model.role}: it does not chat.",
                            param="model")
     try:
         if request.template is None:

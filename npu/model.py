@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from npu.config import ENCODERS, ModelConfig
-from npu.engine.pooling import Pooling
+from npu.engine.pooling import RANK, Pooling
 from npu.engine.protocol import Engine
 from npu.errors import ModelError
 from npu.sampler import SamplingParams
@@ -56,8 +56,7 @@ class Model:
                **kwargs: Any) -> str:
         """The prompt text for a conversation (with the template's BOS, if it writes one)."""
         if not self.generates:
-            kind = "a reranker" if self.pooling == "rank" else "an embedding model"
-            raise ModelError(f"model {self.name} is {kind} ({self.kind}): it does not chat")
+            raise ModelError(f"model {self.name} is {self.role} ({self.kind}): it does not chat")
         if self.template is None:
             raise ModelError(f"model {self.name} has no chat template: use /v1/completions")
         return self.template.render(messages, tools, enable_thinking=enable_thinking,
@@ -79,10 +78,18 @@ class Model:
         return "encoder" if self.config.arch in ENCODERS else "decoder"
 
     @property
+    def role(self) -> str:
+        """What the model serves, as a refusal names it: "a reranker", "a generation model"
+        or "an embedding model"."""
+        if self._pooling.mode == RANK:
+            return "a reranker"
+        return "a generation model" if self.generates else "an embedding model"
+
+    @property
     def generates(self) -> bool:
         """Whether chat and completions can run on the model (an encoder or a reranker
         cannot)."""
-        return self.kind == "decoder" and self._pooling.mode != "rank"
+        return self.kind == "decoder" and self._pooling.mode != RANK
 
     @property
     def pooling(self) -> str:

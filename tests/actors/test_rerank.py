@@ -6,7 +6,6 @@ a reranker chat and embeddings, an embedding or generation model reranking."""
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -102,8 +101,13 @@ def test_a_reranker_does_not_chat_or_embed(worker) -> None:
 
 @pytest.mark.parametrize("kind,words", [("encoder", "an embedding model"),
                                         ("decoder", "a generation model")])
-def test_a_model_that_is_not_a_reranker_does_not_rerank(kind: str, words: str) -> None:
-    model = SimpleNamespace(name="m", kind=kind, pooling="mean")
+def test_a_model_that_is_not_a_reranker_does_not_rerank(kind: str, words: str,
+                                                         tmp_path) -> None:
+    from npu.load.tiny import ensure_tiny
+    from tests.bert_model import build_bert
+
+    folder = build_bert(tmp_path / "bert") if kind == "encoder" else ensure_tiny(tmp_path)
+    model = load_model(folder, name="m")
     with pytest.raises(RequestError) as exc:
         build_job(Rerank(request_id="r", query="q", documents=["d"]), model)
     assert exc.value.param == "model" and f"'m' is {words}" in exc.value.message
