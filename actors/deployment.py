@@ -168,6 +168,8 @@ class ModelWorker:
                         else ["embedding"])
         if m.generates and spec.kind is not FormatKind.CONTENT_ONLY and m.tools_enabled():
             capabilities.append("tools")
+        if m.fim is not None:  # Ollama's name for fill-in-the-middle (`suffix`, /infill)
+            capabilities.append("insert")
         if m.generates and spec.reasoning:
             capabilities.append("thinking")
         extra = {"template": m.chat_template_source} if template else {}

@@ -68,6 +68,28 @@ class ChatGenerate(_Generate, tag="chat"):
     require_thinking: bool = False
 
 
+class Infill(msgspec.Struct, kw_only=True, frozen=True):
+    """Fill in the middle: the completion's `prompt` is the text before a gap, `suffix` the
+    text after it; the model reads them in its FIM tokens (actors.infill) and writes the
+    middle.
+
+    Attributes:
+        suffix: the text after the gap.
+        middle: text already written at the start of the gap (llama-server's `prompt`).
+        extra: other files' (name, text), read before the gap's own file (llama-server's
+            `input_extra`).
+        repository: llama-server's layout: a repository-level header where the model has
+            its tokens, the file's name, and the prefix, suffix and extra files cut to
+            llama-server's shares of its batch; otherwise the gap alone, as Ollama's code
+            models' templates write it.
+    """
+
+    suffix: str
+    middle: str = ""
+    extra: list[tuple[str, str]] = msgspec.field(default_factory=list)
+    repository: bool = False
+
+
 class CompletionGenerate(_Generate, tag="completion"):
     """A raw prompt, continued as it is (no template, no parsing): `prompt`, or the token
     ids `prompt_ids` where given. `constraint`: a response format only (the continuation a
@@ -78,11 +100,13 @@ class CompletionGenerate(_Generate, tag="completion"):
     any output; `prompt_logprobs`: with each prompt token's logprob after the tokens before
     it (and the `top_logprobs` most likely there): a cached prefix is taken only as far as
     an earlier scored prompt gave the same start its scores (actors.score_memo).
-    `max_tokens` 0 scores the prompt and writes nothing.
+    `max_tokens` 0 scores the prompt and writes nothing. `infill`: the prompt is the text
+    before a gap the model fills (a code model's fill-in-the-middle).
     """
 
     prompt: str = ""
     prompt_ids: list[int] | None = None
+    infill: Infill | None = None
     constraint: ConstraintRequest = msgspec.field(default_factory=ConstraintRequest)
     echo_prompt: bool = False
     prompt_logprobs: bool = False
@@ -199,7 +223,7 @@ class Failed(msgspec.Struct, tag="failed", tag_field="event"):
 Event = Accepted | Rejected | Prompt | Deltas | Finished | Embeddings | Usage | Failed
 
 __all__ = ["Accepted", "ChatGenerate", "CompletionGenerate", "Deltas", "EmbedGenerate",
-           "Embeddings", "Event", "Failed", "Finished", "GenerateRequest", "Prompt",
+           "Embeddings", "Event", "Failed", "Finished", "GenerateRequest", "Infill", "Prompt",
            "Rejected", "TokenLogprob", "Usage", "coalesce"]
 
 

@@ -31,6 +31,7 @@ import msgspec
 from actors.aliases import Alias, AliasStore
 from actors.errors import RequestError
 from actors.go_template import GoTemplateError, is_go_template, jinja_from_go
+from npu.load.fim import vocabulary_fim
 from npu.load.gguf_header import read_header
 from npu.load.gguf_tokenizer import TOKENIZER_MODELS
 
@@ -76,6 +77,7 @@ class LibraryModel(msgspec.Struct, frozen=True, kw_only=True):
         capability: what it serves, read from its header: "completion" (a decoder),
             "embedding" (an encoder) or "rerank" (a reranker: a GGUF file with pooling_type
             4 or a cls.output head, a sequence classifier's config.json).
+        insert: a GGUF decoder whose vocabulary has FIM tokens (fill-in-the-middle).
         error: why the model cannot be read ("" when it can).
         alias_of: for an alias (/api/copy), the model it stands for ("" otherwise).
         system: a variant's system prompt (/api/create; None: the request's own).
@@ -97,6 +99,7 @@ class LibraryModel(msgspec.Struct, frozen=True, kw_only=True):
     context_length: int | None = None
     chat_template: str = ""
     capability: str = "completion"
+    insert: bool = False
     error: str = ""
     alias_of: str = ""
     system: str | None = None
@@ -215,10 +218,13 @@ def _gguf_facts(files: list[Path]) -> dict[str, Any]:
                          f"{', '.join(TOKENIZER_MODELS)})")
     ctx = meta.get(f"{arch}.context_length")
     template = meta.get("tokenizer.chat_template")
+    capability = _gguf_capability(meta, arch, {t.name for t in tensors})
+    tokens = meta.get("tokenizer.ggml.tokens") or []
     return {"family": arch, "parameters": params, "quantization": quant,
             "context_length": int(ctx) if isinstance(ctx, int) else None,
             "chat_template": template if isinstance(template, str) else "",
-            "capability": _gguf_capability(meta, arch, {t.name for t in tensors})}
+            "capability": capability,
+            "insert": capability == "completion" and vocabulary_fim(tokens, meta) is not None}
 
 
 def _gguf_capability(meta: dict[str, Any], arch: str, names: set[str]) -> str:

@@ -27,6 +27,7 @@ from actors.events import (
     Prompt,
     TokenLogprob,
 )
+from actors.infill import infill_ids
 from actors.stops import StopMatcher
 from chat import (
     ChatStream,
@@ -263,8 +264,8 @@ class Session:
         request = self.request
         if not isinstance(request, CompletionGenerate) or not request.echo_prompt:
             return []
-        text = request.prompt if request.prompt_ids is None else \
-            self.model.tokenizer.decode(self.prompt_ids, skip_special_tokens=False)
+        text = request.prompt if request.prompt_ids is None and request.infill is None \
+            else self.model.tokenizer.decode(self.prompt_ids, skip_special_tokens=False)
         return [Prompt(text=text,
                        logprobs=list(self.prompt_scores) if request.prompt_logprobs else None)]
 
@@ -410,7 +411,10 @@ def build_session(request: GenerateRequest, model: Model, spec: FormatSpec,
         text, thinking, tools_enabled = _render(request, model)
     else:
         text, thinking, tools_enabled = request.prompt, True, True
-    if not chat and request.prompt_ids is not None:
+    limit = context_limit(request, model)
+    if not chat and request.infill is not None:
+        prompt_ids = infill_ids(model, request.prompt, request.infill, limit=limit)
+    elif not chat and request.prompt_ids is not None:
         vocab = model.config.vocab_size
         bad = next((t for t in request.prompt_ids if not 0 <= t < vocab), None)
         if bad is not None:
@@ -423,7 +427,6 @@ def build_session(request: GenerateRequest, model: Model, spec: FormatSpec,
         prompt_ids = [model.tokenizer.bos_id] if model.tokenizer.bos_id is not None else []
     if not prompt_ids:
         raise RequestError("The prompt is empty.", param="prompt")
-    limit = context_limit(request, model)
     if len(prompt_ids) >= limit:
         if limit < model.context_length:
             what, param = "The requested context length", "context_limit"
@@ -444,6 +447,8 @@ def build_session(request: GenerateRequest, model: Model, spec: FormatSpec,
     if chat:
         stops += [s for s in spec.extra_stops if model.tokenizer.id_of(s) is None]
     eos = set(model.eos_token_ids)
+    if not chat and request.infill is not None and model.fim is not None:
+        eos.update(model.fim.stops)  # what ends a middle
     for s in spec.extra_stops:
         tid = model.tokenizer.id_of(s)
         if tid is not None:

@@ -173,6 +173,8 @@ class LibraryFront:
         caps = [entry.capability]
         if entry.capability == "completion" and "tools" in entry.chat_template:
             caps.append("tools")
+        if entry.insert:
+            caps.append("insert")
         if entry.capability == "completion" and (
                 "<think>" in entry.chat_template or "enable_thinking" in entry.chat_template):
             caps.append("thinking")

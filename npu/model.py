@@ -13,6 +13,7 @@ from npu.errors import ModelError
 from npu.sampler import SamplingParams
 
 if TYPE_CHECKING:  # for annotations only: load/ builds these and imports this module
+    from npu.load.fim import FimTokens
     from npu.load.template import ChatTemplate
     from npu.load.tokenizer import Tokenizer
 
@@ -90,6 +91,12 @@ class Model:
         """Whether chat and completions can run on the model (an encoder or a reranker
         cannot)."""
         return self.kind == "decoder" and self._pooling.mode != RANK
+
+    @property
+    def fim(self) -> FimTokens | None:
+        """The fill-in-the-middle tokens of a generation model whose vocabulary has them
+        (a code model's: Qwen2.5-Coder, StarCoder2, CodeLlama ...); None otherwise."""
+        return self.tokenizer.fim if self.generates else None
 
     @property
     def pooling(self) -> str:

@@ -310,22 +310,26 @@ def generate_request(req: GenerateIn, variant: tuple | None = None) -> GenerateR
     """The worker's request for `/api/generate`: the prompt (and system) in the model's
     chat template, or as given with `raw`."""
     _no_images(req.images, "images")
-    for field in ("suffix", "template"):
-        if getattr(req, field):
-            raise ApiError(400, f"'{field}' is not supported here: "
-                           + ("the models served here do not fill in the middle."
-                              if field == "suffix" else
-                              "prompts use the model's own chat template (or send "
-                              "'raw': true with the whole prompt)."), param=field)
+    if req.template:
+        raise ApiError(400, "'template' is not supported here: prompts use the model's own "
+                            "chat template (or send 'raw': true with the whole prompt).",
+                       param="template")
     if req.context:
         raise ApiError(400, "'context' is not supported; send the conversation to "
                             "/api/chat instead.", param="context")
     sampling = _sampling(req)
-    if req.raw:  # `format` constrains the continuation itself
-        if "think" in sampling or "reasoning_effort" in sampling:
+    # `suffix`: fill in the middle (an insert model's template writes the prompt and the
+    # suffix in its FIM tokens, the system prompt not at all); `raw`: the prompt as it is.
+    # In both, `format` constrains the continuation itself
+    if req.raw or req.suffix:
+        if sampling.get("think") or "reasoning_effort" in sampling:
             raise ApiError(400, "'think' needs the model's chat template; it cannot be "
-                                "used with 'raw': true.", param="think")
+                                "used with " + ("'suffix'." if req.suffix else "'raw': true."),
+                           param="think")
+        sampling.pop("think", None)  # false: nothing to switch off without a template
         raw = {"model": req.model, "prompt": req.prompt, **sampling}
+        if req.suffix:
+            raw["suffix"] = req.suffix
         if raw.pop("logprobs", None):  # completions' logprobs: the top alternatives' count
             raw["logprobs"] = raw.pop("top_logprobs", None) or 0
         greq = _openai(raw, CompletionRequest, _context_limit(req),
@@ -363,9 +367,11 @@ def chat_call(body: bytes, ingress: Ingress) -> Call:
 
 
 def generate_call(body: bytes, ingress: Ingress) -> Call:
-    """/api/generate's Call (no prompt and no system: a load request, answered at once)."""
+    """/api/generate's Call (no prompt, system or suffix: a load request, answered at
+    once)."""
     req = decode(body, GenerateIn)
-    return _call(req, "generate", not req.prompt and not req.system, ingress)
+    return _call(req, "generate", not req.prompt and not req.system and not req.suffix,
+                 ingress)
 
 
 def _call(req: ChatIn | GenerateIn, endpoint: str, empty: bool, ingress: Ingress) -> Call:

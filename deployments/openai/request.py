@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from actors.events import ChatGenerate, CompletionGenerate, GenerateRequest
+from actors.events import ChatGenerate, CompletionGenerate, GenerateRequest, Infill
 from chat import ConstraintError, ConstraintRequest, constraint_request_from_openai
 from deployments.body import decode_json, decode_raw, param_from
 from deployments.errors import ApiError
@@ -105,9 +105,16 @@ def generate_request(req: OpenAIRequest, raw: dict, *, prompt: str | list[int] |
     if isinstance(req, CompletionRequest):
         if prompt is None:
             [prompt] = _prompts(req.prompt, most=1)
-        if req.suffix:
-            raise ApiError(400, "'suffix' (text after the completion, fill-in-the-middle) is "
-                                "not supported by this server.", param="suffix")
+        infill = None
+        if req.suffix:  # fill in the middle: the prompt before the gap, the suffix after it
+            if not isinstance(prompt, str):
+                raise ApiError(400, "'suffix' fills in the middle of a text prompt; the "
+                                    "prompt is token ids.", param="suffix")
+            if req.echo:
+                raise ApiError(400, "'echo' cannot be used with 'suffix': the prompt the "
+                                    "model reads is the text around the gap in its "
+                                    "fill-in-the-middle tokens.", param="echo")
+            infill = Infill(suffix=req.suffix)
         if req.max_tokens == 0 and not req.echo:
             raise ApiError(400, "'max_tokens' 0 writes nothing: it is for scoring a prompt, "
                                 "with 'echo' (and 'logprobs' for the prompt's logprobs).",
@@ -118,6 +125,7 @@ def generate_request(req: OpenAIRequest, raw: dict, *, prompt: str | list[int] |
             allow_reasoning=False)
         return CompletionGenerate(prompt=prompt if isinstance(prompt, str) else "",
                                   prompt_ids=None if isinstance(prompt, str) else prompt,
+                                  infill=infill,
                                   max_tokens=16 if req.max_tokens is None else req.max_tokens,
                                   logprobs=req.logprobs is not None,
                                   top_logprobs=req.logprobs or 0, constraint=constraint,

@@ -312,7 +312,7 @@ def _gguf_tokenizer(meta: dict, file: Path) -> Tokenizer:
                      pad_token=token("padding_token_id"),
                      add_bos=bool(meta.get("tokenizer.ggml.add_bos_token",
                                            model_kind == "llama")),
-                     add_eos=bool(meta.get("tokenizer.ggml.add_eos_token", False)))
+                     add_eos=bool(meta.get("tokenizer.ggml.add_eos_token", False)), meta=meta)
 
 
 def _from_gguf(file: Path, packed: bool, pool: ThreadPoolExecutor,

@@ -50,7 +50,7 @@ def ensure_tiny(root: Path | None = None) -> Path:
     return folder
 
 
-def _train_tokenizer():
+def _train_tokenizer(added: tuple[str, ...] = ()):
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -62,7 +62,8 @@ def _train_tokenizer():
     text = (DATA / "tiny_corpus.txt").read_text(encoding="utf-8")
     tok.train_from_iterator(text.splitlines(keepends=True), trainer)
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL])
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in MARKERS])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False)
+                    for t in MARKERS + list(added)])
     return tok
 
 
@@ -72,16 +73,17 @@ def tiny_config(root: Path | None = None) -> ModelConfig:
     return config_from_json(json.loads((ensure_tiny(root) / "config.json").read_text()))
 
 
-def build_tiny(folder: Path, dims: dict | None = None) -> None:
-    """Write the model directory into `folder` (`dims` overrides the shapes, for benches)."""
+def build_tiny(folder: Path, dims: dict | None = None, added: tuple[str, ...] = ()) -> None:
+    """Write the model directory into `folder` (`dims` overrides the shapes, for benches;
+    `added`: more tokens after flm-tiny's own, as a code model's FIM tokens, for tests)."""
     from safetensors.numpy import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
-    tok = _train_tokenizer()
+    tok = _train_tokenizer(tuple(added))
     tok.save(str(folder / "tokenizer.json"))
     size = tok.get_vocab_size(with_added_tokens=True)
     vocab = (size + 63) // 64 * 64
-    ids = {t: tok.token_to_id(t) for t in SPECIAL + MARKERS}
+    ids = {t: tok.token_to_id(t) for t in SPECIAL + MARKERS + list(added)}
     config = {
         "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", **DIMS, **(dims or {}),
         "vocab_size": vocab, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
@@ -94,13 +96,13 @@ def build_tiny(folder: Path, dims: dict | None = None) -> None:
         "eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]],
         "temperature": 0.7, "top_p": 0.9, "do_sample": True}, indent=2))
     template = (DATA / "flm_tiny_chat_template.jinja").read_text(encoding="utf-8")
-    added = {str(ids[t]): {"content": t, "special": t in SPECIAL, "lstrip": False,
-                           "rstrip": False, "normalized": False, "single_word": False}
-             for t in SPECIAL + MARKERS}
+    decoder = {str(ids[t]): {"content": t, "special": t in SPECIAL, "lstrip": False,
+                             "rstrip": False, "normalized": False, "single_word": False}
+               for t in SPECIAL + MARKERS + list(added)}
     (folder / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": None,
         "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "add_bos_token": False,
-        "model_max_length": DIMS["max_position_embeddings"], "added_tokens_decoder": added,
+        "model_max_length": DIMS["max_position_embeddings"], "added_tokens_decoder": decoder,
         "chat_template": template}, indent=2))
     save_file(_weights(config), str(folder / "model.safetensors"))
 

@@ -6,14 +6,15 @@ from __future__ import annotations
 import codecs
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from npu.errors import ModelError
+from npu.load.fim import FimTokens, fim_tokens
 
 if TYPE_CHECKING:
     from npu.load.spm import SpmTokenizer
@@ -87,12 +88,14 @@ class Tokenizer:
         spm: what encodes and decodes instead of a `tokenizers` tokenizer built from the
             document (a GGUF SentencePiece vocabulary's, npu.load.spm; the document then
             without merges and post-processor).
+        meta: a GGUF file's metadata, for the FIM token ids it names (`fim`).
     """
 
     def __init__(self, path: Path | dict, *, bos_token: str | None = None,
                  eos_token: str | None = None, unk_token: str | None = None,
                  pad_token: str | None = None, add_bos: bool = False, add_eos: bool = False,
-                 spm: SpmTokenizer | None = None) -> None:
+                 spm: SpmTokenizer | None = None, meta: Mapping[str, Any] | None = None,
+                 ) -> None:
         from tokenizers import Tokenizer as HFTokenizer
 
         self._spm = spm
@@ -139,6 +142,8 @@ class Tokenizer:
             _uses(decoder, "Metaspace") and not self.byte_level)
         self.bos_id = self.id_of(bos_token) if bos_token else None
         self.eos_id = self.id_of(eos_token) if eos_token else None
+        # the fill-in-the-middle tokens (None: the vocabulary has none)
+        self.fim: FimTokens | None = fim_tokens(self.id_of, self.size, meta)
 
     def id_of(self, text: str) -> int | None:
         """The id of `text` when it is one token of the vocabulary."""
@@ -152,6 +157,31 @@ class Tokenizer:
         if self._spm is not None:
             return self._spm.encode(text)
         return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of `text` read as text only (llama.cpp's parse_special off: a file being
+        edited may hold "<|endoftext|>" or "<|fim_middle|>"): an added token's spelling in
+        it is encoded as its first character and the rest, never as that token."""
+        pattern = self._added_spellings()
+        ids: list[int] = []
+        while text:
+            found = pattern.search(text)
+            if found is None:
+                break
+            ids += self.encode(text[:found.start()]) + self.encode(found.group()[0])
+            text = found.group()[1:] + text[found.end():]
+        return ids + self.encode(text) if text else ids
+
+    def _added_spellings(self) -> re.Pattern:
+        """A pattern of the added tokens' spellings of more than one character (longest
+        first); one that never matches where there are none."""
+        pattern = getattr(self, "_added_re", None)
+        if pattern is None:
+            texts = sorted({a["content"] for a in self._json["added_tokens"] or []
+                            if len(a.get("content") or "") > 1}, key=len, reverse=True)
+            pattern = self._added_re = re.compile(
+                "|".join(map(re.escape, texts)) if texts else r"(?!x)x")
+        return pattern
 
     def encode_for_embedding(self, text: str, *, room: int | None = None) -> list[int]:
         """Token ids of `text` with the special tokens the tokenizer's post-processor adds

@@ -18,10 +18,13 @@ from actors.library import Library, model_key
 
 def write_gguf(path: Path, arch: str = "llama", *, ctx: int = 4096, file_type: int | None = 15,
                rows: int = 4, split: tuple[int, int] | None = None,
-               pooling: int | None = None, extra: tuple[str, ...] = ()) -> Path:
+               pooling: int | None = None, extra: tuple[str, ...] = (),
+               tokens: list[str] | None = None) -> Path:
     """A GGUF file with a header of `arch` and one small f32 tensor (`split`: part, count;
-    `pooling`: its pooling_type; `extra`: more tensors' names)."""
+    `pooling`: its pooling_type; `extra`: more tensors' names; `tokens`: its vocabulary)."""
     w = GGUFWriter(str(path), arch)
+    if tokens is not None:
+        w.add_array("tokenizer.ggml.tokens", tokens)
     w.add_uint32(f"{arch}.context_length", ctx)
     if file_type is not None:
         w.add_uint32("general.file_type", file_type)
@@ -231,6 +234,21 @@ def test_each_model_says_what_it_serves_before_it_loads(tmp_path: Path) -> None:
     assert {name: m.capability for name, m in models.items()} == {
         "chat": "completion", "embed": "embedding", "bge-reranker": "rerank",
         "qwen3-reranker": "rerank", "ms-marco": "rerank", "minilm": "embedding"}
+
+
+def test_a_code_models_file_says_it_fills_in_the_middle_before_it_loads(tmp_path) -> None:
+    """Ollama's `insert` capability from the header: a decoder's vocabulary with FIM tokens
+    (Qwen2.5-Coder's spelling, or StarCoder2's), not a vocabulary without, nor a reranker."""
+    qwen = ["a", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "b"]
+    write_gguf(tmp_path / "coder.gguf", "qwen3", tokens=qwen)
+    write_gguf(tmp_path / "starcoder.gguf", "llama",
+               tokens=["<fim_prefix>", "<fim_middle>", "<fim_suffix>"])
+    write_gguf(tmp_path / "chat.gguf", "qwen3", tokens=["a", "<|fim_prefix|>", "b"])
+    write_gguf(tmp_path / "rerank.gguf", "qwen3", pooling=4, extra=("cls.output.weight",),
+               tokens=qwen)
+    models = Library(tmp_path).models()
+    assert {name: m.insert for name, m in models.items()} == {
+        "coder": True, "starcoder": True, "chat": False, "rerank": False}
 
 
 def test_a_file_whose_tokenizer_cannot_load_is_listed_with_the_reason(tmp_path: Path) -> None:

@@ -96,9 +96,11 @@ def test_show_lists_a_library_models_capability_from_its_header(tmp_path) -> Non
     write_gguf(tmp_path / "chat.gguf", "qwen3")
     write_gguf(tmp_path / "embed.gguf", "bert", pooling=1)
     write_gguf(tmp_path / "rerank.gguf", "qwen3", pooling=4, extra=("cls.output.weight",))
+    write_gguf(tmp_path / "coder.gguf", "qwen3",
+               tokens=["<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>"])
     front = LibraryFront(_Handle([]), {"models_dir": str(tmp_path)})
     front.streams = {}
     caps = {name: show(front.library_info(name))["capabilities"]
-            for name in ("chat", "embed", "rerank")}
+            for name in ("chat", "embed", "rerank", "coder")}
     assert caps == {"chat": ["completion", "tools"], "embed": ["embedding"],
-                    "rerank": ["rerank"]}
+                    "rerank": ["rerank"], "coder": ["completion", "tools", "insert"]}

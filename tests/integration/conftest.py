@@ -111,20 +111,23 @@ LIBRARY_PREFIX = "/library"
 def library_dir(serve_url, tmp_path_factory) -> Path:
     """A models_dir app on the shared Serve instance (started only when a test asks for it):
     three small random GGUF files of real architectures (flm-tiny's tokenizer and chat
-    template), a file that is not GGUF, one whose architecture is not served and one larger
+    template), a code model's (the same with Qwen2.5-Coder's FIM tokens, a 4,096-token
+    context), a file that is not GGUF, one whose architecture is not served and one larger
     than the memory budget; at most two models loaded at once."""
     from ray import serve
 
     from deployments.app import build_app
     from npu.load.loader import DATA
     from npu.load.tiny import ensure_tiny
-    from tests.npu.gguf_files import tiny_tokenizer_meta, write_random_gguf
+    from tests.npu.gguf_files import coder_dir, tiny_tokenizer_meta, write_random_gguf
 
     folder = tmp_path_factory.mktemp("library")
-    meta = {**tiny_tokenizer_meta(ensure_tiny()), "tokenizer.chat_template":
-            (DATA / "flm_tiny_chat_template.jinja").read_text()}
+    template = {"tokenizer.chat_template": (DATA / "flm_tiny_chat_template.jinja").read_text()}
+    meta = {**tiny_tokenizer_meta(ensure_tiny()), **template}
+    coder = {**tiny_tokenizer_meta(coder_dir(tmp_path_factory.mktemp("coder"))), **template}
     for name, arch in (("Llama-Q8_0", "llama"), ("qwen3-tiny", "qwen3"), ("gemma-tiny", "gemma3")):
         write_random_gguf(folder / f"{name}.gguf", arch, tokenizer_meta=meta)
+    write_random_gguf(folder / "coder-tiny.gguf", "qwen3", tokenizer_meta=coder, context=4096)
     from gguf import GGMLQuantizationType as QT
 
     write_random_gguf(folder / "huge.gguf", "llama", QT.F32, tokenizer_meta=meta,

@@ -156,8 +156,8 @@ def test_a_busy_port_is_one_line_before_ray_starts(config, tmp_path) -> None:
     assert RunProcesses(run_id).alive() == []
 
 
-@pytest.mark.parametrize("how", ["group-SIGTERM", "serve-shutdown,group-SIGINT",
-                                 "launcher-SIGTERM"])
+# (the third way, `serve shutdown` then Ctrl-C to the group, is the command line's test's)
+@pytest.mark.parametrize("how", ["group-SIGTERM", "launcher-SIGTERM"])
 def test_a_stop_leaves_nothing_and_a_restart_answers(config, tmp_path, how: str) -> None:
     """Each case starts right after the previous one stopped (the restart check)."""
     _, port, _ = config
@@ -171,11 +171,7 @@ def test_a_stop_leaves_nothing_and_a_restart_answers(config, tmp_path, how: str)
         assert reply.status_code == 200
         exposed = {(a, p) for a, p in _listening(_session(proc.pid)) if not _loopback(a)}
         assert exposed == set(), "listening beyond the API's host (127.0.0.1)"
-        target, sig = how.rsplit(",", 1)[-1].split("-")
-        if how.startswith("serve-shutdown"):
-            done = subprocess.run([str(ROOT / ".venv" / "bin" / "serve"), "shutdown", "-y"],
-                                  env=config[2], capture_output=True, timeout=60)
-            assert done.returncode == 0, done.stderr
+        target, sig = how.split("-")
         t0 = time.monotonic()
         if target == "group":
             os.killpg(proc.pid, getattr(signal, sig))
@@ -193,8 +189,9 @@ def test_a_stop_leaves_nothing_and_a_restart_answers(config, tmp_path, how: str)
 
 
 def test_the_command_line_serves_one_model(config, tmp_path) -> None:
-    """`flm-serve serve flm-tiny --port P`: the same app as the configs, without one;
-    Ctrl-C to its group stops it like `make serve`."""
+    """`flm-serve serve flm-tiny --port P`: the same app as the configs, without one,
+    listening on the API's host only; `serve shutdown`, then Ctrl-C to its group, stops it
+    like `make serve`, leaving no process and no bound port."""
     _, port, env = config
     log = tmp_path / "cli.log"
     run_id = uuid.uuid4().hex
@@ -219,6 +216,11 @@ def test_the_command_line_serves_one_model(config, tmp_path) -> None:
         assert "Started a local Ray instance" not in text and "Deploying" not in text
         logs = Path(re.search(r"^  logs     (\S+)$", text, re.M).group(1))
         assert any("INFO" in f.read_text() for f in (logs / "serve").glob("controller_*.log"))
+        exposed = {(a, p) for a, p in _listening(_session(proc.pid)) if not _loopback(a)}
+        assert exposed == set(), "listening beyond the API's host (127.0.0.1)"
+        done = subprocess.run([str(ROOT / ".venv" / "bin" / "serve"), "shutdown", "-y"],
+                              env=env, capture_output=True, timeout=60)
+        assert done.returncode == 0, done.stderr
         t0 = time.monotonic()
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(timeout=60)
@@ -228,4 +230,5 @@ def test_the_command_line_serves_one_model(config, tmp_path) -> None:
             _kill_run(proc, run_id)
     assert took <= STOP_S
     assert _session(proc.pid) == [] and RunProcesses(run_id).alive() == []
+    assert not port_in_use("127.0.0.1", port)
     assert "Traceback" not in log.read_text()

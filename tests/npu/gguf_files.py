@@ -52,6 +52,19 @@ def tiny_tokenizer_meta(tiny_dir: Path) -> dict:
             "tokenizer.ggml.add_bos_token": False}
 
 
+# Qwen2.5-Coder's fill-in-the-middle tokens (its tokenizer_config.json's added tokens)
+QWEN_FIM = ("<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
+            "<|repo_name|>", "<|file_sep|>")
+
+
+def coder_dir(folder: Path) -> Path:
+    """flm-tiny's model with Qwen2.5-Coder's FIM tokens added (built into `folder`)."""
+    from npu.load.tiny import build_tiny
+
+    build_tiny(folder, added=QWEN_FIM)
+    return folder
+
+
 def _add_meta(w: GGUFWriter, key: str, value) -> None:
     if isinstance(value, bool):
         w.add_bool(key, value)
@@ -100,7 +113,7 @@ def write_random_gguf(path: Path, arch: str, qtype: QT = QT.Q8_0, *, seed: int =
                       tensor_types: dict[str, QT] | None = None,
                       dims: tuple[int, ...] | None = None,
                       extra: dict[str, np.ndarray] | None = None,
-                      split_max_tensors: int = 0) -> Path:
+                      split_max_tensors: int = 0, context: int = 256) -> Path:
     """A random model of `arch` with its matrices in `qtype` (norms F32; a k-quant applies to
     rows of a multiple of 256 values, the others are Q8_0). `split_max_tensors`: written as
     gguf-split parts of at most that many tensors (`path` stem + `-00001-of-0000N.gguf`)."""
@@ -110,7 +123,7 @@ def write_random_gguf(path: Path, arch: str, qtype: QT = QT.Q8_0, *, seed: int =
     rng = np.random.default_rng(seed)
     w = GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     w.add_name(f"random-{arch}")
-    for key, value in {"block_count": L, "context_length": 256, "embedding_length": H,
+    for key, value in {"block_count": L, "context_length": context, "embedding_length": H,
                        "feed_forward_length": F, "attention.head_count": nq,
                        "rope.freq_base": 10000.0, "attention.layer_norm_rms_epsilon": 1e-6,
                        "attention.key_length": hd, "attention.value_length": hd}.items():

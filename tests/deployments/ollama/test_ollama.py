@@ -154,7 +154,7 @@ def test_a_raw_generate_takes_a_format_for_its_continuation() -> None:
 @pytest.mark.parametrize("body,param", [
     ({"raw": True, "format": "xml"}, "format"),
     ({"raw": True, "think": True}, "think"),
-    ({"suffix": "return x"}, "suffix"),
+    ({"suffix": "return x", "think": "high"}, "think"),
     ({"template": "{{ .Prompt }}"}, "template"),
     ({"context": [1, 2, 3]}, "context"),
     ({"images": ["aGk="]}, "images"),

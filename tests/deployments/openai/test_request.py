@@ -131,7 +131,6 @@ COMPLETION_CASES: list[tuple[str, Any, str]] = [
     ("prompt", [1.5], "prompt"),
     ("prompt", [-1], "prompt"),
     ("prompt", [[]], "prompt"),
-    ("suffix", "and then", "suffix"),  # fill-in-the-middle: said, not ignored
     ("logprobs", 21, "logprobs"),
     ("echo", "no", "echo"),
     ("suffix", 1, "suffix"),

@@ -201,13 +201,8 @@ def test_tokenizer_matches_transformers_on_smollm2(smollm2) -> None:
         assert model.tokenizer.decode(ids, skip_special_tokens=False) == text
 
 
-def test_tokenizer_matches_qwen_hugging_face_tokenizer() -> None:
-    """Qwen's vocabulary written into GGUF metadata (pre "qwen2") encodes as its own
-    tokenizer does."""
-    folder = SHARED / "formats" / "tokenizers" / "qwen3"
-    if not (folder / "vocab.json").exists():
-        pytest.skip(MISSING)
-    ref = transformers.AutoTokenizer.from_pretrained(str(folder))
+def _qwen_meta(folder: Path) -> dict:
+    """Qwen's vocabulary (../shared's tokenizer files) as GGUF tokenizer metadata."""
     vocab = json.loads((folder / "vocab.json").read_text())
     added = json.loads((folder / "tokenizer_config.json").read_text())["added_tokens_decoder"]
     size = max(max(vocab.values()), max(int(i) for i in added)) + 1
@@ -223,15 +218,48 @@ def test_tokenizer_matches_qwen_hugging_face_tokenizer() -> None:
             "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types,
             "tokenizer.ggml.merges": merges, "tokenizer.ggml.eos_token_id": 151645,
             "tokenizer.ggml.add_bos_token": False}
+    return meta
+
+
+def test_tokenizer_matches_qwen_hugging_face_tokenizer() -> None:
+    """Qwen's vocabulary written into GGUF metadata (pre "qwen2") encodes as its own
+    tokenizer does."""
+    folder = SHARED / "formats" / "tokenizers" / "qwen3"
+    if not (folder / "vocab.json").exists():
+        pytest.skip(MISSING)
+    ref = transformers.AutoTokenizer.from_pretrained(str(folder))
     from npu.load.gguf_tokenizer import tokenizer_json
     from npu.load.tokenizer import Tokenizer
 
-    ours = Tokenizer(tokenizer_json(meta))
+    ours = Tokenizer(tokenizer_json(_qwen_meta(folder)))
     texts = ["Hello world", "Ünïcödé àccents", "中文字符测试，标点。", "emoji 🎉🐍 mix",
              "  runs   of\t\ttabs\n\n\n", "def f(x):\n    return x**2  # code",
              "numbers 12345 and 3.14159", "<|im_start|>user\nhi<|im_end|><think>x</think>"]
     for text in texts:
         assert ours.encode(text) == ref.encode(text, add_special_tokens=False), text
+
+
+def test_qwens_fim_tokens_are_found_and_its_users_text_never_reads_as_them() -> None:
+    """The real Qwen vocabulary: its FIM tokens by llama.cpp's spellings (ids from its
+    tokenizer_config.json), `<|endoftext|>` ending a middle; a file that spells them is
+    encoded as text (llama.cpp's parse_special off), back to the same text."""
+    folder = SHARED / "formats" / "tokenizers" / "qwen3"
+    if not (folder / "vocab.json").exists():
+        pytest.skip(MISSING)
+    from npu.load.gguf_tokenizer import tokenizer_json
+    from npu.load.tokenizer import Tokenizer
+
+    meta = _qwen_meta(folder)
+    tok = Tokenizer(tokenizer_json(meta), meta=meta)
+    fim = tok.fim
+    assert (fim.prefix, fim.middle, fim.suffix, fim.pad, fim.repo, fim.file) == \
+        (151659, 151660, 151661, 151662, 151663, 151664)
+    assert fim.ends == (151643,)
+    code = 'S = ["<|fim_prefix|>", "<|endoftext|>", "<|im_end|><think>"]\n'
+    ids = tok.encode_text(code)
+    assert not {151643, 151645, 151659, 151667} & set(ids)
+    assert tok.decode(ids, skip_special_tokens=False) == code
+    assert tok.encode_text("no specials here") == tok.encode("no specials here")
 
 
 def test_rendering_matches_apply_chat_template() -> None:

@@ -1,0 +1,177 @@
+"""Fill in the middle at the ingress, without Ray (the real app in front of the fake worker
+of tests/deployments/test_ingress.py): llama-server's /infill body typed once as a
+completion with its repository-level layout, its answer and stream in llama-server's own
+shape (`response_fields` too); OpenAI's `suffix` on /v1/completions and Ollama's on
+/api/generate as the gap alone; bad input a 400 naming the field by the body's name."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from actors.events import (
+    Accepted,
+    CompletionGenerate,
+    Deltas,
+    Finished,
+    Infill,
+    Prompt,
+    Rejected,
+    Usage,
+)
+from tests.deployments.test_ingress import FakeStream, FakeWorker, _client
+
+PROMPT = "<|fim_prefix|>def f():<|fim_suffix|>\n<|fim_middle|>"
+
+
+def _middle(text: str = "\n    return 1", *, reason: str = "stop",
+            stop: str | None = None) -> FakeStream:
+    return FakeStream([[Accepted(request_id="r", model="m", prompt_tokens=9),
+                        Prompt(text=PROMPT)],
+                       [Deltas(index=0, text=text[:5])], [Deltas(index=0, text=text[5:])],
+                       [Finished(index=0, finish_reason=reason, completion_tokens=4,
+                                 stop=stop),
+                        Usage(prompt_tokens=9, completion_tokens=4, cached_tokens=3)]])
+
+
+BODY = {"input_prefix": "def f():", "input_suffix": "\n", "prompt": "  ",
+        "input_extra": [{"filename": "a.py", "text": "A = 1"}, {"text": "B = 2"}],
+        "n_predict": 16, "temperature": 0.1, "top_k": 40, "top_p": 0.99, "seed": -1,
+        "repeat_penalty": 1.1, "stop": ["\n\n"], "cache_prompt": True, "id_slot": -1,
+        "t_max_prompt_ms": 500, "n_indent": 4, "samplers": ["top_k", "top_p"]}
+
+
+def test_llama_servers_body_is_one_completion_with_its_layout() -> None:
+    worker = FakeWorker(_middle())
+    client, _ = _client(worker)
+    r = client.post("/infill", json=BODY)
+    assert r.status_code == 200, r.text
+    greq = worker.requests[0]
+    assert isinstance(greq, CompletionGenerate) and greq.prompt == "def f():"
+    assert greq.infill == Infill(suffix="\n", middle="  ", repository=True,
+                                 extra=[("a.py", "A = 1"), ("tmp", "B = 2")])
+    assert (greq.max_tokens, greq.temperature, greq.top_k, greq.top_p, greq.seed,
+            greq.repetition_penalty, greq.stop) == (16, 0.1, 40, 0.99, None, 1.1, ["\n\n"])
+    body = r.json()
+    assert body["content"] == "\n    return 1" and body["stop"] is True
+    assert body["prompt"] == PROMPT and body["model"] == "m"
+    assert (body["tokens_predicted"], body["tokens_evaluated"], body["tokens_cached"]) == \
+        (4, 9, 13)
+    assert (body["stop_type"], body["stopping_word"], body["has_new_line"]) == \
+        ("eos", "", True)
+    timings = body["timings"]
+    assert (timings["cache_n"], timings["prompt_n"], timings["predicted_n"]) == (3, 6, 4)
+    assert body["generation_settings"]["n_predict"] == 16
+
+
+def test_no_limit_is_minus_one_or_none_and_a_stop_word_or_the_limit_says_so() -> None:
+    worker = FakeWorker(_middle(stop="\n\n"), _middle(reason="length"))
+    client, _ = _client(worker)
+    r = client.post("/infill", json={**BODY, "n_predict": -1})
+    assert (r.json()["stop_type"], r.json()["stopping_word"]) == ("word", "\n\n")
+    r = client.post("/infill", json={"input_prefix": "a", "input_suffix": ""})
+    assert r.json()["stop_type"] == "limit"
+    assert [g.max_tokens for g in worker.requests] == [None, None]
+    assert worker.requests[1].infill == Infill(suffix="", repository=True)
+
+
+def test_n_predict_0_reads_the_files_into_the_cache_and_writes_nothing() -> None:
+    """llama.vim's warm-up: its extra files sent ahead with `n_predict: 0`."""
+    worker = FakeWorker(_middle(text="", reason="length"))
+    client, _ = _client(worker)
+    r = client.post("/infill", json={"input_prefix": "", "input_suffix": "",
+                                     "input_extra": [{"filename": "a.py", "text": "A = 1"}],
+                                     "n_predict": 0, "response_fields": [""]})
+    assert r.status_code == 200 and r.json() == {}
+    assert worker.requests[0].max_tokens == 0
+
+
+def test_response_fields_pick_paths_as_llama_server_does() -> None:
+    client, _ = _client(FakeWorker(_middle()))
+    r = client.post("/infill", json={**BODY, "response_fields": [
+        "content", "timings/prompt_n", "timings/nope", "truncated"]})
+    assert r.json() == {"content": "\n    return 1", "timings/prompt_n": 6, "truncated": False}
+
+
+def test_streamed_pieces_then_the_whole_object_without_done() -> None:
+    client, _ = _client(FakeWorker(_middle()))
+    r = client.post("/infill", json={**BODY, "stream": True})
+    assert r.headers["content-type"].startswith("text/event-stream")
+    lines = [ln[6:] for ln in r.text.splitlines() if ln.startswith("data: ")]
+    assert "[DONE]" not in lines
+    events = [json.loads(ln) for ln in lines]
+    pieces, last = events[:-1], events[-1]
+    assert "".join(p["content"] for p in pieces) == "\n    return 1"
+    assert all(p["stop"] is False for p in pieces)
+    assert last["stop"] is True and last["content"] == "" and last["tokens_predicted"] == 4
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"input_suffix": "x"}, "input_prefix"),
+    ({"input_prefix": "x"}, "input_suffix"),
+    ({"input_prefix": "x", "input_suffix": "", "input_extra": {"text": "a"}}, "input_extra"),
+    ({"input_prefix": "x", "input_suffix": "", "input_extra": [{"filename": "a"}]},
+     "input_extra[0].text"),
+    ({"input_prefix": "x", "input_suffix": "", "prompt": 3}, "prompt"),
+    ({"input_prefix": "x", "input_suffix": "", "n_predict": -2}, "n_predict"),
+    ({"input_prefix": "x", "input_suffix": "", "temperature": -1}, "temperature"),
+    ({"input_prefix": "x", "input_suffix": "", "repeat_penalty": 0}, "repeat_penalty"),
+])
+def test_bad_input_is_a_400_naming_the_bodys_field(body: dict, param: str) -> None:
+    worker = FakeWorker()
+    client, _ = _client(worker)
+    r = client.post("/infill", json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param and worker.requests == []
+
+
+def test_a_model_without_fim_tokens_is_a_400_naming_input_suffix() -> None:
+    refused = FakeStream([[Rejected(status=400, param="suffix",
+                                    message='"m" does not support insert')]])
+    client, _ = _client(FakeWorker(refused))
+    r = client.post("/infill", json={"input_prefix": "a", "input_suffix": "b"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input_suffix"
+
+
+def _completion() -> FakeStream:
+    return FakeStream([[Accepted(request_id="r", model="m", prompt_tokens=9)],
+                       [Deltas(index=0, text="x")],
+                       [Finished(index=0, finish_reason="stop", completion_tokens=1),
+                        Usage(prompt_tokens=9, completion_tokens=1)]])
+
+
+def test_openais_suffix_fills_the_gap_alone() -> None:
+    worker = FakeWorker(_completion())
+    client, _ = _client(worker)
+    r = client.post("/v1/completions", json={"model": "m", "prompt": "def f():",
+                                             "suffix": "\n", "max_tokens": 8})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == "x"
+    greq = worker.requests[0]
+    assert greq.prompt == "def f():" and greq.infill == Infill(suffix="\n")
+    for body, param in (({"prompt": "a", "suffix": "b", "echo": True}, "echo"),
+                        ({"prompt": [1, 2], "suffix": "b"}, "suffix")):
+        r = client.post("/v1/completions", json={"model": "m", **body})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param
+    assert len(worker.requests) == 1
+
+
+def test_ollamas_suffix_fills_the_gap_alone_even_with_an_empty_prompt() -> None:
+    worker = FakeWorker(_completion(), _completion())
+    client, _ = _client(worker)
+    r = client.post("/api/generate", json={"model": "m", "prompt": "def f():", "suffix": "\n",
+                                           "system": "ignored", "stream": False})
+    assert r.status_code == 200 and r.json()["response"] == "x"
+    first = worker.requests[0]
+    assert isinstance(first, CompletionGenerate) and first.infill == Infill(suffix="\n")
+    assert first.prompt == "def f():" and first.max_tokens is None
+    r = client.post("/api/generate", json={"model": "m", "prompt": "", "suffix": "\n",
+                                           "stream": False})
+    assert r.json()["done_reason"] == "stop" and worker.requests[1].infill is not None
+    r = client.post("/api/generate", json={"model": "m", "prompt": "a", "suffix": "b",
+                                           "think": True})
+    assert r.status_code == 400 and "suffix" in r.json()["error"]
+    worker.plays.append(_completion())  # thinking off: nothing to switch off, no template
+    r = client.post("/api/generate", json={"model": "m", "prompt": "a", "suffix": "b",
+                                           "think": False, "stream": False})
+    assert r.status_code == 200 and worker.requests[2].infill == Infill(suffix="b")

@@ -1,0 +1,76 @@
+"""Fill in the middle through HTTP on the shared Serve instance: the library's coder-tiny (a
+random Qwen3 GGUF whose vocabulary has Qwen2.5-Coder's FIM tokens, found by their spelling
+as llama.cpp finds them) answers llama-server's /infill (whole and streamed, its prompt in the
+repository-level layout), OpenAI's `suffix` through the `openai` client and Ollama's through
+the `ollama` client, and lists `insert` among its capabilities; the default model (no FIM
+tokens) refuses each in its API's shape."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.integration.conftest import LIBRARY_PREFIX
+
+ollama = pytest.importorskip("ollama")
+openai = pytest.importorskip("openai")
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+CODER, SMOL = "coder-tiny", "smollm2-135m"
+PREFIX, SUFFIX = "def add(a, b):\n    return ", "\n\nprint(add(1, 2))\n"
+
+
+@pytest.fixture()
+def oc(serve_url, library_dir):
+    client = ollama.Client(host=serve_url + LIBRARY_PREFIX, timeout=120)
+    yield client
+    client.generate(model=CODER, keep_alive=0)  # unloaded again, as the library tests expect
+
+
+def test_llama_servers_infill_whole_and_streamed(client, oc) -> None:
+    body = {"model": CODER, "input_prefix": PREFIX, "input_suffix": SUFFIX, "prompt": "a",
+            "input_extra": [{"filename": "util.py", "text": "X = 1\n"}], "n_predict": 6,
+            "temperature": 0, "ignore_eos": True}
+    r = client.post(LIBRARY_PREFIX + "/infill", json=body)
+    assert r.status_code == 200, r.text
+    whole = r.json()
+    assert whole["prompt"].startswith("<|repo_name|>myproject\n<|file_sep|>util.py\nX = 1\n")
+    assert whole["prompt"].endswith(f"<|fim_prefix|>{PREFIX}a<|fim_suffix|>{SUFFIX}"
+                                    "<|fim_middle|>")
+    assert whole["tokens_predicted"] == 6 and whole["stop_type"] == "limit"
+    with client.stream("POST", LIBRARY_PREFIX + "/infill", json={**body, "stream": True}) as s:
+        events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: ")]
+    assert "".join(e["content"] for e in events) == whole["content"]  # greedy: the same
+    assert events[-1]["stop"] is True and events[-1]["timings"]["predicted_n"] == 6
+
+
+def test_openai_and_ollama_clients_send_suffix(serve_url, oc) -> None:
+    ai = openai.OpenAI(base_url=serve_url + LIBRARY_PREFIX + "/v1", api_key="unused",
+                       max_retries=0)
+    done = ai.completions.create(model=CODER, prompt=PREFIX, suffix=SUFFIX, max_tokens=5,
+                                 temperature=0)
+    # the gap alone: <|fim_prefix|> prefix <|fim_suffix|> suffix <|fim_middle|>
+    gap = oc.generate(model=CODER, prompt=PREFIX, suffix=SUFFIX,
+                      options={"num_predict": 5, "temperature": 0}, raw=False)
+    # the same prompt, greedy: the same middle
+    assert done.usage.prompt_tokens == gap.prompt_eval_count
+    assert done.choices[0].text == gap.response
+    assert "insert" in oc.show(CODER).capabilities
+
+
+def test_a_model_without_fim_tokens_says_so_in_each_apis_shape(client, serve_url) -> None:
+    r = client.post("/infill", json={"model": SMOL, "input_prefix": PREFIX,
+                                     "input_suffix": SUFFIX})
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "input_suffix"
+    assert "does not support insert" in r.json()["error"]["message"]
+    with pytest.raises(ollama.ResponseError) as err:
+        ollama.Client(host=serve_url, timeout=60).generate(model=SMOL, prompt=PREFIX,
+                                                           suffix=SUFFIX)
+    assert err.value.status_code == 400 and "does not support insert" in err.value.error
+    ai = openai.OpenAI(base_url=serve_url + "/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as bad:
+        ai.completions.create(model=SMOL, prompt=PREFIX, suffix=SUFFIX, max_tokens=2)
+    assert bad.value.body["param"] == "suffix"
+    assert "insert" not in ollama.Client(host=serve_url).show(SMOL).capabilities
