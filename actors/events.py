@@ -101,12 +101,15 @@ class CompletionGenerate(_Generate, tag="completion"):
     it (and the `top_logprobs` most likely there): a cached prefix is taken only as far as
     an earlier scored prompt gave the same start its scores (actors.score_memo).
     `max_tokens` 0 scores the prompt and writes nothing. `infill`: the prompt is the text
-    before a gap the model fills (a code model's fill-in-the-middle).
+    before a gap the model fills (a code model's fill-in-the-middle); `min_indent`: a line
+    after the first indented less than this ends the output (llama-server's `n_indent`:
+    an editor's completion ends where its block does; 0: no such rule).
     """
 
     prompt: str = ""
     prompt_ids: list[int] | None = None
     infill: Infill | None = None
+    min_indent: int = 0
     constraint: ConstraintRequest = msgspec.field(default_factory=ConstraintRequest)
     echo_prompt: bool = False
     prompt_logprobs: bool = False

@@ -63,7 +63,9 @@ class Choice:
         self.constraint = constraint
         self.stream = stream
         self.detok = session.model.tokenizer.detokenizer(at_start=session.at_start)
-        self.stops = StopMatcher(session.stop_strings)
+        request = session.request
+        self.stops = StopMatcher(session.stop_strings, request.min_indent
+                                 if isinstance(request, CompletionGenerate) else 0)
         self.generated = 0
         self.tokens: list[int] = []  # sampled so far (the last one is next_token until fed)
         self.next_token: int | None = None
@@ -137,7 +139,8 @@ class Choice:
         if s.reasoning_budget is not None and not forced:
             self._spend_reasoning(events, s.reasoning_budget)
         if self.stops.stopped or (self.constraint is not None and self.constraint.ended):
-            return events + self.finish("stop")
+            # a line's indentation ends the output as a limit does (llama-server's)
+            return events + self.finish("length" if self.stops.dedented else "stop")
         if s.request.max_tokens is not None and self.generated >= s.request.max_tokens:
             return events + self.finish("length")
         if len(s.prompt_ids) + self.generated >= s.context_limit:  # (fed ones and this)

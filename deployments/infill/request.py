@@ -4,11 +4,12 @@ the gap, both required), `input_extra` (other files, `{"filename", "text"}`), `p
 one model), and the sampling fields of llama-server's /completion: `n_predict` (also
 `max_tokens`, `max_completion_tokens`; negative or none: no limit), `temperature`,
 `top_k`, `top_p`, `min_p`, `repeat_penalty`, `presence_penalty`, `frequency_penalty`,
-`seed` (-1: random), `stop`, `ignore_eos`, `stream`, `response_fields`; `n_predict` 0 reads
-the prompt into the cache and writes nothing (llama.vim's warm-up of its extra files). Fields of its
+`seed` (-1: random), `stop`, `ignore_eos`, `n_indent` (a line after the first indented
+less ends the middle, as llama.vim and llama.vscode ask), `stream`, `response_fields`;
+`n_predict` 0 reads the prompt into the cache and writes nothing (llama.vim's warm-up of
+its extra files). Fields of its
 slots and timing limits (`id_slot`, `cache_prompt`, `samplers`, `t_max_prompt_ms`,
-`t_max_predict_ms`, `n_indent`, ...) are not read: prompts are cached here whatever they
-say.
+`t_max_predict_ms`, ...) are not read: prompts are cached here whatever they say.
 
 The fields are checked and typed as OpenAI's completions type them (the same worker
 request), a 400 naming the field by this body's name.
@@ -61,6 +62,7 @@ class InfillIn(msgspec.Struct, kw_only=True):
     seed: int | None = None
     stop: list[str] | None = None
     ignore_eos: bool = False
+    n_indent: int = 0
     stream: bool = False
     response_fields: list[str] | None = None
 
@@ -101,6 +103,7 @@ def infill_request(req: InfillIn, model: str) -> CompletionGenerate:
     infill = Infill(suffix=req.input_suffix, middle=req.prompt,
                     extra=[(c.filename, c.text) for c in req.input_extra], repository=True)
     return msgspec.structs.replace(greq, infill=infill, max_tokens=_limit(req),
+                                   min_indent=max(0, req.n_indent),
                                    echo_prompt=True)  # the reply's `prompt`
 
 

@@ -184,3 +184,26 @@ def test_the_middle_is_the_continuation_of_the_layouts_tokens(coder) -> None:
     assert written(filled) == written(given) and written(filled)
     assert [e.completion_tokens for e in filled if isinstance(e, Finished)] == [12]
     assert isinstance(filled[-1], Usage) and filled[-1].prompt_tokens == len(ids)
+
+
+def test_min_indent_ends_the_output_at_a_dedented_line_as_a_limit(tmp_path) -> None:
+    """llama-server's n_indent in the worker: the same sampled output, cut where a line after
+    the first is indented less (here a blank line), finish_reason "length". (flm-tiny: the
+    coder's random middles repeat one FIM token; this seed's output has lines.)"""
+    tiny = load_model(ensure_tiny(tmp_path), name="flm-tiny")
+    worker = Worker(lambda: tiny, max_batch=2)
+    try:
+        common = dict(prompt="def add(a, b):\n    return a\n\n", max_tokens=24,
+                      temperature=1.0, seed=1, ignore_eos=True)
+        whole = asyncio.run(_events(worker, CompletionGenerate(request_id="w", **common)))
+        cut = asyncio.run(_events(worker, CompletionGenerate(request_id="c", min_indent=1,
+                                                             **common)))
+    finally:
+        worker.close()
+    text = "".join(e.text for e in whole if isinstance(e, Deltas))
+    start = text.find("\n") + 1
+    assert 0 < start < len(text), "this seed's output has a second line"
+    ws = len(text[start:]) - len(text[start:].lstrip(" \t"))
+    assert "".join(e.text for e in cut if isinstance(e, Deltas)) == text[:start + ws]
+    assert [e.finish_reason for e in cut if isinstance(e, Finished)] == ["length"]
+    assert [e.finish_reason for e in whole if isinstance(e, Finished)] == ["length"]

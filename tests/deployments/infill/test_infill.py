@@ -52,7 +52,8 @@ def test_llama_servers_body_is_one_completion_with_its_layout() -> None:
     assert greq.infill == Infill(suffix="\n", middle="  ", repository=True,
                                  extra=[("a.py", "A = 1"), ("tmp", "B = 2")])
     assert (greq.max_tokens, greq.temperature, greq.top_k, greq.top_p, greq.seed,
-            greq.repetition_penalty, greq.stop) == (16, 0.1, 40, 0.99, None, 1.1, ["\n\n"])
+            greq.repetition_penalty, greq.stop, greq.min_indent) == \
+        (16, 0.1, 40, 0.99, None, 1.1, ["\n\n"], 4)
     body = r.json()
     assert body["content"] == "\n    return 1" and body["stop"] is True
     assert body["prompt"] == PROMPT and body["model"] == "m"
