@@ -22,8 +22,8 @@ from deployments.anthropic.errors import error_response as anthropic_error_respo
 from deployments.anthropic.routes import router as anthropic_router
 from deployments.embeddings.routes import router as embeddings_router
 from deployments.errors import ApiError, error_response, ollama_error_response
-from deployments.infill.routes import router as infill_router
 from deployments.ingress import Current, Ingress
+from deployments.llama_server.routes import router as llama_server_router
 from deployments.metrics import render
 from deployments.ollama.routes import router as ollama_router
 from deployments.openai import routes as openai_routes
@@ -73,7 +73,8 @@ async def model(model_id: str, request: Request, ingress: Current) -> Response:
 # the route table: each API surface's router (its paths are its own; the page's `/` goes
 # before Ollama's, which it answers for a client that is not a browser)
 ROUTERS = (server_router, page_router, openai_router, responses_router, ollama_router,
-           embeddings_router, anthropic_router, tokenize_router, rerank_router, infill_router)
+           embeddings_router, anthropic_router, tokenize_router, rerank_router,
+           llama_server_router)
 
 
 async def _routing_error(request: Request, exc: HTTPException) -> Response:

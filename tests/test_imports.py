@@ -22,7 +22,7 @@ CORE = {"deployments.access", "deployments.body", "deployments.errors", "deploym
         "deployments.prefill", "deployments.routing"}
 SURFACES = {"deployments.openai", "deployments.responses", "deployments.ollama",
             "deployments.embeddings", "deployments.anthropic", "deployments.page",
-            "deployments.tokenize", "deployments.rerank", "deployments.infill"}
+            "deployments.tokenize", "deployments.rerank", "deployments.llama_server"}
 # inside npu/, by folder: the model's config and the loaded Model at the top, shared by the
 # three jobs below them; the engine under the NPU's (whose engine extends the CPU's); loading
 # over both (it makes their engines); none of them reaches back up
@@ -48,8 +48,8 @@ DEPLOYMENTS = {
     "deployments.tokenize": CORE | {"deployments.openai"},
     # a reranker's scores (a request of its own: no other surface's)
     "deployments.rerank": CORE,
-    # a code completion typed as OpenAI's completions type it (its `suffix` the same path)
-    "deployments.infill": CORE | {"deployments.openai"},
+    # llama-server's own completions, typed as OpenAI's completions type them
+    "deployments.llama_server": CORE | {"deployments.openai"},
     "deployments.server": CORE | SURFACES,
     "deployments.app": CORE | {"deployments.server"},
     "deployments.launch": set(),

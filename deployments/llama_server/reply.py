@@ -1,6 +1,7 @@
-"""/infill's answer in llama-server's own shape (not OpenAI's): one object with `content`,
-`stop: true`, `model`, `tokens_predicted`, `tokens_evaluated`, `generation_settings`,
-`prompt` (the prompt the model read, its FIM tokens written), `has_new_line`,
+"""/completion's and /infill's answer in llama-server's own shape (not OpenAI's): one object
+with `content`, `stop: true`, `model`, `tokens_predicted`, `tokens_evaluated`,
+`generation_settings`, `prompt` (the prompt the model read, FIM tokens written),
+`has_new_line`,
 `truncated`, `stop_type` ("eos", "word" or "limit"), `stopping_word`, `tokens_cached`
 and `timings` (llama-server's names: prompt_n, prompt_ms, predicted_n, ...); only the
 `response_fields` paths where the request names them (`"timings/prompt_n"` is a key of
@@ -41,8 +42,8 @@ def nested(paths: list[str], body: dict) -> dict:
     return out
 
 
-class InfillReply:
-    """One /infill request's answer (deployments.exchange.Reply).
+class NativeReply:
+    """One /completion or /infill request's answer (deployments.exchange.Reply).
 
     Args:
         model: the model as the client named it (or the one served).

@@ -1,9 +1,10 @@
-"""Fill in the middle through HTTP on the shared Serve instance: the library's coder-tiny (a
-random Qwen3 GGUF whose vocabulary has Qwen2.5-Coder's FIM tokens, found by their spelling
-as llama.cpp finds them) answers llama-server's /infill (whole and streamed, its prompt in the
-repository-level layout), OpenAI's `suffix` through the `openai` client and Ollama's through
-the `ollama` client, and lists `insert` among its capabilities; the default model (no FIM
-tokens) refuses each in its API's shape."""
+"""llama-server's own completion and fill in the middle through HTTP on the shared Serve
+instance: /completion continues a prompt (text or token ids) as /v1/completions does; the
+library's coder-tiny (a random Qwen3 GGUF whose vocabulary has Qwen2.5-Coder's FIM tokens,
+found by their spelling as llama.cpp finds them) answers llama-server's /infill (whole and
+streamed, its prompt in the repository-level layout), OpenAI's `suffix` through the
+`openai` client and Ollama's through the `ollama` client, and lists `insert` among its
+capabilities; the default model (no FIM tokens) refuses each in its API's shape."""
 
 from __future__ import annotations
 
@@ -74,3 +75,17 @@ def test_a_model_without_fim_tokens_says_so_in_each_apis_shape(client, serve_url
         ai.completions.create(model=SMOL, prompt=PREFIX, suffix=SUFFIX, max_tokens=2)
     assert bad.value.body["param"] == "suffix"
     assert "insert" not in ollama.Client(host=serve_url).show(SMOL).capabilities
+
+
+def test_completion_continues_a_prompt_as_openais_completions_do(client) -> None:
+    body = {"model": SMOL, "prompt": "The capital of France is", "temperature": 0}
+    native = client.post("/completion", json={**body, "n_predict": 8}).json()
+    openai_ = client.post("/v1/completions", json={**body, "max_tokens": 8}).json()
+    assert native["content"] == openai_["choices"][0]["text"] and native["stop"] is True
+    assert native["tokens_evaluated"] == openai_["usage"]["prompt_tokens"]
+    assert native["prompt"] == body["prompt"] and native["model"] == SMOL
+    ids = client.post("/tokenize", json={"model": SMOL, "content": body["prompt"]}).json()
+    by_ids = client.post("/completion", json={**body, "prompt": ids["tokens"],
+                                              "n_predict": 8}).json()
+    assert by_ids["content"] == native["content"]
+

@@ -1,8 +1,9 @@
-"""Fill in the middle at the ingress, without Ray (the real app in front of the fake worker
-of tests/deployments/test_ingress.py): llama-server's /infill body typed once as a
-completion with its repository-level layout, its answer and stream in llama-server's own
-shape (`response_fields` too); OpenAI's `suffix` on /v1/completions and Ollama's on
-/api/generate as the gap alone; bad input a 400 naming the field by the body's name."""
+"""llama-server's own completions and fill in the middle at the ingress, without Ray (the
+real app in front of the fake worker of tests/deployments/test_ingress.py): /completion's
+and /infill's bodies typed once as a completion (/infill's with its repository-level
+layout), their answers and streams in llama-server's own shape (`response_fields` too);
+OpenAI's `suffix` on /v1/completions and Ollama's on /api/generate as the gap alone; bad
+input a 400 naming the field by the body's name."""
 
 from __future__ import annotations
 
@@ -176,3 +177,68 @@ def test_ollamas_suffix_fills_the_gap_alone_even_with_an_empty_prompt() -> None:
     r = client.post("/api/generate", json={"model": "m", "prompt": "a", "suffix": "b",
                                            "think": False, "stream": False})
     assert r.status_code == 200 and worker.requests[2].infill == Infill(suffix="b")
+
+
+# what SillyTavern's llama.cpp backend sends (its sampler fields, most not read here)
+TAVERN = {"prompt": "The knight said:", "n_predict": 12, "stream": False, "temperature": 0.7,
+          "top_k": 40, "top_p": 0.9, "min_p": 0.05, "typical_p": 1, "tfs_z": 1,
+          "repeat_penalty": 1.1, "repeat_last_n": 64, "presence_penalty": 0,
+          "frequency_penalty": 0, "mirostat": 0, "mirostat_tau": 5, "mirostat_eta": 0.1,
+          "grammar": "", "n_probs": 10, "min_keep": 0, "ignore_eos": False, "seed": -1,
+          "stop": ["\nUser:"], "cache_prompt": True, "dry_multiplier": 0,
+          "samplers": ["top_k", "tfs_z", "typical_p", "top_p", "min_p", "temperature"]}
+
+
+def test_completion_is_the_prompt_continued_in_llama_servers_shape() -> None:
+    worker = FakeWorker(_middle(stop="\nUser:"), _middle())
+    client, _ = _client(worker)
+    r = client.post("/completion", json=TAVERN)
+    assert r.status_code == 200, r.text
+    greq = worker.requests[0]
+    assert isinstance(greq, CompletionGenerate) and greq.infill is None
+    assert (greq.prompt, greq.prompt_ids, greq.max_tokens, greq.seed, greq.stop) == \
+        ("The knight said:", None, 12, None, ["\nUser:"])
+    body = r.json()
+    assert (body["content"], body["stop"], body["stop_type"], body["stopping_word"]) == \
+        ("\n    return 1", True, "word", "\nUser:")
+    # token ids, on llama-server's other path; no n_predict: no limit
+    r = client.post("/completions", json={"prompt": [1, 2, 3]})
+    assert r.status_code == 200 and worker.requests[1].prompt_ids == [1, 2, 3]
+    assert worker.requests[1].max_tokens is None
+
+
+def test_completions_json_schema_is_the_constraint() -> None:
+    worker = FakeWorker(_middle())
+    client, _ = _client(worker)
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    r = client.post("/completion", json={"prompt": "x", "json_schema": schema,
+                                         "n_predict": 4})
+    assert r.status_code == 200
+    constraint = worker.requests[0].constraint
+    assert constraint.response_format == "json_schema" and constraint.json_schema == schema
+
+
+def test_completion_streams_pieces_then_the_whole_object() -> None:
+    client, _ = _client(FakeWorker(_middle()))
+    r = client.post("/completion", json={"prompt": "x", "stream": True})
+    events = [json.loads(ln[6:]) for ln in r.text.splitlines() if ln.startswith("data: ")]
+    assert "".join(e["content"] for e in events[:-1]) == "\n    return 1"
+    assert events[-1]["stop"] is True and events[-1]["prompt"] == PROMPT
+
+
+@pytest.mark.parametrize("body, param", [
+    ({}, "prompt"),
+    ({"prompt": ""}, "prompt"),
+    ({"prompt": ["a", [1]]}, "prompt[0]"),
+    ({"prompt": "x", "grammar": "root ::= \"a\""}, "grammar"),
+    ({"prompt": "x", "json_schema": []}, "json_schema"),
+    ({"prompt": "x", "n_predict": "5"}, "n_predict"),
+    ({"prompt": "x", "top_k": "a"}, "top_k"),
+])
+def test_bad_completion_input_is_a_400_naming_the_field(body: dict, param: str) -> None:
+    worker = FakeWorker()
+    client, _ = _client(worker)
+    r = client.post("/completion", json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param and worker.requests == []
+

@@ -1,0 +1,195 @@
+"""llama-server's own completion bodies (not OpenAI's), typed once as the worker's
+CompletionGenerate, through OpenAI's completion checks (a 400 names the field by this body's
+name):
+
+- /completion: `prompt` (a string, or token ids), what SillyTavern's and scripts' llama.cpp
+  backends send;
+- /infill: `input_prefix` and `input_suffix` (the text before and after the gap, both
+  required), `input_extra` (other files, `{"filename", "text"}`), `prompt` (text already
+  written at the start of the gap), what llama.vim and llama.vscode send.
+
+Both take `model` (optional where the server serves one model) and llama-server's sampling
+fields: `n_predict` (also `max_tokens`, `max_completion_tokens`; -1 or none: no limit; 0:
+the prompt read into the cache, nothing written, as llama.vim warms its extra files),
+`temperature`, `top_k`, `top_p`, `min_p`, `repeat_penalty`, `presence_penalty`,
+`frequency_penalty`, `seed` (-1: random), `stop`, `ignore_eos`, `n_indent` (a line after
+the first indented less ends the output), `json_schema` (the output a JSON document of that
+schema), `stream`, `response_fields`. Fields of its slots, samplers and timing limits
+(`id_slot`, `cache_prompt`, `samplers`, `t_max_prompt_ms`, `t_max_predict_ms`, `n_probs`,
+`mirostat`, `dry_*`, ...) are not read (prompts are cached here whatever they say); a
+`grammar` (GBNF) is a 400: the constraints here are JSON schemas.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgspec
+
+from actors.events import CompletionGenerate, Infill
+from deployments.body import decode_json
+from deployments.errors import ApiError
+from deployments.exchange import Call
+from deployments.ingress import Ingress
+from deployments.llama_server.reply import NativeReply
+from deployments.openai.request import convert_request, generate_request
+from deployments.openai.schemas import CompletionRequest
+
+# llama-server's names of the OpenAI completion fields its bodies are typed as
+NAMES = {"max_tokens": "n_predict", "repetition_penalty": "repeat_penalty",
+         "response_format.json_schema.schema": "json_schema"}
+INFILL_NAMES = {**NAMES, "prompt": "input_prefix", "suffix": "input_suffix"}
+
+
+class _Sampling(msgspec.Struct, kw_only=True):
+    model: str | None = None
+    n_predict: int | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    stop: list[str] | None = None
+    ignore_eos: bool = False
+    n_indent: int = 0
+    json_schema: dict[str, Any] | None = None
+    grammar: str | None = None
+    stream: bool = False
+    response_fields: list[str] | None = None
+
+
+class CompletionIn(_Sampling, kw_only=True):
+    prompt: str | list[int]
+
+
+class ExtraIn(msgspec.Struct, kw_only=True):
+    """One extra file (llama-server's `input_extra` chunk)."""
+
+    text: str
+    filename: str = "tmp"
+
+
+class InfillIn(_Sampling, kw_only=True):
+    input_prefix: str
+    input_suffix: str
+    input_extra: list[ExtraIn] = msgspec.field(default_factory=list)
+    prompt: str = ""
+
+
+def _limit(req: _Sampling) -> int | None:
+    """The most tokens to write (None: no limit, llama-server's -1; 0: the prompt only read
+    into the cache)."""
+    n = next((v for v in (req.n_predict, req.max_completion_tokens, req.max_tokens)
+              if v is not None), None)
+    if n is not None and n < -1:
+        raise ApiError(400, f"'n_predict' is {n}; it must be -1 (no limit) or more.",
+                       param="n_predict")
+    return None if n is None or n < 0 else n
+
+
+def _typed(req: _Sampling, model: str, prompt: str | list[int],
+           names: dict[str, str]) -> CompletionGenerate:
+    """The worker's completion of `prompt` with `req`'s sampling, checked as OpenAI's
+    completions are (errors renamed by `names`)."""
+    if req.grammar:
+        raise ApiError(400, "'grammar' (GBNF) is not supported: constrain the output with "
+                            "'json_schema'.", param="grammar")
+    raw: dict[str, Any] = {
+        "model": model, "prompt": prompt, "temperature": req.temperature,
+        "top_p": req.top_p, "top_k": req.top_k, "min_p": req.min_p,
+        "repetition_penalty": req.repeat_penalty,
+        "presence_penalty": req.presence_penalty, "frequency_penalty": req.frequency_penalty,
+        "seed": None if req.seed is None or req.seed < 0 else req.seed,
+        "stop": req.stop, "ignore_eos": req.ignore_eos}
+    if req.json_schema is not None:
+        raw["response_format"] = {"type": "json_schema",
+                                  "json_schema": {"name": "json_schema",
+                                                  "schema": req.json_schema}}
+    raw = {k: v for k, v in raw.items() if v is not None}
+    try:
+        greq = generate_request(convert_request(raw, CompletionRequest), raw)
+    except ApiError as err:  # named as this body names it
+        param = names.get(err.param or "", err.param)
+        if param != err.param:
+            err.message = err.message.replace(f"`$.{err.param}`", f"`$.{param}`")
+            err.param = param
+        raise
+    return msgspec.structs.replace(greq, max_tokens=_limit(req),
+                                   min_indent=max(0, req.n_indent),
+                                   echo_prompt=True)  # the reply's `prompt`
+
+
+def completion_request(req: CompletionIn, model: str) -> CompletionGenerate:
+    """/completion's worker request: `prompt` continued as it is.
+
+    Raises:
+        ApiError: 400 naming this body's field.
+    """
+    if isinstance(req.prompt, str) and not req.prompt:
+        raise ApiError(400, "'prompt' is empty.", param="prompt")
+    return _typed(req, model, req.prompt, NAMES)
+
+
+def infill_request(req: InfillIn, model: str) -> CompletionGenerate:
+    """/infill's worker request: a completion of `input_prefix` with llama-server's layout.
+
+    Raises:
+        ApiError: 400 naming this body's field.
+    """
+    greq = _typed(req, model, req.input_prefix, INFILL_NAMES)
+    infill = Infill(suffix=req.input_suffix, middle=req.prompt,
+                    extra=[(c.filename, c.text) for c in req.input_extra], repository=True)
+    return msgspec.structs.replace(greq, infill=infill)
+
+
+def completion_call(body: bytes, ingress: Ingress) -> Call:
+    """/completion's Call.
+
+    Raises:
+        ApiError: 400 naming the field; 404 an unknown model.
+    """
+    req = decode_json(body, CompletionIn)
+    model = ingress.served(req.model)
+    return _call(req, model, completion_request(req, model), {})
+
+
+def infill_call(body: bytes, ingress: Ingress) -> Call:
+    """/infill's Call.
+
+    Raises:
+        ApiError: 400 naming the field; 404 an unknown model.
+    """
+    req = decode_json(body, InfillIn)
+    model = ingress.served(req.model)
+    return _call(req, model, infill_request(req, model),
+                 {"suffix": "input_suffix", "prompt": "input_prefix"})
+
+
+def _call(req: _Sampling, model: str, greq: CompletionGenerate,
+          params: dict[str, str]) -> Call:
+    reply = NativeReply(req.model or model, time.perf_counter(),
+                        settings=_settings(req, greq), fields=req.response_fields,
+                        stream=req.stream)
+    return Call(model=model, request=greq, stream=req.stream, reply=reply,
+                params={"max_tokens": "n_predict",
+                        "response_format.json_schema.schema": "json_schema", **params})
+
+
+def _settings(req: _Sampling, greq: CompletionGenerate) -> dict[str, Any]:
+    """llama-server's `generation_settings`: the request's sampling as read (a field it
+    does not set is the model's default, left out)."""
+    settings = {"n_predict": -1 if greq.max_tokens is None else greq.max_tokens,
+                "seed": -1 if greq.seed is None else greq.seed,
+                "temperature": greq.temperature, "top_k": greq.top_k, "top_p": greq.top_p,
+                "min_p": greq.min_p, "repeat_penalty": greq.repetition_penalty,
+                "presence_penalty": greq.presence_penalty,
+                "frequency_penalty": greq.frequency_penalty, "stop": greq.stop,
+                "ignore_eos": greq.ignore_eos, "n_indent": greq.min_indent,
+                "stream": req.stream}
+    return {k: v for k, v in settings.items() if v is not None}
