@@ -149,3 +149,18 @@ class NativeReply:
 
     def answer(self) -> Response:
         return Response(_encoder.encode(self.final()), media_type=self.media_type)
+
+
+def props(name: str, info: dict[str, Any]) -> dict[str, Any]:
+    """llama-server's GET /props of a model's description (the worker's, with its template;
+    a models folder's from its header): what clients read there, the context (`n_ctx`),
+    the slots, the model's path and chat template; no media; this server's own endpoints
+    (/metrics always, no /slots, no POST /props)."""
+    template = info.get("template") or info.get("chat_template") or ""
+    return {"default_generation_settings": {"n_ctx": info.get("context_length"),
+                                            "params": {"n_predict": -1}},
+            "total_slots": info.get("max_batch", 1), "model_alias": name,
+            "model_path": info.get("path", ""),
+            "modalities": {"vision": False, "video": False, "audio": False},
+            "endpoint_slots": False, "endpoint_props": False, "endpoint_metrics": True,
+            "chat_template": template, "build_info": "flm-serve", "is_sleeping": False}

@@ -1,14 +1,16 @@
-"""llama-server's own completion routes: /completion (also /completions) and /infill,
-through the ingress's one request path; errors in OpenAI's shape, as llama-server answers
-them."""
+"""llama-server's own routes: /completion (also /completions) and /infill through the
+ingress's one request path, GET /props (a model's context, slots and chat template: what
+SillyTavern and llama.cpp's own clients read); errors in OpenAI's shape, as llama-server
+answers them."""
 
 # No `from __future__ import annotations`: FastAPI reads the handlers' annotations.
 
 from fastapi import APIRouter, Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 
 from deployments.errors import error_response
 from deployments.ingress import Current
+from deployments.llama_server.reply import props as props_body
 from deployments.llama_server.request import completion_call, infill_call
 
 router = APIRouter()
@@ -23,3 +25,14 @@ async def completion(request: Request, ingress: Current) -> Response:
 @router.post("/infill")
 async def infill(request: Request, ingress: Current) -> Response:
     return await ingress.generate(request, "/infill", infill_call, error_response)
+
+
+@router.get("/props")
+async def props(request: Request, ingress: Current) -> Response:
+    """`model` from the query, optional where the server serves one model."""
+    async def run() -> Response:
+        ingress.authenticate(request)
+        name = ingress.served(request.query_params.get("model"))
+        return JSONResponse(props_body(name, await ingress.info(name, verbose=True)))
+
+    return await ingress.respond(run, error_response)

@@ -88,4 +88,6 @@ def test_completion_continues_a_prompt_as_openais_completions_do(client) -> None
     by_ids = client.post("/completion", json={**body, "prompt": ids["tokens"],
                                               "n_predict": 8}).json()
     assert by_ids["content"] == native["content"]
-
+    props = client.get("/props", params={"model": SMOL}).json()
+    assert props["default_generation_settings"]["n_ctx"] == 8192
+    assert "<|im_start|>" in props["chat_template"] and props["model_alias"] == SMOL

@@ -242,3 +242,14 @@ def test_bad_completion_input_is_a_400_naming_the_field(body: dict, param: str) 
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param and worker.requests == []
 
+
+
+def test_props_gives_the_context_slots_and_template() -> None:
+    worker = FakeWorker()
+    client, _ = _client(worker)
+    r = client.get("/props")
+    assert r.status_code == 200
+    body = r.json()
+    assert body["default_generation_settings"]["n_ctx"] == 2048 and body["model_alias"] == "m"
+    assert body["modalities"] == {"vision": False, "video": False, "audio": False}
+    assert client.get("/props", params={"model": "nope"}).status_code == 404
