@@ -67,4 +67,4 @@ class StopMatcher:
 
     def flush(self) -> str:
         out, self._held = ("" if self.stopped else self._held), ""
-        return out
+        return self._indentation(out) if self.min_indent > 0 else out

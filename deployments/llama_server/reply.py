@@ -121,7 +121,7 @@ class NativeReply:
                 "predicted_per_token_ms": predicted_ms / max(u.completion_tokens, 1),
                 "predicted_per_second": (1e3 * u.completion_tokens / predicted_ms
                                          if predicted_ms > 0 else 0.0)}}
-        return body if self.fields is None else nested(self.fields, body)
+        return nested(self.fields, body) if self.fields else body  # [] as none
 
     # -- deployments.exchange.Reply ---------------------------------------------------
     def lead(self) -> bytes:

@@ -11,8 +11,9 @@ name):
 Both take `model` (optional where the server serves one model) and llama-server's sampling
 fields: `n_predict` (also `max_tokens`, `max_completion_tokens`; -1 or none: no limit; 0:
 the prompt read into the cache, nothing written, as llama.vim warms its extra files),
-`temperature`, `top_k`, `top_p`, `min_p`, `repeat_penalty`, `presence_penalty`,
-`frequency_penalty`, `seed` (-1: random), `stop`, `ignore_eos`, `n_indent` (a line after
+`temperature`, `top_k`, `top_p`, `min_p` (clamped as llama-server clamps them, not OpenAI's
+ranges), `repeat_penalty` (above 0, at most 10), `presence_penalty`, `frequency_penalty`
+(any), `seed` (-1: random), `stop` (a string or a list), `ignore_eos`, `n_indent` (a line after
 the first indented less ends the output), `json_schema` (the output a JSON document of that
 schema), `stream`, `response_fields`. Fields of its slots, samplers and timing limits
 (`id_slot`, `cache_prompt`, `samplers`, `t_max_prompt_ms`, `t_max_predict_ms`, `n_probs`,
@@ -55,7 +56,7 @@ class _Sampling(msgspec.Struct, kw_only=True):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     seed: int | None = None
-    stop: list[str] | None = None
+    stop: str | list[str] | None = None
     ignore_eos: bool = False
     n_indent: int = 0
     json_schema: dict[str, Any] | None = None
@@ -85,11 +86,13 @@ class InfillIn(_Sampling, kw_only=True):
 def _limit(req: _Sampling) -> int | None:
     """The most tokens to write (None: no limit, llama-server's -1; 0: the prompt only read
     into the cache)."""
-    n = next((v for v in (req.n_predict, req.max_completion_tokens, req.max_tokens)
-              if v is not None), None)
+    field, n = next(((f, v) for f, v in (("n_predict", req.n_predict),
+                                          ("max_completion_tokens", req.max_completion_tokens),
+                                          ("max_tokens", req.max_tokens)) if v is not None),
+                    ("n_predict", None))
     if n is not None and n < -1:
-        raise ApiError(400, f"'n_predict' is {n}; it must be -1 (no limit) or more.",
-                       param="n_predict")
+        raise ApiError(400, f"'{field}' is {n}; it must be -1 (no limit) or more.",
+                       param=field)
     return None if n is None or n < 0 else n
 
 
@@ -100,11 +103,14 @@ def _typed(req: _Sampling, model: str, prompt: str | list[int],
     if req.grammar:
         raise ApiError(400, "'grammar' (GBNF) is not supported: constrain the output with "
                             "'json_schema'.", param="grammar")
+    if req.n_indent < 0:
+        raise ApiError(400, f"'n_indent' is {req.n_indent}; it must be 0 (no rule) or more.",
+                       param="n_indent")
+    # OpenAI's checks for the rest; the samplers' values as llama-server clamps them (a
+    # slider past OpenAI's ranges is not an error there): temperature and top_k from 0 (off),
+    # top_p and min_p within [0, 1], the penalties as they are
     raw: dict[str, Any] = {
-        "model": model, "prompt": prompt, "temperature": req.temperature,
-        "top_p": req.top_p, "top_k": req.top_k, "min_p": req.min_p,
-        "repetition_penalty": req.repeat_penalty,
-        "presence_penalty": req.presence_penalty, "frequency_penalty": req.frequency_penalty,
+        "model": model, "prompt": prompt, "repetition_penalty": req.repeat_penalty,
         "seed": None if req.seed is None or req.seed < 0 else req.seed,
         "stop": req.stop, "ignore_eos": req.ignore_eos}
     if req.json_schema is not None:
@@ -120,9 +126,15 @@ def _typed(req: _Sampling, model: str, prompt: str | list[int],
             err.message = err.message.replace(f"`$.{err.param}`", f"`$.{param}`")
             err.param = param
         raise
-    return msgspec.structs.replace(greq, max_tokens=_limit(req),
-                                   min_indent=max(0, req.n_indent),
-                                   echo_prompt=True)  # the reply's `prompt`
+    unit = (lambda v: None if v is None else min(1.0, max(0.0, v)))  # noqa: E731
+    return msgspec.structs.replace(
+        greq, max_tokens=_limit(req), min_indent=req.n_indent,
+        temperature=None if req.temperature is None else max(0.0, req.temperature),
+        top_k=req.top_k if req.top_k is not None and req.top_k > 0 else None,
+        top_p=unit(req.top_p), min_p=unit(req.min_p),
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        echo_prompt=True)  # the reply's `prompt`
 
 
 def completion_request(req: CompletionIn, model: str) -> CompletionGenerate:

@@ -55,6 +55,9 @@ def test_a_line_indented_less_than_min_indent_ends_the_text_as_llama_server_cuts
     # the first line is never checked; a blank line's newline counts as a character
     m = StopMatcher([], min_indent=4)
     assert m.push("z\n    a\n\n    b") == "z\n    a\n" and m.dedented
+    # text held for a stop string that never completes is checked when it is released
+    m = StopMatcher(["\nEND"], min_indent=4)
+    assert m.push("    a\nEN") + m.flush() == "    a\n" and m.dedented
 
 
 def test_the_cut_is_the_same_however_the_text_arrives() -> None:
@@ -62,7 +65,7 @@ def test_the_cut_is_the_same_however_the_text_arrives() -> None:
     from hypothesis import strategies as st
 
     @given(st.lists(st.integers(0, len(CODE)), max_size=6), st.integers(0, 9),
-           st.sampled_from([[], ["c\n"], ["\n\n"]]))
+           st.sampled_from([[], ["c\n"], ["\n\n"], ["\n        e!"], ["\nd\n "]]))
     def check(cuts: list[int], n: int, stops: list[str]) -> None:
         m = StopMatcher(stops, min_indent=n)
         bounds = [0, *sorted(cuts), len(CODE)]

@@ -117,7 +117,8 @@ def test_streamed_pieces_then_the_whole_object_without_done() -> None:
      "input_extra[0].text"),
     ({"input_prefix": "x", "input_suffix": "", "prompt": 3}, "prompt"),
     ({"input_prefix": "x", "input_suffix": "", "n_predict": -2}, "n_predict"),
-    ({"input_prefix": "x", "input_suffix": "", "temperature": -1}, "temperature"),
+    ({"input_prefix": "x", "input_suffix": "", "n_indent": -1}, "n_indent"),
+    ({"input_prefix": "x", "input_suffix": "", "max_tokens": -5}, "max_tokens"),
     ({"input_prefix": "x", "input_suffix": "", "repeat_penalty": 0}, "repeat_penalty"),
 ])
 def test_bad_input_is_a_400_naming_the_bodys_field(body: dict, param: str) -> None:
@@ -220,10 +221,30 @@ def test_completions_json_schema_is_the_constraint() -> None:
 
 def test_completion_streams_pieces_then_the_whole_object() -> None:
     client, _ = _client(FakeWorker(_middle()))
-    r = client.post("/completion", json={"prompt": "x", "stream": True})
-    events = [json.loads(ln[6:]) for ln in r.text.splitlines() if ln.startswith("data: ")]
+    r = client.post("/completion", json={"prompt": "x", "stream": True,
+                                         "response_fields": ["content"]})
+    lines = [ln[6:] for ln in r.text.splitlines() if ln.startswith("data: ")]
+    assert "[DONE]" not in lines
+    events = [json.loads(ln) for ln in lines]
     assert "".join(e["content"] for e in events[:-1]) == "\n    return 1"
-    assert events[-1]["stop"] is True and events[-1]["prompt"] == PROMPT
+    assert all(e["stop"] is False for e in events[:-1])
+    assert events[-1] == {"content": ""}  # the fields asked for, of the whole object
+
+
+def test_llama_servers_ranges_and_shapes_are_taken_as_it_takes_them() -> None:
+    """Sliders past OpenAI's ranges are clamped as llama-server clamps them, a `stop` string
+    is one stop, `n_indent` goes to the worker, `response_fields: []` is every field."""
+    worker = FakeWorker(_middle())
+    client, _ = _client(worker)
+    r = client.post("/completion", json={
+        "prompt": "x", "temperature": -1, "top_p": 0, "min_p": 2, "top_k": 0,
+        "presence_penalty": 3, "frequency_penalty": -4, "stop": "\n", "n_indent": 2,
+        "response_fields": []})
+    assert r.status_code == 200 and r.json()["content"] == "\n    return 1"
+    greq = worker.requests[0]
+    assert (greq.temperature, greq.top_p, greq.min_p, greq.top_k, greq.presence_penalty,
+            greq.frequency_penalty, greq.stop, greq.min_indent) == \
+        (0.0, 0.0, 1.0, None, 3, -4, ["\n"], 2)
 
 
 @pytest.mark.parametrize("body, param", [
