@@ -103,13 +103,17 @@ class CompletionGenerate(_Generate, tag="completion"):
     `max_tokens` 0 scores the prompt and writes nothing. `infill`: the prompt is the text
     before a gap the model fills (a code model's fill-in-the-middle); `min_indent`: a line
     after the first indented less than this ends the output (llama-server's `n_indent`:
-    an editor's completion ends where its block does; 0: no such rule).
+    an editor's completion ends where its block does; 0: no such rule); `time_limit_s`:
+    once the output has been written for longer, it ends with the next token that writes a
+    newline (llama-server's `t_max_predict_ms`: an editor waits no longer than that for a
+    completion of whole lines; None: no limit).
     """
 
     prompt: str = ""
     prompt_ids: list[int] | None = None
     infill: Infill | None = None
     min_indent: int = 0
+    time_limit_s: float | None = None
     constraint: ConstraintRequest = msgspec.field(default_factory=ConstraintRequest)
     echo_prompt: bool = False
     prompt_logprobs: bool = False

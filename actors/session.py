@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -64,8 +65,10 @@ class Choice:
         self.stream = stream
         self.detok = session.model.tokenizer.detokenizer(at_start=session.at_start)
         request = session.request
-        self.stops = StopMatcher(session.stop_strings, request.min_indent
-                                 if isinstance(request, CompletionGenerate) else 0)
+        completion = isinstance(request, CompletionGenerate)
+        self.stops = StopMatcher(session.stop_strings, request.min_indent if completion else 0)
+        self.time_limit_s = request.time_limit_s if completion else None
+        self.writing_since = time.monotonic()
         self.generated = 0
         self.tokens: list[int] = []  # sampled so far (the last one is next_token until fed)
         self.next_token: int | None = None
@@ -110,6 +113,7 @@ class Choice:
         write nothing (`max_tokens` 0: the prompt alone, scored)."""
         if self.session.request.max_tokens == 0:
             return self.finish("length")
+        self.writing_since = time.monotonic()  # for a time limit (llama-server's)
         return self.take(logits)
 
     def take(self, logits: np.ndarray, token: int | None = None) -> list[Event]:
@@ -134,7 +138,8 @@ class Choice:
             lp = [s.logprob(logits, token)]
         if token in s.eos_ids and not s.request.ignore_eos:
             return self.finish("stop")
-        text = self.stops.push(self.detok.push(token))
+        piece = self.detok.push(token)
+        text = self.stops.push(piece)
         events = self._emit(text, lp)
         if s.reasoning_budget is not None and not forced:
             self._spend_reasoning(events, s.reasoning_budget)
@@ -143,6 +148,9 @@ class Choice:
             return events + self.finish("length" if self.stops.dedented else "stop")
         if s.request.max_tokens is not None and self.generated >= s.request.max_tokens:
             return events + self.finish("length")
+        if self.time_limit_s is not None and "\n" in piece and \
+                time.monotonic() - self.writing_since > self.time_limit_s:
+            return events + self.finish("length")  # past the time, at a line's end
         if len(s.prompt_ids) + self.generated >= s.context_limit:  # (fed ones and this)
             return events + self.finish("length")
         self.next_token = token

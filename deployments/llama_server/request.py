@@ -14,9 +14,10 @@ the prompt read into the cache, nothing written, as llama.vim warms its extra fi
 `temperature`, `top_k`, `top_p`, `min_p` (clamped as llama-server clamps them, not OpenAI's
 ranges), `repeat_penalty` (above 0, at most 10), `presence_penalty`, `frequency_penalty`
 (any), `seed` (-1: random), `stop` (a string or a list), `ignore_eos`, `n_indent` (a line after
-the first indented less ends the output), `json_schema` (the output a JSON document of that
-schema), `stream`, `response_fields`. Fields of its slots, samplers and timing limits
-(`id_slot`, `cache_prompt`, `samplers`, `t_max_prompt_ms`, `t_max_predict_ms`, `n_probs`,
+the first indented less ends the output), `t_max_predict_ms` (after that long writing, the
+output ends at its next newline), `json_schema` (the output a JSON document of that
+schema), `stream`, `response_fields`. Fields of its slots and samplers (`id_slot`,
+`cache_prompt`, `samplers`, `t_max_prompt_ms` (off in llama-server too), `n_probs`,
 `mirostat`, `dry_*`, ...) are not read (prompts are cached here whatever they say); a
 `grammar` (GBNF) is a 400: the constraints here are JSON schemas.
 """
@@ -59,6 +60,7 @@ class _Sampling(msgspec.Struct, kw_only=True):
     stop: str | list[str] | None = None
     ignore_eos: bool = False
     n_indent: int = 0
+    t_max_predict_ms: float | None = None
     json_schema: dict[str, Any] | None = None
     grammar: str | None = None
     stream: bool = False
@@ -129,6 +131,8 @@ def _typed(req: _Sampling, model: str, prompt: str | list[int],
     unit = (lambda v: None if v is None else min(1.0, max(0.0, v)))  # noqa: E731
     return msgspec.structs.replace(
         greq, max_tokens=_limit(req), min_indent=req.n_indent,
+        time_limit_s=(req.t_max_predict_ms / 1e3 if req.t_max_predict_ms is not None
+                      and req.t_max_predict_ms > 0 else None),
         temperature=None if req.temperature is None else max(0.0, req.temperature),
         top_k=req.top_k if req.top_k is not None and req.top_k > 0 else None,
         top_p=unit(req.top_p), min_p=unit(req.min_p),

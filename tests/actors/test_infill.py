@@ -207,3 +207,30 @@ def test_min_indent_ends_the_output_at_a_dedented_line_as_a_limit(tmp_path) -> N
     assert "".join(e.text for e in cut if isinstance(e, Deltas)) == text[:start + ws]
     assert [e.finish_reason for e in cut if isinstance(e, Finished)] == ["length"]
     assert [e.finish_reason for e in whole if isinstance(e, Finished)] == ["length"]
+
+
+def test_a_time_limit_ends_the_output_at_its_next_newline(tmp_path) -> None:
+    """llama-server's t_max_predict_ms: past the limit (here any time at all), the output
+    ends with the next token that writes a newline, that token kept; finish "length"."""
+    tiny = load_model(ensure_tiny(tmp_path), name="flm-tiny")
+    worker = Worker(lambda: tiny, max_batch=2)
+    try:
+        common = dict(prompt="def add(a, b):\n    return a\n\n", max_tokens=24,
+                      temperature=1.0, seed=1, ignore_eos=True)
+        whole = asyncio.run(_events(worker, CompletionGenerate(request_id="w", **common)))
+        timed = asyncio.run(_events(worker, CompletionGenerate(
+            request_id="t", time_limit_s=1e-9, **common)))
+        free = asyncio.run(_events(worker, CompletionGenerate(
+            request_id="f", time_limit_s=3600.0, **common)))
+    finally:
+        worker.close()
+
+    def text(events: list) -> str:
+        return "".join(e.text for e in events if isinstance(e, Deltas))
+
+    first_line = text(whole)[: text(whole).index("\n") + 1]
+    assert text(timed).startswith(first_line) and "\n" not in text(timed)[len(first_line):]
+    assert len(text(timed)) < len(text(whole))
+    assert [e.finish_reason for e in timed if isinstance(e, Finished)] == ["length"]
+    assert text(free) == text(whole)  # within the limit: the same output
+

@@ -239,12 +239,14 @@ def test_llama_servers_ranges_and_shapes_are_taken_as_it_takes_them() -> None:
     r = client.post("/completion", json={
         "prompt": "x", "temperature": -1, "top_p": 0, "min_p": 2, "top_k": 0,
         "presence_penalty": 3, "frequency_penalty": -4, "stop": "\n", "n_indent": 2,
-        "response_fields": []})
+        "t_max_predict_ms": 500, "response_fields": []})
     assert r.status_code == 200 and r.json()["content"] == "\n    return 1"
     greq = worker.requests[0]
     assert (greq.temperature, greq.top_p, greq.min_p, greq.top_k, greq.presence_penalty,
-            greq.frequency_penalty, greq.stop, greq.min_indent) == \
-        (0.0, 0.0, 1.0, None, 3, -4, ["\n"], 2)
+            greq.frequency_penalty, greq.stop, greq.min_indent, greq.time_limit_s) == \
+        (0.0, 0.0, 1.0, None, 3, -4, ["\n"], 2, 0.5)
+    assert worker.requests[0].time_limit_s == 0.5
+    assert all(g.time_limit_s is None for g in worker.requests[1:])  # BODY's: absent
 
 
 @pytest.mark.parametrize("body, param", [
