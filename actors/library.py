@@ -108,7 +108,8 @@ class LibraryModel(msgspec.Struct, frozen=True, kw_only=True):
 
     def info(self) -> dict[str, Any]:
         """The model as the APIs' listings read a model description (see ModelWorker.info)."""
-        return {"id": self.name, "created": int(self.modified), "architecture": self.family,
+        return {"id": self.name, "created": int(self.modified), "path": self.path,
+                "architecture": self.family,
                 "parameters": self.parameters, "quantization": self.quantization,
                 "context_length": self.context_length, "file_format": self.format,
                 "weight_bytes": self.size, "digest": self.digest, "library": True,

@@ -181,6 +181,8 @@ class Choice:
     def finish(self, reason: str) -> list[Event]:
         self.done = True
         tail = self.stops.push(self.detok.flush()) + self.stops.flush()
+        if reason == "stop" and self.stops.dedented:  # the held text's line ended it
+            reason = "length"
         # An output cut by max_tokens or the context is a partial output: a call it was
         # writing stays a call (arguments as far as they got), never markup in content.
         events = self._emit(tail, None, final=reason != "length")

@@ -38,6 +38,8 @@ from deployments.llama_server.reply import NativeReply
 from deployments.openai.request import convert_request, generate_request
 from deployments.openai.schemas import CompletionRequest
 
+MAX_STOPS = 64  # stop strings one request may give (llama-server sets none; OpenAI's 8)
+MAX_TEMPERATURE = 1e6  # past this a float32 division gives inf: as good as uniform anyway
 # llama-server's names of the OpenAI completion fields its bodies are typed as
 NAMES = {"max_tokens": "n_predict", "repetition_penalty": "repeat_penalty",
          "response_format.json_schema.schema": "json_schema"}
@@ -108,13 +110,18 @@ def _typed(req: _Sampling, model: str, prompt: str | list[int],
     if req.n_indent < 0:
         raise ApiError(400, f"'n_indent' is {req.n_indent}; it must be 0 (no rule) or more.",
                        param="n_indent")
-    # OpenAI's checks for the rest; the samplers' values as llama-server clamps them (a
-    # slider past OpenAI's ranges is not an error there): temperature and top_k from 0 (off),
-    # top_p and min_p within [0, 1], the penalties as they are
+    stops = [s for s in ([req.stop] if isinstance(req.stop, str) else req.stop or []) if s]
+    if len(stops) > MAX_STOPS:
+        raise ApiError(400, f"'stop' holds {len(stops)} strings; at most {MAX_STOPS} are "
+                            "allowed.", param="stop")
+    # OpenAI's checks for the rest; the samplers' values and the stops as llama-server takes
+    # them (a slider past OpenAI's ranges, a group chat's many stops, are not an error
+    # there): temperature and top_k from 0 (top_k 0: off), top_p and min_p within [0, 1],
+    # the penalties as they are
     raw: dict[str, Any] = {
         "model": model, "prompt": prompt, "repetition_penalty": req.repeat_penalty,
         "seed": None if req.seed is None or req.seed < 0 else req.seed,
-        "stop": req.stop, "ignore_eos": req.ignore_eos}
+        "ignore_eos": req.ignore_eos}
     if req.json_schema is not None:
         raw["response_format"] = {"type": "json_schema",
                                   "json_schema": {"name": "json_schema",
@@ -133,8 +140,9 @@ def _typed(req: _Sampling, model: str, prompt: str | list[int],
         greq, max_tokens=_limit(req), min_indent=req.n_indent,
         time_limit_s=(req.t_max_predict_ms / 1e3 if req.t_max_predict_ms is not None
                       and req.t_max_predict_ms > 0 else None),
-        temperature=None if req.temperature is None else max(0.0, req.temperature),
-        top_k=req.top_k if req.top_k is not None and req.top_k > 0 else None,
+        temperature=(None if req.temperature is None
+                     else min(MAX_TEMPERATURE, max(0.0, req.temperature))),
+        top_k=None if req.top_k is None else max(0, req.top_k), stop=stops,
         top_p=unit(req.top_p), min_p=unit(req.min_p),
         presence_penalty=req.presence_penalty or 0.0,
         frequency_penalty=req.frequency_penalty or 0.0,
@@ -207,5 +215,7 @@ def _settings(req: _Sampling, greq: CompletionGenerate) -> dict[str, Any]:
                 "presence_penalty": greq.presence_penalty,
                 "frequency_penalty": greq.frequency_penalty, "stop": greq.stop,
                 "ignore_eos": greq.ignore_eos, "n_indent": greq.min_indent,
+                "t_max_predict_ms": (-1 if greq.time_limit_s is None
+                                     else greq.time_limit_s * 1e3),
                 "stream": req.stream}
     return {k: v for k, v in settings.items() if v is not None}

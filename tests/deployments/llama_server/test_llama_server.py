@@ -244,9 +244,20 @@ def test_llama_servers_ranges_and_shapes_are_taken_as_it_takes_them() -> None:
     greq = worker.requests[0]
     assert (greq.temperature, greq.top_p, greq.min_p, greq.top_k, greq.presence_penalty,
             greq.frequency_penalty, greq.stop, greq.min_indent, greq.time_limit_s) == \
-        (0.0, 0.0, 1.0, None, 3, -4, ["\n"], 2, 0.5)
+        (0.0, 0.0, 1.0, 0, 3, -4, ["\n"], 2, 0.5)  # top_k 0: off, not the model's
     assert worker.requests[0].time_limit_s == 0.5
     assert all(g.time_limit_s is None for g in worker.requests[1:])  # BODY's: absent
+
+
+def test_many_stops_are_taken_as_llama_server_takes_them() -> None:
+    """A group chat's stops past OpenAI's 8 (empty ones dropped); past 64 a 400."""
+    worker = FakeWorker(_middle())
+    client, _ = _client(worker)
+    stops = [f"\n{name}:" for name in "ABCDEFGHIJKL"] + [""]
+    assert client.post("/completion", json={"prompt": "x", "stop": stops}).status_code == 200
+    assert worker.requests[0].stop == stops[:-1]
+    r = client.post("/completion", json={"prompt": "x", "stop": ["s"] * 65})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stop"
 
 
 @pytest.mark.parametrize("body, param", [
