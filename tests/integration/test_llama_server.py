@@ -46,6 +46,24 @@ def test_llama_servers_infill_whole_and_streamed(client, oc) -> None:
     assert events[-1]["stop"] is True and events[-1]["timings"]["predicted_n"] == 6
 
 
+def test_a_warm_up_with_n_predict_0_caches_the_files_for_the_completion(client, oc) -> None:
+    """llama.vim's way: the extra files sent first with n_predict 0, then completions with
+    them: the files' tokens come from the KV cache (their cut does not move between
+    requests), the prompt's own end is computed."""
+    files = [{"filename": f"m{i}.py", "text": " ".join(f"v{i}_{j} = {j}" for j in range(40))}
+             for i in range(3)]
+    warm = client.post(LIBRARY_PREFIX + "/infill", json={
+        "model": CODER, "input_prefix": "", "input_suffix": "", "input_extra": files,
+        "n_predict": 0})
+    assert warm.status_code == 200 and warm.json()["tokens_predicted"] == 0
+    done = client.post(LIBRARY_PREFIX + "/infill", json={
+        "model": CODER, "input_prefix": PREFIX, "input_suffix": SUFFIX, "input_extra": files,
+        "n_predict": 4, "response_fields": ["timings/cache_n", "tokens_evaluated"]}).json()
+    # the shared start: the files and <PRE>, in whole blocks of 16
+    assert done["timings/cache_n"] >= warm.json()["tokens_evaluated"] - 2 - 15
+    assert done["timings/cache_n"] < done["tokens_evaluated"]
+
+
 def test_openai_and_ollama_clients_send_suffix(serve_url, oc) -> None:
     ai = openai.OpenAI(base_url=serve_url + LIBRARY_PREFIX + "/v1", api_key="unused",
                        max_retries=0)
