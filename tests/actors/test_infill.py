@@ -186,51 +186,44 @@ def test_the_middle_is_the_continuation_of_the_layouts_tokens(coder) -> None:
     assert isinstance(filled[-1], Usage) and filled[-1].prompt_tokens == len(ids)
 
 
-def test_min_indent_ends_the_output_at_a_dedented_line_as_a_limit(tmp_path) -> None:
-    """llama-server's n_indent in the worker: the same sampled output, cut where a line after
-    the first is indented less (here a blank line), finish_reason "length". (flm-tiny: the
-    coder's random middles repeat one FIM token; this seed's output has lines.)"""
+def _lines(tmp_path, **variants: dict) -> dict[str, tuple[str, list[str]]]:
+    """flm-tiny's sampled output of a code prompt (seed 1: it has lines; the coder's random
+    middles repeat one FIM token), as it is ("whole") and with each variant's fields: the
+    text and the finish reasons of each."""
     tiny = load_model(ensure_tiny(tmp_path), name="flm-tiny")
     worker = Worker(lambda: tiny, max_batch=2)
+    common = dict(prompt="def add(a, b):\n    return a\n\n", max_tokens=24,
+                  temperature=1.0, seed=1, ignore_eos=True)
+    out = {}
     try:
-        common = dict(prompt="def add(a, b):\n    return a\n\n", max_tokens=24,
-                      temperature=1.0, seed=1, ignore_eos=True)
-        whole = asyncio.run(_events(worker, CompletionGenerate(request_id="w", **common)))
-        cut = asyncio.run(_events(worker, CompletionGenerate(request_id="c", min_indent=1,
-                                                             **common)))
+        for name, fields in {"whole": {}, **variants}.items():
+            events = asyncio.run(_events(worker, CompletionGenerate(
+                request_id=name, **common, **fields)))
+            out[name] = ("".join(e.text for e in events if isinstance(e, Deltas)),
+                         [e.finish_reason for e in events if isinstance(e, Finished)])
     finally:
         worker.close()
-    text = "".join(e.text for e in whole if isinstance(e, Deltas))
+    return out
+
+
+def test_min_indent_ends_the_output_at_a_dedented_line_as_a_limit(tmp_path) -> None:
+    """llama-server's n_indent in the worker: the same sampled output, cut where a line after
+    the first is indented less (here a blank line), finish_reason "length"."""
+    runs = _lines(tmp_path, cut={"min_indent": 1})
+    text = runs["whole"][0]
     start = text.find("\n") + 1
     assert 0 < start < len(text), "this seed's output has a second line"
     ws = len(text[start:]) - len(text[start:].lstrip(" \t"))
-    assert "".join(e.text for e in cut if isinstance(e, Deltas)) == text[:start + ws]
-    assert [e.finish_reason for e in cut if isinstance(e, Finished)] == ["length"]
-    assert [e.finish_reason for e in whole if isinstance(e, Finished)] == ["length"]
+    assert runs["cut"] == (text[:start + ws], ["length"])
+    assert runs["whole"][1] == ["length"]
 
 
 def test_a_time_limit_ends_the_output_at_its_next_newline(tmp_path) -> None:
     """llama-server's t_max_predict_ms: past the limit (here any time at all), the output
     ends with the next token that writes a newline, that token kept; finish "length"."""
-    tiny = load_model(ensure_tiny(tmp_path), name="flm-tiny")
-    worker = Worker(lambda: tiny, max_batch=2)
-    try:
-        common = dict(prompt="def add(a, b):\n    return a\n\n", max_tokens=24,
-                      temperature=1.0, seed=1, ignore_eos=True)
-        whole = asyncio.run(_events(worker, CompletionGenerate(request_id="w", **common)))
-        timed = asyncio.run(_events(worker, CompletionGenerate(
-            request_id="t", time_limit_s=1e-9, **common)))
-        free = asyncio.run(_events(worker, CompletionGenerate(
-            request_id="f", time_limit_s=3600.0, **common)))
-    finally:
-        worker.close()
-
-    def text(events: list) -> str:
-        return "".join(e.text for e in events if isinstance(e, Deltas))
-
-    first_line = text(whole)[: text(whole).index("\n") + 1]
-    assert text(timed).startswith(first_line) and "\n" not in text(timed)[len(first_line):]
-    assert len(text(timed)) < len(text(whole))
-    assert [e.finish_reason for e in timed if isinstance(e, Finished)] == ["length"]
-    assert text(free) == text(whole)  # within the limit: the same output
-
+    runs = _lines(tmp_path, timed={"time_limit_s": 1e-9}, free={"time_limit_s": 3600.0})
+    whole, (timed, reasons) = runs["whole"][0], runs["timed"]
+    first_line = whole[: whole.index("\n") + 1]
+    assert timed.startswith(first_line) and "\n" not in timed[len(first_line):]
+    assert len(timed) < len(whole) and reasons == ["length"]
+    assert runs["free"][0] == whole  # within the limit: the same output
