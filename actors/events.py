@@ -144,12 +144,15 @@ GenerateRequest = ChatGenerate | CompletionGenerate | EmbedGenerate
 
 class TokenLogprob(msgspec.Struct, array_like=True):
     """A token's text, its log-probability (None: a prompt's first token, which follows
-    nothing), its bytes, and the most likely tokens in its place (text, logprob, bytes)."""
+    nothing), its bytes, and the most likely tokens in its place (text, logprob, bytes);
+    the token's id and those of `top` (llama-server's answers name them)."""
 
     token: str
     logprob: float | None
     bytes: list[int]
     top: list[tuple[str, float, list[int]]]
+    id: int = -1
+    top_ids: list[int] = msgspec.field(default_factory=list)
 
 
 class Accepted(msgspec.Struct, tag="accepted", tag_field="event"):

@@ -260,7 +260,8 @@ class Session:
                        top: list[tuple[int, float]]) -> TokenLogprob:
         table = self.token_table
         return TokenLogprob(token=_piece(table[token]), logprob=value, bytes=list(table[token]),
-                            top=[(_piece(table[t]), v, list(table[t])) for t, v in top])
+                            top=[(_piece(table[t]), v, list(table[t])) for t, v in top],
+                            id=token, top_ids=[t for t, _ in top])
 
     def score(self, logits: np.ndarray, start: int) -> None:
         """Note the logprobs of the prompt tokens that `logits` (the rows after prompt

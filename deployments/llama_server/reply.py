@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 from starlette.responses import Response
 
-from actors.events import Accepted, Deltas, Failed, Finished, Prompt, Usage
+from actors.events import Accepted, Deltas, Failed, Finished, Prompt, TokenLogprob, Usage
 from deployments.errors import ApiError, error_body
 
 _encoder = msgspec.json.Encoder()
@@ -25,6 +25,15 @@ STOP_TYPES = {"length": "limit"}  # else "eos", or "word" where a stop string en
 
 def _sse(obj: Any) -> bytes:
     return b"data: " + _encoder.encode(obj) + b"\n\n"
+
+
+def probabilities(items: list[TokenLogprob]) -> list[dict]:
+    """llama-server's `completion_probabilities` (its `n_probs`, before sampling): each
+    token's id, text, bytes and logprob, and its most likely alternatives alike."""
+    return [{"id": t.id, "token": t.token, "bytes": t.bytes, "logprob": t.logprob,
+             "top_logprobs": [{"id": i, "token": s, "bytes": b, "logprob": v}
+                              for i, (s, v, b) in zip(t.top_ids, t.top)]}
+            for t in items]
 
 
 def nested(paths: list[str], body: dict) -> dict:
@@ -63,6 +72,7 @@ class NativeReply:
         self.content: list[str] = []
         self.prompt = ""
         self.pieces = 0
+        self.probs: list[dict] = []  # completion_probabilities, where asked (n_probs)
         self.first_at: float | None = None
         self.finished: Finished | None = None
         self.usage: Usage | None = None
@@ -77,12 +87,15 @@ class NativeReply:
         elif isinstance(ev, Deltas) and ev.index == 0:
             if self.first_at is None:
                 self.first_at = time.perf_counter()
-            if ev.text:
+            probs = probabilities(ev.logprobs) if ev.logprobs else []
+            self.probs += probs
+            if ev.text or probs:
                 self.content.append(ev.text)
                 self.pieces += 1
-                return [{"index": 0, "content": ev.text, "tokens": [], "stop": False,
+                piece = {"index": 0, "content": ev.text, "tokens": [], "stop": False,
                          "id_slot": -1, "tokens_predicted": self.pieces,
-                         "tokens_evaluated": self.prompt_tokens}]
+                         "tokens_evaluated": self.prompt_tokens}
+                return [{**piece, "completion_probabilities": probs} if probs else piece]
         elif isinstance(ev, Finished) and ev.index == 0:
             if self.first_at is None:
                 self.first_at = time.perf_counter()
@@ -121,6 +134,8 @@ class NativeReply:
                 "predicted_per_token_ms": predicted_ms / max(u.completion_tokens, 1),
                 "predicted_per_second": (1e3 * u.completion_tokens / predicted_ms
                                          if predicted_ms > 0 else 0.0)}}
+        if self.probs and not self.stream:  # streamed: with each piece
+            body["completion_probabilities"] = self.probs
         return nested(self.fields, body) if self.fields else body  # [] as none
 
     # -- deployments.exchange.Reply ---------------------------------------------------

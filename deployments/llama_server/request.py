@@ -13,13 +13,15 @@ fields: `n_predict` (also `max_tokens`, `max_completion_tokens`; -1 or none: no 
 the prompt read into the cache, nothing written, as llama.vim warms its extra files),
 `temperature`, `top_k`, `top_p`, `min_p` (clamped as llama-server clamps them, not OpenAI's
 ranges), `repeat_penalty` (above 0, at most 10), `presence_penalty`, `frequency_penalty`
-(any), `seed` (-1: random), `stop` (a string or a list), `ignore_eos`, `n_indent` (a line after
-the first indented less ends the output), `t_max_predict_ms` (after that long writing, the
-output ends at its next newline), `json_schema` (the output a JSON document of that
-schema), `stream`, `response_fields`. Fields of its slots and samplers (`id_slot`,
-`cache_prompt`, `samplers`, `t_max_prompt_ms` (off in llama-server too), `n_probs`,
-`mirostat`, `dry_*`, ...) are not read (prompts are cached here whatever they say); a
-`grammar` (GBNF) is a 400: the constraints here are JSON schemas.
+(any), `seed` (-1: random), `stop` (a string or a list), `ignore_eos`, `n_indent` (a line
+after the first indented less ends the output), `t_max_predict_ms` (after that long
+writing, the output ends at its next newline), `n_probs` (each token's logprob and its most
+likely alternatives: llama-server's `completion_probabilities`), `json_schema` (the output
+a JSON document of that schema), `stream`, `response_fields`. Fields of its slots and
+samplers (`id_slot`, `cache_prompt`, `samplers`, `t_max_prompt_ms` (off in llama-server
+too), `post_sampling_probs` (the logprobs are before sampling), `mirostat`, `dry_*`, ...)
+are not read (prompts are cached here whatever they say); a `grammar` (GBNF) is a 400: the
+constraints here are JSON schemas.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from deployments.llama_server.reply import NativeReply
 from deployments.openai.request import convert_request, generate_request
 from deployments.openai.schemas import CompletionRequest
 
+MAX_PROBS = 100  # the most alternatives `n_probs` may ask for each token
 MAX_STOPS = 64  # stop strings one request may give (llama-server sets none; OpenAI's 8)
 MAX_TEMPERATURE = 1e6  # past this a float32 division gives inf: as good as uniform anyway
 # llama-server's names of the OpenAI completion fields its bodies are typed as
@@ -63,6 +66,7 @@ class _Sampling(msgspec.Struct, kw_only=True):
     ignore_eos: bool = False
     n_indent: int = 0
     t_max_predict_ms: float | None = None
+    n_probs: int = 0
     json_schema: dict[str, Any] | None = None
     grammar: str | None = None
     stream: bool = False
@@ -107,6 +111,9 @@ def _typed(req: _Sampling, model: str, prompt: str | list[int],
     if req.grammar:
         raise ApiError(400, "'grammar' (GBNF) is not supported: constrain the output with "
                             "'json_schema'.", param="grammar")
+    if not 0 <= req.n_probs <= MAX_PROBS:
+        raise ApiError(400, f"'n_probs' is {req.n_probs}; it must be 0 to {MAX_PROBS}.",
+                       param="n_probs")
     if req.n_indent < 0:
         raise ApiError(400, f"'n_indent' is {req.n_indent}; it must be 0 (no rule) or more.",
                        param="n_indent")
@@ -144,6 +151,7 @@ def _typed(req: _Sampling, model: str, prompt: str | list[int],
                      else min(MAX_TEMPERATURE, max(0.0, req.temperature))),
         top_k=None if req.top_k is None else max(0, req.top_k), stop=stops,
         top_p=unit(req.top_p), min_p=unit(req.min_p),
+        logprobs=req.n_probs > 0, top_logprobs=req.n_probs,
         presence_penalty=req.presence_penalty or 0.0,
         frequency_penalty=req.frequency_penalty or 0.0,
         echo_prompt=True)  # the reply's `prompt`
@@ -215,6 +223,7 @@ def _settings(req: _Sampling, greq: CompletionGenerate) -> dict[str, Any]:
                 "presence_penalty": greq.presence_penalty,
                 "frequency_penalty": greq.frequency_penalty, "stop": greq.stop,
                 "ignore_eos": greq.ignore_eos, "n_indent": greq.min_indent,
+                "n_probs": greq.top_logprobs,
                 "t_max_predict_ms": (-1 if greq.time_limit_s is None
                                      else greq.time_limit_s * 1e3),
                 "stream": req.stream}

@@ -107,6 +107,13 @@ def test_completion_continues_a_prompt_as_openais_completions_do(client) -> None
     by_ids = client.post("/completion", json={**body, "prompt": ids["tokens"],
                                               "n_predict": 8}).json()
     assert by_ids["content"] == native["content"]
+    # n_probs: each token and its most likely alternatives (greedy: the first of them)
+    probs = client.post("/completion", json={**body, "n_predict": 3, "n_probs": 3}).json()
+    rows = probs["completion_probabilities"]
+    assert "".join(r["token"] for r in rows) == probs["content"] == native["content"][
+        :len(probs["content"])]
+    assert all(r["id"] == r["top_logprobs"][0]["id"] and len(r["top_logprobs"]) == 3
+               for r in rows)
     props = client.get("/props", params={"model": SMOL}).json()
     assert props["default_generation_settings"]["n_ctx"] == 8192
     assert "<|im_start|>" in props["chat_template"] and props["model_alias"] == SMOL

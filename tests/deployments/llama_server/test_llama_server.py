@@ -19,6 +19,7 @@ from actors.events import (
     Infill,
     Prompt,
     Rejected,
+    TokenLogprob,
     Usage,
 )
 from tests.deployments.test_ingress import FakeStream, FakeWorker, _client
@@ -287,3 +288,32 @@ def test_props_gives_the_context_slots_and_template() -> None:
     assert body["default_generation_settings"]["n_ctx"] == 2048 and body["model_alias"] == "m"
     assert body["modalities"] == {"vision": False, "video": False, "audio": False}
     assert client.get("/props", params={"model": "nope"}).status_code == 404
+
+
+def _with_probs() -> FakeStream:
+    lp = TokenLogprob(token="Pa", logprob=-0.1, bytes=[80, 97], top=[("Pa", -0.1, [80, 97]),
+                                                                     ("Lo", -2.5, [76, 111])],
+                      id=7, top_ids=[7, 9])
+    return FakeStream([[Accepted(request_id="r", model="m", prompt_tokens=3)],
+                       [Deltas(index=0, text="Pa", logprobs=[lp])],
+                       [Finished(index=0, finish_reason="length", completion_tokens=1),
+                        Usage(prompt_tokens=3, completion_tokens=1)]])
+
+
+def test_n_probs_answers_llama_servers_completion_probabilities() -> None:
+    worker = FakeWorker(_with_probs(), _with_probs())
+    client, _ = _client(worker)
+    r = client.post("/completion", json={"prompt": "x", "n_predict": 1, "n_probs": 2})
+    greq = worker.requests[0]
+    assert greq.logprobs and greq.top_logprobs == 2
+    assert r.json()["completion_probabilities"] == [
+        {"id": 7, "token": "Pa", "bytes": [80, 97], "logprob": -0.1, "top_logprobs": [
+            {"id": 7, "token": "Pa", "bytes": [80, 97], "logprob": -0.1},
+            {"id": 9, "token": "Lo", "bytes": [76, 111], "logprob": -2.5}]}]
+    r = client.post("/completion", json={"prompt": "x", "n_predict": 1, "n_probs": 2,
+                                         "stream": True})
+    events = [json.loads(ln[6:]) for ln in r.text.splitlines() if ln.startswith("data: ")]
+    assert events[0]["completion_probabilities"][0]["top_logprobs"][1]["token"] == "Lo"
+    assert "completion_probabilities" not in events[-1]  # streamed with each piece
+    bad = client.post("/completion", json={"prompt": "x", "n_probs": 101})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "n_probs"
