@@ -22,6 +22,7 @@ from actors.events import (
     TokenLogprob,
     Usage,
 )
+from tests.deployments.test_hostile_bodies import HOSTILE
 from tests.deployments.test_ingress import FakeStream, FakeWorker, _client
 
 PROMPT = "<|fim_prefix|>def f():<|fim_suffix|>\n<|fim_middle|>"
@@ -317,3 +318,16 @@ def test_n_probs_answers_llama_servers_completion_probabilities() -> None:
     assert "completion_probabilities" not in events[-1]  # streamed with each piece
     bad = client.post("/completion", json={"prompt": "x", "n_probs": 101})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "n_probs"
+
+
+@pytest.mark.parametrize("kind", list(HOSTILE))
+def test_hostile_bodies_are_4xx_in_openais_shape(kind: str) -> None:
+    """tests/deployments/test_hostile_bodies.py's bodies on llama-server's routes (a model
+    that is not served: a body that decodes is a 404, one that does not a 400)."""
+    worker = FakeWorker()
+    client, _ = _client(worker)
+    for path in ("/completion", "/completions", "/infill"):
+        r = client.post(path, content=HOSTILE[kind], headers={"content-type": "application/json"})
+        assert r.status_code in (400, 404), (path, r.status_code, r.text[:300])
+        assert r.json()["error"]["message"] and r.json()["error"]["type"]
+    assert worker.requests == []
