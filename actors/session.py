@@ -144,8 +144,7 @@ class Choice:
         if s.reasoning_budget is not None and not forced:
             self._spend_reasoning(events, s.reasoning_budget)
         if self.stops.stopped or (self.constraint is not None and self.constraint.ended):
-            # a line's indentation ends the output as a limit does (llama-server's)
-            return events + self.finish("length" if self.stops.dedented else "stop")
+            return events + self.finish("stop")  # (a dedent: a limit, finish says)
         if s.request.max_tokens is not None and self.generated >= s.request.max_tokens:
             return events + self.finish("length")
         if self.time_limit_s is not None and "\n" in piece and \
@@ -181,8 +180,8 @@ class Choice:
     def finish(self, reason: str) -> list[Event]:
         self.done = True
         tail = self.stops.push(self.detok.flush()) + self.stops.flush()
-        if reason == "stop" and self.stops.dedented:  # the held text's line ended it
-            reason = "length"
+        if reason == "stop" and self.stops.dedented:
+            reason = "length"  # a line's indentation ended it: a limit (llama-server's)
         # An output cut by max_tokens or the context is a partial output: a call it was
         # writing stays a call (arguments as far as they got), never markup in content.
         events = self._emit(tail, None, final=reason != "length")
@@ -461,7 +460,7 @@ def build_session(request: GenerateRequest, model: Model, spec: FormatSpec,
     if chat:
         stops += [s for s in spec.extra_stops if model.tokenizer.id_of(s) is None]
     eos = set(model.eos_token_ids)
-    if not chat and request.infill is not None and model.fim is not None:
+    if not chat and request.infill is not None:  # (infill_ids refused a model without)
         eos.update(model.fim.stops)  # what ends a middle
     for s in spec.extra_stops:
         tid = model.tokenizer.id_of(s)

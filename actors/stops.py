@@ -27,10 +27,11 @@ class StopMatcher:
     def push(self, text: str) -> str:
         """Text that is safe to emit; sets `stopped` when a stop string completes or a line
         is indented less than `min_indent`."""
-        safe = self._stop_strings(text)
-        return self._indentation(safe) if self.min_indent > 0 else safe
+        return self._indentation(self._stop_strings(text))
 
     def _indentation(self, text: str) -> str:
+        if self.min_indent <= 0:
+            return text
         for i, ch in enumerate(text):
             if self._indent is not None:  # at a line's start (after a newline)
                 if ch in " \t":
@@ -67,4 +68,4 @@ class StopMatcher:
 
     def flush(self) -> str:
         out, self._held = ("" if self.stopped else self._held), ""
-        return self._indentation(out) if self.min_indent > 0 else out
+        return self._indentation(out)

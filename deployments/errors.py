@@ -21,6 +21,14 @@ class ApiError(Exception):
         self.type = type or _TYPES.get(status, "invalid_request_error")
         self.headers = headers or {}
 
+    def renamed(self, param: str | None) -> ApiError:
+        """This error naming its field `param` (a request translated to another API's
+        names it as the client sent it), in its text's field path too."""
+        if param != self.param:
+            self.message = self.message.replace(f"`$.{self.param}`", f"`$.{param}`")
+            self.param = param
+        return self
+
 
 def error_body(message: str, *, type: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> dict[str, Any]:

@@ -104,6 +104,17 @@ def _limit(req: _Sampling) -> int | None:
     return None if n is None or n < 0 else n
 
 
+def _unit(value: float | None) -> float | None:
+    """A probability as llama-server clamps it: within [0, 1]."""
+    return None if value is None else min(1.0, max(0.0, value))
+
+
+def _shows_prompt(fields: list[str] | None) -> bool:
+    """Whether the answer shows `prompt` (the worker then sends it back: an editor's
+    `response_fields` usually leave it out, and with it the decoding of a long prompt)."""
+    return not fields or any(f.split("/")[0] == "prompt" for f in fields)
+
+
 def _typed(req: _Sampling, model: str, prompt: str | list[int],
            names: dict[str, str]) -> CompletionGenerate:
     """The worker's completion of `prompt` with `req`'s sampling, checked as OpenAI's
@@ -137,12 +148,7 @@ def _typed(req: _Sampling, model: str, prompt: str | list[int],
     try:
         greq = generate_request(convert_request(raw, CompletionRequest), raw)
     except ApiError as err:  # named as this body names it
-        param = names.get(err.param or "", err.param)
-        if param != err.param:
-            err.message = err.message.replace(f"`$.{err.param}`", f"`$.{param}`")
-            err.param = param
-        raise
-    unit = (lambda v: None if v is None else min(1.0, max(0.0, v)))  # noqa: E731
+        raise err.renamed(names.get(err.param or "", err.param)) from None
     return msgspec.structs.replace(
         greq, max_tokens=_limit(req), min_indent=req.n_indent,
         time_limit_s=(req.t_max_predict_ms / 1e3 if req.t_max_predict_ms is not None
@@ -150,11 +156,11 @@ def _typed(req: _Sampling, model: str, prompt: str | list[int],
         temperature=(None if req.temperature is None
                      else min(MAX_TEMPERATURE, max(0.0, req.temperature))),
         top_k=None if req.top_k is None else max(0, req.top_k), stop=stops,
-        top_p=unit(req.top_p), min_p=unit(req.min_p),
+        top_p=_unit(req.top_p), min_p=_unit(req.min_p),
         logprobs=req.n_probs > 0, top_logprobs=req.n_probs,
         presence_penalty=req.presence_penalty or 0.0,
         frequency_penalty=req.frequency_penalty or 0.0,
-        echo_prompt=True)  # the reply's `prompt`
+        echo_prompt=_shows_prompt(req.response_fields))
 
 
 def completion_request(req: CompletionIn, model: str) -> CompletionGenerate:
@@ -188,7 +194,7 @@ def completion_call(body: bytes, ingress: Ingress) -> Call:
     """
     req = decode_json(body, CompletionIn)
     model = ingress.served(req.model)
-    return _call(req, model, completion_request(req, model), {})
+    return _call(req, model, completion_request(req, model), NAMES)
 
 
 def infill_call(body: bytes, ingress: Ingress) -> Call:
@@ -199,18 +205,16 @@ def infill_call(body: bytes, ingress: Ingress) -> Call:
     """
     req = decode_json(body, InfillIn)
     model = ingress.served(req.model)
-    return _call(req, model, infill_request(req, model),
-                 {"suffix": "input_suffix", "prompt": "input_prefix"})
+    return _call(req, model, infill_request(req, model), INFILL_NAMES)
 
 
 def _call(req: _Sampling, model: str, greq: CompletionGenerate,
-          params: dict[str, str]) -> Call:
+          names: dict[str, str]) -> Call:
+    """`names`: this body's names of the fields a worker's refusal may name too."""
     reply = NativeReply(req.model or model, time.perf_counter(),
                         settings=_settings(req, greq), fields=req.response_fields,
                         stream=req.stream)
-    return Call(model=model, request=greq, stream=req.stream, reply=reply,
-                params={"max_tokens": "n_predict",
-                        "response_format.json_schema.schema": "json_schema", **params})
+    return Call(model=model, request=greq, stream=req.stream, reply=reply, params=names)
 
 
 def _settings(req: _Sampling, greq: CompletionGenerate) -> dict[str, Any]:

@@ -251,11 +251,7 @@ def _openai(raw: dict, schema: type[ChatRequest | CompletionRequest],
     try:
         return openai_generate_request(convert_request(raw, schema), raw, **extra)
     except ApiError as err:  # named as the Ollama request has it, in the text too
-        param = _ollama_param(err.param, names)
-        if param != err.param:
-            err.message = err.message.replace(f"`$.{err.param}`", f"`$.{param}`")
-            err.param = param
-        raise
+        raise err.renamed(_ollama_param(err.param, names)) from None
 
 
 def _no_images(images: list | None, where: str) -> None:

@@ -222,7 +222,8 @@ def test_completions_json_schema_is_the_constraint() -> None:
 
 
 def test_completion_streams_pieces_then_the_whole_object() -> None:
-    client, _ = _client(FakeWorker(_middle()))
+    worker = FakeWorker(_middle())
+    client, _ = _client(worker)
     r = client.post("/completion", json={"prompt": "x", "stream": True,
                                          "response_fields": ["content"]})
     lines = [ln[6:] for ln in r.text.splitlines() if ln.startswith("data: ")]
@@ -231,6 +232,7 @@ def test_completion_streams_pieces_then_the_whole_object() -> None:
     assert "".join(e["content"] for e in events[:-1]) == "\n    return 1"
     assert all(e["stop"] is False for e in events[:-1])
     assert events[-1] == {"content": ""}  # the fields asked for, of the whole object
+    assert not worker.requests[0].echo_prompt  # no `prompt` asked: none sent back
 
 
 def test_llama_servers_ranges_and_shapes_are_taken_as_it_takes_them() -> None:
