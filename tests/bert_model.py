@@ -23,6 +23,18 @@ POOLING_KEYS = {"mean": "pooling_mode_mean_tokens", "cls": "pooling_mode_cls_tok
                 "last": "pooling_mode_lasttoken", "max": "pooling_mode_max_tokens"}
 
 
+def add_encoder_header(w, cfg: dict, context: int) -> None:
+    """An encoder's shape in a GGUF header, as llama.cpp's converter writes a BERT's (`cfg`:
+    its config.json; `context`: the positions it takes)."""
+    w.add_context_length(context)
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_layer_norm_eps(cfg["layer_norm_eps"])
+    w.add_causal_attention(False)
+
+
 def _vocab(specials: list[str] = SPECIALS) -> dict[str, int]:
     """Specials, characters and their "##" continuations, common suffixes, then flm-tiny's
     corpus's most frequent words (deterministic: ties by the word)."""
@@ -218,13 +230,7 @@ def write_bert_gguf(folder: Path, path: Path, qtype=None, *, pooling: str | None
     w.add_name(f"random-{arch}")
     if "rope" in cfg:
         w.add_rope_freq_base(float(cfg["rope"]))
-    w.add_context_length(cfg["max_position_embeddings"])
-    w.add_embedding_length(cfg["hidden_size"])
-    w.add_feed_forward_length(cfg["intermediate_size"])
-    w.add_block_count(cfg["num_hidden_layers"])
-    w.add_head_count(cfg["num_attention_heads"])
-    w.add_layer_norm_eps(cfg["layer_norm_eps"])
-    w.add_causal_attention(False)
+    add_encoder_header(w, cfg, cfg["max_position_embeddings"])
     if pooling is not None:
         w.add_uint32(f"{arch}.pooling_type", GGUF_POOLING[pooling])
     w.add_tokenizer_model("bert")

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from npu.load.tiny import DATA
-from tests.bert_model import _GGUF_LAYER, _GGUF_NAMES, GGUF_POOLING
+from tests.bert_model import _GGUF_LAYER, _GGUF_NAMES, GGUF_POOLING, add_encoder_header
 
 SPECIALS = ["<s>", "<pad>", "</s>", "<unk>"]  # XLM-RoBERTa's first ids; <mask> is the last
 DIMS = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -128,13 +128,7 @@ def write_xlmr_gguf(folder: Path, path: Path, *, pooling: str = "mean",
              else 1 for i in range(len(tokens))]
     w = GGUFWriter(str(path), "bert")
     w.add_name("random-xlm-roberta")
-    w.add_context_length(cfg["max_position_embeddings"] - cfg["pad_token_id"] - 1)
-    w.add_embedding_length(cfg["hidden_size"])
-    w.add_feed_forward_length(cfg["intermediate_size"])
-    w.add_block_count(cfg["num_hidden_layers"])
-    w.add_head_count(cfg["num_attention_heads"])
-    w.add_layer_norm_eps(cfg["layer_norm_eps"])
-    w.add_causal_attention(False)
+    add_encoder_header(w, cfg, cfg["max_position_embeddings"] - cfg["pad_token_id"] - 1)
     w.add_uint32("bert.pooling_type", GGUF_POOLING[pooling])
     w.add_tokenizer_model("t5")
     w.add_tokenizer_pre("default")
