@@ -27,6 +27,7 @@ constraints here are JSON schemas.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -192,9 +193,7 @@ def completion_call(body: bytes, ingress: Ingress) -> Call:
     Raises:
         ApiError: 400 naming the field; 404 an unknown model.
     """
-    req = decode_json(body, CompletionIn)
-    model = ingress.served(req.model)
-    return _call(req, model, completion_request(req, model), NAMES)
+    return _call(decode_json(body, CompletionIn), ingress, completion_request, NAMES)
 
 
 def infill_call(body: bytes, ingress: Ingress) -> Call:
@@ -203,14 +202,15 @@ def infill_call(body: bytes, ingress: Ingress) -> Call:
     Raises:
         ApiError: 400 naming the field; 404 an unknown model.
     """
-    req = decode_json(body, InfillIn)
+    return _call(decode_json(body, InfillIn), ingress, infill_request, INFILL_NAMES)
+
+
+def _call(req: Any, ingress: Ingress,
+          typed: Callable[[Any, str], CompletionGenerate], names: dict[str, str]) -> Call:
+    """`req` on the model it names, typed by `typed`; `names`: this body's names of the
+    fields a worker's refusal may name too."""
     model = ingress.served(req.model)
-    return _call(req, model, infill_request(req, model), INFILL_NAMES)
-
-
-def _call(req: _Sampling, model: str, greq: CompletionGenerate,
-          names: dict[str, str]) -> Call:
-    """`names`: this body's names of the fields a worker's refusal may name too."""
+    greq = typed(req, model)
     reply = NativeReply(req.model or model, time.perf_counter(),
                         settings=_settings(req, greq), fields=req.response_fields,
                         stream=req.stream)
