@@ -158,6 +158,9 @@ def main() -> int:
     max_tokens = 8 if quick else 24
 
     cache = Path(tempfile.mkdtemp(prefix="flm-bench-prefix-"))
+    from npu.engine.cpu_kernels import seed_cache
+
+    seed_cache(cache)  # the workers load this process's kernel build, not their own
     os.environ["FLM_CACHE"] = str(cache)
     import logging
 

@@ -180,6 +180,9 @@ def main() -> int:
     streams = 8 if args.quick else 32
     rounds = 1 if args.quick else 9
     cache = Path(tempfile.mkdtemp(prefix="flm-bench-"))
+    from npu.engine.cpu_kernels import seed_cache
+
+    seed_cache(cache)  # the workers load this process's kernel build, not their own
     os.environ["FLM_CACHE"] = str(cache)
     tiny = ensure_tiny(cache)
     medium = cache / "medium"

@@ -491,6 +491,9 @@ def main() -> int:
     seconds = args.seconds or (12.0 if args.quick else 120.0)
     clients = args.clients or (8 if args.quick else 64)
     cache = Path(tempfile.mkdtemp(prefix="flm-soak-"))
+    from npu.engine.cpu_kernels import seed_cache
+
+    seed_cache(cache)  # the workers load this process's kernel build, not their own
     os.environ["FLM_CACHE"] = str(cache)
     from deployments.launch.serve_env import serve_environ
 

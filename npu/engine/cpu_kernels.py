@@ -3,7 +3,9 @@ compiler into the cache directory, loaded with ctypes.
 
 `kernels()` returns the loaded library or raises `KernelUnavailable` (no compiler, a failed
 build); callers fall back to the numpy reference then. The build is keyed by the source and
-the flags, so an edited source or another machine builds anew.
+the flags, so an edited source or another machine builds anew. Processes starting together
+on a fresh cache (a server's workers) build it once: the others wait on a lock in the
+folder, then load that build.
 
 `FLM_KERNEL_FLAGS` adds compiler flags to the build `kernels()` loads: with
 `FLM_KERNEL_FLAGS=-march=x86-64-v3` a machine with AVX-512 VNNI runs the AVX2 code paths (a
@@ -13,6 +15,7 @@ later -march wins), as an AVX2-only CPU does; `make test` then checks those path
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import hashlib
 import logging
 import os
@@ -64,6 +67,14 @@ def build(out_dir: Path | None = None, extra: tuple[str, ...] = ()) -> Path:
     if target.exists():
         return target
     out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / ".lock", "w") as lock:  # one compiler at a time, the others wait
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not target.exists():  # a process that held the lock before may have built it
+            _compile(cc, flags, out_dir, target)
+    return target
+
+
+def _compile(cc: str, flags: list[str], out_dir: Path, target: Path) -> None:
     fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=".so")
     os.close(fd)
     try:
@@ -72,11 +83,27 @@ def build(out_dir: Path | None = None, extra: tuple[str, ...] = ()) -> Path:
         if done.returncode:
             raise KernelUnavailable(f"building {', '.join(s.name for s in SOURCES)} failed: "
                                     f"{done.stderr.strip()[:2000]}")
-        os.replace(tmp, target)  # atomic: concurrent builders each install a whole file
+        os.replace(tmp, target)  # atomic: a reader never sees half a file
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     log.info("built the CPU kernels: %s", target)
+
+
+def seed_cache(cache: Path) -> Path:
+    """This process's build (`kernels()`'s: FLM_KERNEL_FLAGS' flags added), built first
+    where there is none, linked into the kernels folder of another cache directory, so
+    processes using that one (a test's or a bench's fresh cache) load it rather than build
+    their own. Returns the path there."""
+    source = build(extra=env_flags())
+    folder = cache / "kernels"
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / source.name
+    if not target.exists():
+        try:
+            os.link(source, target)
+        except OSError:  # another file system
+            shutil.copy2(source, target)
     return target
 
 

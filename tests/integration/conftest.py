@@ -38,10 +38,12 @@ def serve_url(tmp_path_factory, reranker_dir):
 
     from deployments.app import build_app
     from deployments.launch.serve_env import free_port, serve_environ
+    from npu.engine.cpu_kernels import seed_cache
 
     # Ray's processes read these at start: serve as `make serve` does (HAProxy ingress)
     os.environ.update(serve_environ(os.environ, private_ports=True))
     cache = str(tmp_path_factory.mktemp("flm-cache"))
+    seed_cache(Path(cache))  # the workers load this process's kernel build, not their own
     os.environ["FLM_CACHE"] = cache
     port = free_port()
     ray.init(num_cpus=2, resources={"NPU": 2}, include_dashboard=False, log_to_driver=False,
@@ -60,30 +62,29 @@ def serve_url(tmp_path_factory, reranker_dir):
     bert = build_bert(tmp_path_factory.mktemp("bert") / "model")  # random BERT encoder
     models.append({"name": "bert-tiny", "path": str(bert), "max_batch": 2})
     models.append({"name": RERANKER, "path": str(reranker_dir), "max_batch": 2})
-    serve.run(build_app({"models": models, "max_request_bytes": 1 << 20}), name="flm",
-              route_prefix="/")
+    apps = [serve.RunTarget(build_app({"models": models, "max_request_bytes": 1 << 20}),
+                            name="flm", route_prefix="/")]
     # two simulated NPUs: one worker replica each, claiming {"NPU": 1} from Ray
     from npu.load.tiny import tiny_config
     from npu.xrt.sim_kernels import make_kernel_dir
 
     kernels = make_kernel_dir(tmp_path_factory.mktemp("kernel"), [tiny_config()])
-    serve.run(build_app({"models": [{"name": "flm-tiny", "path": "flm-tiny", "device": "npu",
-                                     "replicas": 2, "max_batch": 4,
-                                     "kernel_dir": str(kernels),
-                                     "simulator_devices": ["RyzenAI-npu4", "RyzenAI-npu4"]}]}),
-              name="npu", route_prefix="/npu")
+    apps.append(serve.RunTarget(build_app({"models": [
+        {"name": "flm-tiny", "path": "flm-tiny", "device": "npu", "replicas": 2, "max_batch": 4,
+         "kernel_dir": str(kernels), "simulator_devices": ["RyzenAI-npu4", "RyzenAI-npu4"]}]}),
+        name="npu", route_prefix="/npu"))
     # a second app with an API key and CORS, on its own prefix; its flm-tiny worker takes
     # one sequence and queues one more, so the overload test can fill it
     # ... and a model whose architecture the engine does not run (its worker says why)
     unloadable = tmp_path_factory.mktemp("unloadable") / "model"
     unloadable.mkdir()
     (unloadable / "config.json").write_text(UNLOADABLE_CONFIG)
-    serve.run(build_app({"models": [{"name": "flm-tiny", "path": "flm-tiny", "max_batch": 1,
-                                     "max_queued": 1},
-                                    {"name": UNLOADABLE, "path": str(unloadable),
-                                     "max_batch": 1}],
-                         "api_key": SECRET, "cors_origins": ["http://example.test"]}),
-              name="secured", route_prefix="/secured")
+    apps.append(serve.RunTarget(build_app({
+        "models": [{"name": "flm-tiny", "path": "flm-tiny", "max_batch": 1, "max_queued": 1},
+                   {"name": UNLOADABLE, "path": str(unloadable), "max_batch": 1}],
+        "api_key": SECRET, "cors_origins": ["http://example.test"]}),
+        name="secured", route_prefix="/secured"))
+    serve.run_many(apps)  # the three apps' replicas start together
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

@@ -23,6 +23,7 @@ import pytest
 from deployments.launch.launcher import port_in_use
 from deployments.launch.processes import RunProcesses
 from deployments.launch.serve_env import free_port
+from npu.engine.cpu_kernels import seed_cache
 
 ROOT = Path(__file__).resolve().parents[2]
 STOP_S = 10.0
@@ -93,6 +94,7 @@ def config(tmp_path_factory) -> tuple[Path, int, dict]:
     # the Ray settings the test session's own Serve instance put in os.environ stay out
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env["FLM_CACHE"] = str(tmp_path_factory.mktemp("launch-cache"))
+    seed_cache(Path(env["FLM_CACHE"]))  # the server loads this process's kernel build
     return path, port, env
 
 

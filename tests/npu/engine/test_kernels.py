@@ -389,18 +389,25 @@ def test_prompt_attention_kernel_is_numpys(cache, window: int) -> None:
     assert np.allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.fixture(scope="module")
+def avx2_lib(tmp_path_factory):
+    """The kernels built for AVX2 alone (-march=x86-64-v3), once for the tests below."""
+    from npu.engine.cpu_kernels import build, load
+
+    return load(build(tmp_path_factory.mktemp("avx2"), extra=("-march=x86-64-v3",)))
+
+
 @SAME_BITS_AS_AVX2
-def test_the_avx2_build_packs_8_rows_and_computes_the_same_bits(tmp_path) -> None:
+def test_the_avx2_build_packs_8_rows_and_computes_the_same_bits(avx2_lib) -> None:
     """A CPU with AVX2 but no VNNI (x86-64-v3: many AMD EPYC and older Intel) packs 8 rows to
     a group too and makes the same exact integer sums with vpmaddubsw / vpmaddwd (Q8_0's codes
     kept signed): that build, made here with -march=x86-64-v3, keeps the bytes and gives the
     same bits as this machine's own build, packed and in the file's blocks, for every integer
     format, decode and prompt rows (`make test` with FLM_KERNEL_FLAGS=-march=x86-64-v3 runs
     the whole suite on it)."""
-    from npu.engine.cpu_kernels import build, load
     from npu.engine.linear import Threads
 
-    lib2 = load(build(tmp_path, extra=("-march=x86-64-v3",)))
+    lib2 = avx2_lib
     assert lib2.fk_packed_rows() == 8
     rng = np.random.default_rng(9)
     for qtype in sorted(INTEGER):
@@ -421,16 +428,14 @@ def test_the_avx2_build_packs_8_rows_and_computes_the_same_bits(tmp_path) -> Non
 
 
 @SAME_BITS_AS_AVX2
-def test_decode_attention_is_the_same_bits_in_the_avx2_build(tmp_path) -> None:
+def test_decode_attention_is_the_same_bits_in_the_avx2_build(avx2_lib) -> None:
     """An f16 cache's decode attention computes the same bits built for AVX2 alone
     (x86-64-v3) as in this machine's own build (with AVX-512: 16 lanes, the queries held in
     registers for head sizes 64 and 128), for each grouping of query heads, head size and
     length (spans, the last key alone, sets of 8 keys cut short)."""
-    from npu.engine.cpu_kernels import build, load
     from npu.engine.linear import Threads
 
-    lib2 = load(build(tmp_path, extra=("-march=x86-64-v3",)))
-    own, avx2 = KernelOps(LIB, Threads(2)), KernelOps(lib2, Threads(2))
+    own, avx2 = KernelOps(LIB, Threads(2)), KernelOps(avx2_lib, Threads(2))
     rng = np.random.default_rng(3)
     for nq, nkv, dim in [(9, 3, 64), (4, 1, 64), (6, 1, 64), (16, 8, 128), (12, 4, 128),
                          (4, 2, 32)]:

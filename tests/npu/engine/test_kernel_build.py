@@ -1,0 +1,63 @@
+"""Building the CPU kernels: processes that start together on a fresh cache (a server's
+workers) compile once, and a fresh cache seeded with this process's build compiles
+nothing."""
+
+from __future__ import annotations
+
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+
+from npu.engine import cpu_kernels
+from npu.engine.cpu_kernels import build, env_flags, seed_cache
+
+
+def _counting_compiler(folder: Path) -> tuple[Path, Path]:
+    """A stand-in C compiler that notes each run, takes a while, and writes an empty -o file."""
+    runs = folder / "runs"
+    cc = folder / "cc"
+    cc.write_text(f"""#!/bin/sh
+echo run >> "{runs}"
+sleep 1
+while [ $# -gt 0 ]; do
+  if [ "$1" = -o ]; then : > "$2"; fi
+  shift
+done
+""")
+    cc.chmod(cc.stat().st_mode | stat.S_IEXEC)
+    return cc, runs
+
+
+def test_builds_started_together_compile_once(tmp_path: Path, monkeypatch) -> None:
+    cc, runs = _counting_compiler(tmp_path)
+    monkeypatch.setenv("CC", str(cc))
+    out = tmp_path / "kernels"
+    paths: list[Path] = []
+    threads = [threading.Thread(target=lambda: paths.append(build(out))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(paths)) == 1 and len(paths) == 3 and paths[0].exists()
+    assert runs.read_text().splitlines() == ["run"]
+    assert [p.name for p in out.iterdir() if p.suffix == ".so"] == [paths[0].name]
+
+
+def test_a_seeded_cache_loads_this_processs_build(tmp_path: Path, monkeypatch) -> None:
+    try:
+        own = build(extra=env_flags())
+    except cpu_kernels.KernelUnavailable as exc:
+        pytest.skip(f"the CPU kernels cannot be built here: {exc}")
+    seeded = seed_cache(tmp_path)
+    assert seeded == tmp_path / "kernels" / own.name
+    assert seeded.read_bytes() == own.read_bytes()
+    assert seed_cache(tmp_path) == seeded  # again: nothing to do
+
+    def no_compile(*args, **kwargs):
+        raise AssertionError("compiled although the cache holds the build")
+
+    monkeypatch.setenv("FLM_CACHE", str(tmp_path))
+    monkeypatch.setattr(cpu_kernels.subprocess, "run", no_compile)
+    assert build(extra=env_flags()) == seeded
