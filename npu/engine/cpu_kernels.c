@@ -1452,6 +1452,45 @@ void fk_gated(const float *GU, int64_t T, int64_t I, float *OUT, int act) {
     }
 }
 
+/* BERT's GELU in place, x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)) over X [T, I], erf by
+ * Abramowitz and Stegun 7.1.26 (|error| below 1.5e-7) as npu.engine.ops.erf computes it: 8
+ * lanes at a time, a row's last I % 8 with expf; an element's arithmetic depends only on its
+ * place in its row (an input's vectors do not depend on the batch). */
+void fk_gelu(float *X, int64_t T, int64_t I) {
+    const float p = 0.3275911f, c[5] = {1.061405429f, -1.453152027f, 1.421413741f,
+                                        -0.284496736f, 0.254829592f};
+    const float r2 = 0.70710678118654752f;
+    for (int64_t t = 0; t < T; t++) {
+        float *x = X + t * I;
+        int64_t i = 0;
+#ifdef __AVX2__
+        const __m256 one = _mm256_set1_ps(1.0f), half = _mm256_set1_ps(0.5f),
+                     sign = _mm256_set1_ps(-0.0f);
+        for (; i + 8 <= I; i += 8) {
+            const __m256 v = _mm256_loadu_ps(x + i), z = _mm256_mul_ps(v, _mm256_set1_ps(r2));
+            const __m256 a = _mm256_andnot_ps(sign, z);
+            const __m256 u = _mm256_div_ps(one, _mm256_add_ps(_mm256_mul_ps(a, _mm256_set1_ps(p)),
+                                                              one));
+            __m256 poly = _mm256_mul_ps(u, _mm256_set1_ps(c[0]));
+            for (int k = 1; k < 5; k++)
+                poly = _mm256_mul_ps(_mm256_add_ps(poly, _mm256_set1_ps(c[k])), u);
+            const __m256 e = exp8(_mm256_xor_ps(_mm256_mul_ps(a, a), sign));
+            const __m256 erf = _mm256_or_ps(_mm256_sub_ps(one, _mm256_mul_ps(poly, e)),
+                                            _mm256_and_ps(z, sign)); /* copysign: erf >= 0 */
+            _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_mul_ps(half, v), _mm256_add_ps(one, erf)));
+        }
+#endif
+        for (; i < I; i++) {
+            const float z = x[i] * r2, a = fabsf(z), u = 1.0f / (a * p + 1.0f);
+            float poly = u * c[0];
+            for (int k = 1; k < 5; k++)
+                poly = (poly + c[k]) * u;
+            const float erf = copysignf(1.0f - poly * expf(-(a * a)), z);
+            x[i] = 0.5f * x[i] * (1.0f + erf);
+        }
+    }
+}
+
 /* -- blocked (flash-style) prompt attention ------------------------------------------------
  * The queries of a prompt piece against the cache, a block of FQ rows (each with all the
  * query heads of one key head) per task: each cached key and value is read and converted

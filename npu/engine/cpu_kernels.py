@@ -164,6 +164,8 @@ def load(path: Path) -> ctypes.CDLL:
                                ctypes.c_float, _F32P, _F32P]
     lib.fk_gated.restype = None
     lib.fk_gated.argtypes = [_F32P, _I64, _I64, _F32P, ctypes.c_int]
+    lib.fk_gelu.restype = None
+    lib.fk_gelu.argtypes = [_F32P, _I64, _I64]
     lib.fk_kv_write.restype = None
     lib.fk_kv_write.argtypes = [_F32P, _I64, _I64, _I64, _I64, _I64, _F32P, _F32P, _I64,
                                 _I64P, _I64, _I64P, ctypes.c_int]

@@ -294,7 +294,7 @@ class EncoderEngine:
                 h = ops_mod.layer_norm(x[a:b] + _plus(L.wo(att.rows(a, b)), L.bo),
                                        *L.norm_attn, eps)
                 up = _plus(L.w_up(h), L.b_up)
-                up = self.ops.gated(up, "silu") if c.activation == "silu" else ops_mod.gelu(up)
+                up = self.ops.gated(up, "silu") if c.activation == "silu" else self.ops.gelu(up)
                 x[a:b] = ops_mod.layer_norm(h + _plus(L.w_down(up), L.b_down), *L.norm_ff, eps)
                 yield
         return x

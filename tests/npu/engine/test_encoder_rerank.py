@@ -102,8 +102,12 @@ def test_a_pairs_score_does_not_depend_on_the_batch(bert) -> None:
     model = load_model(bert["raw"])
     pairs = model.tokenizer.encode_pairs(QUERY, DOCUMENTS)
     whole = model.engine.embed([p[0] for p in pairs], types=[p[1] for p in pairs])
-    alone = model.engine.embed([pairs[3][0]], types=[pairs[3][1]])
-    np.testing.assert_allclose(alone[0], whole[3], rtol=0, atol=1e-6)
+    # float32 rounding only: this model's F32 products go through BLAS, whose sums run in
+    # an order set by the row count (npu.engine.linear.float_matmul's orientation, and
+    # OpenBLAS's kernel for the CPU): up to 1.7e-6 of a score near 1 on a Zen 1 EPYC
+    for i, pair in enumerate(pairs):
+        alone = model.engine.embed([pair[0]], types=[pair[1]])
+        np.testing.assert_allclose(alone[0], whole[i], rtol=1e-5, atol=1e-6)
 
 
 def test_types_must_match_the_items_and_the_model(bert, roberta) -> None:

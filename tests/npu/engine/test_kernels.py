@@ -258,6 +258,32 @@ def test_geglu_kernel_is_gelu_tanh_to_float_rounding_far_out() -> None:
     assert np.max(np.abs(got - want)[big] / np.abs(want)[big]) < 5e-6
 
 
+def test_gelu_kernel_is_the_error_functions_and_a_row_does_not_depend_on_the_batch() -> None:
+    """BERT's GELU (x Phi(x), erf by Abramowitz and Stegun as numpy's `gelu`): within 1e-6
+    of float64's exact erf everywhere (the formula's own error: relative, it grows in the
+    negative tail, as numpy's does), 2e-6 relative where the value is above 0.1, finite at
+    the ends; a row's values the same bits alone as among others, with rows whose length
+    leaves a tail past the 8 lanes; and numpy's own `gelu` within float rounding of it."""
+    from math import erf
+
+    ops, ref = KernelOps(LIB, LinearFactory("cpu", 1).threads), NumpyOps()
+    g = np.concatenate([np.linspace(-40, 40, 4001), np.linspace(-6, 6, 1201),
+                        [-1e30, 1e30, 0.0, -0.0, -3.0]]).astype(np.float32)[None, :]
+    got = ops.gelu(g.copy())[0]
+    want = np.array([0.5 * v * (1 + erf(v / np.sqrt(2))) for v in g[0][:-4].astype(np.float64)])
+    assert np.all(np.isfinite(got)) and got[-5] == 0 and got[-4] == np.float32(1e30)
+    assert np.max(np.abs(got[:-4] - want)) < 1e-6
+    big = np.abs(want) > 0.1
+    assert np.max(np.abs(got[:-4] - want)[big] / np.abs(want)[big]) < 2e-6
+    rng = np.random.default_rng(4)
+    for width in (40, 37, 5):  # whole sets of 8 lanes, a tail, a tail alone
+        x = rng.standard_normal((6, width)).astype(np.float32) * 4
+        every = ops.gelu(x.copy())
+        assert np.allclose(every, ref.gelu(x.copy()), rtol=2e-6, atol=1e-7)
+        for t in range(6):
+            assert np.array_equal(ops.gelu(x[t:t + 1].copy()), every[t:t + 1])
+
+
 def test_gated_and_qk_rope_kernels_are_numpys() -> None:
     rng = np.random.default_rng(2)
     ops, ref = KernelOps(LIB, LinearFactory("cpu", 2).threads), NumpyOps()
