@@ -67,10 +67,22 @@ def build(out_dir: Path | None = None, extra: tuple[str, ...] = ()) -> Path:
     if target.exists():
         return target
     out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / ".lock", "w") as lock:  # one compiler at a time, the others wait
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    try:  # one compiler at a time, the others wait
+        lock = os.open(out_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as exc:  # another user's lock file: build unlocked (installs are atomic)
+        log.info("building the CPU kernels without a lock: %s", exc)
+        lock = None
+    try:
+        if lock is not None:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            except OSError as exc:  # a file system without locks
+                log.info("building the CPU kernels without a lock: %s", exc)
         if not target.exists():  # a process that held the lock before may have built it
             _compile(cc, flags, out_dir, target)
+    finally:
+        if lock is not None:
+            os.close(lock)
     return target
 
 
@@ -90,20 +102,32 @@ def _compile(cc: str, flags: list[str], out_dir: Path, target: Path) -> None:
     log.info("built the CPU kernels: %s", target)
 
 
-def seed_cache(cache: Path) -> Path:
+def seed_cache(cache: Path) -> Path | None:
     """This process's build (`kernels()`'s: FLM_KERNEL_FLAGS' flags added), built first
     where there is none, linked into the kernels folder of another cache directory, so
     processes using that one (a test's or a bench's fresh cache) load it rather than build
-    their own. Returns the path there."""
-    source = build(extra=env_flags())
+    their own. Returns the path there; None where the kernels cannot be built (those
+    processes fall back to numpy as this one would)."""
+    try:
+        source = build(extra=env_flags())
+    except KernelUnavailable:
+        return None
     folder = cache / "kernels"
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / source.name
-    if not target.exists():
+    try:
+        os.link(source, target)
+    except FileExistsError:  # seeded already
+        pass
+    except OSError:  # another file system: a whole copy, installed atomically
+        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".so")
+        os.close(fd)
         try:
-            os.link(source, target)
-        except OSError:  # another file system
-            shutil.copy2(source, target)
+            shutil.copyfile(source, tmp)
+            os.replace(tmp, target)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
     return target
 
 

@@ -238,8 +238,8 @@ class KernelOps(NumpyOps):
     def gelu(self, x: np.ndarray) -> np.ndarray:
         """fk_gelu: the same formula as `gelu`'s, in place where x is float32 and
         contiguous, in one pass instead of numpy's twenty."""
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        self._lib.fk_gelu(x.ctypes.data, len(x), x.shape[-1])
+        x = np.require(x, np.float32, ["C", "W"])
+        self._lib.fk_gelu(x.ctypes.data, x.size // max(x.shape[-1], 1), x.shape[-1])
         return x
 
     def gated(self, gu: np.ndarray, activation: str) -> np.ndarray:

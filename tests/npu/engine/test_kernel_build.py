@@ -61,3 +61,32 @@ def test_a_seeded_cache_loads_this_processs_build(tmp_path: Path, monkeypatch) -
     monkeypatch.setenv("FLM_CACHE", str(tmp_path))
     monkeypatch.setattr(cpu_kernels.subprocess, "run", no_compile)
     assert build(extra=env_flags()) == seeded
+
+
+def test_a_lock_that_cannot_be_taken_builds_without_it(tmp_path: Path, monkeypatch) -> None:
+    cc, runs = _counting_compiler(tmp_path)
+    monkeypatch.setenv("CC", str(cc))
+    out = tmp_path / "kernels"
+    (out / ".lock").mkdir(parents=True)  # not a file: cannot be opened as the lock
+    path = build(out)
+    assert path.exists() and runs.read_text().splitlines() == ["run"]
+
+
+def test_seeding_copies_across_file_systems_and_is_none_without_a_compiler(
+        tmp_path: Path, monkeypatch) -> None:
+    try:
+        own = build(extra=env_flags())
+    except cpu_kernels.KernelUnavailable as exc:
+        pytest.skip(f"the CPU kernels cannot be built here: {exc}")
+
+    def cross_device(*args, **kwargs):
+        raise OSError(18, "Invalid cross-device link")
+
+    monkeypatch.setattr(cpu_kernels.os, "link", cross_device)
+    seeded = seed_cache(tmp_path / "a")
+    assert seeded is not None and seeded.read_bytes() == own.read_bytes()
+    assert not seeded.samefile(own)
+    assert [p.name for p in seeded.parent.iterdir() if p.suffix == ".so"] == [own.name]
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no cc, no gcc
+    assert seed_cache(tmp_path / "b") is None

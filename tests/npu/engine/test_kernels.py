@@ -267,14 +267,19 @@ def test_gelu_kernel_is_the_error_functions_and_a_row_does_not_depend_on_the_bat
     from math import erf
 
     ops, ref = KernelOps(LIB, LinearFactory("cpu", 1).threads), NumpyOps()
-    g = np.concatenate([np.linspace(-40, 40, 4001), np.linspace(-6, 6, 1201),
-                        [-1e30, 1e30, 0.0, -0.0, -3.0]]).astype(np.float32)[None, :]
+    ends = [-1e30, 1e30, 0.0, -0.0]  # in the 8 lanes, and again in a row's tail
+    g = np.concatenate([ends, [-3.0] * 4, np.linspace(-40, 40, 4001), np.linspace(-6, 6, 1201),
+                        ends]).astype(np.float32)[None, :]
     got = ops.gelu(g.copy())[0]
-    want = np.array([0.5 * v * (1 + erf(v / np.sqrt(2))) for v in g[0][:-4].astype(np.float64)])
-    assert np.all(np.isfinite(got)) and got[-5] == 0 and got[-4] == np.float32(1e30)
-    assert np.max(np.abs(got[:-4] - want)) < 1e-6
+    want = np.array([0.5 * v * (1 + erf(v / np.sqrt(2))) for v in g[0][4:-4].astype(np.float64)])
+    assert np.all(np.isfinite(got))
+    for at in (0, len(got) - 4):
+        assert list(got[at:at + 4]) == [0, np.float32(1e30), 0, 0]
+    assert np.max(np.abs(got[4:-4] - want)) < 1e-6
     big = np.abs(want) > 0.1
-    assert np.max(np.abs(got[:-4] - want)[big] / np.abs(want)[big]) < 2e-6
+    assert np.max(np.abs(got[4:-4] - want)[big] / np.abs(want)[big]) < 2e-6
+    assert ops.gelu(g[0].copy()).shape == g[0].shape  # a single row as a 1-D array
+    assert np.array_equal(ops.gelu(g[0].copy()), got)
     rng = np.random.default_rng(4)
     for width in (40, 37, 5):  # whole sets of 8 lanes, a tail, a tail alone
         x = rng.standard_normal((6, width)).astype(np.float32) * 4
