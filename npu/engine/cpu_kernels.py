@@ -14,6 +14,7 @@ later -march wins), as an AVX2-only CPU does; `make test` then checks those path
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import hashlib
@@ -23,6 +24,7 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable, Iterator
 from functools import cache
 from pathlib import Path
 
@@ -67,39 +69,53 @@ def build(out_dir: Path | None = None, extra: tuple[str, ...] = ()) -> Path:
     if target.exists():
         return target
     out_dir.mkdir(parents=True, exist_ok=True)
-    try:  # one compiler at a time, the others wait
-        lock = os.open(out_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o666)
-    except OSError as exc:  # another user's lock file: build unlocked (installs are atomic)
-        log.info("building the CPU kernels without a lock: %s", exc)
-        lock = None
-    try:
-        if lock is not None:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX)
-            except OSError as exc:  # a file system without locks
-                log.info("building the CPU kernels without a lock: %s", exc)
+    with _locked(out_dir):
         if not target.exists():  # a process that held the lock before may have built it
-            _compile(cc, flags, out_dir, target)
-    finally:
-        if lock is not None:
-            os.close(lock)
+            _install(target, lambda tmp: _compile(cc, flags, tmp))
+            log.info("built the CPU kernels: %s", target)
     return target
 
 
-def _compile(cc: str, flags: list[str], out_dir: Path, target: Path) -> None:
-    fd, tmp = tempfile.mkstemp(dir=out_dir, suffix=".so")
+@contextlib.contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """One compiler at a time in `folder`, the others waiting; unlocked where the lock
+    cannot be taken (another user's lock file, a file system without locks): installs are
+    atomic, so that only costs a second compile."""
+    try:
+        fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as exc:
+        log.info("building the CPU kernels without a lock: %s", exc)
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as exc:
+            log.info("building the CPU kernels without a lock: %s", exc)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _install(target: Path, write: Callable[[str], None]) -> None:
+    """`write(tmp)` makes a file beside `target`, which then replaces `target` whole (a
+    reader never sees half a file)."""
+    fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=target.suffix)
     os.close(fd)
     try:
-        done = subprocess.run([cc, *flags, "-o", tmp, *map(str, SOURCES), *LIBS],
-                              capture_output=True, text=True, timeout=300)
-        if done.returncode:
-            raise KernelUnavailable(f"building {', '.join(s.name for s in SOURCES)} failed: "
-                                    f"{done.stderr.strip()[:2000]}")
-        os.replace(tmp, target)  # atomic: a reader never sees half a file
+        write(tmp)
+        os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    log.info("built the CPU kernels: %s", target)
+
+
+def _compile(cc: str, flags: list[str], out: str) -> None:
+    done = subprocess.run([cc, *flags, "-o", out, *map(str, SOURCES), *LIBS],
+                          capture_output=True, text=True, timeout=300)
+    if done.returncode:
+        raise KernelUnavailable(f"building {', '.join(s.name for s in SOURCES)} failed: "
+                                f"{done.stderr.strip()[:2000]}")
 
 
 def seed_cache(cache: Path) -> Path | None:
@@ -119,15 +135,8 @@ def seed_cache(cache: Path) -> Path | None:
         os.link(source, target)
     except FileExistsError:  # seeded already
         pass
-    except OSError:  # another file system: a whole copy, installed atomically
-        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".so")
-        os.close(fd)
-        try:
-            shutil.copyfile(source, tmp)
-            os.replace(tmp, target)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+    except OSError:  # another file system: a whole copy
+        _install(target, lambda tmp: shutil.copyfile(source, tmp))
     return target
 
 

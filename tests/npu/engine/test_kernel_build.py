@@ -45,11 +45,17 @@ def test_builds_started_together_compile_once(tmp_path: Path, monkeypatch) -> No
     assert [p.name for p in out.iterdir() if p.suffix == ".so"] == [paths[0].name]
 
 
-def test_a_seeded_cache_loads_this_processs_build(tmp_path: Path, monkeypatch) -> None:
+@pytest.fixture()
+def own() -> Path:
+    """This process's build (the tests below seed other caches with it)."""
     try:
-        own = build(extra=env_flags())
+        return build(extra=env_flags())
     except cpu_kernels.KernelUnavailable as exc:
-        pytest.skip(f"the CPU kernels cannot be built here: {exc}")
+        pytest.skip(f"the CPU kernels cannot be built here (no C compiler?): {exc}")
+
+
+def test_a_seeded_cache_loads_this_processs_build(own: Path, tmp_path: Path,
+                                                  monkeypatch) -> None:
     seeded = seed_cache(tmp_path)
     assert seeded == tmp_path / "kernels" / own.name
     assert seeded.read_bytes() == own.read_bytes()
@@ -73,12 +79,7 @@ def test_a_lock_that_cannot_be_taken_builds_without_it(tmp_path: Path, monkeypat
 
 
 def test_seeding_copies_across_file_systems_and_is_none_without_a_compiler(
-        tmp_path: Path, monkeypatch) -> None:
-    try:
-        own = build(extra=env_flags())
-    except cpu_kernels.KernelUnavailable as exc:
-        pytest.skip(f"the CPU kernels cannot be built here: {exc}")
-
+        own: Path, tmp_path: Path, monkeypatch) -> None:
     def cross_device(*args, **kwargs):
         raise OSError(18, "Invalid cross-device link")
 
