@@ -2264,10 +2264,15 @@ static void dec_span(const float *q, int nh, const void *K, const void *V, const
     }
 }
 
-/* Scratch floats a thread needs for a decode step's tasks (rows up to `longest` keys). */
+/* Scratch floats a thread needs for a decode step's tasks (rows up to `longest` keys). A
+ * task lays its scratch out by its own row's span length, which a shorter row can have
+ * longer (48 keys are one span of 48, 49 two of 32): up to 768 keys a span is at most
+ * ATT_SPAN (rounded up to FK), past that it grows with the keys; the longest of those. */
 static int64_t att_scratch(int64_t group, int64_t hd, int64_t longest) {
     int64_t base, per;
     att_layout(longest, 0, &base, &per);
+    const int64_t span = (ATT_SPAN + FK - 1) / FK * FK;
+    per = per > span ? per : span;
     return 2 * (per + FK) + ATT_HEADS * (per + FK) + group * (hd + 2);
 }
 

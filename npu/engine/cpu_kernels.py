@@ -39,6 +39,7 @@ SOURCE = Path(__file__).with_name("cpu_kernels.c")
 SOURCES = [SOURCE, *(Path(__file__).with_name(n) for n in ("cpu_convert.c", "cpu_spm.c"))]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 LIBS = ["-lm"]
+COMPILE_SECONDS = 300  # a compiler still running after this long is given up on
 
 # arrays pass as raw addresses (callers hand over C-contiguous arrays of the right dtype:
 # numpy's checked pointer types cost more per call than a small product)
@@ -50,9 +51,11 @@ class KernelUnavailable(ModelError):
     """The CPU kernels could not be built or loaded on this machine."""
 
 
-def _compiler() -> str:
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not cc:
+def _compiler() -> list[str]:
+    """The C compiler's command: `CC`'s words (as make reads it: "ccache gcc" too), else
+    cc or gcc on the PATH."""
+    cc = shlex.split(os.environ.get("CC", "")) or [shutil.which("cc") or shutil.which("gcc")]
+    if not cc[0]:
         raise KernelUnavailable("no C compiler (cc or gcc) to build the CPU kernels")
     return cc
 
@@ -63,7 +66,7 @@ def build(out_dir: Path | None = None, extra: tuple[str, ...] = ()) -> Path:
     cc = _compiler()
     flags = [*FLAGS, *extra]
     sources = b"".join(s.read_bytes() for s in SOURCES)
-    key = hashlib.sha256(sources + " ".join([cc, *flags, *LIBS]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(sources + " ".join([*cc, *flags, *LIBS]).encode()).hexdigest()[:16]
     out_dir = out_dir or cache_dir() / "kernels"
     target = out_dir / f"cpu_kernels-{key}.so"
     if target.exists():
@@ -110,9 +113,12 @@ def _install(target: Path, write: Callable[[str], None]) -> None:
             os.unlink(tmp)
 
 
-def _compile(cc: str, flags: list[str], out: str) -> None:
-    done = subprocess.run([cc, *flags, "-o", out, *map(str, SOURCES), *LIBS],
-                          capture_output=True, text=True, timeout=300)
+def _compile(cc: list[str], flags: list[str], out: str) -> None:
+    try:
+        done = subprocess.run([*cc, *flags, "-o", out, *map(str, SOURCES), *LIBS],
+                              capture_output=True, text=True, timeout=COMPILE_SECONDS)
+    except (OSError, subprocess.TimeoutExpired) as exc:  # no such file, not runnable, hung
+        raise KernelUnavailable(f"cannot run the C compiler {shlex.join(cc)!r}: {exc}") from None
     if done.returncode:
         raise KernelUnavailable(f"building {', '.join(s.name for s in SOURCES)} failed: "
                                 f"{done.stderr.strip()[:2000]}")

@@ -91,3 +91,22 @@ def test_seeding_copies_across_file_systems_and_is_none_without_a_compiler(
     monkeypatch.delenv("CC", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no cc, no gcc
     assert seed_cache(tmp_path / "b") is None
+
+
+def test_a_compiler_that_cannot_run_is_unavailable_kernels(tmp_path: Path, monkeypatch) -> None:
+    # the engine falls back to numpy on KernelUnavailable; any other error failed the load
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    with pytest.raises(cpu_kernels.KernelUnavailable, match="no-such-cc"):
+        build(tmp_path / "kernels")
+    (tmp_path / "not-executable").write_text("")
+    monkeypatch.setenv("CC", str(tmp_path / "not-executable"))
+    with pytest.raises(cpu_kernels.KernelUnavailable, match="not-executable"):
+        build(tmp_path / "kernels")
+    assert not [p for p in (tmp_path / "kernels").iterdir() if p.suffix == ".so"]
+
+
+def test_cc_is_a_command_of_several_words(tmp_path: Path, monkeypatch) -> None:
+    cc, runs = _counting_compiler(tmp_path)
+    monkeypatch.setenv("CC", f"sh {cc}")  # as "ccache gcc" is
+    assert build(tmp_path / "kernels").exists()
+    assert runs.read_text().splitlines() == ["run"]

@@ -383,6 +383,46 @@ def test_long_rows_attend_in_spans_as_numpy_does_and_alike_alone(nq: int, nkv: i
         assert np.array_equal(one[0], got[b]), b
 
 
+_SHORTER_ROW_LONGER_SPAN = """
+import numpy as np
+from npu.engine.cpu_kernels import kernels
+from npu.engine.linear import LinearFactory
+from npu.engine.ops import KernelOps, NumpyOps
+
+rng = np.random.default_rng(7)
+ops, ref = KernelOps(kernels(), LinearFactory("cpu", 1).threads), NumpyOps()
+worst = 0.0
+for nq, nkv, dim in [(6, 1, 16), (8, 1, 64), (7, 1, 128)]:
+    K = rng.standard_normal((6, nkv, 16, dim)).astype(np.float16)
+    V = rng.standard_normal((6, nkv, 16, dim)).astype(np.float16)
+    tables = np.stack([rng.permutation(6) for _ in range(3)])
+    lengths = np.array([49, 48, 40])
+    q = rng.standard_normal((3, nq, dim)).astype(np.float32)
+    got = ops.attend(q, K, V, tables, lengths, 0, None, np.float32(0.25))
+    want = ref.attend(q, K.astype(np.float32), V.astype(np.float32), tables, lengths, 0, None,
+                      np.float32(0.25))
+    worst = max(worst, float(np.abs(got - want).max()))
+print(worst)
+"""
+
+
+def test_a_shorter_row_cut_into_longer_spans_stays_in_its_scratch() -> None:
+    """49 keys are two spans of 32, 48 one of 48: a decode batch's scratch was sized by its
+    longest row while a shorter row's task laid it out by its own, longer span, and wrote
+    past it with 6 or more query heads a key head (gpt-oss, Qwen2.5-7B: a short
+    conversation's verify step, or a batch of short ones). In a child process, as a write
+    past the scratch aborts it (at free) rather than this one."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    done = subprocess.run([sys.executable, "-c", _SHORTER_ROW_LONGER_SPAN], text=True,
+                          capture_output=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[3])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert float(done.stdout) < 1e-5
+
+
 def _new_tokens_f16(ops, rng, K, V, tables):
     """A step of three rows' new keys and values written and attended by `ops` over an f16
     copy of the cache, and by numpy over a float32 copy: qkv, the two outputs and the four
