@@ -284,7 +284,16 @@ class Embedding:
         self._lib, self.threads = lib, threads
 
     def __call__(self, ids: np.ndarray) -> np.ndarray:
+        """Rows `ids` as float32 [len(ids), cols].
+
+        Raises:
+            ValueError: an id outside the rows (the kernels would read past the weight).
+        """
         m = self.matrix
+        ids = np.asarray(ids)
+        if ids.size and not (0 <= ids.min() and ids.max() < m.shape[0]):
+            bad = ids[(ids < 0) | (ids >= m.shape[0])].flat[0]
+            raise ValueError(f"token id {bad} is outside the vocabulary (0..{m.shape[0] - 1})")
         if m.floats is not None:
             return m.floats[ids]
         if self._lib is None or isinstance(m, PackedMatrix):

@@ -267,12 +267,20 @@ class KernelOps(NumpyOps):
         out = np.empty((B, nq * dim), dtype=np.float32)
         if sinks is not None:
             sinks = np.ascontiguousarray(sinks, dtype=np.float32)  # held until the call ends
-        if self._lib.fk_attend(q.ctypes.data, q_stride, B, nq, K.shape[1], dim, K.ctypes.data,
-                               V.ctypes.data, K.shape[2], tables.ctypes.data, tstride,
-                               lengths.ctypes.data, window,
-                               None if sinks is None else sinks.ctypes.data, float(scale),
-                               out.ctypes.data, KV_KINDS[K.dtype], self.threads.n):
+        failed = self._lib.fk_attend(q.ctypes.data, q_stride, B, nq, K.shape[1], dim,
+                                     K.ctypes.data, V.ctypes.data, K.shape[2],
+                                     tables.ctypes.data, tstride, lengths.ctypes.data, window,
+                                     None if sinks is None else sinks.ctypes.data,
+                                     float(scale), out.ctypes.data, KV_KINDS[K.dtype],
+                                     self.threads.n)
+        if failed == -2:
             raise MemoryError("fk_attend could not allocate its scores")
+        if failed:  # more query heads a key head than the kernel takes (64)
+            if K.dtype == np.uint8:  # no float path reads a Q8_0 cache
+                raise ValueError("a Q8_0 cache's attention takes at most 64 query heads a "
+                                 "key head")
+            rows = q.reshape(B, -1)[:, : nq * dim].reshape(B, nq, dim)
+            return super().attend(rows, K, V, tables, lengths, window, sinks, scale)
         return out
 
     @staticmethod

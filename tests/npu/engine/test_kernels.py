@@ -202,6 +202,42 @@ def test_float_formats_are_exact(qtype: QT) -> None:
         assert np.abs(got - exact).max() <= 1e-5 * np.abs(exact).max(), T
 
 
+@pytest.mark.parametrize("qtype", [QT.Q8_0, QT.Q4_1, QT.F16, QT.F32], ids=lambda q: q.name)
+@pytest.mark.parametrize("head", [False, True], ids=["rows", "packed as a head"])
+def test_an_embedding_refuses_ids_outside_its_rows(qtype: QT, head: bool) -> None:
+    """Token ids come checked from the tokenizer and the server; a caller of the engine that
+    gives one past the vocabulary (or below 0) gets an error, not a read past the weight
+    (the kernels' row lookup is unchecked: a crash, or another tensor's bytes as a row)."""
+    rng = np.random.default_rng(3)
+    m = _matrix(rng, qtype, 40, 64)
+    emb = LinearFactory("cpu", threads=2).embedding(m, head=head)
+    np.testing.assert_allclose(emb(np.array([0, 39])), m.dequantize()[[0, 39]], atol=1e-6)
+    for bad in (40, 10**8, -1):
+        with pytest.raises(ValueError, match=f"token id {bad} is outside the vocabulary"):
+            emb(np.array([3, bad, 4]))
+    assert emb(np.array([], dtype=np.int64)).shape == (0, 64)
+
+
+def test_more_query_heads_a_key_head_than_the_kernel_takes_are_numpys() -> None:
+    """fk_attend takes at most 64 query heads a key head: past that, numpy's attention on a
+    float cache (it said it could not allocate); a Q8_0 cache says what it cannot take."""
+    rng = np.random.default_rng(4)
+    ops, ref = KernelOps(LIB, LinearFactory("cpu", 2).threads), NumpyOps()
+    nq, dim = 66, 16
+    K = rng.standard_normal((4, 1, 16, dim)).astype(np.float16)
+    V = rng.standard_normal((4, 1, 16, dim)).astype(np.float16)
+    tables, lengths = np.stack([np.arange(4)] * 2), np.array([30, 50])
+    q = rng.standard_normal((2, nq, dim)).astype(np.float32)
+    got = ops.attend(q, K, V, tables, lengths, 0, None, np.float32(0.25))
+    want = ref.attend(q, K.astype(np.float32), V.astype(np.float32), tables, lengths, 0, None,
+                      np.float32(0.25))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    K8 = np.zeros((4, 1, 16, 34), np.uint8)
+    with pytest.raises(ValueError, match="at most 64 query heads a key head"):
+        ops.attend(rng.standard_normal((2, nq, 32)).astype(np.float32), K8, K8.copy(), tables,
+                   lengths, 0, None, np.float32(0.25))
+
+
 def test_a_zero_activation_block_and_a_constant_one() -> None:
     """max|x| = 0 gives codes 0 (no division by zero); a block whose scale f16 holds
     exactly (127/128: scale 1/128, codes 127) is exact."""

@@ -36,9 +36,11 @@ def dequantized(cache: np.ndarray) -> np.ndarray:
     return (scale * codes).reshape(*cache.shape[:3], -1)
 
 
-# query heads a key head: 2, 3, 2, and 4 and 6 (past the AVX-512 passes' 2 and 3)
+# query heads a key head: 2, 3, 2, and 4 and 6 (past the AVX-512 passes' 2 and 3); the last
+# two, a cache block (key heads x 16 rows of 34 bytes per 32 values) that ends inside a
+# 64-byte line, which the read-ahead of a row's next span once never got past (a hang)
 @pytest.mark.parametrize("nq, nkv, hd", [(4, 2, 32), (9, 3, 64), (16, 8, 128), (8, 2, 128),
-                                         (12, 2, 64)])
+                                         (12, 2, 64), (2, 1, 32), (6, 3, 96)])
 def test_q8_0_rows_are_written_and_attended_as_their_values(nq: int, nkv: int,
                                                             hd: int) -> None:
     rng = np.random.default_rng(hd)
@@ -69,6 +71,9 @@ def test_q8_0_rows_are_written_and_attended_as_their_values(nq: int, nkv: int,
     want = ref.attend(q, Kf, Vf, table.reshape(1, -1), lengths, 0, None, scale)
     got = ops.attend(q, K, V, table.reshape(1, -1), lengths, 0, None, scale)
     np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5)
+    # the last row alone: its spans' blocks read ahead (the rows above share them)
+    got = ops.attend(q[-1:], K, V, table.reshape(1, -1), lengths[-1:], 0, None, scale)
+    np.testing.assert_allclose(got, want[-1:], rtol=2e-4, atol=2e-5)
     got = ops.attend_prompt(q, K, V, table, 0, 0, None, scale)
     np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5)
     window = 20  # a sliding window: the same keys as the reference's
