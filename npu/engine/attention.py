@@ -117,10 +117,11 @@ class PackedAttention:
             if hi > lo:
                 K, V, table = self._keys(i)
                 q = self.qkv[lo:hi, : nq * dim].reshape(hi - lo, nq, dim)
-                seen = (np.arange(lo - s + 1, hi - s + 1, dtype=np.int64) if self.causal
-                        else np.full(hi - lo, e - s, dtype=np.int64))
-                out[lo - a : hi - a] = self.ops.attend(q, K, V, table, seen, self.window,
-                                                       self.sinks, self.scale)
+                # the prompt kernels: each key read once per block of rows, not once a row
+                out[lo - a : hi - a] = (
+                    self.ops.attend_prompt(q, K, V, table, lo - s, self.window, self.sinks,
+                                           self.scale) if self.causal else
+                    self.ops.attend_all(q, K, V, table, e - s, self.sinks, self.scale))
                 if hi == e:
                     del self._kv[i]
                 lo = hi

@@ -1743,12 +1743,14 @@ static int64_t flash_scratch(int64_t group, int64_t hd) {
 }
 
 /* Rows r0 .. r1 of a prompt piece (row r at position pos + r, its query heads at
- * Q + r * q_stride) for the query heads of key head hk; OUT rows o_stride floats apart. */
+ * Q + r * q_stride) for the query heads of key head hk; OUT rows o_stride floats apart.
+ * all > 0: every row sees keys 0 .. all - 1 instead (bidirectional: an encoder's input;
+ * window 0). */
 static void flash_task(const float *Q, int64_t q_stride, int64_t r0, int64_t r1, int64_t pos,
                        int64_t nq, int64_t nkv, int64_t hd, const void *K, const void *V,
-                       int64_t bs, const int64_t *table, int64_t window, const float *sinks,
-                       float scale, float *OUT, int64_t o_stride, int half, int64_t hk,
-                       float *scratch) {
+                       int64_t bs, const int64_t *table, int64_t window, int64_t all,
+                       const float *sinks, float scale, float *OUT, int64_t o_stride, int half,
+                       int64_t hk, float *scratch) {
     const int64_t group = nq / nkv, nv = (r1 - r0) * group;
     float *Kt = scratch, *Vb = Kt + FK * hd, *S = Vb + FK * hd, *O = S + FQ * group * FK;
     float *m = O + FQ * group * hd, *l = m + FQ * group;
@@ -1764,22 +1766,23 @@ static void flash_task(const float *Q, int64_t q_stride, int64_t r0, int64_t r1,
         l[i] = sink ? 1.0f : 0.0f; /* the sink: a key of weight e^(sink - m), value zero */
     }
     memset(O, 0, (size_t)(nv * hd) * sizeof(float));
-    /* row r sees positions lo(r) .. pos + r */
-    const int64_t last = pos + r1 - 1;
+    /* row r sees positions lo(r) .. seen(r) */
+#define SEEN(r) (all > 0 ? all - 1 : pos + (r))
+    const int64_t last = SEEN(r1 - 1);
     const int64_t first = window > 0 && pos + r0 + 1 > window ? pos + r0 + 1 - window : 0;
     for (int64_t j0 = first / FK * FK; j0 <= last; j0 += FK) {
         const int64_t kn = last + 1 - j0 < FK ? last + 1 - j0 : FK;
         flash_load(K, V, table, hk, nkv, bs, hd, half, j0, kn, Kt, Vb);
         /* the rows that see any of these keys */
         int64_t a = r0, b = r1; /* rows a .. b */
-        while (a < r1 && pos + a < j0) a++;
+        while (a < r1 && SEEN(a) < j0) a++;
         while (b > a && window > 0 && pos + b - 1 + 1 - window > j0 + kn - 1) b--;
         if (a >= b) continue;
         const int64_t i0 = (a - r0) * group, n = (b - a) * group;
         for (int64_t i = 0; i < n; i++) qp[i] = qv[i0 + i];
         flash_scores(qp, (int)n, Kt, hd, scale, S + i0 * FK);
         for (int64_t i = i0; i < i0 + n; i++) {
-            const int64_t r = r0 + i / group, p = pos + r;
+            const int64_t r = r0 + i / group, p = SEEN(r);
             const int64_t lo = window > 0 && p + 1 > window ? p + 1 - window : 0;
             const int64_t c0 = lo > j0 ? lo - j0 : 0, c1 = p - j0 + 1 < kn ? p - j0 + 1 : kn;
             float *s = S + i * FK;
@@ -1832,6 +1835,7 @@ static void flash_task(const float *Q, int64_t q_stride, int64_t r0, int64_t r1,
                       cn[i] > cn[i + 1] ? cn[i] : cn[i + 1], Vb, hd);
         if (i < n) flash_pv(O + (i0 + i) * hd, cr[i], S + (i0 + i) * FK, cn[i], Vb, hd);
     }
+#undef SEEN
     for (int64_t i = 0; i < nv; i++) {
         const int64_t r = r0 + i / group, h = hk * group + i % group;
         const float inv = 1.0f / l[i];
@@ -1842,10 +1846,11 @@ static void flash_task(const float *Q, int64_t q_stride, int64_t r0, int64_t r1,
 
 /* Team work (inside a parallel region, or alone): the prompt attention of the pieces
  * seg[s] = (first row, rows, position of the first row) with block tables tables[s],
- * dynamically scheduled over (piece, key head, block of FQ rows), the latest rows first. */
+ * dynamically scheduled over (piece, key head, block of FQ rows), the latest rows first
+ * (all > 0: every row over keys 0 .. all - 1, flash_task's). */
 static void flash_team(const float *Q, int64_t q_stride, int64_t nseg, const int64_t *seg,
                        const int64_t *const *tables, int64_t nq, int64_t nkv, int64_t hd,
-                       const void *K, const void *V, int64_t bs, int64_t window,
+                       const void *K, const void *V, int64_t bs, int64_t window, int64_t all,
                        const float *sinks, float scale, float *OUT, int64_t o_stride, int half,
                        float *scratch, Act8 *qa) {
     /* blocks of FQ rows (each key step then serves twice the rows of 16: 15% faster at 8,192
@@ -1869,12 +1874,38 @@ static void flash_team(const float *Q, int64_t q_stride, int64_t nseg, const int
         const int64_t r0 = blk * fq, r1 = r0 + fq < seg[3 * s + 1] ? r0 + fq : seg[3 * s + 1];
         const int64_t first = seg[3 * s];
         flash_task(Q + first * q_stride, q_stride, r0, r1, seg[3 * s + 2], nq, nkv, hd, K, V,
-                   bs, tables[s], window, sinks, scale, OUT + first * o_stride, o_stride, half,
-                   hk, scratch);
+                   bs, tables[s], window, all, sinks, scale, OUT + first * o_stride, o_stride,
+                   half, hk, scratch);
         if (qa) /* OUT's rows are nq * hd wide here (fk_forward) */
             for (int64_t r = r0; r < r1; r++)
                 quantize_heads(OUT, nq, hd, first + r, hk * (nq / nkv), (hk + 1) * (nq / nkv), qa);
     }
+}
+
+static int attend_piece(const float *Q, int64_t q_stride, int64_t n, int64_t nq, int64_t nkv,
+                        int64_t hd, const void *K, const void *V, int64_t bs,
+                        const int64_t *table, int64_t pos, int64_t window, int64_t all,
+                        const float *sinks, float scale, float *OUT, int half, int threads) {
+    const int64_t group = nq / nkv;
+    if (group > 64 || nq % nkv) return -1;
+    const int64_t seg[3] = {0, n, pos};
+    const int64_t *tables[1] = {table};
+    int failed = 0;
+    const int many = n * (all > 0 ? all : pos + n) * nq * hd > (1 << 16);
+#pragma omp parallel num_threads(threads) if (many)
+    {
+        float *scratch = (float *)malloc((size_t)flash_scratch(group, hd) * sizeof(float));
+        if (!scratch) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp barrier
+        if (!failed)
+            flash_team(Q, q_stride, 1, seg, tables, nq, nkv, hd, K, V, bs, window, all, sinks,
+                       scale, OUT, nq * hd, half, scratch, NULL);
+        free(scratch);
+    }
+    return failed ? -2 : 0;
 }
 
 /* Causal attention of a prompt piece: rows 0 .. n - 1 of Q (q_stride floats apart) at
@@ -1886,26 +1917,19 @@ int fk_attend_prompt(const float *Q, int64_t q_stride, int64_t n, int64_t nq, in
                      int64_t hd, const void *K, const void *V, int64_t bs,
                      const int64_t *table, int64_t pos, int64_t window, const float *sinks,
                      float scale, float *OUT, int half, int threads) {
-    const int64_t group = nq / nkv;
-    if (group > 64 || nq % nkv) return -1;
-    const int64_t seg[3] = {0, n, pos};
-    const int64_t *tables[1] = {table};
-    int failed = 0;
-    const int many = n * (pos + n) * nq * hd > (1 << 16);
-#pragma omp parallel num_threads(threads) if (many)
-    {
-        float *scratch = (float *)malloc((size_t)flash_scratch(group, hd) * sizeof(float));
-        if (!scratch) {
-#pragma omp atomic write
-            failed = 1;
-        }
-#pragma omp barrier
-        if (!failed)
-            flash_team(Q, q_stride, 1, seg, tables, nq, nkv, hd, K, V, bs, window, sinks, scale,
-                       OUT, nq * hd, half, scratch, NULL);
-        free(scratch);
-    }
-    return failed ? -2 : 0;
+    return attend_piece(Q, q_stride, n, nq, nkv, hd, K, V, bs, table, pos, window, 0, sinks,
+                        scale, OUT, half, threads);
+}
+
+/* fk_attend_prompt's rows each over all the `keys` keys of `table` (bidirectional: an
+ * encoder's input, its keys and values laid out as a cache's). */
+int fk_attend_all(const float *Q, int64_t q_stride, int64_t n, int64_t nq, int64_t nkv,
+                  int64_t hd, const void *K, const void *V, int64_t bs, const int64_t *table,
+                  int64_t keys, const float *sinks, float scale, float *OUT, int half,
+                  int threads) {
+    if (keys < 1) return -1;
+    return attend_piece(Q, q_stride, n, nq, nkv, hd, K, V, bs, table, 0, 0, keys, sinks, scale,
+                        OUT, half, threads);
 }
 
 /* -- decode attention ---------------------------------------------------------------------
@@ -2622,7 +2646,7 @@ static void layer_attention(const FkStep *S, const FkLayer *L, const void *K, co
     else {
         const int64_t *tabs[64];
         for (int64_t s = 0; s < S->nseg; s++) tabs[s] = S->tables + s * S->tstride;
-        flash_team(S->qkv, nqkv, S->nseg, seg, tabs, nq, nkv, hd, K, V, m->bs, L->window,
+        flash_team(S->qkv, nqkv, S->nseg, seg, tabs, nq, nkv, hd, K, V, m->bs, L->window, 0,
                    L->sinks, m->scale, S->h, nq * hd, m->half, me->scr, qa);
     }
     timer(S->timing, 1, &me->mark);

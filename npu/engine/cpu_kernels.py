@@ -216,6 +216,10 @@ def load(path: Path) -> ctypes.CDLL:
     lib.fk_attend_prompt.argtypes = [_F32P, _I64, _I64, _I64, _I64, _I64, _F32P, _F32P, _I64,
                                      _I64P, _I64, _I64, _F32P, ctypes.c_float, _F32P,
                                      ctypes.c_int, ctypes.c_int]
+    lib.fk_attend_all.restype = ctypes.c_int
+    lib.fk_attend_all.argtypes = [_F32P, _I64, _I64, _I64, _I64, _I64, _F32P, _F32P, _I64,
+                                  _I64P, _I64, _F32P, ctypes.c_float, _F32P, ctypes.c_int,
+                                  ctypes.c_int]
     lib.fk_forward.restype = ctypes.c_int  # structures and pointer arrays: npu.engine.fused
     lib.fk_forward.argtypes = [_U8, _U8, _I64, _U8, _F32P, _I64, _I64, _I64P, _I64P, _I64, _U8,
                                _U8, ctypes.c_int, _U8]

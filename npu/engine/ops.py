@@ -187,6 +187,13 @@ class NumpyOps:
         return self.attend(q, K, V, table.reshape(1, -1), np.arange(pos + 1, pos + n + 1),
                            window, sinks, scale)
 
+    def attend_all(self, q: np.ndarray, K: np.ndarray, V: np.ndarray, table: np.ndarray,
+                   keys: int, sinks: np.ndarray | None, scale: np.float32) -> np.ndarray:
+        """Bidirectional attention (an encoder's input): every query of q [n, nq, hd] over
+        all `keys` keys and values of the blocks `table`; -> [n, nq * hd]."""
+        return self.attend(q, K, V, table.reshape(1, -1), np.full(len(q), keys), 0, sinks,
+                           scale)
+
 
 # the kernels' KV cache formats (cpu_kernels.c's KV_F32, KV_F16, KV_Q8) by the arrays' dtype
 KV_KINDS = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, np.dtype(np.uint8): 2}
@@ -345,4 +352,28 @@ class KernelOps(NumpyOps):
                            "a Q8_0 cache's prompt attention takes at most 64 query heads a "
                            "key head"))
             return super().attend_prompt(q, K, V, table, pos, window, sinks, scale)
+        return out
+
+    def attend_all(self, q: np.ndarray, K: np.ndarray, V: np.ndarray, table: np.ndarray,
+                   keys: int, sinks: np.ndarray | None, scale: np.float32) -> np.ndarray:
+        """The blocked kernel with every row over all the keys (fk_attend_all: each key
+        read once per block of query rows, not once per row); within float rounding of
+        `NumpyOps`'."""
+        n, nq, dim = q.shape
+        self._check_cache(K, V)
+        q = np.ascontiguousarray(q, dtype=np.float32)
+        table = np.ascontiguousarray(table, dtype=np.int64).reshape(-1)
+        out = np.empty((n, nq * dim), dtype=np.float32)
+        if sinks is not None:
+            sinks = np.ascontiguousarray(sinks, dtype=np.float32)
+        failed = self._lib.fk_attend_all(q.ctypes.data, nq * dim, n, nq, K.shape[1], dim,
+                                         K.ctypes.data, V.ctypes.data, K.shape[2],
+                                         table.ctypes.data, keys,
+                                         None if sinks is None else sinks.ctypes.data,
+                                         float(scale), out.ctypes.data, KV_KINDS[K.dtype],
+                                         self.threads.n)
+        if failed == -2:
+            raise MemoryError("fk_attend_all could not allocate its scratch")
+        if failed:  # more query heads a key head than it takes: the decode kernel's way
+            return super().attend_all(q, K, V, table, keys, sinks, scale)
         return out

@@ -618,3 +618,31 @@ def test_blocked_prompt_attention_is_numpys(half: bool, nq: int, nkv: int, dim: 
     # a row's result does not depend on the rows computed with it
     one = ops.attend_prompt(q[n - 1 :], K, V, table, pos + n - 1, window, sinks, scale)
     assert np.array_equal(one[0], got[n - 1])
+
+
+@pytest.mark.parametrize("half", [False, True], ids=["f32", "f16"])
+@pytest.mark.parametrize("nq,nkv,dim,n,with_sinks", [
+    (12, 12, 64, 45, False),   # BERT-base's heads, 45 rows: row blocks and key steps uneven
+    (16, 8, 128, 1, True),     # one row, GQA, sinks
+    (6, 2, 24, 100, False),    # a head size not a multiple of 16
+])
+def test_bidirectional_blocked_attention_is_numpys(half: bool, nq: int, nkv: int, dim: int,
+                                                   n: int, with_sinks: bool) -> None:
+    """An encoder's input (fk_attend_all): every row over all the input's keys, each key read
+    once per block of rows; numpy's two-pass softmax, and a row the same bits alone."""
+    rng = np.random.default_rng(n + dim)
+    blocks = -(-n // 16) + 2
+    dt = np.float16 if half else np.float32
+    K = rng.standard_normal((blocks, nkv, 16, dim)).astype(dt)
+    V = rng.standard_normal((blocks, nkv, 16, dim)).astype(dt)
+    table = rng.permutation(blocks)[: -(-n // 16)].astype(np.int64)
+    q = rng.standard_normal((n, nq, dim)).astype(np.float32)
+    sinks = rng.standard_normal(nq).astype(np.float32) if with_sinks else None
+    scale = np.float32(dim ** -0.5)
+    ops = KernelOps(LIB, LinearFactory("cpu", 2).threads)
+    got = ops.attend_all(q, K, V, table, n, sinks, scale)
+    want = NumpyOps().attend_all(q, K.astype(np.float32), V.astype(np.float32), table, n,
+                                 sinks, scale)
+    assert np.allclose(got, want, rtol=1e-5, atol=2e-6)
+    last = ops.attend_all(q[n - 1 :], K, V, table, n, sinks, scale)
+    assert np.array_equal(last[0], got[n - 1])
