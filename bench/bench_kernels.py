@@ -10,7 +10,7 @@ bytes read per second.
 
 Then the prompt attention (one layer's, over an f16 cache): the kernel that reads every
 cached key once per query row (fk_attend, each row its own task) against the blocked one
-(fk_attend_prompt: each key once per block of 16 rows, online softmax), at SmolLM2's and
+(fk_attend_prompt: each key once per block of up to 32 rows, online softmax), at SmolLM2's and
 Qwen3-0.6B's heads, one thread and `--threads`, in interleaved rounds.
 
     .venv/bin/python bench/bench_kernels.py            # 16 matrices 4096 x 4096, 2 threads

@@ -30,8 +30,11 @@ def _lib() -> ctypes.CDLL | None:
     from npu.engine.cpu_kernels import kernels_or_none
 
     lib = kernels_or_none()
-    if lib is None:
-        return None
+    return None if lib is None else declared(lib)
+
+
+def declared(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """A build of the kernels with the conversion's functions declared."""
     lib.fc_convert_rows.restype = ctypes.c_int
     lib.fc_convert_rows.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64,
                                     ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
@@ -67,15 +70,17 @@ def available() -> bool:
 
 def convert(qtype: QT, data: np.ndarray, n_threads: int | None = None,
             out: np.ndarray | None = None, order: np.ndarray | None = None,
-            packed: bool = False) -> tuple[QT, np.ndarray, float, float] | None:
+            packed: bool = False,
+            lib: ctypes.CDLL | None = None) -> tuple[QT, np.ndarray, float, float] | None:
     """`data` (uint8 [rows, row bytes] of super-blocks, C-contiguous; read only) converted:
     (the format, uint8 [rows, its row bytes], stat 0, stat 1) with the stats of
     cpu_convert.c; None: no kernels here, or not a type converted in C. `out`: where to
     write it (uint8 [rows, its row bytes], C-contiguous), else new memory. `order`: row i of
     the result is row order[i] of `data`. `packed`: the result in the kernels' packed layout
     (npu.engine.linear.PackedMatrix's bytes; rows a multiple of `packed_rows()`), each group
-    of rows packed as it is converted."""
-    lib = _lib()
+    of rows packed as it is converted. `lib`: another build of the kernels, `declared`
+    (default: this process's)."""
+    lib = lib or _lib()
     if lib is None:
         return None
     out_size = lib.fc_out_bytes(int(qtype))

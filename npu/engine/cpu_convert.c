@@ -1,8 +1,10 @@
 /* flm-serve's k-quant conversion at load: GGML k-quant super-blocks (256 values) into the
  * block formats the CPU kernels compute, across threads, straight from a memory-mapped file.
  *
- * Bit for bit what npu/engine/quant.py's numpy reference makes (its docstrings describe the
- * layouts; tests/npu/engine/test_convert.py compares the two):
+ * Bit for bit what npu/engine/quant.py's numpy reference makes where the file's f16 factors
+ * are finite (its docstrings describe the layouts; tests/npu/engine/test_convert.py compares
+ * the two; an inf or NaN factor's block: a value NaN is passed over when a block's largest is
+ * taken, where numpy's max would give NaN), with or without AVX2 (the same operations):
  *   Q4_K 12 -> Q4_1, Q5_K 13 -> Q5_1: the same codes; a sub-block of 32 values becomes one
  *     block whose f16 scale and offset are d * sc and -(dmin * m) (float32), rounded to f16.
  *     No value is computed. Stats: the largest error of that rounding (15 or 31 times the
@@ -260,10 +262,10 @@ static void q8_0_of(const float *v, uint8_t *out, float *steps, float *top) {
 #ifdef __AVX2__
         const __m256 sign = _mm256_set1_ps(-0.0f);
         __m256 m = _mm256_setzero_ps();
-        for (int i = 0; i < 32; i += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
-        /* the lanes' largest, NaN lanes left out (as the comparisons of a loop from 0 leave
-         * them: every other lane is at least 0) */
-        m = _mm256_and_ps(m, _mm256_cmp_ps(m, m, _CMP_ORD_Q));
+        /* max_ps gives its second operand where either is NaN: a NaN value is passed over,
+         * as the loop's comparisons below pass it over, and m is never NaN */
+        for (int i = 0; i < 32; i += 8) m = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)), m);
+        /* the lanes' largest (none NaN, each at least 0: any order gives the loop's) */
         __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
         h = _mm_max_ps(h, _mm_movehl_ps(h, h));
         h = _mm_max_ss(h, _mm_movehdup_ps(h));

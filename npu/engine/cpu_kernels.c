@@ -1752,6 +1752,7 @@ static void flash_task(const float *Q, int64_t q_stride, int64_t r0, int64_t r1,
                        const float *sinks, float scale, float *OUT, int64_t o_stride, int half,
                        int64_t hk, float *scratch) {
     const int64_t group = nq / nkv, nv = (r1 - r0) * group;
+    if (all > 0) window = 0; /* every row sees every key */
     float *Kt = scratch, *Vb = Kt + FK * hd, *S = Vb + FK * hd, *O = S + FQ * group * FK;
     float *m = O + FQ * group * hd, *l = m + FQ * group;
     const float *qv[FQ * 64];
@@ -1922,7 +1923,7 @@ int fk_attend_prompt(const float *Q, int64_t q_stride, int64_t n, int64_t nq, in
 }
 
 /* fk_attend_prompt's rows each over all the `keys` keys of `table` (bidirectional: an
- * encoder's input, its keys and values laid out as a cache's). */
+ * encoder's input, its keys and values laid out as a cache's). -1 also for keys < 1. */
 int fk_attend_all(const float *Q, int64_t q_stride, int64_t n, int64_t nq, int64_t nkv,
                   int64_t hd, const void *K, const void *V, int64_t bs, const int64_t *table,
                   int64_t keys, const float *sinks, float scale, float *OUT, int half,
@@ -2374,7 +2375,7 @@ static void attend_team(const float *Q, int64_t q_stride, int64_t B, int64_t nq,
                 sw.reg[sw.nreg++] = (const uint8_t *)V + table[bi] * block_bytes;
             }
             const int64_t sets = (j1 - j0 + 7) / 8;
-            sw.per = (sw.nreg * (block_bytes / 64) + sets - 1) / sets;
+            sw.per = (sw.nreg * ((block_bytes + 63) / 64) + sets - 1) / sets;
             sw.at = sw.nreg ? sw.reg[0] : NULL;
             sw.end = sw.at ? sw.at + block_bytes : NULL;
         }

@@ -52,9 +52,13 @@ class KernelUnavailable(ModelError):
 
 
 def _compiler() -> list[str]:
-    """The C compiler's command: `CC`'s words (as make reads it: "ccache gcc" too), else
-    cc or gcc on the PATH."""
-    cc = shlex.split(os.environ.get("CC", "")) or [shutil.which("cc") or shutil.which("gcc")]
+    """The C compiler's command: `CC`'s words (as a shell splits it: "ccache gcc" too),
+    else cc or gcc on the PATH."""
+    try:
+        words = shlex.split(os.environ.get("CC", ""))
+    except ValueError as exc:  # an unclosed quote
+        raise KernelUnavailable(f"CC cannot be read as a command: {exc}") from None
+    cc = words or [shutil.which("cc") or shutil.which("gcc")]
     if not cc[0]:
         raise KernelUnavailable("no C compiler (cc or gcc) to build the CPU kernels")
     return cc

@@ -361,8 +361,11 @@ class KernelOps(NumpyOps):
         `NumpyOps`'."""
         n, nq, dim = q.shape
         self._check_cache(K, V)
-        q = np.ascontiguousarray(q, dtype=np.float32)
         table = np.ascontiguousarray(table, dtype=np.int64).reshape(-1)
+        if not 1 <= keys <= table.size * K.shape[2]:
+            raise ValueError(f"attend_all over {keys} keys: its blocks hold "
+                             f"{table.size * K.shape[2]}, and it needs at least one")
+        q = np.ascontiguousarray(q, dtype=np.float32)
         out = np.empty((n, nq * dim), dtype=np.float32)
         if sinks is not None:
             sinks = np.ascontiguousarray(sinks, dtype=np.float32)

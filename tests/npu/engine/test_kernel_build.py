@@ -4,6 +4,7 @@ nothing."""
 
 from __future__ import annotations
 
+import shlex
 import stat
 import threading
 from pathlib import Path
@@ -107,6 +108,19 @@ def test_a_compiler_that_cannot_run_is_unavailable_kernels(tmp_path: Path, monke
 
 def test_cc_is_a_command_of_several_words(tmp_path: Path, monkeypatch) -> None:
     cc, runs = _counting_compiler(tmp_path)
-    monkeypatch.setenv("CC", f"sh {cc}")  # as "ccache gcc" is
+    monkeypatch.setenv("CC", f"sh {shlex.quote(str(cc))}")  # as "ccache gcc" is
     assert build(tmp_path / "kernels").exists()
     assert runs.read_text().splitlines() == ["run"]
+    monkeypatch.setenv("CC", "'unclosed")
+    with pytest.raises(cpu_kernels.KernelUnavailable, match="CC cannot be read"):
+        build(tmp_path / "other")
+
+
+def test_a_compiler_that_hangs_is_given_up_on(tmp_path: Path, monkeypatch) -> None:
+    cc = tmp_path / "cc"
+    cc.write_text("#!/bin/sh\nsleep 30\n")
+    cc.chmod(cc.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("CC", str(cc))
+    monkeypatch.setattr(cpu_kernels, "COMPILE_SECONDS", 0.5)
+    with pytest.raises(cpu_kernels.KernelUnavailable, match="timed out"):
+        build(tmp_path / "kernels")

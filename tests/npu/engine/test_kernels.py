@@ -8,6 +8,7 @@ import platform
 
 import numpy as np
 import pytest
+from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QT
 
 from npu.engine.linear import CpuLinear, LinearFactory, PackedMatrix
@@ -586,6 +587,26 @@ def test_the_portable_build_rounds_the_activations_and_keeps_an_f16_cache(tmp_pa
     assert np.array_equal(K16, K32.astype(np.float16))  # numpy's rounding, to the bit
     assert np.array_equal(V16, V32.astype(np.float16))
     assert np.allclose(got, want, atol=3e-3)
+    # the k-quant conversion's plain C (no AVX2, no F16C) makes numpy's bytes too
+    from npu.engine import convert
+    from tests.npu.engine.test_convert import HALVES, _blocks
+
+    for qtype in HALVES:
+        m = QMatrix(qtype, (8, 512), _blocks(np.random.default_rng(int(qtype)), 8, 512, qtype))
+        ref, _ = m.to_native(reference=True)
+        done = convert.convert(qtype, m.data, lib=convert.declared(lib))
+        assert done is not None and done[0] == ref.qtype, qtype.name
+        assert np.array_equal(done[1], ref.data), qtype.name
+        # factors of inf and NaN (a broken file): the plain C and this build alike
+        bad = _blocks(np.random.default_rng(1), 8, 512, qtype).reshape(
+            -1, GGML_QUANT_SIZES[qtype][1])  # super-blocks
+        for i, at in enumerate(HALVES[qtype] * 4):
+            bad[i, at : at + 2] = np.array([[np.inf, np.nan][i % 2]], np.float16).view(np.uint8)
+        bad = bad.reshape(m.data.shape)
+        plain, here = convert.convert(qtype, bad, lib=convert.declared(lib)), \
+            convert.convert(qtype, bad)
+        assert np.array_equal(plain[1], here[1]) and np.allclose(plain[2:], here[2:],
+                                                                 equal_nan=True), qtype.name
 
 
 @pytest.mark.parametrize("half", [False, True], ids=["f32", "f16"])
@@ -646,3 +667,6 @@ def test_bidirectional_blocked_attention_is_numpys(half: bool, nq: int, nkv: int
     assert np.allclose(got, want, rtol=1e-5, atol=2e-6)
     last = ops.attend_all(q[n - 1 :], K, V, table, n, sinks, scale)
     assert np.array_equal(last[0], got[n - 1])
+    for keys in (0, len(table) * 16 + 1):  # none, or more than its blocks hold
+        with pytest.raises(ValueError, match="attend_all over"):
+            ops.attend_all(q, K, V, table, keys, sinks, scale)

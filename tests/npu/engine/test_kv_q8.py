@@ -39,6 +39,7 @@ def dequantized(cache: np.ndarray) -> np.ndarray:
 # query heads a key head: 2, 3, 2, and 4 and 6 (past the AVX-512 passes' 2 and 3); the last
 # two, a cache block (key heads x 16 rows of 34 bytes per 32 values) that ends inside a
 # 64-byte line, which the read-ahead of a row's next span once never got past (a hang)
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("nq, nkv, hd", [(4, 2, 32), (9, 3, 64), (16, 8, 128), (8, 2, 128),
                                          (12, 2, 64), (2, 1, 32), (6, 3, 96)])
 def test_q8_0_rows_are_written_and_attended_as_their_values(nq: int, nkv: int,
