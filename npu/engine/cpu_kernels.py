@@ -155,10 +155,26 @@ def env_flags() -> tuple[str, ...]:
     return tuple(shlex.split(os.environ.get("FLM_KERNEL_FLAGS", "")))
 
 
-@cache
 def kernels() -> ctypes.CDLL:
-    """The loaded kernels (built on first use, with FLM_KERNEL_FLAGS' flags added)."""
-    return load(build(extra=env_flags()))
+    """The loaded kernels (built on first use, with FLM_KERNEL_FLAGS' flags added).
+
+    Raises:
+        KernelUnavailable: they cannot be built or loaded here (once tried, the same
+            answer for the rest of the process: a compiler that failed, or hung for
+            COMPILE_SECONDS, is not run again by every caller).
+    """
+    got = _built()
+    if isinstance(got, KernelUnavailable):
+        raise KernelUnavailable(str(got))
+    return got
+
+
+@cache
+def _built() -> ctypes.CDLL | KernelUnavailable:
+    try:
+        return load(build(extra=env_flags()))
+    except KernelUnavailable as exc:
+        return exc
 
 
 def kernels_or_none() -> ctypes.CDLL | None:

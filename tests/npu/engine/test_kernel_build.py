@@ -124,3 +124,24 @@ def test_a_compiler_that_hangs_is_given_up_on(tmp_path: Path, monkeypatch) -> No
     monkeypatch.setattr(cpu_kernels, "COMPILE_SECONDS", 0.5)
     with pytest.raises(cpu_kernels.KernelUnavailable, match="timed out"):
         build(tmp_path / "kernels")
+
+
+def test_kernels_that_cannot_be_built_are_tried_once_a_process(monkeypatch) -> None:
+    """Every user of the kernels (the linear layers, the conversion, the tokenizer's C)
+    asks for them: a build that failed, or a compiler that hung for COMPILE_SECONDS, is
+    not tried again by each."""
+    calls = []
+
+    def failing(*args, **kwargs):
+        calls.append(args)
+        raise cpu_kernels.KernelUnavailable("no C compiler here")
+
+    cpu_kernels._built.cache_clear()
+    monkeypatch.setattr(cpu_kernels, "build", failing)
+    try:
+        assert [cpu_kernels.kernels_or_none() for _ in range(3)] == [None] * 3
+        with pytest.raises(cpu_kernels.KernelUnavailable, match="no C compiler here"):
+            cpu_kernels.kernels()
+        assert len(calls) == 1
+    finally:
+        cpu_kernels._built.cache_clear()  # this process's own build, loaded again after
