@@ -96,10 +96,26 @@ static inline void scale_min(const uint8_t *s, int j, uint8_t *sc, uint8_t *mn) 
     }
 }
 
+/* Sub-block j's codes into its Q4_1 / Q5_1 block o (after the f16 scale and offset). */
+static inline void k_codes(const uint8_t *qh, const uint8_t *qs, int j, int five, uint8_t *o) {
+    const int nib = five ? 8 : 4;
+    if (five) { /* bit l of the u32: bit j of qh[l] */
+        uint32_t bits = 0;
+        for (int l = 0; l < 32; l++) bits |= (uint32_t)((qh[l] >> j) & 1u) << l;
+        memcpy(o + 4, &bits, 4);
+    }
+    /* per 64 values, a = codes 0-15, c = 16-31: block 2g takes the low nibbles, 2g+1 the
+     * high ones */
+    const uint8_t *a = qs + (j / 2) * 32, *c = a + 16;
+    for (int i = 0; i < 16; i++)
+        o[nib + i] = (j & 1) ? (uint8_t)((a[i] >> 4) | (c[i] & 0xf0))
+                             : (uint8_t)((a[i] & 15) | (c[i] << 4));
+}
+
 /* One Q4_K (five = 0) or Q5_K super-block into 8 Q4_1 / Q5_1 blocks. */
 static void k_as_1(const uint8_t *b, uint8_t *out, int five, float *err, float *top) {
     const float d = rd_half(b), dmin = rd_half(b + 2), code = five ? 31.0f : 15.0f;
-    const int block = five ? 24 : 20, nib = five ? 8 : 4;
+    const int block = five ? 24 : 20;
     const uint8_t *qh = b + 16, *qs = b + (five ? 48 : 16);
     for (int j = 0; j < 8; j++) {
         uint8_t sc, mn;
@@ -113,17 +129,7 @@ static void k_as_1(const uint8_t *b, uint8_t *out, int five, float *err, float *
         const float t = fmaxf(fabsf(offset), fabsf(offset + code * scale));
         if (e > *err) *err = e;
         if (t > *top) *top = t;
-        if (five) { /* bit l of the u32: bit j of qh[l] */
-            uint32_t bits = 0;
-            for (int l = 0; l < 32; l++) bits |= (uint32_t)((qh[l] >> j) & 1u) << l;
-            memcpy(o + 4, &bits, 4);
-        }
-        /* per 64 values, a = codes 0-15, c = 16-31: block 2g takes the low nibbles, 2g+1
-         * the high ones */
-        const uint8_t *a = qs + (j / 2) * 32, *c = a + 16;
-        for (int i = 0; i < 16; i++)
-            o[nib + i] = (j & 1) ? (uint8_t)((a[i] >> 4) | (c[i] & 0xf0))
-                                 : (uint8_t)((a[i] & 15) | (c[i] << 4));
+        k_codes(qh, qs, j, five, o);
     }
 }
 
@@ -133,7 +139,7 @@ static void k_as_1(const uint8_t *b, uint8_t *out, int five, float *err, float *
  * the number where one side is NaN kept. About twice as fast (a load's CPU time). */
 static void k_as_1_x8(const uint8_t *b, uint8_t *out, int five, float *err, float *top) {
     const float d = rd_half(b), dmin = rd_half(b + 2), code = five ? 31.0f : 15.0f;
-    const int block = five ? 24 : 20, nib = five ? 8 : 4;
+    const int block = five ? 24 : 20;
     const uint8_t *qh = b + 16, *qs = b + (five ? 48 : 16);
     uint8_t sc[8], mn[8];
     for (int j = 0; j < 8; j++) scale_min(b + 4, j, sc + j, mn + j);
@@ -164,15 +170,7 @@ static void k_as_1_x8(const uint8_t *b, uint8_t *out, int five, float *err, floa
         memcpy(o + 2, os + j, 2);
         if (es[j] > em) em = es[j];
         if (ts[j] > tm) tm = ts[j];
-        if (five) { /* bit l of the u32: bit j of qh[l] */
-            uint32_t bits = 0;
-            for (int l = 0; l < 32; l++) bits |= (uint32_t)((qh[l] >> j) & 1u) << l;
-            memcpy(o + 4, &bits, 4);
-        }
-        const uint8_t *lo = qs + (j / 2) * 32, *hi = lo + 16;
-        for (int i = 0; i < 16; i++)
-            o[nib + i] = (j & 1) ? (uint8_t)((lo[i] >> 4) | (hi[i] & 0xf0))
-                                 : (uint8_t)((lo[i] & 15) | (hi[i] << 4));
+        k_codes(qh, qs, j, five, o);
     }
     *err = em;
     *top = tm;
