@@ -80,7 +80,7 @@ def convert(qtype: QT, data: np.ndarray, n_threads: int | None = None,
     (npu.engine.linear.PackedMatrix's bytes; rows a multiple of `packed_rows()`), each group
     of rows packed as it is converted. `lib`: another build of the kernels, `declared`
     (default: this process's)."""
-    lib = lib or _lib()
+    lib = lib if lib is not None else _lib()
     if lib is None:
         return None
     out_size = lib.fc_out_bytes(int(qtype))

@@ -1255,11 +1255,14 @@ int fk_matmul(int type, const uint8_t *W, int64_t N, int64_t K, const float *X, 
     return failed ? -2 : 0;
 }
 
-/* OUT[r, K] = rows ids[r] of W, as float32 (embedding lookups, and prefill's weights). */
-int fk_rows(int type, const uint8_t *W, int64_t K, const int64_t *ids, int64_t n, float *out,
-            int threads) {
+/* OUT[r, K] = rows ids[r] of W [N, K], as float32 (embedding lookups, and prefill's weights).
+ * -2: an id outside 0 .. N - 1 (nothing written), as fk_packed_lookup. */
+int fk_rows(int type, const uint8_t *W, int64_t N, int64_t K, const int64_t *ids, int64_t n,
+            float *out, int threads) {
     const int64_t rb = fk_row_bytes(type, K);
     if (rb < 0 || (blocked(type) && K % 32) || !table_ready) return -1;
+    for (int64_t r = 0; r < n; r++)
+        if (ids[r] < 0 || ids[r] >= N) return -2;
 #pragma omp parallel for num_threads(threads) schedule(static) if (n > 64)
     for (int64_t r = 0; r < n; r++) deq_row(type, W + ids[r] * rb, out + r * K, K);
     return 0;

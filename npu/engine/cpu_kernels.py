@@ -213,7 +213,7 @@ def load(path: Path) -> ctypes.CDLL:
     lib.fk_matmul_packed.argtypes = [ctypes.c_int, _U8, _I64, _I64, _F32P, _I64, _F32P,
                                      ctypes.c_int]
     lib.fk_rows.restype = ctypes.c_int
-    lib.fk_rows.argtypes = [ctypes.c_int, _U8, _I64, _I64P, _I64, _F32P, ctypes.c_int]
+    lib.fk_rows.argtypes = [ctypes.c_int, _U8, _I64, _I64, _I64P, _I64, _F32P, ctypes.c_int]
     lib.fk_dequant.restype = ctypes.c_int
     lib.fk_dequant.argtypes = [ctypes.c_int, _U8, _I64, _I64, _I64, _F32P, ctypes.c_int]
     lib.fk_rms_norm.restype = None

@@ -290,19 +290,30 @@ class Embedding:
             ValueError: an id outside the rows (the kernels would read past the weight).
         """
         m = self.matrix
-        ids = np.asarray(ids)
-        if ids.size and not (0 <= ids.min() and ids.max() < m.shape[0]):
-            bad = ids[(ids < 0) | (ids >= m.shape[0])].flat[0]
-            raise ValueError(f"token id {bad} is outside the vocabulary (0..{m.shape[0] - 1})")
-        if m.floats is not None:
-            return m.floats[ids]
-        if self._lib is None or isinstance(m, PackedMatrix):
-            return m.rows(ids)
         ids = np.ascontiguousarray(ids, dtype=np.int64)
+        rows = m.shape[0]
+        if isinstance(m, PackedMatrix):  # the kernels check the ids
+            try:
+                return m.rows(ids)
+            except IndexError:
+                raise _outside(ids, rows) from None
+        if m.floats is not None or self._lib is None:  # numpy's indexing: -1 is the last row
+            if ids.size and not (0 <= ids.min() and ids.max() < rows):
+                raise _outside(ids, rows)
+            return m.floats[ids] if m.floats is not None else m.rows(ids)
         out = np.empty((len(ids), m.shape[1]), dtype=np.float32)
-        self._lib.fk_rows(int(m.qtype), m.data.ctypes.data, m.shape[1], ids.ctypes.data,
-                          len(ids), out.ctypes.data, self.threads.n)
+        rc = self._lib.fk_rows(int(m.qtype), m.data.ctypes.data, rows, m.shape[1],
+                               ids.ctypes.data, len(ids), out.ctypes.data, self.threads.n)
+        if rc == -2:
+            raise _outside(ids, rows)
+        if rc:
+            raise RuntimeError(f"the kernels cannot read {m.qtype.name} rows")
         return out
+
+
+def _outside(ids: np.ndarray, rows: int) -> ValueError:
+    bad = ids[(ids < 0) | (ids >= rows)].flat[0]
+    return ValueError(f"token id {bad} is outside the vocabulary (0..{rows - 1})")
 
 
 def _lib_for(backend: str):

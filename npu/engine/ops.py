@@ -332,19 +332,9 @@ class KernelOps(NumpyOps):
                       scale: np.float32) -> np.ndarray:
         """The blocked kernel (fk_attend_prompt: each cached key read once per block of
         query rows, the softmax online); within float rounding of `NumpyOps`'."""
-        n, nq, dim = q.shape
         self._check_cache(K, V)
-        q = np.ascontiguousarray(q, dtype=np.float32)
-        table = np.ascontiguousarray(table, dtype=np.int64).reshape(-1)
-        out = np.empty((n, nq * dim), dtype=np.float32)
-        if sinks is not None:
-            sinks = np.ascontiguousarray(sinks, dtype=np.float32)
-        failed = self._lib.fk_attend_prompt(q.ctypes.data, nq * dim, n, nq, K.shape[1], dim,
-                                            K.ctypes.data, V.ctypes.data, K.shape[2],
-                                            table.ctypes.data, pos, window,
-                                            None if sinks is None else sinks.ctypes.data,
-                                            float(scale), out.ctypes.data,
-                                            KV_KINDS[K.dtype], self.threads.n)
+        failed, out = self._blocked(self._lib.fk_attend_prompt, q, K, V, table, (pos, window),
+                                    sinks, scale)
         if failed:
             if K.dtype == np.uint8:  # no float path reads a Q8_0 cache
                 raise (MemoryError("fk_attend_prompt could not allocate its scratch")
@@ -359,24 +349,33 @@ class KernelOps(NumpyOps):
         """The blocked kernel with every row over all the keys (fk_attend_all: each key
         read once per block of query rows, not once per row); within float rounding of
         `NumpyOps`'."""
-        n, nq, dim = q.shape
         self._check_cache(K, V)
-        table = np.ascontiguousarray(table, dtype=np.int64).reshape(-1)
-        if not 1 <= keys <= table.size * K.shape[2]:
-            raise ValueError(f"attend_all over {keys} keys: its blocks hold "
-                             f"{table.size * K.shape[2]}, and it needs at least one")
-        q = np.ascontiguousarray(q, dtype=np.float32)
-        out = np.empty((n, nq * dim), dtype=np.float32)
-        if sinks is not None:
-            sinks = np.ascontiguousarray(sinks, dtype=np.float32)
-        failed = self._lib.fk_attend_all(q.ctypes.data, nq * dim, n, nq, K.shape[1], dim,
-                                         K.ctypes.data, V.ctypes.data, K.shape[2],
-                                         table.ctypes.data, keys,
-                                         None if sinks is None else sinks.ctypes.data,
-                                         float(scale), out.ctypes.data, KV_KINDS[K.dtype],
-                                         self.threads.n)
+        held = np.size(table) * K.shape[2]
+        if not 1 <= keys <= held:
+            raise ValueError(f"attend_all over {keys} keys: its blocks hold {held}, and it "
+                             "needs at least one")
+        failed, out = self._blocked(self._lib.fk_attend_all, q, K, V, table, (keys,), sinks,
+                                    scale)
         if failed == -2:
             raise MemoryError("fk_attend_all could not allocate its scratch")
         if failed:  # more query heads a key head than it takes: the decode kernel's way
             return super().attend_all(q, K, V, table, keys, sinks, scale)
         return out
+
+    def _blocked(self, kernel, q: np.ndarray, K: np.ndarray, V: np.ndarray,
+                 table: np.ndarray, where: tuple[int, ...], sinks: np.ndarray | None,
+                 scale: np.float32) -> tuple[int, np.ndarray]:
+        """A blocked attention kernel (fk_attend_prompt, fk_attend_all: `where` its
+        arguments between the table and the sinks) on the piece q [n, nq, hd]: its return
+        code and output [n, nq * hd]."""
+        n, nq, dim = q.shape
+        q = np.ascontiguousarray(q, dtype=np.float32)
+        table = np.ascontiguousarray(table, dtype=np.int64).reshape(-1)
+        out = np.empty((n, nq * dim), dtype=np.float32)
+        if sinks is not None:
+            sinks = np.ascontiguousarray(sinks, dtype=np.float32)
+        failed = kernel(q.ctypes.data, nq * dim, n, nq, K.shape[1], dim, K.ctypes.data,
+                        V.ctypes.data, K.shape[2], table.ctypes.data, *where,
+                        None if sinks is None else sinks.ctypes.data, float(scale),
+                        out.ctypes.data, KV_KINDS[K.dtype], self.threads.n)
+        return failed, out
