@@ -2629,12 +2629,12 @@ static void layer_attention(const FkStep *S, const FkLayer *L, const void *K, co
         float *r = S->qkv + t * nqkv;
         if (L->bqkv)
             for (int64_t i = 0; i < nqkv; i++) r[i] = r[i] + L->bqkv[i];
-        fk_qk_rope(r, nqkv, 1, nq, nkv, hd, L->q_norm, L->k_norm, m->eps,
-                   S->cos[L->rope] + t * hd, S->sin[L->rope] + t * hd);
         int64_t s = S->decode ? t : 0;
         if (!S->decode)
             while (t >= seg[3 * s] + seg[3 * s + 1]) s++;
         const int64_t position = seg[3 * s + 2] + (t - seg[3 * s]);
+        fk_qk_rope(r, nqkv, 1, nq, nkv, hd, L->q_norm, L->k_norm, m->eps,
+                   S->cos[L->rope] + position * hd, S->sin[L->rope] + position * hd);
         fk_kv_write(r, nqkv, 1, nq, nkv, hd, (void *)K, (void *)V, m->bs,
                     S->tables + s * S->tstride, 0, &position, m->half);
     }
@@ -2722,7 +2722,8 @@ static void layer_mlp(const FkStep *S, const FkLayer *L, const FkLayer *next, Fk
  * Pieces seg[s] = (first row, rows, position of the first row), s < nseg; nseg == T: a decode
  * step (one token each, fk_attend's arithmetic), else prompt pieces (fk_attend_prompt's).
  * Piece s's block table: tables + s * tstride. kv: layer i's K and V caches at kv[2 i],
- * kv[2 i + 1]; rope tables cos[r], sin[r] [T, hd] for a layer whose `rope` is r. timing:
+ * kv[2 i + 1]; rope tables cos[r], sin[r] [positions, hd] (row p: position p, a row for
+ * every row's position) for a layer whose `rope` is r. timing:
  * NULL, or 3 doubles that get the seconds spent in the products, in attention (with RoPE
  * and the KV write) and in the rest (thread 0's view). 0; -1: a shape it does not take (a
  * part not in an integer format); -2: no memory. */

@@ -147,28 +147,30 @@ class FusedLayers:
             self._kv[:] = [a.ctypes.data for a in arrays]
         return self._kv_address
 
-    def _rope_rows(self, r: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """cos and sin [len(positions), dim] of rope table r (`rope.cos_sin`'s values, the
-        same bits), taken from a table of the positions up to the highest seen, grown by
-        doubling: a step indexes it instead of computing them again."""
-        table = self._rope_tables.get(r)
-        top = int(positions.max()) + 1
-        if table is None or len(table[0]) < top:
-            n = max(ROPE_ROWS, top, 2 * len(table[0]) if table is not None else 0)
-            inv, scale = self._ropes[r]
+    def _rope_cover(self, top: int) -> None:
+        """Every rope table (`rope.cos_sin`'s values, the same bits) holding positions
+        0 .. top - 1 at least: a table of the positions up to the highest seen, grown by
+        doubling, which the kernels index by position (a step computes none of them)."""
+        held = len(self._rope_tables[0][0]) if self._rope_tables else 0
+        if top <= held:
+            return
+        n = max(ROPE_ROWS, top, 2 * held)
+        for r, (inv, scale) in enumerate(self._ropes):
             c, s = rope_mod.cos_sin(inv, np.arange(n), scale)
-            table = self._rope_tables[r] = (np.ascontiguousarray(c, dtype=np.float32),
-                                            np.ascontiguousarray(s, dtype=np.float32))
-        return table[0][positions], table[1][positions]
+            self._rope_tables[r] = (np.ascontiguousarray(c, dtype=np.float32),
+                                    np.ascontiguousarray(s, dtype=np.float32))
+        self._cos[:] = [self._rope_tables[r][0].ctypes.data for r in range(len(self._ropes))]
+        self._sin[:] = [self._rope_tables[r][1].ctypes.data for r in range(len(self._ropes))]
 
     def run(self, x: np.ndarray, pieces: Sequence[tuple[int, int, int]],
-            tables: Sequence[np.ndarray] | np.ndarray, positions: np.ndarray,
+            tables: Sequence[np.ndarray] | np.ndarray, top: int,
             decoding: bool) -> np.ndarray | None:
         """The layers over x [T, hidden] (a new array: the last layer's output normed by
         the model's final norm, as `ops.rms_norm` norms it), the
         pieces (first row, rows, position of the first row) with their block tables (rows
-        of a 2-D array for a decode step, else one per piece); None where fk_forward does
-        not take this call (the caller runs the Python path, nothing having changed)."""
+        of a 2-D array for a decode step, else one per piece), `top` one past the highest
+        position; None where fk_forward does not take this call (the caller runs the Python
+        path, nothing having changed)."""
         if not decoding and len(pieces) > MAX_PIECES:
             return None
         x = np.array(x, dtype=np.float32, order="C", copy=True)
@@ -180,10 +182,7 @@ class FusedLayers:
             tab = np.zeros((len(tables), width), dtype=np.int64)
             for row, t in enumerate(tables):
                 tab[row, : len(t)] = t
-        cos_sin = [self._rope_rows(r, positions) for r in range(len(self._ropes))]
-        cos, sin = self._cos, self._sin  # their addresses, rope table by rope table
-        cos[:] = [c.ctypes.data for c, _ in cos_sin]
-        sin[:] = [s.ctypes.data for _, s in cos_sin]
+        self._rope_cover(top)
         rc = self._lib.fk_forward(self._model_at, self._layers_at, len(self._layers),
                                   self._kv_pointers(), x.ctypes.data, len(x), len(seg),
                                   seg.ctypes.data, tab.ctypes.data, tab.shape[1],

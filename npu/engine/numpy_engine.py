@@ -609,8 +609,6 @@ class NumpyEngine:
         """The logits after each segment's last token (`every_row`: after every token)."""
         self._check_packed()
         decoding = len(segments) == len(ids)  # one token per sequence: batched attention
-        positions = (np.array([s.pos for s, _ in segments], dtype=np.int64) if decoding else
-                     np.concatenate([np.arange(s.pos, s.pos + n) for s, n in segments]))
         if not self.kv.layers:
             tables = None
         elif decoding:
@@ -621,9 +619,11 @@ class NumpyEngine:
         def attention(li: int, L: Layer, h: np.ndarray, cos, sin) -> np.ndarray:
             return self._attention(li, L, h, segments, tables, cos, sin)
 
-        x = self._fused_layers(ids, segments, positions, tables, decoding)  # final-normed
+        x = self._fused_layers(ids, segments, tables, decoding)  # final-normed
         normed = x is not None
         if x is None:
+            positions = (np.array([s.pos for s, _ in segments], dtype=np.int64) if decoding
+                         else np.concatenate([np.arange(s.pos, s.pos + n) for s, n in segments]))
             x = self._layers(ids, segments, positions, attention)
         start, tokens = 0, ids.tolist()
         for seq, n in segments:
@@ -634,8 +634,8 @@ class NumpyEngine:
         last = x if normed else self.ops.rms_norm(x, self.final_norm, self.config.rms_eps)
         return np.ascontiguousarray(self._mm(last, None, "lm_head"), dtype=np.float32)
 
-    def _fused_layers(self, ids: np.ndarray, segments: list[tuple[Seq, int]],
-                      positions: np.ndarray, tables, decoding: bool) -> np.ndarray | None:
+    def _fused_layers(self, ids: np.ndarray, segments: list[tuple[Seq, int]], tables,
+                      decoding: bool) -> np.ndarray | None:
         """`_layers` in one kernel call (npu.engine.fused) and the final norm, or None where
         it does not apply."""
         if self.fused is None or not self.kv.layers:
@@ -643,11 +643,12 @@ class NumpyEngine:
         x = self.embed_tokens(ids)
         if self.embed_scale is not None:
             x = x * self.embed_scale
-        pieces, start = [], 0
+        pieces, start, top = [], 0, 0
         for seq, n in segments:
             pieces.append((start, n, seq.pos))
             start += n
-        return self.fused.run(x, pieces, tables, positions, decoding)
+            top = max(top, seq.pos + n)
+        return self.fused.run(x, pieces, tables, top, decoding)
 
     def _layers(self, ids: np.ndarray, segments: list[tuple[Seq, int]], positions: np.ndarray,
                 attention) -> np.ndarray:

@@ -12,6 +12,7 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 
 from npu import load_model
+from npu.engine import fused as fused_module
 from npu.engine.fused import FusedLayers
 from tests.npu.gguf_files import tiny_tokenizer_meta, write_random_gguf
 
@@ -74,6 +75,23 @@ def test_one_call_per_step_is_the_python_path_bit_for_bit(files, name: str) -> N
     for got, want in zip(_run(fused), _run(python)):
         assert np.array_equal(got, want)
     assert (fused.fused.seconds > seconds).all()  # products, attention, the rest were timed
+
+
+@pytest.mark.parametrize("name", ["llama-mixed", "gemma3-Q5_0-mixed"])
+def test_rope_tables_grown_between_steps_keep_the_python_paths_bits(files, name: str,
+                                                                     monkeypatch) -> None:
+    """The kernels look each row's cos and sin up by its position in tables the step's
+    positions grow (each rope's, Gemma 3's local and global alike): tables begun at 8
+    positions and grown by prompts, a cached prefix and decode steps past their ends give
+    the Python path's logits bit for bit."""
+    monkeypatch.setattr(fused_module, "ROPE_ROWS", 8)
+    fused = load_model(files[name]).engine
+    python = load_model(files[name]).engine
+    python.fused = None
+    fused._layers = _no_python_path
+    for got, want in zip(_run(fused), _run(python)):
+        assert np.array_equal(got, want)
+    assert len(fused.fused._rope_tables[0][0]) >= 74  # grown past every position seen
 
 
 @pytest.mark.parametrize("name", ["llama-mixed", "gemma3-Q5_0-mixed"])
