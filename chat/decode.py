@@ -15,7 +15,7 @@ import msgspec
 import numpy as np
 
 from chat.errors import ConstraintError
-from chat.grammar import structural_tag, text_markers
+from chat.grammar import structural_tag, text_markers, tool_schema_tag
 from chat.request import ConstraintRequest
 from chat.spec import FormatKind, FormatSpec
 
@@ -274,7 +274,14 @@ def make_constraint(
         raise ValueError("this request needs a grammar engine")
     engine = _made(engine)
     param = "response_format.json_schema.schema" if request.json_schema else "tools"
-    compiled = engine.compile(tag, param=param)
+    try:
+        compiled = engine.compile(tag, param=param)
+    except ConstraintError:
+        loose = _loosened(request, engine, request_id)
+        if loose is None:  # the response format's schema: the request asked for it
+            raise
+        request = loose
+        compiled = engine.compile(structural_tag(spec, request), param=param)
     with_reasoning = None
     if spec.reasoning and not request.allow_reasoning:
         alt = structural_tag(spec, msgspec.structs.replace(request, allow_reasoning=True))
@@ -288,6 +295,27 @@ def make_constraint(
         skip_prefix="assistant" if spec.kind is FormatKind.HARMONY else "",
         request_id=request_id,
     )
+
+
+def _loosened(request: ConstraintRequest, engine: Grammars,
+              request_id: str) -> ConstraintRequest | None:
+    """The request with each tool whose argument schema does not compile (a keyword or a
+    pattern the grammar compiler does not take) taking any JSON object for its arguments,
+    as OpenAI's and Anthropic's non-strict tools are taken: one odd tool among an agent's
+    many does not refuse the request. None when every tool's schema compiles."""
+    bad = set()
+    for t in request.tools:
+        try:
+            engine.compile(tool_schema_tag(t.parameters))
+        except ConstraintError as exc:
+            bad.add(t.name)
+            log.warning("Request %s: the arguments of tool %r are not constrained (its "
+                        "schema does not compile: %s)", request_id, t.name, exc)
+    if not bad:
+        return None
+    tools = tuple(msgspec.structs.replace(t, parameters={"type": "object"}) if t.name in bad
+                  else t for t in request.tools)
+    return msgspec.structs.replace(request, tools=tools)
 
 
 def _made(engine: Grammars | Callable[[], Grammars]) -> Grammars:

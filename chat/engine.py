@@ -9,6 +9,7 @@ loop. xgrammar (and the torch it imports) is loaded only here and in `chat.decod
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -18,6 +19,9 @@ from typing import Any
 from chat.decode import GrammarConstraint, TokenBanConstraint, make_constraint
 from chat.errors import ConstraintError
 from chat.spec import HARMONY_CALL, HARMONY_END, HARMONY_RETURN
+
+# xgrammar's messages begin with a time and its source file's path: not the user's
+_SOURCE = re.compile(r"\[\d\d:\d\d:\d\d\] \S+:\d+: ")
 
 
 class GrammarEngine:
@@ -96,8 +100,8 @@ class GrammarEngine:
         try:
             compiled = self.compiler.compile_structural_tag(xgr.StructuralTag.from_json(tag))
         except Exception as exc:  # xgrammar raises several types for a bad schema
-            raise ConstraintError(f"The schema cannot be used for constrained decoding: {exc}",
-                                  param=param) from exc
+            raise ConstraintError("The schema cannot be used for constrained decoding: "
+                                  f"{_SOURCE.sub('', str(exc)).strip()}", param=param) from exc
         if self._on_compile is not None:
             self._on_compile(False, time.perf_counter() - t0)
         with self._lock:

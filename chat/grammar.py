@@ -100,11 +100,23 @@ def _qwen_bare_tags(spec: FormatSpec, tools: tuple[ToolSpec, ...]) -> list[Tag]:
 def _tool_tags(spec: FormatSpec, tools: tuple[ToolSpec, ...], once: bool) -> list[Tag]:
     kind = spec.kind
     if kind is FormatKind.HERMES_JSON:
-        # One tag: the call object is a JSON document, one wrapper schema per tool.
+        # One tag: the call object is a JSON document, one wrapper schema per tool. A tool
+        # whose schema refers into itself ("#/$defs/...", "#") is moved under the wrapper's
+        # $defs and its references rebased there, so they still name its own parts.
+        defs: dict[str, Any] = {}
+
+        def arguments(i: int, t: ToolSpec) -> Any:
+            if not _refers(t.parameters):
+                return t.parameters
+            defs[f"tool{i}"] = _rebased(t.parameters, f"#/$defs/tool{i}")
+            return {"$ref": f"#/$defs/tool{i}"}
+
         wrappers = [{"type": "object", "properties": {
-            "name": {"const": t.name}, "arguments": t.parameters},
-            "required": ["name", "arguments"]} for t in tools]
+            "name": {"const": t.name}, "arguments": arguments(i, t)},
+            "required": ["name", "arguments"]} for i, t in enumerate(tools)]
         schema = wrappers[0] if len(wrappers) == 1 else {"anyOf": wrappers}
+        if defs:
+            schema = {**schema, "$defs": defs}
         content = _json(schema, excludes=markers(spec))
         return [{"type": "tag", "begin": spec.tool_start,
                  "content": {"type": "sequence", "elements": [_WS, content, _WS]},
@@ -123,6 +135,45 @@ def _tool_tags(spec: FormatSpec, tools: tuple[ToolSpec, ...], once: bool) -> lis
                  "content": {"type": "grammar", "grammar": python_calls_ebnf(tools, once)},
                  "end": f"]{spec.tool_end}"}]
     raise ValueError(f"format {kind} has no tool syntax")
+
+
+# keywords whose values are data, not schemas: a "$ref" key inside them is not a reference
+_DATA_KEYWORDS = ("const", "enum", "default", "examples", "example")
+
+
+def _refers(node: Any) -> bool:
+    """Whether a schema holds a local reference ("$ref": "#...")."""
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#"):
+            return True
+        return any(_refers(v) for k, v in node.items() if k not in _DATA_KEYWORDS)
+    if isinstance(node, list):
+        return any(_refers(v) for v in node)
+    return False
+
+
+def _rebased(node: Any, base: str) -> Any:
+    """A copy of a schema whose local references ("#/a/b", "#") point at the same parts of
+    it once it lies at `base` ("#/$defs/tool0") in a larger document."""
+    if isinstance(node, dict):
+        out = {}
+        for key, value in node.items():
+            if key == "$ref" and isinstance(value, str) and value.startswith("#"):
+                out[key] = base + value[1:]
+            elif key in _DATA_KEYWORDS:
+                out[key] = value
+            else:
+                out[key] = _rebased(value, base)
+        return out
+    if isinstance(node, list):
+        return [_rebased(v, base) for v in node]
+    return node
+
+
+def tool_schema_tag(parameters: Any) -> Tag:
+    """A structural tag of one tool's argument schema alone (to learn whether it compiles)."""
+    return {"type": "structural_tag", "format": _json(parameters)}
 
 
 def _harmony(spec: FormatSpec, request: ConstraintRequest) -> Tag | None:
@@ -174,9 +225,23 @@ def _json(schema: Any, *, style: str = "json", excludes: tuple[str, ...] = ()) -
     (the parser would read them as markup)."""
     tag: Tag = {"type": "json_schema", "json_schema": bounded_schema(schema), "style": style,
                 "max_whitespace_cnt": MAX_WHITESPACE}
-    if excludes:
+    # xgrammar (0.2.9) drops a string's minLength / maxLength where strings exclude the
+    # markers: the schema's lengths are kept then (a marker inside a string is the model's
+    # choice against its own format; a length the request asked for is not)
+    if excludes and not _has_lengths(schema):
         tag["excludes"] = list(excludes)
     return tag
+
+
+def _has_lengths(node: Any) -> bool:
+    """Whether a schema bounds some string's length."""
+    if isinstance(node, dict):
+        if "minLength" in node or "maxLength" in node:
+            return True
+        return any(_has_lengths(v) for k, v in node.items() if k not in _DATA_KEYWORDS)
+    if isinstance(node, list):
+        return any(_has_lengths(v) for v in node)
+    return False
 
 
 def markers(spec: FormatSpec) -> tuple[str, ...]:
@@ -217,8 +282,14 @@ def _bound(node: Any) -> None:
         node.pop("properties", None)
         node["additionalProperties"] = True
     if types & {"integer", "number"}:
-        node.setdefault("minimum", -INT_BOUND)
-        node.setdefault("maximum", INT_BOUND)
+        # bounded where the schema leaves a side open, never across its own bounds (a
+        # minimum past 16 digits keeps its numbers' length: the schema asked for them)
+        low, high = _limit(node, "minimum", "exclusiveMinimum"), _limit(node, "maximum",
+                                                                          "exclusiveMaximum")
+        if low is None and (high is None or high > -INT_BOUND):
+            node["minimum"] = -INT_BOUND
+        if high is None and (low is None or low < INT_BOUND):
+            node["maximum"] = INT_BOUND
     for key, value in node.items():
         if key in ("properties", "$defs", "definitions", "patternProperties"):
             if isinstance(value, dict):
@@ -227,6 +298,16 @@ def _bound(node: Any) -> None:
         elif key in ("items", "additionalProperties", "anyOf", "oneOf", "allOf", "prefixItems",
                      "not", "contains"):
             _bound(value)
+
+
+def _limit(node: dict, inclusive: str, exclusive: str) -> float | None:
+    """A schema's bound on one side (draft 4's boolean exclusiveMinimum is a flag, not a
+    bound), or None."""
+    for key in (inclusive, exclusive):
+        value = node.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return value
+    return None
 
 
 # -- LFM2: Python keyword arguments as EBNF -------------------------------------------------

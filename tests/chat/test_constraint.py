@@ -189,6 +189,108 @@ def test_unusable_schema_is_a_constraint_error(engine) -> None:
     assert err.value.param == "response_format.json_schema.schema"
 
 
+# Pydantic's nested models, LangChain's tools and MCP servers write their schemas so:
+# definitions under $defs (or draft 7's definitions) and references into the tool's own
+# schema, a recursive one included
+ADDRESS = {"type": "function", "function": {"name": "ship", "parameters": {
+    "type": "object", "$defs": {"Addr": {"type": "object",
+                                         "properties": {"city": {"type": "string"}},
+                                         "required": ["city"]}},
+    "properties": {"to": {"$ref": "#/$defs/Addr"}}, "required": ["to"]}}}
+TREE = {"type": "function", "function": {"name": "tree", "parameters": {
+    "type": "object", "definitions": {"Kind": {"enum": ["leaf", "node"]}},
+    "properties": {"kind": {"$ref": "#/definitions/Kind"},
+                   "same": {"$ref": "#/properties/kind"},
+                   "kids": {"type": "array", "items": {"$ref": "#"}}},
+    "required": ["kind"]}}}
+
+
+@pytest.mark.parametrize("kind", TOOL_KINDS)
+@pytest.mark.parametrize("choice", ["auto", "required"])
+def test_schemas_that_refer_into_themselves_constrain_their_calls(engine, kind: str,
+                                                                  choice: str) -> None:
+    """A reference names a part of its own tool's schema wherever the format puts that
+    schema (hermes_json's call object wraps it): the arguments it describes are taken, and
+    arguments that break it are not."""
+    body = {"tools": [ADDRESS, TREE, WEATHER], "tool_choice": choice}
+    ship = calls_text(kind, [("ship", {"to": {"city": "Oslo"}})])
+    assert _accepts(engine, kind, body, ship) == (True, "")
+    tree = calls_text(kind, [("tree", {"kind": "node", "same": "leaf",
+                                       "kids": [{"kind": "leaf"}]})])
+    assert _accepts(engine, kind, body, tree) == (True, "")
+    if kind == "lfm2_pythonic":  # its own grammar reads no references: any value there
+        return
+    town = calls_text(kind, [("ship", {"to": {"town": "Oslo"}})])
+    assert not _accepts(engine, kind, body, town)[0]
+    assert not _accepts(engine, kind, body, calls_text(kind, [("tree", {"kind": "tree"})]))[0]
+    assert not _accepts(engine, kind, body, calls_text(
+        kind, [("tree", {"kind": "node", "kids": [{"kind": "twig"}]})]))[0]
+
+
+@pytest.mark.parametrize("kind", TOOL_KINDS)
+def test_a_tool_schema_the_compiler_refuses_leaves_its_arguments_free(engine, kind: str,
+                                                                      caplog) -> None:
+    """As OpenAI and Anthropic take non-strict tools: one odd tool among many (an empty
+    enum, draft 4's tuple `items`, a look-behind pattern) does not refuse the request; its
+    arguments are any object, the other tools stay constrained, and the log says so."""
+    odd = {"type": "function", "function": {"name": "odd", "parameters": {
+        "type": "object", "properties": {"a": {"enum": []},
+                                         "t": {"type": "array", "items": [{"type": "string"}]},
+                                         "p": {"type": "string", "pattern": "(?<=a)b"}}}}}
+    body = {"tools": [WEATHER, odd], "tool_choice": "auto"}
+    assert not _accepts(engine, kind, body, calls_text(kind, [("get_weather", {"town": 1})]))[0]
+    assert _accepts(engine, kind, body, calls_text(kind, [PARIS]))[0]
+    if kind == "lfm2_pythonic":  # its own grammar (Python keywords) takes any schema
+        return
+    with caplog.at_level(logging.WARNING):
+        assert _accepts(engine, kind, body, calls_text(kind, [("odd", {"x": [1, "y"]})]))[0]
+    assert "'odd' are not constrained" in caplog.text
+
+
+def test_a_response_format_the_compiler_refuses_is_refused_without_its_source_path(
+        engine) -> None:
+    body = {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object", "properties": {"a": {"enum": []}}}}}}
+    with pytest.raises(ConstraintError) as err:
+        _accepts(engine, "hermes_json", body, "{}")
+    assert err.value.param == "response_format.json_schema.schema"
+    assert ".cc:" not in str(err.value) and "] " not in str(err.value)
+
+
+@pytest.mark.parametrize("kind", ["hermes_json", "qwen_xml", "harmony"])
+def test_string_lengths_are_held_where_strings_exclude_the_formats_markers(engine,
+                                                                           kind: str) -> None:
+    """Pydantic's min_length / max_length: the grammar holds a string to them in a response
+    format and in a tool's arguments (xgrammar drops them under its marker exclusion, which
+    such a schema therefore goes without)."""
+    schema = {"type": "object", "properties": {"zz": {"type": "string", "minLength": 3,
+                                                      "maxLength": 5}}, "required": ["zz"]}
+    fmt = {"response_format": {"type": "json_schema", "json_schema": {"name": "x",
+                                                                       "schema": schema}}}
+    for text, ok in (("abc", True), ("abcde", True), ("a", False), ("abcdef", False)):
+        doc = json.dumps({"zz": text})
+        assert _accepts(engine, kind, fmt, final_text(kind, doc))[0] is ok, text
+    tool = {"type": "function", "function": {"name": "say", "parameters": schema}}
+    body = {"tools": [tool], "tool_choice": "required"}
+    assert _accepts(engine, kind, body, calls_text(kind, [("say", {"zz": "abcd"})]))[0]
+    if kind != "qwen_xml":  # xgrammar's XML style writes a parameter's text unbounded
+        assert not _accepts(engine, kind, body, calls_text(kind, [("say", {"zz": "ab"})]))[0]
+
+
+@pytest.mark.parametrize("bound", [{"minimum": 10**17}, {"exclusiveMinimum": 10**16 - 1},
+                                   {"maximum": -(10**17)}])
+def test_a_schemas_own_bounds_past_16_digits_stand(engine, bound: dict) -> None:
+    """Numbers are held to 16 digits where a schema leaves a side open, never against the
+    schema's own bound on the other side."""
+    value = 10**17 if "minimum" in bound or "exclusiveMinimum" in bound else -(10**17)
+    schema = {"type": "object", "properties": {"n": {"type": "integer", **bound}},
+              "required": ["n"]}
+    body = {"response_format": {"type": "json_schema", "json_schema": {"name": "x",
+                                                                        "schema": schema}}}
+    assert _accepts(engine, "hermes_json", body, json.dumps({"n": value}))[0]
+    assert not _accepts(engine, "hermes_json", body, json.dumps({"n": -value}))[0]
+
+
 # -- make_constraint --------------------------------------------------------------------------
 def test_nothing_to_constrain_costs_nothing(engine) -> None:
     spec = spec_for_kind("hermes_json")
