@@ -27,6 +27,7 @@ class _Generate(msgspec.Struct, kw_only=True):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     seed: int | None = None
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit
     logprobs: bool = False
     top_logprobs: int = 0
     ignore_eos: bool = False
@@ -185,6 +186,7 @@ class Deltas(msgspec.Struct, tag="deltas", tag_field="event"):
     deltas: list[Delta] = msgspec.field(default_factory=list)  # chat
     text: str = ""  # completions
     logprobs: list[TokenLogprob] | None = None
+    tokens: int = 0  # the choice's tokens written so far (llama-server's running count)
 
 
 class Finished(msgspec.Struct, tag="finished", tag_field="event"):
@@ -249,7 +251,7 @@ def coalesce(events: list[Event]) -> list[Event]:
             acc = open_.get(ev.index)
             if acc is None:
                 acc = open_[ev.index] = Deltas(index=ev.index, deltas=list(ev.deltas),
-                                               text=ev.text,
+                                               text=ev.text, tokens=ev.tokens,
                                                logprobs=None if ev.logprobs is None
                                                else list(ev.logprobs))
                 out.append(acc)
@@ -263,6 +265,7 @@ def coalesce(events: list[Event]) -> list[Event]:
                 else:
                     acc.deltas.append(d)
             acc.text += ev.text
+            acc.tokens = max(acc.tokens, ev.tokens)
             if ev.logprobs is not None:
                 acc.logprobs = (acc.logprobs or []) + list(ev.logprobs)
         else:

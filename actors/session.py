@@ -171,10 +171,11 @@ class Choice:
         if self.stream is not None:
             deltas = self.stream.update(text, final=final) if (text or final) else []
             if deltas or lp:
-                return [Deltas(index=self.index, deltas=deltas, logprobs=lp)]
+                return [Deltas(index=self.index, deltas=deltas, logprobs=lp,
+                               tokens=self.generated)]
             return []
         if text or lp:
-            return [Deltas(index=self.index, text=text, logprobs=lp)]
+            return [Deltas(index=self.index, text=text, logprobs=lp, tokens=self.generated)]
         return []
 
     def finish(self, reason: str) -> list[Event]:
@@ -227,7 +228,7 @@ class Session:
             min_p=_pick(request.min_p, base.min_p),
             repetition_penalty=_pick(request.repetition_penalty, base.repetition_penalty),
             presence_penalty=request.presence_penalty,
-            frequency_penalty=request.frequency_penalty)
+            frequency_penalty=request.frequency_penalty, logit_bias=request.logit_bias)
         self.choices: list[Choice] = []
         for i in range(request.n):
             seed = None if request.seed is None else request.seed + i
@@ -424,6 +425,12 @@ def build_session(request: GenerateRequest, model: Model, spec: FormatSpec,
         text, thinking, tools_enabled = _render(request, model)
     else:
         text, thinking, tools_enabled = request.prompt, True, True
+    if request.logit_bias:
+        vocab = model.config.vocab_size
+        bad = next((t for t in request.logit_bias if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise RequestError(f"'logit_bias' names token id {bad}, outside this model's "
+                               f"vocabulary of {vocab}.", param="logit_bias")
     limit = context_limit(request, model)
     if not chat and request.infill is not None:
         prompt_ids = infill_ids(model, request.prompt, request.infill, limit=limit)

@@ -26,6 +26,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     seed: int | None = None
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit (OpenAI's)
 
 
 def allowed_from_mask(mask: np.ndarray, size: int) -> np.ndarray:
@@ -53,8 +54,11 @@ class Sampler:
         # the arithmetic (a 151k row: 1.5 -> 0.8 ms with top-k and a penalty)
         self._x = np.empty(vocab_size, dtype=np.float32)
         self._counts = np.zeros(vocab_size, dtype=np.int32)
+        bias = {t: v for t, v in (p.logit_bias or {}).items() if 0 <= t < vocab_size}
+        self._bias_ids = np.fromiter(bias, dtype=np.int64, count=len(bias))
+        self._bias = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
         self._penalized = (p.repetition_penalty != 1.0 or p.presence_penalty != 0.0
-                           or p.frequency_penalty != 0.0)
+                           or p.frequency_penalty != 0.0 or bool(bias))
         if prompt_ids:
             ids = np.asarray(prompt_ids)
             self._seen[ids[(ids >= 0) & (ids < vocab_size)]] = True
@@ -85,6 +89,8 @@ class Sampler:
                                    x[seen] * p.repetition_penalty)
             if p.frequency_penalty or p.presence_penalty:
                 x -= p.frequency_penalty * self._counts + p.presence_penalty * (self._counts > 0)
+            if self._bias.size:
+                x[self._bias_ids] += self._bias
         allowed = None
         if mask is not None:
             allowed = allowed_from_mask(mask, self.vocab_size)

@@ -93,7 +93,7 @@ class NativeReply:
                 self.content.append(ev.text)
                 self.pieces += 1
                 piece = {"index": 0, "content": ev.text, "tokens": [], "stop": False,
-                         "id_slot": -1, "tokens_predicted": self.pieces,
+                         "id_slot": -1, "tokens_predicted": ev.tokens or self.pieces,
                          "tokens_evaluated": self.prompt_tokens}
                 return [{**piece, "completion_probabilities": probs} if probs else piece]
         elif isinstance(ev, Finished) and ev.index == 0:

@@ -83,6 +83,20 @@ def _check_chat(req: ChatRequest) -> None:
                                 f"not on a {m.role!r} message.", param=f"{where}.tool_calls")
 
 
+def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI's `logit_bias` with its keys read as token ids (the worker checks them
+    against the model's vocabulary)."""
+    if not bias:
+        return None
+    out = {}
+    for key, value in bias.items():
+        if not key.strip().isdigit():
+            raise ApiError(400, f"'logit_bias' maps token ids to biases; {key!r} is not a "
+                                "token id.", param="logit_bias")
+        out[int(key)] = value
+    return out
+
+
 def generate_request(req: OpenAIRequest, raw: dict, *, prompt: str | list[int] | None = None,
                      **extra: Any) -> GenerateRequest:
     """The worker's request for a typed chat or completion request: typed once, here
@@ -101,7 +115,7 @@ def generate_request(req: OpenAIRequest, raw: dict, *, prompt: str | list[int] |
         repetition_penalty=req.repetition_penalty,
         presence_penalty=req.presence_penalty or 0.0,
         frequency_penalty=req.frequency_penalty or 0.0, seed=req.seed,
-        ignore_eos=bool(req.ignore_eos), **extra)
+        logit_bias=_logit_bias(req.logit_bias), ignore_eos=bool(req.ignore_eos), **extra)
     if isinstance(req, CompletionRequest):
         if prompt is None:
             [prompt] = _prompts(req.prompt, most=1)

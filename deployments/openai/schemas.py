@@ -67,6 +67,8 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     frequency_penalty: Annotated[float, Meta(ge=-2.0, le=2.0)] | None = None
     seed: int | None = None
     stop: str | Annotated[list[str], Meta(max_length=8)] | None = None
+    # token id (as a string) -> bias added to its logit before sampling, as OpenAI's
+    logit_bias: dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]] | None = None
     user: str | None = None
     ignore_eos: bool | None = None
 

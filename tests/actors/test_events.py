@@ -67,6 +67,12 @@ def test_a_choice_finished_is_not_joined_past_its_end() -> None:
     assert out[2].text == "yz"
 
 
+def test_joined_pieces_carry_the_tokens_written_by_the_last() -> None:
+    (joined,) = coalesce([Deltas(index=0, text="a", tokens=3), Deltas(index=0, text="b",
+                                                                      tokens=5)])
+    assert (joined.text, joined.tokens) == ("ab", 5)
+
+
 def test_joined_tool_call_pieces_make_one_chunk_entry() -> None:
     events = [Deltas(index=0, deltas=[Delta(field="tool_call", text='{"a"', id="call_1",
                                             name="f")]),

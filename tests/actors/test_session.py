@@ -77,6 +77,18 @@ def test_a_prompt_over_the_context_is_a_400_naming_the_field(model, spec, reques
     assert info.value.code == "context_length_exceeded"
 
 
+def test_a_logit_bias_outside_the_vocabulary_is_a_400_naming_it(model, spec) -> None:
+    vocab = model.config.vocab_size
+    with pytest.raises(RequestError) as info:
+        _session(model, spec, ChatGenerate(request_id="g", messages=MSG,
+                                           logit_bias={3: 1.0, vocab: -100.0}))
+    assert info.value.param == "logit_bias" and str(vocab) in str(info.value)
+    session, _ = _session(model, spec, ChatGenerate(request_id="h", messages=MSG,
+                                                    logit_bias={vocab - 1: 100.0}))
+    logits = np.zeros(vocab, np.float32)
+    assert session.choices[0].sampler.sample(logits) == vocab - 1
+
+
 def test_the_thinking_switch_reaches_the_template(model, spec) -> None:
     on, _ = _session(model, spec, ChatGenerate(request_id="g", messages=MSG, thinking=True))
     off, _ = _session(model, spec, ChatGenerate(request_id="h", messages=MSG, thinking=False))

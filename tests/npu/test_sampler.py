@@ -72,6 +72,23 @@ def test_penalties_move_away_from_used_tokens(params) -> None:
     assert first == 0 and s.sample(logits) == 1
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_logit_bias_moves_the_tokens_it_names_alone_and_in_a_batch(temperature: float) -> None:
+    """OpenAI's logit_bias: -100 bans a token, +100 all but forces one, a bias past the
+    vocabulary is ignored; a batch samples what each row does alone."""
+    from npu.sampler import sample_rows
+
+    logits = np.array([[5.0, 4.0, 0.0, -1.0]] * 4, np.float32)
+    ban = SamplingParams(temperature=temperature, seed=1, logit_bias={0: -100.0, 1: -100.0})
+    force = SamplingParams(temperature=temperature, seed=2, logit_bias={3: 100.0, 9: 50.0})
+    for _ in range(20):
+        assert Sampler(ban, 4).sample(logits[0]) == 2
+        assert Sampler(force, 4).sample(logits[0]) == 3
+    rows = [Sampler(p, 4) for p in (ban, force, ban, force)]
+    assert sample_rows(rows, logits) == [2, 3, 2, 3]
+    assert Sampler(SamplingParams(temperature=0.0), 4).sample(logits[0]) == 0  # none: no bias
+
+
 def test_repetition_penalty_counts_the_prompt() -> None:
     s = Sampler(SamplingParams(temperature=0.0, repetition_penalty=10.0), 3, prompt_ids=[0])
     assert s.sample(np.array([2.0, 1.9, 0.0], np.float32)) == 1

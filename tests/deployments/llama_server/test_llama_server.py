@@ -32,7 +32,8 @@ def _middle(text: str = "\n    return 1", *, reason: str = "stop",
             stop: str | None = None) -> FakeStream:
     return FakeStream([[Accepted(request_id="r", model="m", prompt_tokens=9),
                         Prompt(text=PROMPT)],
-                       [Deltas(index=0, text=text[:5])], [Deltas(index=0, text=text[5:])],
+                       [Deltas(index=0, text=text[:5], tokens=1)],
+                       [Deltas(index=0, text=text[5:], tokens=4)],
                        [Finished(index=0, finish_reason=reason, completion_tokens=4,
                                  stop=stop),
                         Usage(prompt_tokens=9, completion_tokens=4, cached_tokens=3)]])
@@ -108,6 +109,8 @@ def test_streamed_pieces_then_the_whole_object_without_done() -> None:
     pieces, last = events[:-1], events[-1]
     assert "".join(p["content"] for p in pieces) == "\n    return 1"
     assert all(p["stop"] is False for p in pieces)
+    # each piece: the tokens written so far (the second piece held three tokens' text)
+    assert [p["tokens_predicted"] for p in pieces] == [1, 4]
     assert last["stop"] is True and last["content"] == "" and last["tokens_predicted"] == 4
 
 
