@@ -26,6 +26,8 @@ class ApiError(Exception):
         names it as the client sent it), in its text's field path too."""
         if param != self.param:
             self.message = self.message.replace(f"`$.{self.param}`", f"`$.{param}`")
+            if self.param and param:  # a message that quotes the field: 'reasoning_effort'
+                self.message = self.message.replace(f"'{self.param}'", f"'{param}'")
             self.param = param
         return self
 

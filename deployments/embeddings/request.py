@@ -101,7 +101,7 @@ def _dimensions(value: int | None) -> int | None:
 
 def _num_ctx(options: Options | None) -> int | None:
     """Ollama's `options.num_ctx`: the context inputs are cut to (or checked against)."""
-    n = options.num_ctx if options is not None else None
+    n = int(options.num_ctx) if options is not None and options.num_ctx is not None else None
     if n is not None and n < 1:
         raise ApiError(400, f"options.num_ctx must be at least 1; got {n}")
     return n

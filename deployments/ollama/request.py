@@ -32,11 +32,12 @@ class Options(msgspec.Struct, kw_only=True):
     """The Modelfile parameters a request may set; the others Ollama lists (num_gpu,
     mirostat, ...) are accepted and have no effect here."""
 
-    num_predict: int | None = None
-    num_ctx: int | None = None
+    # Ollama reads a JSON number into an integer option (6.0 is 6); none is range-checked
+    num_predict: float | None = None
+    num_ctx: float | None = None
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None
+    top_k: float | None = None
     min_p: float | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
@@ -202,17 +203,51 @@ def model_name(name: str) -> str:
     return name[: -len(LATEST)] if name.endswith(LATEST) else name
 
 
+def _whole(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def _clamped(value: float | None, low: float, high: float) -> float | None:
+    return None if value is None else min(max(value, low), high)
+
+
+# OpenAI's ranges, which Ollama does not check: a value past them is held out of the OpenAI
+# request (typed without it) and given to the worker as it is (its sampler takes any)
+_HELD = {"temperature": (0.0, 2.0), "presence_penalty": (-2.0, 2.0),
+         "frequency_penalty": (-2.0, 2.0), "repetition_penalty": (0.0, 10.0)}
+MAX_STOPS = 8  # OpenAI's
+
+
+def _held(out: dict[str, Any]) -> dict[str, Any]:
+    """The values of `out` (OpenAI's fields, from Ollama's options) that OpenAI's ranges
+    refuse, taken out of it: the worker's request gets them after it is typed."""
+    held = {k: out.pop(k) for k, (low, high) in _HELD.items()
+            if out.get(k) is not None and not low <= out[k] <= high}
+    stop = out.get("stop")
+    if stop and len(stop) > MAX_STOPS:
+        held["stop"] = out.pop("stop")
+    if out.get("max_tokens") == 0:  # nothing written: the prompt alone (Ollama's 0)
+        held["max_tokens"] = out.pop("max_tokens")
+    return held
+
+
 def _sampling(req: _Common) -> dict[str, Any]:
-    """The OpenAI fields of `req`'s options, thinking switch, format and logprobs."""
+    """The OpenAI fields of `req`'s options, thinking switch, format and logprobs; values
+    past OpenAI's ranges as Ollama (llama.cpp's samplers) reads them: a temperature below 0
+    is greedy, top_p at most 0 keeps the likeliest token and above 1 is off, min_p within
+    0..1, a repeat_penalty of 0 or less is off."""
     o = req.options or Options()
+    top_k, num_predict = _whole(o.top_k), _whole(o.num_predict)
+    repeat = o.repeat_penalty
     out: dict[str, Any] = {
-        "temperature": o.temperature, "top_p": o.top_p, "min_p": o.min_p, "seed": o.seed,
-        "top_k": None if o.top_k is None or o.top_k < 0 else o.top_k,
+        "temperature": None if o.temperature is None else max(o.temperature, 0.0),
+        "top_p": _clamped(o.top_p, 1e-9, 1.0), "min_p": _clamped(o.min_p, 0.0, 1.0),
+        "seed": o.seed, "top_k": None if top_k is None or top_k < 0 else top_k,
         "stop": [o.stop] if isinstance(o.stop, str) else o.stop,
-        "repetition_penalty": o.repeat_penalty, "presence_penalty": o.presence_penalty,
-        "frequency_penalty": o.frequency_penalty,
+        "repetition_penalty": None if repeat is None or repeat <= 0 else repeat,
+        "presence_penalty": o.presence_penalty, "frequency_penalty": o.frequency_penalty,
         # -1 (no limit) and -2 (until the context is full) both run to the context's end
-        "max_tokens": None if o.num_predict is None or o.num_predict < 0 else o.num_predict}
+        "max_tokens": None if num_predict is None or num_predict < 0 else num_predict}
     if isinstance(req.think, bool):
         out["think"] = req.think
     elif isinstance(req.think, str):
@@ -233,7 +268,7 @@ def _sampling(req: _Common) -> dict[str, Any]:
 
 
 def _context_limit(req: _Common) -> dict[str, Any]:
-    n = (req.options or Options()).num_ctx
+    n = _whole((req.options or Options()).num_ctx)
     if n is None:
         return {}
     if n < 1:
@@ -284,10 +319,13 @@ def _messages(messages: list[Message]) -> list[dict]:
 def chat_request(req: ChatIn, variant: tuple | None = None) -> GenerateRequest:
     """The worker's request for `/api/chat` (it has at least one message); `variant`: a
     library variant's (system prompt, parameters)."""
-    raw = {"model": req.model, "messages": _messages(req.messages), **_sampling(req)}
+    sampling = _sampling(req)
+    held = _held(sampling)
+    raw = {"model": req.model, "messages": _messages(req.messages), **sampling}
     if req.tools:
         raw["tools"] = req.tools
     greq = _thinks(req, _openai(raw, ChatRequest, _context_limit(req), variant))
+    greq = msgspec.structs.replace(greq, **held)
     if greq.constraint.response_format != "text":  # a document from its start: as before
         return greq
     messages, prefilled = continuation(greq.messages)  # a last assistant message goes on
@@ -314,6 +352,7 @@ def generate_request(req: GenerateIn, variant: tuple | None = None) -> GenerateR
         raise ApiError(400, "'context' is not supported; send the conversation to "
                             "/api/chat instead.", param="context")
     sampling = _sampling(req)
+    held = _held(sampling)
     # `suffix`: fill in the middle (an insert model's template writes the prompt and the
     # suffix in its FIM tokens, the system prompt not at all); `raw`: the prompt as it is.
     # In both, `format` constrains the continuation itself
@@ -332,11 +371,13 @@ def generate_request(req: GenerateIn, variant: tuple | None = None) -> GenerateR
                        (None, variant[1]) if variant else None,
                        names={"logprobs": "top_logprobs"})
         # /v1/completions' default of 16 tokens is OpenAI's; Ollama's is no limit
-        return msgspec.structs.replace(greq, max_tokens=sampling.get("max_tokens"))
+        return msgspec.structs.replace(greq, **{"max_tokens": sampling.get("max_tokens"),
+                                                **held})
     messages = ([{"role": "system", "content": req.system}] if req.system else []) \
         + [{"role": "user", "content": req.prompt}]
     raw = {"model": req.model, "messages": messages, **sampling}
-    return _thinks(req, _openai(raw, ChatRequest, _context_limit(req), variant))
+    greq = _thinks(req, _openai(raw, ChatRequest, _context_limit(req), variant))
+    return msgspec.structs.replace(greq, **held)
 
 
 def served(ingress: Ingress, name: str) -> str:

@@ -81,12 +81,31 @@ def test_an_empty_tool_list_is_no_tools() -> None:
     assert g.tools is None and g.constraint.tools == ()
 
 
+def test_options_past_openais_ranges_are_read_as_ollama_reads_them() -> None:
+    """Ollama checks no option's range and reads a number into an integer option: values a
+    slider or a script sends (temperature 2.5, 20 stop strings, num_predict 6.0) are taken,
+    as llama.cpp's samplers read them, not refused."""
+    stops = [f"s{i}" for i in range(20)]
+    for g in (_chat(options={"temperature": 2.5, "presence_penalty": 3, "frequency_penalty": -3,
+                             "repeat_penalty": 12, "stop": stops, "num_predict": 6.0,
+                             "top_k": 5.0, "num_ctx": 300.0}),
+              _generate(raw=True, options={"temperature": 2.5, "presence_penalty": 3,
+                                           "frequency_penalty": -3, "repeat_penalty": 12,
+                                           "stop": stops, "num_predict": 6.0, "top_k": 5.0,
+                                           "num_ctx": 300.0})):
+        assert (g.temperature, g.presence_penalty, g.frequency_penalty,
+                g.repetition_penalty) == (2.5, 3, -3, 12)
+        assert (g.stop, g.max_tokens, g.top_k, g.context_limit) == (stops, 6, 5, 300)
+    low = _chat(options={"temperature": -1, "top_p": 0, "min_p": 2, "repeat_penalty": 0})
+    assert (low.temperature, low.top_p, low.min_p, low.repetition_penalty) == \
+        (0.0, 1e-9, 1.0, None)  # greedy, the likeliest token, the top's ties, no penalty
+    assert _chat(options={"top_p": 5}).top_p == 1.0
+    assert _chat(options={"num_predict": 0}).max_tokens == 0  # the prompt alone, no reply
+
+
 @pytest.mark.parametrize("body,param", [
-    ({"options": {"temperature": 5}}, "options.temperature"),
     ({"options": {"temperature": "hot"}}, "options.temperature"),
-    ({"options": {"num_predict": 0}}, "options.num_predict"),
     ({"options": {"num_ctx": 0}}, "options.num_ctx"),
-    ({"options": {"repeat_penalty": 0}}, "options.repeat_penalty"),
     ({"format": "xml"}, "format"),
     ({"think": "a lot"}, "think"),
     ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
@@ -103,6 +122,8 @@ def test_bad_requests_name_ollamas_field(body: dict, param: str) -> None:
     assert err.value.param == param, err.value.message
     if " - at `$" in err.value.message:  # the text names Ollama's field too
         assert f"`$.{param}`" in err.value.message, err.value.message
+    elif param in ("think", "format"):  # the field quoted in the text is the one sent
+        assert f"'{param}'" in err.value.message, err.value.message
 
 
 def test_raw_generate_takes_ollamas_boolean_logprobs() -> None:
