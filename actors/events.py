@@ -56,6 +56,9 @@ class ChatGenerate(_Generate, tag="chat"):
             model goes on writing it, and the reply holds what it adds.
         require_thinking: a model whose format has no reasoning refuses the request (400;
             Ollama's `think: true`), rather than answering without thinking.
+        drop_history: a conversation past the context drops its oldest messages (system
+            messages and the last message kept) until it fits, as Ollama's /api/chat does,
+            rather than being refused.
     """
 
     messages: list[dict] = msgspec.field(default_factory=list)
@@ -67,6 +70,7 @@ class ChatGenerate(_Generate, tag="chat"):
     template: str | None = None
     continue_final: bool = False
     require_thinking: bool = False
+    drop_history: bool = False
 
 
 class Infill(msgspec.Struct, kw_only=True, frozen=True):

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from actors.errors import RequestError
@@ -409,6 +410,47 @@ def counted(request: ChatGenerate, model: Model, spec: FormatSpec,
     return _count(text, model)
 
 
+def _without_oldest(messages: list[dict], k: int) -> list[dict]:
+    """The conversation without its k oldest messages other than system messages and the
+    last one; tool results whose call went with them go too (a template reads a result
+    after its call)."""
+    dropped = 0
+    out = []
+    for i, m in enumerate(messages):
+        if i == len(messages) - 1 or m.get("role") == "system":
+            out.append(m)
+        elif dropped < k:
+            dropped += 1
+        elif m.get("role") == "tool" and not any(o.get("role") != "system" for o in out):
+            continue  # a result whose call was dropped
+        else:
+            out.append(m)
+    return out
+
+
+def _fitted(request: ChatGenerate, model: Model, limit: int, rendered: tuple) -> tuple:
+    """`rendered` (the request, its text, thinking, tools shown, prompt ids) for the
+    conversation without as few of its oldest messages as make its prompt fit in `limit`
+    (Ollama's history truncation); as it was when even the last message alone does not."""
+    droppable = sum(1 for m in request.messages[:-1] if m.get("role") != "system")
+    lo, hi, best = 1, droppable, rendered
+    while lo <= hi:  # a shorter conversation renders a shorter prompt
+        k = (lo + hi) // 2
+        shorter = msgspec.structs.replace(request,
+                                          messages=_without_oldest(request.messages, k))
+        text, thinking, tools_enabled = _render(shorter, model)
+        ids = model.prompt_ids(text)
+        if len(ids) < limit:
+            best, hi = (shorter, text, thinking, tools_enabled, ids), k - 1
+        else:
+            lo = k + 1
+    if best is not rendered:
+        log.info("request %s: %d of %d messages dropped to fit a context of %d tokens",
+                 request.request_id, len(request.messages) - len(best[0].messages),
+                 len(request.messages), limit)
+    return best
+
+
 def build_session(request: GenerateRequest, model: Model, spec: FormatSpec,
                   grammar_engine: Callable[[], Any]) -> Session:
     """Validate a request against the model and set it up.
@@ -443,6 +485,9 @@ def build_session(request: GenerateRequest, model: Model, spec: FormatSpec,
         prompt_ids = list(request.prompt_ids)
     else:
         prompt_ids = model.prompt_ids(text)
+        if chat and request.drop_history and len(prompt_ids) >= limit:
+            request, text, thinking, tools_enabled, prompt_ids = _fitted(
+                request, model, limit, (request, text, thinking, tools_enabled, prompt_ids))
     if not prompt_ids:
         prompt_ids = [model.tokenizer.bos_id] if model.tokenizer.bos_id is not None else []
     if not prompt_ids:

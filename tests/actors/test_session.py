@@ -77,6 +77,41 @@ def test_a_prompt_over_the_context_is_a_400_naming_the_field(model, spec, reques
     assert info.value.code == "context_length_exceeded"
 
 
+def test_ollamas_long_conversation_drops_its_oldest_messages_to_fit(model, spec) -> None:
+    """Ollama's /api/chat past num_ctx: the fewest oldest messages go (the system message
+    and the last one stay, a tool result whose call went goes too) and the reply is
+    written; other APIs refuse the same conversation (400)."""
+    turns = [{"role": "system", "content": "Be brief."}]
+    for i in range(12):
+        turns.append({"role": "user", "content": f"question {i} " + "word " * 20})
+        if i == 5:
+            turns.append({"role": "assistant", "content": "",
+                          "tool_calls": [{"id": "c1", "type": "function",
+                                          "function": {"name": "say", "arguments": "{}"}}]})
+            turns.append({"role": "tool", "tool_call_id": "c1", "content": "done"})
+        turns.append({"role": "assistant", "content": f"answer {i}"})
+    turns.append({"role": "user", "content": "and the last one?"})
+    limit = 120
+    with pytest.raises(RequestError) as info:
+        _session(model, spec, ChatGenerate(request_id="t0", messages=turns, context_limit=limit))
+    assert info.value.code == "context_length_exceeded"
+    session, _ = _session(model, spec, ChatGenerate(request_id="t1", messages=turns,
+                                                    context_limit=limit, drop_history=True))
+    kept = session.request.messages
+    assert len(session.prompt_ids) < limit and 2 < len(kept) < len(turns)
+    assert kept[0] == turns[0] and kept[-1] == turns[-1]
+    assert kept[1:] == turns[len(turns) - len(kept) + 1:]  # the newest, in order
+    assert kept[1]["role"] != "tool"
+    more = ChatGenerate(request_id="t2", messages=[turns[0]] + turns[-len(kept) - 0:],
+                        context_limit=limit)  # one message more than kept: over the limit
+    with pytest.raises(RequestError):
+        _session(model, spec, more)
+    alone = [turns[0], {"role": "user", "content": "word " * 400}]
+    with pytest.raises(RequestError):  # the last message alone does not fit: refused
+        _session(model, spec, ChatGenerate(request_id="t3", messages=alone, context_limit=limit,
+                                           drop_history=True))
+
+
 def test_a_logit_bias_outside_the_vocabulary_is_a_400_naming_it(model, spec) -> None:
     vocab = model.config.vocab_size
     with pytest.raises(RequestError) as info:

@@ -37,6 +37,8 @@ def test_options_become_the_sampling_fields() -> None:
     assert g.stop == ["END"] and g.repetition_penalty == 1.2
     assert (g.presence_penalty, g.frequency_penalty, g.context_limit) == (0.5, 0.25, 512)
     assert isinstance(g, ChatGenerate) and g.messages == [{"role": "user", "content": "hi"}]
+    assert g.drop_history  # past num_ctx, the oldest messages go (as Ollama's)
+    assert not _generate(options={"num_ctx": 512}).drop_history  # one prompt: refused
 
 
 @pytest.mark.parametrize("n", [-1, -2])
