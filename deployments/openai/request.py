@@ -71,6 +71,11 @@ def _check_chat(req: ChatRequest) -> None:
         if isinstance(m.content, list):
             for j, part in enumerate(m.content):
                 at = f"{where}.content[{j}]"
+                if part.type == "refusal" and m.role == "assistant":
+                    if part.refusal is None:
+                        raise ApiError(400, f"'{at}.refusal' is missing; a refusal part needs "
+                                            "its text.", param=f"{at}.refusal")
+                    continue
                 if part.type != "text":
                     raise ApiError(400, f"'{at}.type' is {part.type!r}; this server's models "
                                         "read text only, so content parts must be of type "
@@ -154,6 +159,10 @@ def generate_request(req: OpenAIRequest, raw: dict, *, prompt: str | list[int] |
             msg["role"] = "system"
         if msg.get("reasoning") and not msg.get("reasoning_content"):
             msg["reasoning_content"] = msg["reasoning"]
+        if isinstance(msg.get("content"), list):  # a refusal is the assistant's text
+            msg["content"] = [{"type": "text", "text": p["refusal"]} if p["type"] == "refusal"
+                              else {k: v for k, v in p.items() if v is not None}
+                              for p in msg["content"]]
         messages.append({k: v for k, v in msg.items() if v is not None})
     thinking, template_kwargs = _thinking(raw)
     prefilled = bool(req.continue_final_message)

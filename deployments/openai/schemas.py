@@ -31,6 +31,7 @@ class ToolCallIn(msgspec.Struct, kw_only=True):
 class ContentPart(msgspec.Struct, kw_only=True):
     type: str
     text: str | None = None
+    refusal: str | None = None  # an assistant's refusal part, as the SDK replays it
 
 
 class Message(msgspec.Struct, kw_only=True):

@@ -53,6 +53,7 @@ class ResponsesIn(msgspec.Struct, kw_only=True):
     metadata: dict[str, str] | None = None
     truncation: Literal["auto", "disabled"] | None = None
     background: bool | None = None
+    conversation: Any = None  # the Conversations API's: not served (a 400, not ignored)
     user: str | None = None
 
 
@@ -206,6 +207,10 @@ def chat_request(req: ResponsesIn, history: list[dict]) -> tuple[GenerateRequest
     if req.background:
         raise ApiError(400, "'background' responses are not supported; use 'stream'.",
                        param="background")
+    if req.conversation is not None:
+        raise ApiError(400, "'conversation' (the Conversations API) is not supported here; "
+                            "continue a conversation with 'previous_response_id'.",
+                       param="conversation")
     conversation = input_messages(req.input, history)
     if not conversation:
         raise ApiError(400, "'input' is empty.", param="input")
@@ -223,6 +228,9 @@ def chat_request(req: ResponsesIn, history: list[dict]) -> tuple[GenerateRequest
         return generate_request(convert_request(raw, ChatRequest), raw), conversation
     except ApiError as err:
         err.param = _param(err.param)
+        # a named function as the Responses API writes it, not as chat completions do
+        err.message = err.message.replace('{"type": "function", "function": {"name": ...}}',
+                                          '{"type": "function", "name": ...}')
         raise
 
 

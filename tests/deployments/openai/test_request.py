@@ -82,6 +82,8 @@ CHAT_CASES: list[tuple[str, Any, str]] = [
     ("messages.1.content.0.type", 1, "messages[1].content[0].type"),
     ("messages.1.content.0.text", None, "messages[1].content[0].text"),
     ("messages.1.content.0.text", [], "messages[1].content[0].text"),
+    ("messages.1.content.0.type", "refusal", "messages[1].content[0].type"),  # a user's
+    ("messages.2.content", [{"type": "refusal"}], "messages[2].content[0].refusal"),
     ("messages.1.name", {}, "messages[1].name"),
     ("messages.1.tool_calls", [{"function": {"name": "f"}}], "messages[1].tool_calls"),
     ("messages.2.reasoning_content", 1, "messages[2].reasoning_content"),
@@ -234,6 +236,16 @@ def test_a_variants_defaults_fill_only_what_the_request_leaves_out() -> None:
     assert "max_tokens" not in own
     assert raw == {"model": "v", "messages": [{"role": "user", "content": "hi"}],
                    "top_p": 0.5}  # the request itself is left alone
+
+
+def test_an_assistants_refusal_part_in_the_history_is_its_text() -> None:
+    """The openai SDK replays an assistant message with a refusal as a refusal part."""
+    body = {"model": "m", "messages": [
+        {"role": "user", "content": "Do the bad thing."},
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": "I can't."}]},
+        {"role": "user", "content": "OK, something else."}]}
+    greq = generate_request(*decode_request(json.dumps(body).encode(), ChatRequest))
+    assert greq.messages[1]["content"] == [{"type": "text", "text": "I can't."}]
 
 
 def test_continue_final_message_continues_the_last_assistant_message() -> None:

@@ -112,6 +112,8 @@ def test_a_stored_conversation_comes_first() -> None:
     ({"reasoning": {"effort": "max"}}, "reasoning.effort"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"background": True}, "background"),
+    ({"conversation": "conv_123"}, "conversation"),
+    ({"tools": [{"type": "function", "name": "f"}], "tool_choice": "any"}, "tool_choice"),
     ({"model": None}, "model"),
     # found by fuzzing a served model (500s before)
     ({"input": [{"type": "function_call_output", "call_id": ["x"], "output": "x"}]},
@@ -126,6 +128,7 @@ def test_bad_requests_name_the_field(body: dict, param: str) -> None:
     with pytest.raises(ApiError) as err:
         _request(**body)
     assert err.value.status == 400 and err.value.param == param, err.value.message
+    assert '"function": {' not in err.value.message  # chat completions' shape, not this API's
 
 
 # -- answers --------------------------------------------------------------------------------
