@@ -30,8 +30,8 @@ SNIPPET = "\n\n--- snippet ---\n\n"  # ... before an extra file, without file to
 
 def fim_refusal(model: Model) -> RequestError:
     """The 400 for a model without FIM tokens (Ollama's "does not support insert")."""
-    return RequestError(f'"{model.name}" does not support insert: a \'suffix\' (fill in the '
-                        "middle) needs a code model's FIM tokens in the vocabulary, such as "
+    return RequestError(f'"{model.name}" does not support insert: filling in the middle '
+                        "('suffix') needs a code model's FIM tokens in the vocabulary, such as "
                         "Qwen2.5-Coder's <|fim_prefix|>, <|fim_suffix|>, <|fim_middle|>.",
                         param="suffix")
 

@@ -93,15 +93,15 @@ class InfillIn(_Sampling, kw_only=True):
 
 
 def _limit(req: _Sampling) -> int | None:
-    """The most tokens to write (None: no limit, llama-server's -1; 0: the prompt only read
-    into the cache)."""
+    """The most tokens to write (None: no limit, llama-server's -1, and its -2, until the
+    context is full: the same here; 0: the prompt only read into the cache)."""
     field, n = next(((f, v) for f, v in (("n_predict", req.n_predict),
                                           ("max_completion_tokens", req.max_completion_tokens),
                                           ("max_tokens", req.max_tokens)) if v is not None),
                     ("n_predict", None))
-    if n is not None and n < -1:
-        raise ApiError(400, f"'{field}' is {n}; it must be -1 (no limit) or more.",
-                       param=field)
+    if n is not None and n < -2:
+        raise ApiError(400, f"'{field}' is {n}; it must be -1 (no limit), -2 (until the "
+                            "context is full) or more.", param=field)
     return None if n is None or n < 0 else n
 
 

@@ -383,6 +383,8 @@ def generate_request(req: GenerateIn, variant: tuple | None = None) -> GenerateR
 def served(ingress: Ingress, name: str) -> str:
     """The served model a client's name means (`name:latest` is `name`); 404 in Ollama's
     words when there is none."""
+    if not name:
+        raise ApiError(400, "model is required", param="model")  # Ollama's own words
     model = ingress.resolve(model_name(name)) or ingress.resolve(name)
     if model is None:
         raise ApiError(404, f"model '{name}' not found; see /api/tags.")

@@ -181,6 +181,15 @@ def test_ollamas_think_refusal_reads_as_ollamas() -> None:
     assert r.status_code == 400 and r.json() == {"error": '"m" does not support thinking'}
 
 
+@pytest.mark.parametrize("path", ["/api/chat", "/api/generate", "/api/show"])
+def test_ollamas_empty_model_name_is_ollamas_400(path: str) -> None:
+    worker = FakeWorker()
+    client, _ = _client(worker)
+    r = client.post(path, json={**CHAT, "prompt": "hi", "model": ""})
+    assert r.status_code == 400 and r.json() == {"error": "model is required"}
+    assert worker.requests == []
+
+
 def test_a_worker_that_dies_before_answering_is_tried_again() -> None:
     worker = FakeWorker(FakeStream([], {0: ActorDiedError()}), FakeStream(_reply("Again")))
     client, _ = _client(worker)

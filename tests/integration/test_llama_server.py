@@ -84,7 +84,7 @@ def test_a_model_without_fim_tokens_says_so_in_each_apis_shape(client, serve_url
     assert r.status_code == 400
     assert r.json()["error"]["param"] == "input_suffix"
     message = r.json()["error"]["message"]
-    assert "does not support insert: a 'input_suffix'" in message  # named as sent
+    assert "the middle ('input_suffix')" in message  # named as sent
     with pytest.raises(ollama.ResponseError) as err:
         ollama.Client(host=serve_url, timeout=60).generate(model=SMOL, prompt=PREFIX,
                                                            suffix=SUFFIX)

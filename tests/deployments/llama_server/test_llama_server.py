@@ -121,7 +121,7 @@ def test_streamed_pieces_then_the_whole_object_without_done() -> None:
     ({"input_prefix": "x", "input_suffix": "", "input_extra": [{"filename": "a"}]},
      "input_extra[0].text"),
     ({"input_prefix": "x", "input_suffix": "", "prompt": 3}, "prompt"),
-    ({"input_prefix": "x", "input_suffix": "", "n_predict": -2}, "n_predict"),
+    ({"input_prefix": "x", "input_suffix": "", "n_predict": -3}, "n_predict"),
     ({"input_prefix": "x", "input_suffix": "", "n_indent": -1}, "n_indent"),
     ({"input_prefix": "x", "input_suffix": "", "max_tokens": -5}, "max_tokens"),
     ({"input_prefix": "x", "input_suffix": "", "repeat_penalty": 0}, "repeat_penalty"),
