@@ -11,6 +11,7 @@ asked), message content parts and tool calls, and the options that go together.
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from typing import Any
@@ -23,6 +24,7 @@ from deployments.body import decode_json, decode_raw, param_from
 from deployments.errors import ApiError
 from deployments.exchange import Call
 from deployments.ingress import Ingress
+from deployments.openai.legacy import LegacyChatReply, as_tools, is_legacy
 from deployments.openai.reply import ChatReply, CompletionBatchReply, CompletionReply
 from deployments.openai.schemas import ChatRequest, CompletionRequest
 from deployments.prefill import continuation
@@ -266,8 +268,19 @@ def with_defaults(raw: dict, system: str | None, options: dict[str, Any]) -> dic
     return out
 
 
+# a body that may use legacy function calling (then read whole to tell: deployments.openai.legacy)
+_LEGACY = re.compile(rb'"functions"|"function_call"|"role"\s*:\s*"function"')
+
+
 def chat_call(body: bytes, ingress: Ingress) -> Call:
-    """POST /v1/chat/completions's Call."""
+    """POST /v1/chat/completions's Call (legacy function calling as tools, answered in its
+    own shape)."""
+    if _LEGACY.search(body):
+        raw = decode_raw(body)
+        if is_legacy(raw):
+            raw = as_tools(raw)
+            return _call(convert_request(raw, ChatRequest), raw, ingress, LegacyChatReply,
+                         "chatcmpl-")
     return _call(*decode_request(body, ChatRequest), ingress, ChatReply, "chatcmpl-")
 
 
