@@ -185,11 +185,17 @@ class Choice:
         if reason == "stop" and self.stops.dedented:
             reason = "length"  # a line's indentation ended it: a limit (llama-server's)
         # An output cut by max_tokens or the context is a partial output: a call it was
-        # writing stays a call (arguments as far as they got), never markup in content.
-        events = self._emit(tail, None, final=reason != "length")
-        if reason == "stop" and self.stream is not None and self.stream.message.tool_calls:
+        # writing stays a call (arguments as far as they got), never markup in content;
+        # so is one a stop string cut inside a call (a "}" or "\n\n" in its JSON)
+        events = self._emit(tail, None)
+        cut_short = reason == "length" or (self.stops.matched is not None and
+                                           self.stream is not None and self.stream.in_call)
+        if not cut_short:
+            events += self._emit("", None, final=True)
+        if (reason == "stop" and not cut_short and self.stream is not None
+                and self.stream.message.tool_calls):
             reason = "tool_calls"
-        cut = self.stream.cut_block if reason == "length" and self.stream else ""
+        cut = self.stream.cut_block if cut_short and self.stream else ""
         return events + [Finished(index=self.index, finish_reason=reason,
                                   completion_tokens=self.generated,
                                   message=self.stream.message if self.stream else None,

@@ -15,7 +15,7 @@ import msgspec
 import numpy as np
 
 from chat.errors import ConstraintError
-from chat.grammar import structural_tag, text_markers, tool_schema_tag
+from chat.grammar import schema_fault, structural_tag, text_markers, tool_schema_tag
 from chat.request import ConstraintRequest
 from chat.spec import FormatKind, FormatSpec
 
@@ -266,7 +266,17 @@ def make_constraint(
             return None
         engine = _made(engine)
         token = engine.token_id(spec.tool_start)
-        return TokenBanConstraint(token, engine.vocab_size) if token is not None else None
+        if token is not None:
+            return TokenBanConstraint(token, engine.vocab_size)
+        if spec.kind is FormatKind.HARMONY:  # its calls are named in headers it writes
+            return None
+        # an opener of several tokens (SmolLM2's "<tool_call>"): text that never spells it,
+        # or a history full of calls is copied as markup in the content
+        tag = {"type": "structural_tag",
+               "format": {"type": "any_text", "excludes": list(spec.tool_openers)}}
+        return GrammarConstraint(engine, engine.compile(tag, param="tool_choice"),
+                                 stop_token_ids=list(engine.stop_token_ids),
+                                 request_id=request_id)
     tag = structural_tag(spec, request)
     if tag is None:
         return None
@@ -304,10 +314,16 @@ def _loosened(request: ConstraintRequest, engine: Grammars,
     as OpenAI's and Anthropic's non-strict tools are taken: one odd tool among an agent's
     many does not refuse the request. None when every tool's schema compiles."""
     bad = set()
+    declared = [x.name for x in request.all_tools]
     for t in request.tools:
+        i = declared.index(t.name) if t.name in declared else 0
         try:
             engine.compile(tool_schema_tag(t.parameters))
         except ConstraintError as exc:
+            fault = schema_fault(t.parameters, "parameters")
+            if fault:  # no schema at all: the client's mistake, said as such
+                raise ConstraintError(f"Tool {t.name!r}: {fault}.",
+                                      param=f"tools[{i}].function.parameters") from None
             bad.add(t.name)
             log.warning("Request %s: the arguments of tool %r are not constrained (its "
                         "schema does not compile: %s)", request_id, t.name, exc)

@@ -175,6 +175,50 @@ def _rebased(node: Any, base: str) -> Any:
     return node
 
 
+JSON_TYPES = frozenset({"string", "number", "integer", "boolean", "object", "array", "null"})
+
+
+def schema_fault(node: Any, where: str = "") -> str | None:
+    """What makes `node` no JSON schema at all (a type JSON Schema does not have, properties
+    that are not an object, ...), or None: a schema the grammar compiler refuses for this
+    reason is the client's mistake, not a keyword it cannot apply."""
+    if isinstance(node, bool):
+        return None
+    if not isinstance(node, dict):
+        return f"{where or 'the schema'} is not a schema (an object)"
+    types = node.get("type")
+    for t in types if isinstance(types, list) else [types] if types is not None else []:
+        if not isinstance(t, str) or TYPE_ALIASES.get(t, t) not in JSON_TYPES:
+            return f"{where or 'the schema'} has type {t!r}, which JSON Schema does not have"
+    for key in ("properties", "$defs", "definitions", "patternProperties"):
+        value = node.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, dict):
+            return f"{where}.{key} is not an object"
+        for name, sub in value.items():
+            fault = schema_fault(sub, f"{where}.{key}.{name}")
+            if fault:
+                return fault
+    for key in ("items", "additionalProperties", "not", "contains"):
+        value = node.get(key)
+        if isinstance(value, (dict, bool)):
+            fault = schema_fault(value, f"{where}.{key}")
+            if fault:
+                return fault
+    for key in ("anyOf", "oneOf", "allOf", "prefixItems"):
+        value = node.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, list):
+            return f"{where}.{key} is not a list"
+        for i, sub in enumerate(value):
+            fault = schema_fault(sub, f"{where}.{key}[{i}]")
+            if fault:
+                return fault
+    return None
+
+
 def tool_schema_tag(parameters: Any) -> Tag:
     """A structural tag of one tool's argument schema alone (to learn whether it compiles)."""
     return {"type": "structural_tag", "format": _json(parameters)}

@@ -67,6 +67,12 @@ class ChatStream:
         cut there (by a token limit) wrote that `message` does not show."""
         return "" if self._broken or self._finished else self._parser.cut_block
 
+    @property
+    def in_call(self) -> bool:
+        """Whether the turn so far ends inside a tool call (or a tool block begun): an
+        output cut there keeps the call (`update` without `final`), never its markup."""
+        return not (self._broken or self._finished) and self._parser.in_call
+
     def update(self, text_piece: str, final: bool = False) -> list[Delta]:
         """Append `text_piece`; `final=True` ends the turn and releases held-back text.
 

@@ -18,12 +18,16 @@ from chat.spec import FormatKind, FormatSpec
 class Parser(Protocol):
     """Consumes a turn's text piece by piece into its builder; `final` ends the turn.
     `cut_block`: the raw text of a tool block begun with no call in it named yet (what a
-    turn cut there would lose: the parse shows nothing of it)."""
+    turn cut there would lose: the parse shows nothing of it); `in_call`: whether the text
+    so far ends inside a tool call or its block."""
 
     def feed(self, text: str, final: bool) -> None: ...
 
     @property
     def cut_block(self) -> str: ...
+
+    @property
+    def in_call(self) -> bool: ...
 
 
 def make_parser(

@@ -46,6 +46,11 @@ class HarmonyParser:
         """Harmony's calls are named in their header, before any text of theirs: none."""
         return ""
 
+    @property
+    def in_call(self) -> bool:
+        """Whether the text so far ends inside a call's arguments."""
+        return self.mode == _CALL
+
     def feed(self, text: str, final: bool) -> None:
         buf = self.buf + text if self.buf else text
         pos = 0

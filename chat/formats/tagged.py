@@ -178,6 +178,11 @@ class TaggedParser:
 
     # -- tool blocks ----------------------------------------------------------------------
     @property
+    def in_call(self) -> bool:
+        """Whether the text so far ends inside a tool block."""
+        return self.mode == _TOOL
+
+    @property
     def cut_block(self) -> str:
         """The raw text of a tool block begun whose first call has no name yet (its opener
         and what followed, as far as it got); "" elsewhere."""

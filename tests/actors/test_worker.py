@@ -414,6 +414,21 @@ def test_a_call_cut_by_max_tokens_stays_a_call(worker, seed: int) -> None:
     assert "".join(d.text for d in streamed) == call.arguments
 
 
+@pytest.mark.parametrize("stop,named", [("arguments", True), ('"name"', False)])
+def test_a_stop_string_inside_a_call_cuts_it_as_a_limit_does(worker, stop: str,
+                                                             named: bool) -> None:
+    """A stop string the call's own JSON holds ("}" or a key) ends the output there, as
+    max_tokens would: a call named so far stays a call, and no markup is content."""
+    events = asyncio.run(_events(worker, max_tokens=40, seed=1, stop=[stop], body={
+        "tools": [SAY_TOOL], "tool_choice": "required"}))
+    fin = [e for e in events if isinstance(e, Finished)][0]
+    assert (fin.finish_reason, fin.stop) == ("stop", stop)
+    assert fin.message.content == ""
+    assert [c.name for c in fin.message.tool_calls] == (["say"] if named else [])
+    deltas = [d for e in events if isinstance(e, Deltas) for d in e.deltas]
+    assert "".join(d.text for d in deltas if d.field == "content") == ""
+
+
 def test_a_request_context_limit_bounds_prompt_and_output(worker) -> None:
     """Ollama's num_ctx: a prompt that does not fit is a 400 naming it; one that fits
     generates until the limit."""

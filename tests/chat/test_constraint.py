@@ -251,6 +251,22 @@ def test_a_tool_schema_the_compiler_refuses_leaves_its_arguments_free(engine, ki
     assert "'odd' are not constrained" in caplog.text
 
 
+@pytest.mark.parametrize("parameters,fault", [
+    ({"type": "object", "properties": {"a": {"type": "zz"}}}, "type 'zz'"),
+    ({"type": "object", "properties": {"a": {"anyOf": {"type": "string"}}}},
+     "anyOf is not a list"),
+])
+def test_a_tool_schema_that_is_no_schema_is_refused_naming_it(engine, parameters: dict,
+                                                              fault: str) -> None:
+    """A type JSON Schema does not have is the client's mistake, not a keyword the compiler
+    cannot apply: a 400 naming the tool's parameters (as OpenAI refuses it)."""
+    bad = {"type": "function", "function": {"name": "bad", "parameters": parameters}}
+    body = {"tools": [WEATHER, bad], "tool_choice": "auto"}
+    with pytest.raises(ConstraintError) as err:
+        _accepts(engine, "hermes_json", body, "hi")
+    assert err.value.param == "tools[1].function.parameters" and fault in str(err.value)
+
+
 def test_a_response_format_the_compiler_refuses_is_refused_without_its_source_path(
         engine) -> None:
     body = {"response_format": {"type": "json_schema", "json_schema": {
@@ -314,6 +330,21 @@ def test_tool_choice_none_bans_the_single_token_opener(engine) -> None:
     opener = engine.token_id("<tool_call>")
     bits = np.unpackbits(buf.view(np.uint8), bitorder="little")
     assert bits[opener] == 0 and bits[:engine.vocab_size].sum() == engine.vocab_size - 1
+
+
+def test_tool_choice_none_keeps_an_opener_of_several_tokens_out_of_the_text() -> None:
+    """SmolLM2 spells <tool_call> in five tokens: no token to ban, so the text is held to
+    never spell it (an agent's final turn after a history of calls would copy one)."""
+    vocab, stops = small_vocab()
+    vocab = [b"<unused>" if t == b"<tool_call>" else t for t in vocab]
+    engine = GrammarEngine(vocab, stops)
+    assert engine.token_id("<tool_call>") is None
+    spec = spec_for_kind("hermes_json")
+    request = constraint_request_from_openai({"tools": [WEATHER], "tool_choice": "none"})
+    assert isinstance(make_constraint(spec, request, engine), GrammarConstraint)
+    assert engine.accepts(spec, request, "", "It is sunny in Oslo.")[0]
+    call = calls_text("hermes_json", [OSLO])
+    assert not engine.accepts(spec, request, "", "Sure. " + call)[0]
 
 
 def test_model_without_tools_in_its_prompt(engine) -> None:
