@@ -90,6 +90,23 @@ def _check_chat(req: ChatRequest) -> None:
                                 f"not on a {m.role!r} message.", param=f"{where}.tool_calls")
 
 
+def _check_tool_results(req: ChatRequest) -> None:
+    """OpenAI's own rule for its own clients: a tool message answers a call made before it
+    (its tool_call_id one of those calls' ids). Not for other APIs' requests translated
+    to this one: their histories may carry no ids."""
+    ids: set[str] = set()
+    for i, m in enumerate(req.messages):
+        for call in m.tool_calls or []:
+            if call.id is None:
+                return  # calls without ids: nothing to match results against
+            ids.add(call.id)
+        if m.role == "tool" and m.tool_call_id is not None and m.tool_call_id not in ids:
+            raise ApiError(400, f"'messages[{i}].tool_call_id' is {m.tool_call_id!r}, which no "
+                                "earlier assistant message's tool_calls has: a tool message "
+                                "answers a call made before it.",
+                           param=f"messages[{i}].tool_call_id")
+
+
 def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
     """OpenAI's `logit_bias` with its keys read as token ids (the worker checks them
     against the model's vocabulary)."""
@@ -281,7 +298,9 @@ def chat_call(body: bytes, ingress: Ingress) -> Call:
             raw = as_tools(raw)
             return _call(convert_request(raw, ChatRequest), raw, ingress, LegacyChatReply,
                          "chatcmpl-")
-    return _call(*decode_request(body, ChatRequest), ingress, ChatReply, "chatcmpl-")
+    req, raw = decode_request(body, ChatRequest)
+    _check_tool_results(req)
+    return _call(req, raw, ingress, ChatReply, "chatcmpl-")
 
 
 def completion_call(body: bytes, ingress: Ingress) -> Call:

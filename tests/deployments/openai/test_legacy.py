@@ -103,3 +103,20 @@ def test_a_body_that_only_mentions_functions_is_an_ordinary_request() -> None:
     message = r.json()["choices"][0]["message"]
     assert message["tool_calls"][0]["function"]["name"] == "get_weather"
     assert "function_call" not in message
+
+
+def test_a_tool_result_that_answers_no_earlier_call_is_a_400_naming_it() -> None:
+    """OpenAI's rule, on its own route (the Anthropic and Responses routes hold theirs)."""
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{}"}}
+    history = [{"role": "user", "content": "Weather?"},
+               {"role": "assistant", "content": None, "tool_calls": [call]}]
+    worker = FakeWorker(_call_reply())
+    client, _ = _client(worker)
+    r = client.post("/v1/chat/completions", json={"model": "m", "messages": history + [
+        {"role": "tool", "tool_call_id": "nope", "content": "sunny"}]})
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "messages[2].tool_call_id" and worker.requests == []
+    r = client.post("/v1/chat/completions", json={"model": "m", "messages": history + [
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]})
+    assert r.status_code == 200
