@@ -12,7 +12,9 @@ from deployments.body import page_limit
 from deployments.errors import ApiError
 
 LIMIT_DEFAULT, LIMIT_MAX = 20, 100
-# OpenAI's ResponseIncludable values: none adds anything to a text-only item here
+# OpenAI's ResponseIncludable values: none adds anything to a text-only item here but the
+# output text's logprobs
+LOGPROBS = "message.output_text.logprobs"
 INCLUDABLE = frozenset({
     "file_search_call.results", "web_search_call.results", "web_search_call.action.sources",
     "message.input_image.image_url", "computer_call_output.output.image_url",

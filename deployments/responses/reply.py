@@ -11,13 +11,20 @@ from typing import Any, ClassVar
 import msgspec
 from starlette.responses import JSONResponse, Response
 
-from actors.events import Deltas, Failed, Finished, Usage
+from actors.events import Deltas, Failed, Finished, TokenLogprob, Usage
 from deployments.errors import ApiError
 from deployments.responses.store import ResponseStore, Stored
 
 
 def _new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def _logprobs(items: list[TokenLogprob]) -> list[dict]:
+    """Tokens' logprobs in the Responses API's shape (`include` asks for them)."""
+    return [{"token": t.token, "logprob": t.logprob, "bytes": t.bytes,
+             "top_logprobs": [{"token": s, "logprob": v, "bytes": b} for s, v, b in t.top]}
+            for t in items]
 
 
 class ResponseBuilder:
@@ -35,6 +42,7 @@ class ResponseBuilder:
         self.finish_reason: str | None = None
         self.usage: Usage | None = None
         self.error: str | None = None
+        self.pending: list[dict] = []  # tokens' logprobs not yet given to output text
 
     def _event(self, kind: str, **fields: Any) -> dict:
         ev = {"type": kind, "sequence_number": self.seq, **fields}
@@ -76,8 +84,10 @@ class ResponseBuilder:
         else:
             part = item["content"][0]
             if item["type"] == "message":
+                # tokens whose text was held back to the end
+                part["logprobs"], self.pending = part["logprobs"] + self.pending, []
                 out.append(self._event("response.output_text.done", **ids, content_index=0,
-                                       text=part["text"], logprobs=[]))
+                                       text=part["text"], logprobs=part["logprobs"]))
             else:
                 out.append(self._event("response.reasoning_text.done", **ids,
                                        content_index=0, text=part["text"]))
@@ -105,9 +115,12 @@ class ResponseBuilder:
                 out += self._open({"type": "message", "id": _new_id("msg"), "role": "assistant",
                                    "content": [dict(part)]}, part)
             self.open["content"][0]["text"] += text
+            logprobs, self.pending = self.pending, []
+            part = self.open["content"][0]
+            part["logprobs"] = part["logprobs"] + logprobs
             out.append(self._event("response.output_text.delta", item_id=self.open["id"],
                                    output_index=len(self.items) - 1, content_index=0,
-                                   delta=text, logprobs=[]))
+                                   delta=text, logprobs=logprobs))
         else:  # a tool call: `name` opens one, the rest continue its arguments
             if name:
                 out += self._open({"type": "function_call", "id": _new_id("fc"),
@@ -126,9 +139,13 @@ class ResponseBuilder:
         out: list[dict] = []
         for ev in batch:
             if isinstance(ev, Deltas):
+                if ev.logprobs:
+                    self.pending += _logprobs(ev.logprobs)
                 for d in ev.deltas:
                     if d.text or d.name:
                         out += self._delta(d.field, d.text, d.id, d.name)
+                if ev.deltas and (self.open is None or self.open["type"] != "message"):
+                    self.pending = []  # tokens of reasoning or a call: not output text
             elif isinstance(ev, Finished):  # the item being written when the limit hit
                 self.finish_reason = ev.finish_reason  # was cut: an agent must not run it
                 out += self._close("incomplete" if ev.finish_reason == "length"

@@ -19,7 +19,7 @@ from deployments.exchange import Call
 from deployments.ingress import Ingress
 from deployments.openai.request import convert_request, generate_request
 from deployments.openai.schemas import ChatRequest
-from deployments.responses.items import input_items
+from deployments.responses.items import INCLUDABLE, LOGPROBS, input_items
 from deployments.responses.reply import ResponseBuilder, ResponsesReply
 from deployments.responses.store import ResponseStore
 from deployments.responses.truncation import fit_context
@@ -53,6 +53,8 @@ class ResponsesIn(msgspec.Struct, kw_only=True):
     metadata: dict[str, str] | None = None
     truncation: Literal["auto", "disabled"] | None = None
     background: bool | None = None
+    include: list[str] | None = None
+    top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
     conversation: Any = None  # the Conversations API's: not served (a 400, not ignored)
     user: str | None = None
 
@@ -207,6 +209,10 @@ def chat_request(req: ResponsesIn, history: list[dict]) -> tuple[GenerateRequest
     if req.background:
         raise ApiError(400, "'background' responses are not supported; use 'stream'.",
                        param="background")
+    for value in req.include or []:
+        if value not in INCLUDABLE:
+            raise ApiError(400, f"'include' has {value!r}; use one of "
+                                f"{', '.join(sorted(INCLUDABLE))}.", param="include")
     if req.conversation is not None:
         raise ApiError(400, "'conversation' (the Conversations API) is not supported here; "
                             "continue a conversation with 'previous_response_id'.",
@@ -223,6 +229,8 @@ def chat_request(req: ResponsesIn, history: list[dict]) -> tuple[GenerateRequest
         "reasoning_effort": req.reasoning.effort if req.reasoning else None,
         "max_tokens": req.max_output_tokens, "temperature": req.temperature,
         "top_p": req.top_p, "seed": req.seed}
+    if LOGPROBS in (req.include or []):  # the output text's tokens, and their alternatives
+        raw.update(logprobs=True, top_logprobs=req.top_logprobs or 0)
     raw = {k: v for k, v in raw.items() if v is not None}
     try:
         return generate_request(convert_request(raw, ChatRequest), raw), conversation
@@ -246,7 +254,7 @@ def response_base(req: ResponsesIn, response_id: str) -> dict:
                           "summary": None},
             "store": req.store is not False, "temperature": req.temperature,
             "text": {"format": fmt}, "tool_choice": req.tool_choice or "auto",
-            "tools": req.tools or [], "top_p": req.top_p,
+            "tools": req.tools or [], "top_p": req.top_p, "top_logprobs": req.top_logprobs,
             "truncation": req.truncation or "disabled",
             "user": req.user, "metadata": req.metadata or {}}
 

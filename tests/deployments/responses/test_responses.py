@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.events import Deltas, Failed, Finished, Usage
+from actors.events import Deltas, Failed, Finished, TokenLogprob, Usage
 from chat import ChatMsg, Delta
 from deployments.errors import ApiError
 from deployments.responses import reply, request
@@ -113,6 +113,8 @@ def test_a_stored_conversation_comes_first() -> None:
     ({"tool_choice": "required"}, "tool_choice"),
     ({"background": True}, "background"),
     ({"conversation": "conv_123"}, "conversation"),
+    ({"include": ["bogus.value"]}, "include"),
+    ({"top_logprobs": 21}, "top_logprobs"),
     ({"tools": [{"type": "function", "name": "f"}], "tool_choice": "any"}, "tool_choice"),
     ({"model": None}, "model"),
     # found by fuzzing a served model (500s before)
@@ -199,6 +201,38 @@ def test_a_cut_reply_is_incomplete_and_so_is_the_item_it_was_writing() -> None:
     whole = _builder()
     whole.add(_events([("content", "Sure")]))
     assert whole.response()["output"][0]["status"] == "completed"
+
+
+def test_output_text_logprobs_where_include_asks_for_them() -> None:
+    """`include: ["message.output_text.logprobs"]` with `top_logprobs`: the worker is asked
+    for them; each output_text delta carries its tokens' (a token whose text was held
+    back, with the next text), the done part all of them; a reasoning token's are not
+    output text's."""
+    greq, _ = _request(include=["message.output_text.logprobs"], top_logprobs=2)
+    assert greq.logprobs and greq.top_logprobs == 2
+    assert not _request()[0].logprobs
+
+    def lp(token: str) -> TokenLogprob:
+        return TokenLogprob(token=token, logprob=-0.5, bytes=list(token.encode()),
+                            top=[(token, -0.5, list(token.encode()))])
+
+    b = _builder()
+    events = b.add([
+        Deltas(index=0, deltas=[Delta(field="reasoning_content", text="hm")],
+               logprobs=[lp("hm")]),
+        Deltas(index=0, deltas=[], logprobs=[lp("Su")]),  # held back: no text yet
+        Deltas(index=0, deltas=[Delta(field="content", text="Sure")], logprobs=[lp("re")]),
+        Deltas(index=0, deltas=[Delta(field="content", text="!")], logprobs=[lp("!")]),
+        Finished(index=0, finish_reason="stop", completion_tokens=4, message=ChatMsg()),
+        Usage(prompt_tokens=5, completion_tokens=4)])
+    deltas = [e["logprobs"] for e in events if e["type"] == "response.output_text.delta"]
+    assert [[t["token"] for t in d] for d in deltas] == [["Su", "re"], ["!"]]
+    done = [e for e in events if e["type"] == "response.output_text.done"][0]
+    assert [t["token"] for t in done["logprobs"]] == ["Su", "re", "!"]
+    part = b.response()["output"][1]["content"][0]
+    assert part["logprobs"] == done["logprobs"]
+    assert part["logprobs"][0]["top_logprobs"] == [{"token": "Su", "logprob": -0.5,
+                                                    "bytes": [83, 117]}]
 
 
 def test_a_worker_failure_is_an_error_event() -> None:
