@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -98,13 +99,29 @@ INGRESS_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
 HEAD_NODE = "node:__internal_head__"
 
 
+def check_args(args: dict[str, Any] | None) -> AppConfig:
+    """The app's `args:` typed and checked as far as can be without starting anything (the
+    launcher calls it before Serve deploys, so a mistake is one line, not a failed app).
+
+    Raises:
+        msgspec.ValidationError: the config is malformed; the message names the key.
+    """
+    cfg = msgspec.convert(args or {}, AppConfig)
+    if cfg.models_dir is not None:
+        if not Path(cfg.models_dir).expanduser().is_dir():
+            raise msgspec.ValidationError(f"{cfg.models_dir} is not a directory - at "
+                                          "`$.models_dir`")
+        _library_config(cfg)
+    return cfg
+
+
 def build_app(args: dict[str, Any] | None = None):
     """The application for `args` (the `args:` of a Serve config).
 
     Raises:
         msgspec.ValidationError: the config is malformed; the message names the key.
     """
-    cfg = msgspec.convert(args or {}, AppConfig)
+    cfg = check_args(args)
     models = cfg.models if cfg.models is not None else (
         [] if cfg.models_dir else [msgspec.convert(DEFAULT_MODEL, ModelEntry)])
     # every replica's metrics, added up for /metrics; on the head node with the ingress
@@ -149,11 +166,12 @@ def build_app(args: dict[str, Any] | None = None):
                            ).bind(workers, settings, hub, library)
 
 
-def _library(cfg: AppConfig, hub: Any):
-    """The library's worker deployment (bound) for `cfg.models_dir`.
+def _library_config(cfg: AppConfig) -> LibraryConfig:
+    """The library's worker options for `cfg.models_dir`.
 
     Raises:
-        msgspec.ValidationError: a keep_alive that is not a duration, or a library on NPUs.
+        msgspec.ValidationError: a keep_alive that is not a duration, a library on NPUs, or
+            no room for a model.
     """
     lib = cfg.library
     try:
@@ -169,6 +187,13 @@ def _library(cfg: AppConfig, hub: Any):
     config = LibraryConfig(**{f: getattr(lib, f) for f in LibraryConfig.__struct_fields__})
     config = msgspec.structs.replace(config, models_dir=cfg.models_dir, device="cpu",
                                      keep_alive_s=keep if keep is not None else 300.0)
+    return config
+
+
+def _library(cfg: AppConfig, hub: Any):
+    """The library's worker deployment (bound) for `cfg.models_dir`."""
+    config = _library_config(cfg)
+    lib = cfg.library
     n = str(start_threads(lib.blas_threads))
     actor = {"num_cpus": 0, "runtime_env": {"env_vars": {**GRPC_ENV,
         "OPENBLAS_NUM_THREADS": n, "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n}}}

@@ -111,7 +111,8 @@ def _model_name(path: str) -> str:
 
 
 def _check_path(path: str) -> str:
-    """`path` made absolute, once it names something servable (not read beyond that)."""
+    """`path` made absolute, once it names something servable (a GGUF file's first bytes
+    read, as llama-server refuses a file that is none at once; nothing else)."""
     if path in NAMES:
         return path
     p = Path(path).expanduser()
@@ -119,6 +120,14 @@ def _check_path(path: str) -> str:
         if p.suffix.lower() != ".gguf":
             raise UsageError(f"{path} is not a .gguf file; give a GGUF file or a model "
                              "directory")
+        try:
+            with p.open("rb") as f:
+                magic = f.read(4)
+        except OSError as exc:
+            raise UsageError(f"cannot read {path}: {exc.strerror}") from None
+        if magic != b"GGUF":
+            raise UsageError(f"{path} is not a GGUF file (it does not begin with GGUF's "
+                             f"magic bytes, but {magic!r})")
         return str(p.resolve())
     if p.is_dir():
         if not (p / "config.json").exists() and not list(p.glob("*.gguf")):
@@ -213,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         path = Path(folder) / "serve.yaml"
         path.write_text(text)
-        return launcher.main([str(path), *(["--verbose"] if args.verbose else [])])
+        return launcher.main([str(path), *(["--verbose"] if args.verbose else [])],
+                             remove=(folder,), port_option="--port")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

@@ -126,6 +126,7 @@ class StartWatch:
         self.started = started
         self.on_no_model = on_no_model
         self.failed = False
+        self.broken = ""  # why an app could not be deployed
 
     def start(self) -> None:
         if self.apps:
@@ -143,6 +144,12 @@ class StartWatch:
             print(f"flm-serve: no start block ({exc!r})", file=sys.stderr, flush=True)
             return
         if models is None:
+            return
+        if self.broken:  # an app Serve could not build: said, and the run stops
+            print(f"flm-serve: {self.broken}", file=sys.stderr, flush=True)
+            self.failed = True
+            self.on_no_model()
+            os.kill(os.getpid(), signal.SIGINT)
             return
         libraries = tuple(a.models_dir for a in self.apps if a.models_dir)
         print(start_block(version=_version(), urls=self._urls(), models=models,
@@ -164,6 +171,13 @@ class StartWatch:
                 status = {}
             states = [str(getattr(status.get(a.name), "status", "")) for a in self.apps]
             if all(s.split(".")[-1] in TERMINAL for s in states):
+                failed = [a for a, s in zip(self.apps, states) if s.endswith("DEPLOY_FAILED")]
+                if failed:
+                    message = str(getattr(status.get(failed[0].name), "message", ""))
+                    last = (message.strip().splitlines() or ["(no message)"])[-1]
+                    self.broken = (f"the application {failed[0].name!r} could not be "
+                                   f"deployed: {last}")
+                    return {}
                 break
             time.sleep(0.5)
         else:

@@ -37,7 +37,7 @@ from pathlib import Path
 import yaml
 
 from deployments.launch import console_filter
-from deployments.launch.console import StartWatch
+from deployments.launch.console import APP_IMPORT, StartWatch
 from deployments.launch.loopback import LOOPBACK_ENV
 from deployments.launch.processes import RUN_ID_VAR, RunProcesses
 from deployments.launch.serve_env import serve_environ
@@ -72,6 +72,24 @@ def api_address(config_path: Path) -> tuple[str, int]:
         return str(http.get("host") or "127.0.0.1"), int(http.get("port") or 8000)
     except (TypeError, ValueError):
         raise LaunchError(f"{config_path}: http_options.port must be a number") from None
+
+
+def _app_fault(config_path: Path) -> str | None:
+    """What is wrong with the `args:` of the config's flm-serve apps (deployments.app's
+    check_args), or None. Imported once Ray runs: the app's modules import Serve's."""
+    import msgspec
+
+    from deployments.app import check_args
+
+    config = yaml.safe_load(config_path.read_text()) or {}
+    for app in config.get("applications") or []:
+        if not isinstance(app, dict) or app.get("import_path") != APP_IMPORT:
+            continue
+        try:
+            check_args(app.get("args"))
+        except msgspec.ValidationError as exc:
+            return f"{config_path}: application {app.get('name', '?')!r}: {exc}"
+    return None
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -139,7 +157,8 @@ class _Stop:
 
     FORCE_AT_S = STOP_S * 0.5  # leaves time for the sweep and the port
 
-    def __init__(self, processes: RunProcesses, host: str, port: int, private: str) -> None:
+    def __init__(self, processes: RunProcesses, host: str, port: int,
+                 private: tuple[str, ...]) -> None:
         self.processes, self.host, self.port, self.private = processes, host, port, private
         self.deadline: float | None = None
         self.cleanup = threading.Event()  # the main thread shuts Ray down and sweeps
@@ -174,7 +193,7 @@ class _Stop:
         if self.finished.is_set():
             return
         ended = self.end()
-        shutil.rmtree(self.private, ignore_errors=True)
+        _remove(self.private)
         _say_stopped(ended)
         os._exit(self.exit_code)
 
@@ -194,7 +213,16 @@ class _Stop:
         return False
 
 
-def main(argv: list[str] | None = None) -> int:
+def _remove(paths: tuple[str, ...]) -> None:
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None, *, remove: tuple[str, ...] = (),
+         port_option: str | None = None) -> int:
+    """The launcher. `remove`: the caller's own folders, removed as the run's are however it
+    ends (the CLI's config, which holds the API key: a forced stop ends the process without
+    returning); `port_option`: how the caller's user sets the port (a busy one's message)."""
     args = sys.argv[1:] if argv is None else argv
     verbose, args = console_filter.verbose_from(args)
     if len(args) > 1 or (args and args[0].startswith("-")):
@@ -208,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         host, port = api_address(config)
         if port_in_use(host, port):
             raise LaunchError(f"{host}:{port} is already in use (is another server running?); "
-                              f"stop it or change http_options.port in {config}")
+                              "stop it or change "
+                              + (port_option or f"http_options.port in {config}"))
     except LaunchError as exc:
         print(f"flm-serve: {exc}", file=sys.stderr)
         return 1
@@ -218,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     verbose = verbose or console_filter.is_verbose(os.environ)  # configs/serve.env's too
     processes = RunProcesses(run_id)
     processes.watch()
-    stop = _Stop(processes, host, port, private)
+    stop = _Stop(processes, host, port, (private, *remove))
     code = 0
     stop.install()
     try:
@@ -232,6 +261,10 @@ def main(argv: list[str] | None = None) -> int:
                               "deployments.launch.loopback.bind_replica_grpc_to_loopback"})
         console_filter.install(verbose)
         stop.install()  # again: ray.init installs its own SIGTERM handler
+        fault = _app_fault(config)
+        if fault:  # one line, before Serve tries (and retries) to build the app
+            print(f"flm-serve: {fault}", file=sys.stderr, flush=True)
+            return 1
         # the start block, once the apps answer; no loadable model stops the run (status 1)
         watch = StartWatch(config, started, on_no_model=lambda: setattr(stop, "exit_code", 1))
         watch.start()
@@ -253,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # the sweep below still ends everything
             print(f"flm-serve: Ray's shutdown failed: {exc!r}", file=sys.stderr)
         ended = stop.end()
-        shutil.rmtree(private, ignore_errors=True)
+        _remove((private, *remove))
         _say_stopped(ended)
         stop.finished.set()
     return code

@@ -127,7 +127,8 @@ class OllamaReply:
                 "total_duration": int((now - self.started) * 1e9),
                 "load_duration": int(self.load_s * 1e9),
                 "prompt_eval_count": u.prompt_tokens if u else 0,
-                "prompt_eval_duration": int((first - self.started) * 1e9),
+                # the time to the first token less the model's load, as Ollama's
+                "prompt_eval_duration": int(max(0.0, first - self.started - self.load_s) * 1e9),
                 "eval_count": u.completion_tokens if u else 0,
                 "eval_duration": int((now - first) * 1e9)}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from deployments.app import build_app
+from deployments.app import build_app, check_args
 
 
 def _deployments(app) -> dict:
@@ -37,3 +37,29 @@ def test_models_dir_alone_serves_the_library_and_no_default_model(tmp_path) -> N
 def test_a_bad_library_option_is_named(tmp_path, args: dict, where: str) -> None:
     with pytest.raises(msgspec.ValidationError, match=where.replace("$", r"\$")):
         build_app({"models_dir": str(tmp_path), **args})
+    with pytest.raises(msgspec.ValidationError, match=where.replace("$", r"\$")):
+        check_args({"models_dir": str(tmp_path), **args})  # the launcher's, before Serve
+
+
+def test_a_models_dir_that_is_no_directory_is_named(tmp_path) -> None:
+    """As the command line's --models-dir: not an empty library that starts silently."""
+    with pytest.raises(msgspec.ValidationError, match=r"\$\.models_dir"):
+        check_args({"models_dir": str(tmp_path / "nope")})
+
+
+def test_the_launcher_says_a_bad_config_in_one_line(tmp_path) -> None:
+    from deployments.launch.launcher import _app_fault
+
+    config = tmp_path / "bad.yaml"
+    config.write_text(f"""applications:
+- name: flm
+  import_path: deployments.app:build_app
+  args:
+    models_dir: {tmp_path}
+    keep_alive: 5 minutes
+""")
+    fault = _app_fault(config)
+    assert fault is not None and "'flm'" in fault and "$.keep_alive" in fault
+    assert "\n" not in fault
+    config.write_text(config.read_text().replace("5 minutes", "5m"))
+    assert _app_fault(config) is None

@@ -158,6 +158,24 @@ def test_a_busy_port_is_one_line_before_ray_starts(config, tmp_path) -> None:
     assert RunProcesses(run_id).alive() == []
 
 
+def test_a_bad_config_value_is_one_line_and_the_run_ends(config, tmp_path) -> None:
+    """A value the app cannot take is said in one line and the run exits 1 (before Serve
+    builds, and retries, the app): not tracebacks, then "ready", then 404s for ever."""
+    path, port, env = config
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(path.read_text().replace("args:", f"args:\n      models_dir: {tmp_path}\n"
+                                            "      keep_alive: 5 minutes", 1))
+    log = tmp_path / "bad.log"
+    proc, run_id = _make_serve((bad, port, env), log)
+    try:
+        assert proc.wait(timeout=120) != 0
+    finally:
+        _kill_run(proc, run_id)
+    text = log.read_text()
+    assert "$.keep_alive" in text and "Traceback" not in text and "ready in" not in text
+    assert RunProcesses(run_id).alive() == [] and not port_in_use("127.0.0.1", port)
+
+
 # (the third way, `serve shutdown` then Ctrl-C to the group, is the command line's test's)
 @pytest.mark.parametrize("how", ["group-SIGTERM", "launcher-SIGTERM"])
 def test_a_stop_leaves_nothing_and_a_restart_answers(config, tmp_path, how: str) -> None:

@@ -109,6 +109,20 @@ def test_verbose_reaches_the_launcher(flag: list[str], monkeypatch) -> None:
     from deployments.launch import launcher
 
     seen: list[list[str]] = []
-    monkeypatch.setattr(launcher, "main", lambda argv: seen.append(argv) or 0)
+    kwargs: list[dict] = []
+    monkeypatch.setattr(launcher, "main",
+                        lambda argv, **kw: seen.append(argv) or kwargs.append(kw) or 0)
     assert cli.main(["serve", "smollm2-135m", *flag]) == 0
     assert seen[0][1:] == flag and seen[0][0].endswith("serve.yaml")
+    # the config (it holds an API key) is the launcher's to remove however the run ends,
+    # and a busy port's message names --port, not that file
+    assert kwargs[0] == {"remove": (str(Path(seen[0][0]).parent),), "port_option": "--port"}
+    assert not Path(seen[0][0]).parent.exists()
+
+
+def test_a_file_that_is_no_gguf_is_one_line_before_ray_starts(tmp_path, capsys) -> None:
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"XXXX" + bytes(60))
+    assert cli.main(["serve", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "is not a GGUF file" in err and err.count("\n") == 1

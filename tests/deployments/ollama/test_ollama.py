@@ -241,6 +241,23 @@ def test_a_stream_is_lines_then_one_done_object() -> None:
         assert isinstance(done[key], int) and done[key] >= 0
 
 
+def test_a_cold_requests_prompt_eval_duration_leaves_the_load_out() -> None:
+    """As Ollama's: the parts add up within the total (a client's prompt tokens/s is not
+    the load's)."""
+    import time
+
+    from actors.events import Accepted
+
+    started = time.perf_counter() - 2.0  # the request came 2 s ago, 1.5 of them loading
+    reply = ollama_reply.OllamaReply("m", "chat", started=started)
+    done = reply.add([Accepted(request_id="r", model="m", prompt_tokens=11, load_s=1.5),
+                      *_events(["Hi"])])[-1]
+    assert done["load_duration"] == 1_500_000_000
+    assert 0 < done["prompt_eval_duration"] <= 0.6e9
+    parts = done["load_duration"] + done["prompt_eval_duration"] + done["eval_duration"]
+    assert parts <= done["total_duration"]
+
+
 def test_tool_calls_come_whole_with_arguments_as_an_object() -> None:
     calls = [ToolCall(name="get", arguments='{"city": "Oslo"}', id="call_1"),
              ToolCall(name="get", arguments='{"city": "Rome"}', id="call_2")]
