@@ -94,7 +94,7 @@ def jinja_from_go(source: str) -> str:
                 + _Translator().run(items))
     cut = _cut_after_response(items)
     turn = "{%- set _v = namespace() -%}" + _Translator().run(items)
-    last = "{%- set _v = namespace() -%}" + _Translator().run(cut)
+    last = "{%- set _v = namespace() -%}" + _Translator().run(cut, cut=True)
     reset = ('{%- set _l.system = "" %}{% set _l.prompt = "" %}'
              '{% set _l.response = "" -%}')
     return (head
@@ -170,10 +170,15 @@ class _Translator:
         self.dots: list[str] = ["$"]  # the dot of each open block ("$": the top)
         self.n = 0
 
-    def run(self, items: list[tuple[str, str]]) -> str:
+    def run(self, items: list[tuple[str, str]], *, cut: bool = False) -> str:
+        """Jinja of `items`; `cut`: a template cut short on purpose (its open blocks are
+        closed), else an open block is an error, as Go's parser ends at "unexpected EOF"."""
         out = []
         for kind, body in items:
             out.append(self.text(body) if kind == "text" else self.action(body))
+        if self.blocks and not cut:
+            raise GoTemplateError(f"an '{self.blocks[-1].replace('for', 'range')}' is not "
+                                  "closed with {{ end }} (unexpected EOF)")
         while self.blocks:  # a cut template: close what is open
             out.append(self.end())
         return "".join(out)

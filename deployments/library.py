@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 
 from actors.errors import RequestError
-from actors.events import ChatGenerate
+from actors.events import ChatGenerate, CompletionGenerate
 from actors.library import Library, model_key
 from deployments.errors import ApiError
 
@@ -111,9 +111,16 @@ class LibraryFront:
 
     def with_variant_template(self, name: str, request: Any) -> Any:
         """`request` with the chat template of the library variant `name` (Ollama's
-        TEMPLATE), when it is a chat and the variant has one; else `request` itself."""
+        TEMPLATE), when it is a chat and the variant has one, and the variant's context
+        (PARAMETER num_ctx) where the request sets none; else `request` itself."""
         entry = self.library.get(name) if self.library is not None else None
-        if entry is None or entry.template is None or not isinstance(request, ChatGenerate) \
+        if entry is None:
+            return request
+        num_ctx = (entry.options or {}).get("num_ctx")
+        if num_ctx is not None and isinstance(request, (ChatGenerate, CompletionGenerate)) \
+                and request.context_limit is None:
+            request = msgspec.structs.replace(request, context_limit=int(num_ctx))
+        if entry.template is None or not isinstance(request, ChatGenerate) \
                 or request.template is not None:
             return request
         return msgspec.structs.replace(request, template=entry.template)

@@ -152,15 +152,19 @@ def variant_request(req: CreateIn) -> Variant:
         raise ApiError(400, "'from' is required: the library model the variant is made "
                             "from.", param="from")
     params = {**mf.get("parameters", {}), **(req.parameters or {})}
-    unknown = sorted(set(params) - set(VARIANT_FIELDS))
+    known = set(VARIANT_FIELDS) | {"num_ctx"}  # num_ctx: the variant's requests' context
+    unknown = sorted(set(params) - known)
     if unknown:
         raise ApiError(400, f"'parameters.{unknown[0]}' is not supported here (supported: "
-                            f"{', '.join(sorted(VARIANT_FIELDS))}).",
+                            f"{', '.join(sorted(known))}).",
                        param=f"parameters.{unknown[0]}")
     try:
-        msgspec.convert({k: v for k, v in params.items()}, Options)
+        options = msgspec.convert({k: v for k, v in params.items()}, Options)
     except msgspec.ValidationError as exc:
         raise ApiError(400, f"parameters: {exc}", param="parameters") from None
+    if options.num_ctx is not None and options.num_ctx < 1:
+        raise ApiError(400, f"'parameters.num_ctx' is {params['num_ctx']}; it must be at "
+                            "least 1.", param="parameters.num_ctx")
     return Variant(source=source,
                    system=req.system if req.system is not None else mf.get("system"),
                    template=req.template if req.template is not None else mf.get("template"),

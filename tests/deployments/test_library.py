@@ -69,6 +69,26 @@ def test_a_chat_for_a_variant_with_a_template_carries_it_and_nothing_else_does(
     assert front.with_variant_template("bare", raw) is raw  # a raw prompt has no template
 
 
+def test_a_variants_num_ctx_is_its_requests_context_unless_they_set_one(tmp_path) -> None:
+    """Modelfile's most common line, PARAMETER num_ctx: the variant's requests, on every
+    API, run in that context; a request's own (Ollama's options.num_ctx) wins."""
+    from actors.events import ChatGenerate, CompletionGenerate
+    from actors.library import Library
+    from tests.actors.test_library import write_gguf
+
+    write_gguf(tmp_path / "base.gguf", "qwen3")
+    Library(tmp_path).copy("base", "small", parameters={"num_ctx": 256})
+    front = LibraryFront(_Handle([]), {"models_dir": str(tmp_path)})
+    front.streams = {}
+    chat = ChatGenerate(request_id="a", messages=[{"role": "user", "content": "hi"}])
+    assert front.with_variant_template("small", chat).context_limit == 256
+    raw = CompletionGenerate(request_id="b", prompt="hi")
+    assert front.with_variant_template("small", raw).context_limit == 256
+    own = CompletionGenerate(request_id="c", prompt="hi", context_limit=64)
+    assert front.with_variant_template("small", own).context_limit == 64
+    assert front.with_variant_template("base", chat).context_limit is None
+
+
 def test_show_gives_a_variants_system_prompt_and_parameters_as_modelfile_lines(
         tmp_path) -> None:
     from actors.library import Library

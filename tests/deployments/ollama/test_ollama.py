@@ -375,6 +375,7 @@ def test_model_listings() -> None:
     ({"model": "v", "modelfile": "SYSTEM hi"}, "from"),
     ({"model": "v", "from": "m", "parameters": {"mirostat": 1}}, "parameters.mirostat"),
     ({"model": "v", "from": "m", "parameters": {"temperature": "hot"}}, "parameters"),
+    ({"model": "v", "from": "m", "parameters": {"num_ctx": 0}}, "parameters.num_ctx"),
     ({"model": "v", "modelfile": "FROM m\nADAPTER ./lora.gguf"}, "modelfile"),
     ({"model": "v", "modelfile": "FROM m\nSYSTEM \"\"\"never closed"}, "modelfile"),
     ({"model": "v", "modelfile": "FROM m\nWHATEVER x"}, "modelfile"),
@@ -403,7 +404,7 @@ def test_an_open_triple_quote_over_many_lines_is_refused_in_one_pass() -> None:
 
 def test_create_keeps_the_parameters_it_can_apply() -> None:
     body = {"model": "v", "from": "m", "system": "s", "template": "{{ .Prompt }}",
-            "parameters": {"temperature": 0, "num_predict": 5, "stop": ["x"]}}
+            "parameters": {"temperature": 0, "num_predict": 5, "stop": ["x"], "num_ctx": 2048}}
     req = request.decode(json.dumps(body).encode(), request.CreateIn)
     v = request.variant_request(req)
     assert v.parameters == body["parameters"] and v.source == "m"
