@@ -99,6 +99,21 @@ class LibraryFront:
         except RequestError as exc:
             raise ApiError(exc.status, exc.message, param=exc.param, code=exc.code) from None
 
+    async def delete(self, name: str) -> None:
+        """Ollama's /api/delete: an alias or variant removed, or (allow_delete) a GGUF
+        model's files deleted, with the aliases made from it; a model whose files went is
+        unloaded now (not left loaded, and listed by /api/ps, until its keep_alive ends).
+
+        Raises:
+            ApiError: the library's refusal (404 unknown, 403 files not allowed, ...).
+        """
+        key = self.resolve(name)
+        target = self._library_target(key) if key is not None else None
+        self.edit_library(lambda lib: lib.delete(name, allow_files=self.allow_delete))
+        if target is not None and self.resolve(target) is None and self.library_handle:
+            handle = self.library_handle.options(multiplexed_model_id=target)
+            await handle.load.remote(0)
+
     def variant(self, name: str) -> tuple[str | None, dict[str, Any]] | None:
         """A library variant's defaults (system prompt, Ollama's parameters); None for any
         other model."""

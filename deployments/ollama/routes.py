@@ -157,9 +157,7 @@ async def delete(request: Request, ingress: Current) -> Response:
     """Remove an alias; a library model's GGUF files only when the config allows it."""
     async def run() -> Response:
         req = decode(await ingress.body(request), DeleteIn)
-        name = req.model or req.name or ""
-        allow = ingress.allow_delete
-        ingress.edit_library(lambda lib: lib.delete(name, allow_files=allow))
+        await ingress.delete(req.model or req.name or "")
         return Response(status_code=200)
 
     return await ingress.respond(run, ollama_error_response)

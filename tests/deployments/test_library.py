@@ -69,6 +69,37 @@ def test_a_chat_for_a_variant_with_a_template_carries_it_and_nothing_else_does(
     assert front.with_variant_template("bare", raw) is raw  # a raw prompt has no template
 
 
+def test_deleting_a_models_files_unloads_it_and_an_alias_leaves_the_model_loaded(
+        tmp_path) -> None:
+    """/api/delete of a loaded model's files: unloaded now (its replica asked, keep_alive
+    0), not listed by /api/ps until its keep_alive ends; an alias's removal unloads
+    nothing (the model it named still serves)."""
+    from actors.library import Library
+    from tests.actors.test_library import write_gguf
+
+    unloads: list[tuple[str, float]] = []
+
+    class Handle:
+        def options(self, multiplexed_model_id: str):
+            handle = type("H", (), {})()
+            handle.load = type("L", (), {"remote": lambda _, keep: _unload(
+                multiplexed_model_id, keep)})()
+            return handle
+
+    async def _unload(target: str, keep: float) -> dict:
+        unloads.append((target, keep))
+        return {"done_reason": "unload"}
+
+    write_gguf(tmp_path / "base.gguf", "qwen3")
+    Library(tmp_path).copy("base", "nick")
+    front = LibraryFront(Handle(), {"models_dir": str(tmp_path), "allow_delete": True})
+    front.streams = {}
+    asyncio.run(front.delete("nick"))
+    assert unloads == [] and front.resolve("base") == "base"
+    asyncio.run(front.delete("base"))
+    assert unloads == [("base", 0)] and not (tmp_path / "base.gguf").exists()
+
+
 def test_a_variants_num_ctx_is_its_requests_context_unless_they_set_one(tmp_path) -> None:
     """Modelfile's most common line, PARAMETER num_ctx: the variant's requests, on every
     API, run in that context; a request's own (Ollama's options.num_ctx) wins."""
