@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -114,11 +115,22 @@ def room_for(need: int, held: list[tuple[str, int, bool]], budget: int) -> list[
     return out
 
 
+def _stamp(path: str) -> tuple[int, int, int] | None:
+    """What tells a file (or directory) apart from the one that was at `path`: its inode,
+    size and modification time; None when nothing is there."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
 class HeldModel:
     """A library model loaded on this replica: its Worker, requests in flight, expiry."""
 
     def __init__(self, entry: LibraryModel, worker: Worker, load_s: float) -> None:
         self.entry, self.worker, self.load_s = entry, worker, load_s
+        self.stamp = _stamp(entry.path)  # the file as loaded (a replaced one loads again)
         engine = worker.model.engine
         self.weight_bytes = int(engine.weight_bytes)
         self.loaded_at = time.time()
@@ -128,6 +140,11 @@ class HeldModel:
         self.on_close: Callable[[], None] | None = None  # once the worker has stopped
         self._lock = threading.Lock()
         self._timer: asyncio.TimerHandle | None = None
+
+    def replaced(self) -> bool:
+        """Whether the file at the model's path is no longer the one loaded (a new file
+        moved over it, as the docs say to replace a model, or it is gone)."""
+        return _stamp(self.entry.path) != self.stamp
 
     def enter(self) -> None:
         with self._lock:
@@ -290,6 +307,9 @@ class LibraryWorkerBase:
         """The held model for a request (entered) and the seconds this call spent loading it
         (0 when it was loaded already)."""
         known = name in self.loaded and not self.loaded[name].retired
+        if known and self.loaded[name].replaced():  # its new weights load (as Ollama's do)
+            self.unload(name, reason="replaced")
+            known = False
         if not known:  # Serve evicts before it calls the loader: refuse what cannot load
             await self._servable(name)
         held = await self.held_model(name)

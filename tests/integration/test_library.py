@@ -154,6 +154,24 @@ def test_a_file_dropped_in_later_shows_up_and_serves(oc, ai, library_dir) -> Non
     assert "late-comer:latest" not in {m.model for m in oc.list().models}
 
 
+def test_a_loaded_models_file_replaced_serves_the_new_file(oc, library_dir) -> None:
+    """A new file moved over a loaded model's (as the docs say to replace one): its next
+    request loads the new file, as Ollama's reloads a model whose digest changed."""
+    path = library_dir / "swap.gguf"
+    shutil.copy(library_dir / "Llama-Q8_0.gguf", path)
+    try:
+        oc.generate(model="swap", prompt="hi", options={"num_predict": 1})
+        assert _loaded(oc)["swap:latest"].details.family == "llama"
+        shutil.copy(library_dir / "qwen3-tiny.gguf", library_dir / ".swap.tmp")
+        (library_dir / ".swap.tmp").rename(path)
+        r = oc.generate(model="swap", prompt="hi", options={"num_predict": 1})
+        assert r.load_duration > 0  # loaded again
+        assert _loaded(oc)["swap:latest"].details.family == "qwen3"
+    finally:
+        oc.generate(model="swap", prompt="", keep_alive=0)
+        path.unlink()
+
+
 def test_pull_of_a_library_model_succeeds_and_of_another_says_where_models_come_from(
         oc) -> None:
     statuses = [p.status for p in oc.pull(f"{QWEN}:latest", stream=True)]
