@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -108,9 +107,6 @@ def check_args(args: dict[str, Any] | None) -> AppConfig:
     """
     cfg = msgspec.convert(args or {}, AppConfig)
     if cfg.models_dir is not None:
-        if not Path(cfg.models_dir).expanduser().is_dir():
-            raise msgspec.ValidationError(f"{cfg.models_dir} is not a directory - at "
-                                          "`$.models_dir`")
         _library_config(cfg)
     return cfg
 

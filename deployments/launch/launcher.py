@@ -86,9 +86,12 @@ def _app_fault(config_path: Path) -> str | None:
         if not isinstance(app, dict) or app.get("import_path") != APP_IMPORT:
             continue
         try:
-            check_args(app.get("args"))
+            cfg = check_args(app.get("args"))
         except msgspec.ValidationError as exc:
             return f"{config_path}: application {app.get('name', '?')!r}: {exc}"
+        if cfg.models_dir is not None and not Path(cfg.models_dir).expanduser().is_dir():
+            return (f"{config_path}: application {app.get('name', '?')!r}: models_dir "
+                    f"{cfg.models_dir} is not a directory")
     return None
 
 
