@@ -206,6 +206,7 @@ class Finished(msgspec.Struct, tag="finished", tag_field="event"):
     message: ChatMsg | None = None
     stop: str | None = None
     cut_block: str = ""
+    cut: bool = False  # the output ended inside a tool call (a limit or a stop string)
 
 
 class Usage(msgspec.Struct, tag="usage", tag_field="event"):

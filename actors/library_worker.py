@@ -128,9 +128,11 @@ def _stamp(path: str) -> tuple[int, int, int] | None:
 class HeldModel:
     """A library model loaded on this replica: its Worker, requests in flight, expiry."""
 
-    def __init__(self, entry: LibraryModel, worker: Worker, load_s: float) -> None:
+    def __init__(self, entry: LibraryModel, worker: Worker, load_s: float,
+                 stamp: tuple[int, int, int] | None = None) -> None:
         self.entry, self.worker, self.load_s = entry, worker, load_s
-        self.stamp = _stamp(entry.path)  # the file as loaded (a replaced one loads again)
+        # the file as it was when its load began (a replaced one loads again)
+        self.stamp = stamp if stamp is not None else _stamp(entry.path)
         engine = worker.model.engine
         self.weight_bytes = int(engine.weight_bytes)
         self.loaded_at = time.time()
@@ -245,7 +247,7 @@ class LibraryWorkerBase:
         """
         entry = await self._servable(name)
         self._make_room(entry)
-        started = time.perf_counter()
+        started, stamp = time.perf_counter(), _stamp(entry.path)
         try:
             worker = await asyncio.to_thread(self._worker, entry)
         except Exception as exc:  # ModelError and whatever a malformed file raises
@@ -257,7 +259,7 @@ class LibraryWorkerBase:
             self.failed[name] = (entry.digest, reason)
             raise RequestError(reason, status=422, param="model",
                                code="model_not_servable") from None
-        held = HeldModel(entry, worker, time.perf_counter() - started)
+        held = HeldModel(entry, worker, time.perf_counter() - started, stamp)
         self.failed.pop(name, None)
         self.loaded[name] = held
         self.loads[name] = self.loads.get(name, 0) + 1

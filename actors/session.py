@@ -199,7 +199,9 @@ class Choice:
         return events + [Finished(index=self.index, finish_reason=reason,
                                   completion_tokens=self.generated,
                                   message=self.stream.message if self.stream else None,
-                                  stop=self.stops.matched, cut_block=cut)]
+                                  stop=self.stops.matched, cut_block=cut,
+                                  cut=cut_short and self.stream is not None
+                                  and self.stream.in_call)]
 
 
 class Session:
@@ -418,17 +420,17 @@ def counted(request: ChatGenerate, model: Model, spec: FormatSpec,
 
 def _without_oldest(messages: list[dict], k: int) -> list[dict]:
     """The conversation without its k oldest messages other than system messages and the
-    last one; tool results whose call went with them go too (a template reads a result
-    after its call)."""
+    last one, and then without what would open it on anything but a user's message (an
+    answer or a tool result whose question or call went: templates that make roles
+    alternate, Gemma's and Mistral's, refuse a conversation that opens so)."""
     dropped = 0
     out = []
     for i, m in enumerate(messages):
+        opening = not any(o.get("role") != "system" for o in out)
         if i == len(messages) - 1 or m.get("role") == "system":
             out.append(m)
-        elif dropped < k:
+        elif dropped < k or (opening and m.get("role") != "user"):
             dropped += 1
-        elif m.get("role") == "tool" and not any(o.get("role") != "system" for o in out):
-            continue  # a result whose call was dropped
         else:
             out.append(m)
     return out
@@ -444,7 +446,11 @@ def _fitted(request: ChatGenerate, model: Model, limit: int, rendered: tuple) ->
         k = (lo + hi) // 2
         shorter = msgspec.structs.replace(request,
                                           messages=_without_oldest(request.messages, k))
-        text, thinking, tools_enabled = _render(shorter, model)
+        try:
+            text, thinking, tools_enabled = _render(shorter, model)
+        except RequestError:  # a cut the template refuses: cut more
+            lo = k + 1
+            continue
         ids = model.prompt_ids(text)
         if len(ids) < limit:
             best, hi = (shorter, text, thinking, tools_enabled, ids), k - 1

@@ -266,7 +266,7 @@ def make_constraint(
             return None
         engine = _made(engine)
         token = engine.token_id(spec.tool_start)
-        if token is not None:
+        if token is not None and len(spec.tool_openers) <= 1:
             return TokenBanConstraint(token, engine.vocab_size)
         if spec.kind is FormatKind.HARMONY:  # its calls are named in headers it writes
             return None
@@ -287,7 +287,7 @@ def make_constraint(
     try:
         compiled = engine.compile(tag, param=param)
     except ConstraintError:
-        loose = _loosened(request, engine, request_id)
+        loose = _loosened(spec, request, engine, request_id)
         if loose is None:  # the response format's schema: the request asked for it
             raise
         request = loose
@@ -307,7 +307,7 @@ def make_constraint(
     )
 
 
-def _loosened(request: ConstraintRequest, engine: Grammars,
+def _loosened(spec: FormatSpec, request: ConstraintRequest, engine: Grammars,
               request_id: str) -> ConstraintRequest | None:
     """The request with each tool whose argument schema does not compile (a keyword or a
     pattern the grammar compiler does not take) taking any JSON object for its arguments,
@@ -318,7 +318,7 @@ def _loosened(request: ConstraintRequest, engine: Grammars,
     for t in request.tools:
         i = declared.index(t.name) if t.name in declared else 0
         try:
-            engine.compile(tool_schema_tag(t.parameters))
+            engine.compile(tool_schema_tag(spec, t.parameters))
         except ConstraintError as exc:
             fault = schema_fault(t.parameters, "parameters")
             if fault:  # no schema at all: the client's mistake, said as such

@@ -143,15 +143,32 @@ def _tool_tags(spec: FormatSpec, tools: tuple[ToolSpec, ...], once: bool) -> lis
 
 # keywords whose values are data, not schemas: a "$ref" key inside them is not a reference
 _DATA_KEYWORDS = ("const", "enum", "default", "examples", "example")
+# keywords whose values map names (any, "default" included) to schemas
+_NAMED_SCHEMAS = ("properties", "$defs", "definitions", "patternProperties",
+                  "dependentSchemas")
+
+
+def _schemas_in(node: dict) -> list[Any]:
+    """The values of a schema object that are (or hold) schemas: not its data keywords,
+    and every schema of a name map whatever its names."""
+    out: list[Any] = []
+    for key, value in node.items():
+        if key in _NAMED_SCHEMAS and isinstance(value, dict):
+            out += value.values()
+        elif key not in _DATA_KEYWORDS:
+            out.append(value)
+    return out
+
+
+def _is_pointer(ref: Any) -> bool:
+    """A reference into the same document by JSON pointer ("#" or "#/...")."""
+    return isinstance(ref, str) and (ref == "#" or ref.startswith("#/"))
 
 
 def _refers(node: Any) -> bool:
-    """Whether a schema holds a local reference ("$ref": "#...")."""
+    """Whether a schema holds a local reference ("$ref": "#/..." or "#")."""
     if isinstance(node, dict):
-        ref = node.get("$ref")
-        if isinstance(ref, str) and ref.startswith("#"):
-            return True
-        return any(_refers(v) for k, v in node.items() if k not in _DATA_KEYWORDS)
+        return _is_pointer(node.get("$ref")) or any(_refers(v) for v in _schemas_in(node))
     if isinstance(node, list):
         return any(_refers(v) for v in node)
     return False
@@ -163,8 +180,10 @@ def _rebased(node: Any, base: str) -> Any:
     if isinstance(node, dict):
         out = {}
         for key, value in node.items():
-            if key == "$ref" and isinstance(value, str) and value.startswith("#"):
+            if key == "$ref" and _is_pointer(value):
                 out[key] = base + value[1:]
+            elif key in _NAMED_SCHEMAS and isinstance(value, dict):
+                out[key] = {name: _rebased(sub, base) for name, sub in value.items()}
             elif key in _DATA_KEYWORDS:
                 out[key] = value
             else:
@@ -219,9 +238,14 @@ def schema_fault(node: Any, where: str = "") -> str | None:
     return None
 
 
-def tool_schema_tag(parameters: Any) -> Tag:
-    """A structural tag of one tool's argument schema alone (to learn whether it compiles)."""
-    return {"type": "structural_tag", "format": _json(parameters)}
+_STYLES = {FormatKind.QWEN_XML: "qwen_xml", FormatKind.GEMMA4: "gemma"}
+
+
+def tool_schema_tag(spec: FormatSpec, parameters: Any) -> Tag:
+    """A structural tag of one tool's argument schema alone, as `spec`'s format writes its
+    arguments (to learn whether it compiles there)."""
+    return {"type": "structural_tag", "format": _json(
+        parameters, style=_STYLES.get(spec.kind, "json"), excludes=markers(spec))}
 
 
 def _harmony(spec: FormatSpec, request: ConstraintRequest) -> Tag | None:
@@ -286,7 +310,7 @@ def _has_lengths(node: Any) -> bool:
     if isinstance(node, dict):
         if "minLength" in node or "maxLength" in node:
             return True
-        return any(_has_lengths(v) for k, v in node.items() if k not in _DATA_KEYWORDS)
+        return any(_has_lengths(v) for v in _schemas_in(node))
     if isinstance(node, list):
         return any(_has_lengths(v) for v in node)
     return False
@@ -319,9 +343,11 @@ def _bound(node: Any) -> None:
     types = node.get("type")
     if isinstance(types, str):
         types = node["type"] = TYPE_ALIASES.get(types, types)
-    elif isinstance(types, list):
-        types = node["type"] = [TYPE_ALIASES.get(t, t) for t in types]
-    types = {types} if isinstance(types, str) else set(types or ())
+    elif isinstance(types, list):  # (a type that is no string: the compiler says so)
+        types = node["type"] = [TYPE_ALIASES.get(t, t) if isinstance(t, str) else t
+                                for t in types]
+    types = {types} if isinstance(types, str) else {t for t in types if isinstance(t, str)} \
+        if isinstance(types, list) else set()
     # xgrammar compiles in strict mode: an array without `items` would allow only [], and
     # an object without properties only {}. JSON Schema means "anything" there.
     if "array" in types and "items" not in node and "prefixItems" not in node:
@@ -334,10 +360,11 @@ def _bound(node: Any) -> None:
         # minimum past 16 digits keeps its numbers' length: the schema asked for them)
         low, high = _limit(node, "minimum", "exclusiveMinimum"), _limit(node, "maximum",
                                                                           "exclusiveMaximum")
-        if low is None and (high is None or high > -INT_BOUND):
-            node["minimum"] = -INT_BOUND
-        if high is None and (low is None or low < INT_BOUND):
-            node["maximum"] = INT_BOUND
+        if low is None:  # 16 digits, or as many as a bound past them on the other side has
+            node["minimum"] = -INT_BOUND if high is None or high > -INT_BOUND \
+                else high - INT_BOUND
+        if high is None:
+            node["maximum"] = INT_BOUND if low is None or low < INT_BOUND else low + INT_BOUND
     for key, value in node.items():
         if key in ("properties", "$defs", "definitions", "patternProperties"):
             if isinstance(value, dict):

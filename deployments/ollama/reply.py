@@ -97,6 +97,7 @@ class OllamaReply:
         self.error: str | None = None
         self.load_s = 0.0  # the model's load, when this request waited for it
         self.cut_block = ""  # a tool block cut before its call was named: text
+        self.cut = False  # the output ended inside a call (a limit or a stop string)
 
     def _object(self, content: str, thinking: str = "", calls: list | None = None,
                 logprobs: list | None = None, done: bool = False) -> dict:
@@ -153,9 +154,10 @@ class OllamaReply:
                     self.first_at = time.perf_counter()
                 self.choice.finish_reason = ev.finish_reason
                 self.choice.final = ev.message
+                self.cut = ev.cut or ev.finish_reason == "length"
                 if ev.index == 0 and self.endpoint == "chat" and ev.message is not None:
                     calls, text = _tool_calls(self.choice.chat_message().get("tool_calls", []),
-                                              ev.finish_reason == "length")
+                                              self.cut)
                     self.cut_block = ev.cut_block
                     text += ev.cut_block
                     if calls or text:  # Ollama sends a call whole, once it is complete
@@ -192,8 +194,7 @@ class OllamaReply:
     def final(self) -> dict:
         """The whole answer as one object (`"stream": false`)."""
         msg = self.choice.chat_message()
-        calls, text = _tool_calls(msg.get("tool_calls", []),
-                                  self.choice.finish_reason == "length")
+        calls, text = _tool_calls(msg.get("tool_calls", []), self.cut)
         logprobs = _logprobs(self.choice.logprobs) if self.choice.logprobs else None
         return self._object((msg.get("content") or "") + text + self.cut_block,
                             msg.get("reasoning_content") or "", calls, logprobs, done=True)

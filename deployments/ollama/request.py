@@ -165,6 +165,17 @@ def variant_request(req: CreateIn) -> Variant:
     if options.num_ctx is not None and options.num_ctx < 1:
         raise ApiError(400, f"'parameters.num_ctx' is {params['num_ctx']}; it must be at "
                             "least 1.", param="parameters.num_ctx")
+    for key in ("num_predict", "top_k", "num_ctx"):  # read into integers, as Ollama does
+        if isinstance(params.get(key), float):
+            params[key] = int(params[key])
+    # a variant's parameters are every API's requests' defaults: what one of them would
+    # refuse is refused here, once, not at each request
+    probe = with_defaults({"model": "m", "messages": [{"role": "user", "content": "x"}]},
+                          None, params)
+    try:
+        convert_request(probe, ChatRequest)
+    except ApiError as err:
+        raise ApiError(400, f"parameters: {err.message}", param="parameters") from None
     return Variant(source=source,
                    system=req.system if req.system is not None else mf.get("system"),
                    template=req.template if req.template is not None else mf.get("template"),
@@ -246,9 +257,9 @@ def _sampling(req: _Common) -> dict[str, Any]:
     out: dict[str, Any] = {
         "temperature": None if o.temperature is None else max(o.temperature, 0.0),
         "top_p": _clamped(o.top_p, 1e-9, 1.0), "min_p": _clamped(o.min_p, 0.0, 1.0),
-        "seed": o.seed, "top_k": None if top_k is None or top_k < 0 else top_k,
+        "seed": o.seed, "top_k": None if top_k is None else max(top_k, 0),
         "stop": [o.stop] if isinstance(o.stop, str) else o.stop,
-        "repetition_penalty": None if repeat is None or repeat <= 0 else repeat,
+        "repetition_penalty": None if repeat is None else repeat if repeat > 0 else 1.0,
         "presence_penalty": o.presence_penalty, "frequency_penalty": o.frequency_penalty,
         # -1 (no limit) and -2 (until the context is full) both run to the context's end
         "max_tokens": None if num_predict is None or num_predict < 0 else num_predict}

@@ -17,8 +17,14 @@ from deployments.openai.reply import ChatReply, ChoiceFold
 LEGACY_FIELDS = ("functions", "function_call")
 
 
+def asks_legacy(raw: Any) -> bool:
+    """Whether a chat request asks for legacy function calling (and its answer's shape)."""
+    return isinstance(raw, dict) and any(raw.get(k) is not None for k in LEGACY_FIELDS)
+
+
 def is_legacy(raw: Any) -> bool:
-    """Whether a chat request uses the legacy function fields or role."""
+    """Whether a chat request uses the legacy function fields or role (in its history
+    alone, with today's tools, it gets today's answer)."""
     if not isinstance(raw, dict):
         return False
     if any(raw.get(k) is not None for k in LEGACY_FIELDS):
@@ -49,6 +55,9 @@ def as_tools(raw: dict) -> dict:
         out["parallel_tool_calls"] = False  # the legacy answer holds one call
     choice = raw.get("function_call")
     if choice is not None:
+        if raw.get("tool_choice") is not None:
+            raise ApiError(400, "Send 'function_call' or 'tool_choice', not both.",
+                           param="function_call")
         if isinstance(choice, dict):
             out["tool_choice"] = {"type": "function", "function": choice}
         elif choice in ("auto", "none"):

@@ -24,7 +24,7 @@ from deployments.body import decode_json, decode_raw, param_from
 from deployments.errors import ApiError
 from deployments.exchange import Call
 from deployments.ingress import Ingress
-from deployments.openai.legacy import LegacyChatReply, as_tools, is_legacy
+from deployments.openai.legacy import LegacyChatReply, as_tools, asks_legacy, is_legacy
 from deployments.openai.reply import ChatReply, CompletionBatchReply, CompletionReply
 from deployments.openai.schemas import ChatRequest, CompletionRequest
 from deployments.prefill import continuation
@@ -114,7 +114,7 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
         return None
     out = {}
     for key, value in bias.items():
-        if not key.strip().isdigit():
+        if not (key.strip().isascii() and key.strip().isdecimal()):
             raise ApiError(400, f"'logit_bias' maps token ids to biases; {key!r} is not a "
                                 "token id.", param="logit_bias")
         out[int(key)] = value
@@ -295,9 +295,9 @@ def chat_call(body: bytes, ingress: Ingress) -> Call:
     if _LEGACY.search(body):
         raw = decode_raw(body)
         if is_legacy(raw):
+            reply = LegacyChatReply if asks_legacy(raw) else ChatReply
             raw = as_tools(raw)
-            return _call(convert_request(raw, ChatRequest), raw, ingress, LegacyChatReply,
-                         "chatcmpl-")
+            return _call(convert_request(raw, ChatRequest), raw, ingress, reply, "chatcmpl-")
     req, raw = decode_request(body, ChatRequest)
     _check_tool_results(req)
     return _call(req, raw, ingress, ChatReply, "chatcmpl-")

@@ -139,8 +139,9 @@ class ResponseBuilder:
         out: list[dict] = []
         for ev in batch:
             if isinstance(ev, Deltas):
-                if ev.logprobs:
-                    self.pending += _logprobs(ev.logprobs)
+                fields = {d.field for d in ev.deltas if d.text or d.name}
+                if ev.logprobs and fields <= {"content"}:  # (events joined across a change
+                    self.pending += _logprobs(ev.logprobs)  # of field: whose is whose unknown)
                 for d in ev.deltas:
                     if d.text or d.name:
                         out += self._delta(d.field, d.text, d.id, d.name)
@@ -148,7 +149,7 @@ class ResponseBuilder:
                     self.pending = []  # tokens of reasoning or a call: not output text
             elif isinstance(ev, Finished):  # the item being written when the limit hit
                 self.finish_reason = ev.finish_reason  # was cut: an agent must not run it
-                out += self._close("incomplete" if ev.finish_reason == "length"
+                out += self._close("incomplete" if ev.finish_reason == "length" or ev.cut
                                    else "completed")
             elif isinstance(ev, Usage):
                 self.usage = ev

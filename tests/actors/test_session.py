@@ -101,9 +101,11 @@ def test_ollamas_long_conversation_drops_its_oldest_messages_to_fit(model, spec)
     assert len(session.prompt_ids) < limit and 2 < len(kept) < len(turns)
     assert kept[0] == turns[0] and kept[-1] == turns[-1]
     assert kept[1:] == turns[len(turns) - len(kept) + 1:]  # the newest, in order
-    assert kept[1]["role"] != "tool"
-    more = ChatGenerate(request_id="t2", messages=[turns[0]] + turns[-len(kept) - 0:],
-                        context_limit=limit)  # one message more than kept: over the limit
+    assert kept[1]["role"] == "user"  # whole turns: no answer or result opens it
+    first = len(turns) - len(kept) + 1
+    before = max(i for i in range(1, first) if turns[i]["role"] == "user")
+    more = ChatGenerate(request_id="t2", messages=[turns[0]] + turns[before:],
+                        context_limit=limit)  # one turn more than kept: over the limit
     with pytest.raises(RequestError):
         _session(model, spec, more)
     alone = [turns[0], {"role": "user", "content": "word " * 400}]

@@ -422,7 +422,7 @@ def test_a_stop_string_inside_a_call_cuts_it_as_a_limit_does(worker, stop: str,
     events = asyncio.run(_events(worker, max_tokens=40, seed=1, stop=[stop], body={
         "tools": [SAY_TOOL], "tool_choice": "required"}))
     fin = [e for e in events if isinstance(e, Finished)][0]
-    assert (fin.finish_reason, fin.stop) == ("stop", stop)
+    assert (fin.finish_reason, fin.stop, fin.cut) == ("stop", stop, True)
     assert fin.message.content == ""
     assert [c.name for c in fin.message.tool_calls] == (["say"] if named else [])
     deltas = [d for e in events if isinstance(e, Deltas) for d in e.deltas]

@@ -251,8 +251,22 @@ def test_a_tool_schema_the_compiler_refuses_leaves_its_arguments_free(engine, ki
     assert "'odd' are not constrained" in caplog.text
 
 
+def test_a_reference_under_a_property_named_like_a_keyword_is_rebased(engine) -> None:
+    """A property may be called "default" or "example": its schema is a schema."""
+    tool = {"type": "function", "function": {"name": "pick", "parameters": {
+        "type": "object", "$defs": {"C": {"enum": ["red", "blue"]}},
+        "properties": {"default": {"$ref": "#/$defs/C"}}, "required": ["default"]}}}
+    body = {"tools": [tool], "tool_choice": "required"}
+    ok = calls_text("hermes_json", [("pick", {"default": "red"})])
+    assert _accepts(engine, "hermes_json", body, ok) == (True, "")
+    bad = calls_text("hermes_json", [("pick", {"default": "green"})])
+    assert not _accepts(engine, "hermes_json", body, bad)[0]
+
+
 @pytest.mark.parametrize("parameters,fault", [
     ({"type": "object", "properties": {"a": {"type": "zz"}}}, "type 'zz'"),
+    ({"type": "object", "properties": {"a": {"type": 5}}}, "type 5"),
+    ({"type": "object", "properties": {"a": {"type": [{}]}}}, "type {}"),
     ({"type": "object", "properties": {"a": {"anyOf": {"type": "string"}}}},
      "anyOf is not a list"),
 ])
@@ -297,18 +311,20 @@ def test_string_lengths_are_held_where_strings_exclude_the_formats_markers(engin
         assert not _accepts(engine, kind, body, calls_text(kind, [("say", {"zz": "ab"})]))[0]
 
 
-@pytest.mark.parametrize("bound", [{"minimum": 10**17}, {"exclusiveMinimum": 10**16 - 1},
-                                   {"maximum": -(10**17)}])
-def test_a_schemas_own_bounds_past_16_digits_stand(engine, bound: dict) -> None:
+@pytest.mark.parametrize("bound,value", [({"minimum": 10**17}, 10**17),
+                                         ({"exclusiveMinimum": 10**16 - 1}, 10**16),
+                                         ({"maximum": -(10**17)}, -(10**17))])
+def test_a_schemas_own_bounds_past_16_digits_stand(engine, bound: dict, value: int) -> None:
     """Numbers are held to 16 digits where a schema leaves a side open, never against the
-    schema's own bound on the other side."""
-    value = 10**17 if "minimum" in bound or "exclusiveMinimum" in bound else -(10**17)
+    schema's own bound on the other side (past which the open side is as many digits more:
+    still bounded)."""
     schema = {"type": "object", "properties": {"n": {"type": "integer", **bound}},
               "required": ["n"]}
     body = {"response_format": {"type": "json_schema", "json_schema": {"name": "x",
                                                                         "schema": schema}}}
     assert _accepts(engine, "hermes_json", body, json.dumps({"n": value}))[0]
     assert not _accepts(engine, "hermes_json", body, json.dumps({"n": -value}))[0]
+    assert not _accepts(engine, "hermes_json", body, json.dumps({"n": value * 100}))[0]
 
 
 # -- make_constraint --------------------------------------------------------------------------

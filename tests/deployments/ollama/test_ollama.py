@@ -100,7 +100,8 @@ def test_options_past_openais_ranges_are_read_as_ollama_reads_them() -> None:
         assert (g.stop, g.max_tokens, g.top_k, g.context_limit) == (stops, 6, 5, 300)
     low = _chat(options={"temperature": -1, "top_p": 0, "min_p": 2, "repeat_penalty": 0})
     assert (low.temperature, low.top_p, low.min_p, low.repetition_penalty) == \
-        (0.0, 1e-9, 1.0, None)  # greedy, the likeliest token, the top's ties, no penalty
+        (0.0, 1e-9, 1.0, 1.0)  # greedy, the likeliest token, the top's ties, no penalty
+    assert _chat(options={"top_k": -1}).top_k == 0  # off, as llama.cpp reads it
     assert _chat(options={"top_p": 5}).top_p == 1.0
     assert _chat(options={"num_predict": 0}).max_tokens == 0  # the prompt alone, no reply
 
@@ -202,7 +203,7 @@ def test_load_requests_answer_done() -> None:
 
 # -- answers --------------------------------------------------------------------------------
 def _events(content: list[str], thinking: list[str] = (), calls: list[ToolCall] = (),
-            reason: str = "stop") -> list:
+            reason: str = "stop", cut: bool = False) -> list:
     evs: list = [Deltas(index=0, deltas=[Delta(field="reasoning_content", text=t)])
                  for t in thinking]
     evs += [Deltas(index=0, deltas=[Delta(field="content", text=t)]) for t in content]
@@ -212,7 +213,8 @@ def _events(content: list[str], thinking: list[str] = (), calls: list[ToolCall] 
     msg = ChatMsg(reasoning_content="".join(thinking), content="".join(content),
                   tool_calls=list(calls))
     n = len(evs)
-    return evs + [Finished(index=0, finish_reason=reason, completion_tokens=n, message=msg),
+    return evs + [Finished(index=0, finish_reason=reason, completion_tokens=n, message=msg,
+                           cut=cut),
                   Usage(prompt_tokens=11, completion_tokens=n)]
 
 
@@ -276,18 +278,20 @@ def test_tool_calls_come_whole_with_arguments_as_an_object() -> None:
 
 @pytest.mark.parametrize("arguments", ['{"city": "Os', ""])
 @pytest.mark.parametrize("stream", [False, True])
-def test_a_call_cut_by_the_token_limit_is_text(arguments: str, stream: bool) -> None:
+@pytest.mark.parametrize("reason", ["length", "stop"])  # the token limit, or a stop string
+def test_a_call_cut_by_the_token_limit_is_text(arguments: str, stream: bool,
+                                              reason: str) -> None:
     """Cut with its arguments begun, or before any (the name written): never a call with
     `{}` for arguments an agent would run."""
     done = [ToolCall(name="get", arguments='{"city": "Rome"}', id="call_0")]
     cut = done + [ToolCall(name="get", arguments=arguments, id="call_1")]
     reply = ollama_reply.OllamaReply("m", "chat", started=0.0)
-    lines = reply.add(_events([], calls=cut, reason="length"))
+    lines = reply.add(_events([], calls=cut, reason=reason, cut=True))
     final = _fold_lines(lines) if stream else reply.final()["message"]
     assert [c["function"]["arguments"] for c in final.get("tool_calls", [])] == [
         {"city": "Rome"}]  # the whole call before it stays a call
     assert final["content"] == '{"name": "get", "arguments": ' + arguments
-    assert lines[-1]["done_reason"] == "length"
+    assert lines[-1]["done_reason"] == reason
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -376,6 +380,8 @@ def test_model_listings() -> None:
     ({"model": "v", "from": "m", "parameters": {"mirostat": 1}}, "parameters.mirostat"),
     ({"model": "v", "from": "m", "parameters": {"temperature": "hot"}}, "parameters"),
     ({"model": "v", "from": "m", "parameters": {"num_ctx": 0}}, "parameters.num_ctx"),
+    # every API's requests take a variant's parameters: what they would refuse, create does
+    ({"model": "v", "from": "m", "parameters": {"temperature": 3}}, "parameters"),
     ({"model": "v", "modelfile": "FROM m\nADAPTER ./lora.gguf"}, "modelfile"),
     ({"model": "v", "modelfile": "FROM m\nSYSTEM \"\"\"never closed"}, "modelfile"),
     ({"model": "v", "modelfile": "FROM m\nWHATEVER x"}, "modelfile"),
@@ -400,6 +406,13 @@ def test_an_open_triple_quote_over_many_lines_is_refused_in_one_pass() -> None:
     assert time.perf_counter() - start < 5.0
     assert parse_modelfile('FROM m\nSYSTEM """a\n\nb"""\nPARAMETER top_k 3') == {
         "from": "m", "system": "a\n\nb", "parameters": {"top_k": 3}}
+
+
+def test_create_reads_numbers_into_integer_parameters() -> None:
+    body = {"model": "v", "from": "m", "parameters": {"top_k": 40.0, "num_predict": 5.0}}
+    v = request.variant_request(request.decode(json.dumps(body).encode(), request.CreateIn))
+    assert v.parameters == {"top_k": 40, "num_predict": 5}
+    assert all(isinstance(x, int) for x in v.parameters.values())
 
 
 def test_create_keeps_the_parameters_it_can_apply() -> None:

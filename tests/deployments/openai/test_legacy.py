@@ -80,6 +80,7 @@ def test_a_streamed_legacy_call_is_function_call_deltas() -> None:
 @pytest.mark.parametrize("extra,param", [
     ({"tools": [{"type": "function", "function": WEATHER}]}, "functions"),
     ({"function_call": "always"}, "function_call"),
+    ({"function_call": "auto", "tool_choice": "auto"}, "function_call"),
 ])
 def test_what_legacy_calling_cannot_be_is_a_400_naming_it(extra: dict, param: str) -> None:
     worker = FakeWorker()
@@ -89,6 +90,24 @@ def test_what_legacy_calling_cannot_be_is_a_400_naming_it(extra: dict, param: st
         "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 400 and r.json()["error"]["param"] == param
     assert worker.requests == []
+
+
+def test_a_legacy_history_with_todays_tools_gets_todays_answer() -> None:
+    """Function results in the history, tools in the request: the history is read, the
+    answer is tool_calls (every call, not the first alone)."""
+    worker = FakeWorker(_call_reply())
+    client, _ = _client(worker)
+    r = client.post("/v1/chat/completions", json={
+        "model": "m", "tools": [{"type": "function", "function": WEATHER}], "messages": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": None,
+             "function_call": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+            {"role": "function", "name": "get_weather", "content": "sunny"},
+            {"role": "user", "content": "And Oslo?"}]})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and "function_call" not in choice["message"]
+    assert worker.requests[0].messages[2]["role"] == "tool"
 
 
 def test_a_body_that_only_mentions_functions_is_an_ordinary_request() -> None:
