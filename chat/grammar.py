@@ -30,11 +30,7 @@ from chat.spec import (
 )
 
 MAX_DIGITS = 16
-# whitespace a JSON document may hold between two of its tokens: a newline and the indent of
-# a few levels (models pretty-print; at 4, "\n" and 4 spaces was already too much, and a
-# model held to 3 at the second level wandered off its own output), bounded so a
-# constrained model cannot pad forever
-MAX_WHITESPACE = 32
+MAX_WHITESPACE = 4
 INT_BOUND = 10**MAX_DIGITS - 1
 _AFTER_REASONING = {"type": "regex", "pattern": "[ \\n]{0,4}"}
 _WS = {"type": "regex", "pattern": "[ \\n]{0,2}"}
