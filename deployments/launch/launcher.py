@@ -22,6 +22,7 @@ to `serve run`) it adds:
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import shutil
@@ -37,7 +38,7 @@ from pathlib import Path
 import yaml
 
 from deployments.launch import console_filter
-from deployments.launch.console import APP_IMPORT, StartWatch
+from deployments.launch.console import StartWatch
 from deployments.launch.loopback import LOOPBACK_ENV
 from deployments.launch.processes import RUN_ID_VAR, RunProcesses
 from deployments.launch.serve_env import serve_environ
@@ -75,23 +76,31 @@ def api_address(config_path: Path) -> tuple[str, int]:
 
 
 def _app_fault(config_path: Path) -> str | None:
-    """What is wrong with the `args:` of the config's flm-serve apps (deployments.app's
-    check_args), or None. Imported once Ray runs: the app's modules import Serve's."""
+    """What is wrong with the `args:` of the config's apps, as the module of each app's
+    `import_path` checks them (its `check_args`, where it has one: deployments.app's), or
+    None. The module is found by the config's path, as `serve run` finds it (the launcher
+    imports no app code itself), once Ray runs: the app's modules import Serve's."""
     import msgspec
-
-    from deployments.app import check_args
 
     config = yaml.safe_load(config_path.read_text()) or {}
     for app in config.get("applications") or []:
-        if not isinstance(app, dict) or app.get("import_path") != APP_IMPORT:
+        path = app.get("import_path") if isinstance(app, dict) else None
+        if not isinstance(path, str) or ":" not in path:
             continue
         try:
-            cfg = check_args(app.get("args"))
+            check = getattr(importlib.import_module(path.split(":")[0]), "check_args", None)
+        except ImportError:
+            continue  # Serve says so, as it would
+        if check is None:
+            continue
+        try:
+            cfg = check(app.get("args"))
         except msgspec.ValidationError as exc:
             return f"{config_path}: application {app.get('name', '?')!r}: {exc}"
-        if cfg.models_dir is not None and not Path(cfg.models_dir).expanduser().is_dir():
+        folder = getattr(cfg, "models_dir", None)
+        if folder is not None and not Path(folder).expanduser().is_dir():
             return (f"{config_path}: application {app.get('name', '?')!r}: models_dir "
-                    f"{cfg.models_dir} is not a directory")
+                    f"{folder} is not a directory")
     return None
 
 
