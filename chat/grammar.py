@@ -139,9 +139,12 @@ def _tool_tags(spec: FormatSpec, tools: tuple[ToolSpec, ...], once: bool) -> lis
 
 # keywords whose values are data, not schemas: a "$ref" key inside them is not a reference
 _DATA_KEYWORDS = ("const", "enum", "default", "examples", "example")
-# keywords whose values map names (any, "default" included) to schemas
+# keywords whose values map names (any, "default" included) to schemas, list schemas, or
+# are one schema
 _NAMED_SCHEMAS = ("properties", "$defs", "definitions", "patternProperties",
                   "dependentSchemas")
+_LISTED_SCHEMAS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_ONE_SCHEMA = ("items", "additionalProperties", "not", "contains")
 
 
 def _schemas_in(node: dict) -> list[Any]:
@@ -205,32 +208,21 @@ def schema_fault(node: Any, where: str = "") -> str | None:
     for t in types if isinstance(types, list) else [types] if types is not None else []:
         if not isinstance(t, str) or TYPE_ALIASES.get(t, t) not in JSON_TYPES:
             return f"{where or 'the schema'} has type {t!r}, which JSON Schema does not have"
-    for key in ("properties", "$defs", "definitions", "patternProperties"):
-        value = node.get(key)
-        if value is None:
-            continue
-        if not isinstance(value, dict):
-            return f"{where}.{key} is not an object"
-        for name, sub in value.items():
-            fault = schema_fault(sub, f"{where}.{key}.{name}")
-            if fault:
-                return fault
-    for key in ("items", "additionalProperties", "not", "contains"):
-        value = node.get(key)
-        if isinstance(value, (dict, bool)):
-            fault = schema_fault(value, f"{where}.{key}")
-            if fault:
-                return fault
-    for key in ("anyOf", "oneOf", "allOf", "prefixItems"):
-        value = node.get(key)
-        if value is None:
-            continue
-        if not isinstance(value, list):
-            return f"{where}.{key} is not a list"
-        for i, sub in enumerate(value):
-            fault = schema_fault(sub, f"{where}.{key}[{i}]")
-            if fault:
-                return fault
+    subs: list[tuple[Any, str]] = []  # (a sub-schema, where it is)
+    for key, value in node.items():
+        if key in _NAMED_SCHEMAS or key in _LISTED_SCHEMAS:
+            if not isinstance(value, dict if key in _NAMED_SCHEMAS else list):
+                return f"{where}.{key} is not " + ("an object" if key in _NAMED_SCHEMAS
+                                                   else "a list")
+            pairs = value.items() if isinstance(value, dict) else enumerate(value)
+            fmt = "{}.{}.{}" if isinstance(value, dict) else "{}.{}[{}]"
+            subs += [(sub, fmt.format(where, key, name)) for name, sub in pairs]
+        elif key in _ONE_SCHEMA and isinstance(value, (dict, bool)):
+            subs.append((value, f"{where}.{key}"))
+    for sub, at in subs:
+        fault = schema_fault(sub, at)
+        if fault:
+            return fault
     return None
 
 
