@@ -4,7 +4,10 @@ The tag is: an optional reasoning block (only when reasoning is allowed or force
 so a prefill that already opened it is accepted), then the body: tool calls in the format's
 own syntax (xgrammar's JSON, qwen_xml and gemma styles; our own EBNF for LFM2's Python
 calls), or the `response_format` document. Numbers are bounded to 16 digits and runs of
-whitespace to a few characters, so a constrained model cannot pad forever.
+whitespace, so a constrained model cannot pad forever: a call's arguments to a few
+characters (every template renders a model's past calls compact, `tojson` on one line, so
+that is how models write them), a document to a newline and four levels of a 4-space
+indent (models pretty-print the documents they are asked for).
 Pure data: xgrammar is only imported where tags are compiled (`chat.engine`).
 """
 
@@ -30,7 +33,8 @@ from chat.spec import (
 )
 
 MAX_DIGITS = 16
-MAX_WHITESPACE = 4
+MAX_WHITESPACE = 4  # in a call's arguments
+MAX_DOCUMENT_WHITESPACE = 20  # in a response_format document
 INT_BOUND = 10**MAX_DIGITS - 1
 _AFTER_REASONING = {"type": "regex", "pattern": "[ \\n]{0,4}"}
 _WS = {"type": "regex", "pattern": "[ \\n]{0,2}"}
@@ -69,7 +73,7 @@ def _document(spec: FormatSpec, request: ConstraintRequest) -> Tag | None:
     if request.response_format == "text":
         return None
     schema = request.json_schema if request.json_schema is not None else {"type": "object"}
-    return _json(schema, excludes=markers(spec))
+    return _json(schema, excludes=markers(spec), whitespace=MAX_DOCUMENT_WHITESPACE)
 
 
 def _body(spec: FormatSpec, request: ConstraintRequest) -> Tag | None:
@@ -280,11 +284,12 @@ def _harmony(spec: FormatSpec, request: ConstraintRequest) -> Tag | None:
 
 
 # -- JSON schemas -------------------------------------------------------------------------
-def _json(schema: Any, *, style: str = "json", excludes: tuple[str, ...] = ()) -> Tag:
+def _json(schema: Any, *, style: str = "json", excludes: tuple[str, ...] = (),
+          whitespace: int = MAX_WHITESPACE) -> Tag:
     """A JSON-schema format. `excludes`: the format's markers, which no string may contain
-    (the parser would read them as markup)."""
+    (the parser would read them as markup); `whitespace`: the longest run of it."""
     tag: Tag = {"type": "json_schema", "json_schema": bounded_schema(schema), "style": style,
-                "max_whitespace_cnt": MAX_WHITESPACE}
+                "max_whitespace_cnt": whitespace}
     # xgrammar (0.2.9) drops a string's minLength / maxLength where strings exclude the
     # markers: the schema's lengths are kept then (a marker inside a string is the model's
     # choice against its own format; a length the request asked for is not)

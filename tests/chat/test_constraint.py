@@ -19,6 +19,7 @@ from chat import (
     structural_tag,
 )
 from chat.decode import GrammarConstraint, TokenBanConstraint, mask_words, needs_grammar
+from chat.grammar import MAX_WHITESPACE
 from tests.chat.render import calls_text, final_text, reasoning_text
 from tests.chat.vocab import small_vocab
 
@@ -157,8 +158,23 @@ def test_unbounded_numbers_and_whitespace_are_rejected(engine) -> None:
     long = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "x", "days": ' + \
         "1" * 17 + "}}\n</tool_call>"
     assert not _accepts(engine, "hermes_json", _tools("required"), long)[0]
-    padded = '<tool_call>\n{"name":      "get_weather", "arguments": {"city": "x"}}\n</tool_call>'
+    padded = '<tool_call>\n{"name":' + " " * (MAX_WHITESPACE + 1) + \
+        '"get_weather", "arguments": {"city": "x"}}\n</tool_call>'
     assert not _accepts(engine, "hermes_json", _tools("required"), padded)[0]
+
+
+@pytest.mark.parametrize("indent", [2, 4])
+def test_a_pretty_printed_document_is_accepted(engine, indent: int) -> None:
+    """A model that pretty-prints the document it is asked for (a newline and the indent of
+    the depth, four levels deep at four spaces) is not cut off inside it; a call's arguments
+    keep the tight bound (templates show a model its past calls on one line)."""
+    doc = json.dumps({"a": {"b": [{"c": 1}]}}, indent=indent)
+    body = {"response_format": {"type": "json_object"}}
+    assert _accepts(engine, "hermes_json", body, doc)[0]
+    assert not _accepts(engine, "hermes_json", body, doc.replace("\n", "\n" + " " * 17))[0]
+    call = json.dumps({"name": "get_weather", "arguments": {"city": "x"}}, indent=4)
+    text = "<tool_call>\n" + call + "\n</tool_call>"
+    assert not _accepts(engine, "hermes_json", _tools("required"), text)[0]
 
 
 # -- response_format ------------------------------------------------------------------------
