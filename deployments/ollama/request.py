@@ -39,7 +39,7 @@ class Options(msgspec.Struct, kw_only=True):
     top_p: float | None = None
     top_k: float | None = None
     min_p: float | None = None
-    seed: int | None = None
+    seed: float | None = None
     stop: str | list[str] | None = None
     repeat_penalty: float | None = None
     presence_penalty: float | None = None
@@ -165,7 +165,7 @@ def variant_request(req: CreateIn) -> Variant:
     if options.num_ctx is not None and options.num_ctx < 1:
         raise ApiError(400, f"'parameters.num_ctx' is {params['num_ctx']}; it must be at "
                             "least 1.", param="parameters.num_ctx")
-    for key in ("num_predict", "top_k", "num_ctx"):  # read into integers, as Ollama does
+    for key in ("num_predict", "top_k", "num_ctx", "seed"):  # into integers, as Ollama does
         if isinstance(params.get(key), float):
             params[key] = int(params[key])
     # a variant's parameters are every API's requests' defaults: what one of them would
@@ -257,7 +257,7 @@ def _sampling(req: _Common) -> dict[str, Any]:
     out: dict[str, Any] = {
         "temperature": None if o.temperature is None else max(o.temperature, 0.0),
         "top_p": _clamped(o.top_p, 1e-9, 1.0), "min_p": _clamped(o.min_p, 0.0, 1.0),
-        "seed": o.seed, "top_k": None if top_k is None else max(top_k, 0),
+        "seed": _whole(o.seed), "top_k": None if top_k is None else max(top_k, 0),
         "stop": [o.stop] if isinstance(o.stop, str) else o.stop,
         "repetition_penalty": None if repeat is None else repeat if repeat > 0 else 1.0,
         "presence_penalty": o.presence_penalty, "frequency_penalty": o.frequency_penalty,

@@ -41,6 +41,14 @@ def test_options_become_the_sampling_fields() -> None:
     assert not _generate(options={"num_ctx": 512}).drop_history  # one prompt: refused
 
 
+@pytest.mark.parametrize("seed", [42.0, 42.9])
+def test_a_seed_number_is_read_into_an_integer(seed: float) -> None:
+    """As Ollama reads a JSON number into its integer options (JavaScript clients send
+    42.0 as 42, others write 42.0): the same seed, not a 400."""
+    assert _chat(options={"seed": seed}).seed == 42
+    assert _generate(options={"seed": seed}).seed == 42
+
+
 @pytest.mark.parametrize("n", [-1, -2])
 def test_num_predict_below_zero_is_no_limit(n: int) -> None:
     assert _chat(options={"num_predict": n}).max_tokens is None
