@@ -91,13 +91,21 @@ def _text(content: Any, where: str, sep: str = "") -> str:
 def input_messages(items: str | list[dict], history: list[dict]) -> list[dict]:
     """The chat messages of `history` (a stored conversation) followed by `items`."""
     messages = [dict(m) for m in history]
-    if isinstance(items, str):
-        return messages + [{"role": "user", "content": items}]
     names = {c["id"]: c["function"]["name"] for m in messages for c in m.get("tool_calls", [])}
+    answered = {m.get("tool_call_id") for m in messages if m["role"] == "tool"}
+    waiting = [i for i in names if i not in answered]  # the calls with no output yet
+    if isinstance(items, str):
+        items = [{"role": "user", "content": items}]
     reasoning = ""
     for i, item in enumerate(items):
         where = f"input[{i}]"
         kind = item.get("type", "message")
+        if kind == "message" and waiting and item.get("role") != "assistant":
+            # as OpenAI: each call's output comes before the next user (or system) message;
+            # the model's own text between its calls (preambles) is no answer it waits for
+            raise ApiError(400, f"No tool output found for function call {waiting[0]}: "
+                                f"'{where}' is a message, and a function_call_output for each "
+                                "earlier call comes first.", param="input")
         if kind == "message":
             role = item.get("role")
             if role not in ("user", "system", "developer", "assistant"):
@@ -121,6 +129,7 @@ def input_messages(items: str | list[dict], history: list[dict]) -> list[dict]:
             call = {"id": item["call_id"], "type": "function",
                     "function": {"name": item["name"], "arguments": item["arguments"]}}
             names[item["call_id"]] = item["name"]
+            waiting.append(item["call_id"])
             last = messages[-1] if messages else None
             if last is None or last["role"] != "assistant":  # else: the same turn's calls
                 last = {"role": "assistant", "content": ""}
@@ -136,6 +145,7 @@ def input_messages(items: str | list[dict], history: list[dict]) -> list[dict]:
             if call_id not in names:
                 raise ApiError(400, f"'{where}.call_id' is {call_id!r}, which no function_call "
                                     "in the conversation has.", param=f"{where}.call_id")
+            waiting = [w for w in waiting if w != call_id]
             output = item.get("output")
             messages.append({"role": "tool", "tool_call_id": call_id, "name": names[call_id],
                              "content": output if isinstance(output, str)

@@ -96,6 +96,29 @@ def test_a_stored_conversation_comes_first() -> None:
     assert conversation[:2] == history and conversation[2]["name"] == "light"
 
 
+def test_a_message_after_a_call_with_no_output_is_refused() -> None:
+    """As OpenAI: a stored response's call (or an input's) is answered before the next
+    message; a user message in its place is a 400 naming the call."""
+    history = [{"role": "user", "content": "Lights?"},
+               {"role": "assistant", "content": "", "tool_calls": [
+                   {"id": "c1", "type": "function",
+                    "function": {"name": "light", "arguments": "{}"}}]}]
+    req = request.decode(json.dumps({"model": "m", "input": "And now?"}).encode())
+    with pytest.raises(ApiError) as err:
+        request.chat_request(req, history)
+    assert err.value.status == 400 and "c1" in err.value.message
+    assert err.value.param == "input"
+    calls = [{"type": "function_call", "call_id": c, "name": "light", "arguments": "{}"}
+             for c in ("c2", "c3")]
+    with pytest.raises(ApiError):
+        _request(input=[*calls, {"type": "function_call_output", "call_id": "c2",
+                                 "output": "on"}, {"role": "user", "content": "?"}])
+    answered = _request(input=[*calls, *({"type": "function_call_output", "call_id": c,
+                                          "output": "on"} for c in ("c3", "c2")),
+                               {"role": "user", "content": "?"}])[0]
+    assert [m["role"] for m in answered.messages] == ["assistant", "tool", "tool", "user"]
+
+
 @pytest.mark.parametrize("body,param", [
     ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]},
      "input[0].content[0].type"),
