@@ -55,6 +55,7 @@ class LibraryFront:
         self.library = Library(settings["models_dir"]) if library is not None else None
         self.allow_delete = bool(settings.get("allow_delete"))
         self._library_streams: dict[str, Any] = {}
+        self._hidden_logged: set[str] = set()  # folder models a configured one hides
 
     def resolve(self, name: str) -> str | None:
         """The served model `name` means: a configured model by its exact name, else the
@@ -88,12 +89,19 @@ class LibraryFront:
         entry = self.library.get(key) if self.library is not None else None
         return (entry.alias_of or entry.name) if entry is not None else key
 
-    def edit_library(self, edit: Callable[[Any], Any]) -> Any:
+    def edit_library(self, edit: Callable[[Any], Any], names: dict[str, str]) -> Any:
         """`edit(library)` (an alias made or removed, a file deleted), its RequestError an
-        ApiError; a 400 when this app has no models_dir."""
+        ApiError; a 400 when this app has no models_dir, or when one of `names` (field:
+        model name) is a configured model's (the edit would act on a folder model of that
+        name, which the configured one hides, or make one that it would hide)."""
         if self.library is None:
             raise ApiError(400, "This server has no models_dir: its models are the ones its "
                                 "config names.")
+        for field, name in names.items():
+            if name in self.streams:
+                raise ApiError(400, f"The model '{name}' is served from this server's config, "
+                                    "not its models folder: the folder's models cannot be "
+                                    "edited under that name.", param=field)
         try:
             return edit(self.library)
         except RequestError as exc:
@@ -109,7 +117,8 @@ class LibraryFront:
         """
         key = self.resolve(name)
         target = self._library_target(key) if key is not None else None
-        self.edit_library(lambda lib: lib.delete(name, allow_files=self.allow_delete))
+        self.edit_library(lambda lib: lib.delete(name, allow_files=self.allow_delete),
+                          {"model": name})
         if target is not None and self.resolve(target) is None and self.library_handle:
             handle = self.library_handle.options(multiplexed_model_id=target)
             await handle.load.remote(0)
@@ -146,6 +155,11 @@ class LibraryFront:
         if self.library is None:
             return {}
         models = await asyncio.to_thread(self.library.models)
+        hidden = sorted(set(models) & set(self.streams) - self._hidden_logged)
+        if hidden:
+            log.warning("the models folder's %s: hidden by the configured model(s) of the "
+                        "same name, which requests reach", ", ".join(hidden))
+            self._hidden_logged.update(hidden)
         return {name: m.info() for name, m in models.items() if name not in self.streams}
 
     async def load(self, name: str, keep_alive_s: float | None) -> dict:

@@ -125,7 +125,8 @@ async def copy(request: Request, ingress: Current) -> Response:
     folder's alias file: it survives a restart)."""
     async def run() -> Response:
         req = decode(await ingress.body(request), CopyIn)
-        ingress.edit_library(lambda lib: lib.copy(req.source, req.destination))
+        ingress.edit_library(lambda lib: lib.copy(req.source, req.destination),
+                             {"source": req.source, "destination": req.destination})
         return Response(status_code=200)
 
     return await ingress.respond(run, ollama_error_response)
@@ -142,7 +143,8 @@ async def create(request: Request, ingress: Current) -> Response:
         v = variant_request(req)
         ingress.edit_library(lambda lib: lib.copy(v.source, name, system=v.system,
                                                   parameters=v.parameters,
-                                                  template=v.template))
+                                                  template=v.template),
+                             {"model": name, "from": v.source})
         if req.stream is False:
             return JSONResponse({"status": "success"})
         return Response(reply.ndjson([{"status": "using existing layer"},

@@ -100,6 +100,40 @@ def test_deleting_a_models_files_unloads_it_and_an_alias_leaves_the_model_loaded
     assert unloads == [("base", 0)] and not (tmp_path / "base.gguf").exists()
 
 
+def test_a_configured_models_name_is_not_edited_in_the_folder(tmp_path, caplog) -> None:
+    """A folder model that a configured model of the same name hides: listed once (the
+    configured one, which requests reach), logged once; /api/delete, copy and create under
+    that name are a 400 naming the field, and the folder's file stays."""
+    import pytest
+
+    from actors.library import Library
+    from deployments.errors import ApiError
+    from tests.actors.test_library import write_gguf
+
+    write_gguf(tmp_path / "qwen.gguf", "qwen3")
+    write_gguf(tmp_path / "base.gguf", "qwen3")
+    front = LibraryFront(_Handle([]), {"models_dir": str(tmp_path), "allow_delete": True})
+    front.streams = {"qwen": object()}
+    with caplog.at_level("WARNING"):
+        assert set(asyncio.run(front.library_models())) == {"base"}
+        asyncio.run(front.library_models())
+    assert [r.getMessage() for r in caplog.records if "hidden" in r.getMessage()] == [
+        "the models folder's qwen: hidden by the configured model(s) of the same name, "
+        "which requests reach"]
+    for edit, names, param in [
+            (lambda lib: lib.delete("qwen", allow_files=True), {"model": "qwen"}, "model"),
+            (lambda lib: lib.copy("base", "qwen"),
+             {"source": "base", "destination": "qwen"}, "destination"),
+            (lambda lib: lib.copy("qwen", "mine"),
+             {"source": "qwen", "destination": "mine"}, "source")]:
+        with pytest.raises(ApiError) as err:
+            front.edit_library(edit, names)
+        assert err.value.status == 400 and err.value.param == param
+    with pytest.raises(ApiError):
+        asyncio.run(front.delete("qwen"))
+    assert (tmp_path / "qwen.gguf").exists() and Library(tmp_path).get("mine") is None
+
+
 def test_a_variants_num_ctx_is_its_requests_context_unless_they_set_one(tmp_path) -> None:
     """Modelfile's most common line, PARAMETER num_ctx: the variant's requests, on every
     API, run in that context; a request's own (Ollama's options.num_ctx) wins."""
