@@ -67,13 +67,15 @@ def completion_logprobs(items: list[TokenLogprob] | None, offset: int,
                         prompt: list[TokenLogprob] | None = None) -> dict | None:
     """A completion choice's `logprobs`: its tokens' from `offset` (characters into the
     choice's text), after the echoed `prompt`'s where given (from 0; its first token's are
-    null). None where there are neither."""
+    null). None where there are neither. Each position's `top_logprobs` holds the token
+    itself beside the `logprobs` likeliest (as OpenAI's: "up to logprobs+1 elements")."""
     if items is None and prompt is None:
         return None
     offsets = [*_offsets(prompt or [], 0), *_offsets(items or [], offset)]
     items = [*(prompt or []), *(items or [])]
     return {"tokens": [t.token for t in items], "token_logprobs": [t.logprob for t in items],
-            "top_logprobs": [None if t.logprob is None else {s: v for s, v, _ in t.top}
+            "top_logprobs": [None if t.logprob is None
+                             else {**{s: v for s, v, _ in t.top}, t.token: t.logprob}
                              for t in items],
             "text_offset": offsets}
 

@@ -81,6 +81,20 @@ def test_echoed_logprobs_start_with_the_prompts_the_first_one_null(texts: list[s
     assert folded == lp
 
 
+@pytest.mark.parametrize("top", [[], [("and", -0.5, [97, 110, 100])]])
+def test_a_completions_top_logprobs_hold_the_sampled_token(top: list) -> None:
+    """OpenAI's legacy `logprobs`: "the API will always return the logprob of the sampled
+    token, so there may be up to logprobs+1 elements": a sampled token outside the top
+    (temperature, `logprobs: 0`) is there beside them (lm-eval reads max() of each)."""
+    rel = TokenLogprob(token="rel", logprob=-6.7, bytes=list(b"rel"), top=top)
+    whole = CompletionReply({"id": "cmpl-x", "created": 0, "model": "m"})
+    whole.fold([Deltas(index=0, text="rel", logprobs=[rel]),
+                Finished(index=0, finish_reason="length", completion_tokens=1),
+                Usage(prompt_tokens=1, completion_tokens=1)])
+    lp = json.loads(whole.answer().body)["choices"][0]["logprobs"]
+    assert lp["top_logprobs"] == [{**{t: v for t, v, _ in top}, "rel": -6.7}]
+
+
 def test_a_batch_lists_each_prompts_choices_in_openais_order_and_sums_usage() -> None:
     """Prompt k's choice i is at index k * n + i; the usage adds up the prompts'."""
     parts = []
