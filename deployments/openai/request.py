@@ -63,6 +63,13 @@ def _check(req: OpenAIRequest) -> None:
                        param="stream_options")
     if isinstance(req, ChatRequest):
         _check_chat(req)
+    elif req.best_of is not None and req.best_of != (req.n or 1):
+        # best_of > n (sample more, return the likeliest) is not run here, as vLLM's V1
+        # engine: refused, not ignored (best_of < n is OpenAI's own 400)
+        raise ApiError(400, f"'best_of' is {req.best_of}; this server returns every choice it "
+                            f"samples, so 'best_of' can only equal 'n' ({req.n or 1}): ask for "
+                            "'n' choices (with 'logprobs') and pick among them.",
+                       param="best_of")
 
 
 def _check_chat(req: ChatRequest) -> None:

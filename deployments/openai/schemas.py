@@ -97,4 +97,5 @@ class CompletionRequest(SamplingFields, kw_only=True):
     logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
     echo: bool | None = None
     suffix: str | None = None
+    best_of: Annotated[int, Meta(ge=1)] | None = None  # only as many as `n` (see _check)
     response_format: Any = None  # vLLM's: the whole text a JSON document

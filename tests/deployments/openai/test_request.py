@@ -145,7 +145,18 @@ COMPLETION_CASES: list[tuple[str, Any, str]] = [
     ("response_format.type", "xml", "response_format.type"),
     ("response_format.json_schema", {"name": "x", "schema": "s"},
      "response_format.json_schema.schema"),
+    ("best_of", 3, "best_of"),  # more than n: not run (vLLM's V1 refuses it too), not ignored
+    ("best_of", 0, "best_of"),
 ]
+
+
+def test_best_of_as_many_as_n_is_n() -> None:
+    for body in ({"best_of": 1}, {"best_of": 2, "n": 2}):
+        greq = generate_request(*decode_request(json.dumps({**COMPLETION, **body}).encode(),
+                                                CompletionRequest))
+        assert greq.n == body.get("n", 1)
+    err = _error({**COMPLETION, "best_of": 1, "n": 2}, "completion")
+    assert err.param == "best_of" and "'n' (2)" in err.message
 
 
 def _set(body: dict, path: str, value: Any) -> dict:
