@@ -202,7 +202,9 @@ class OllamaReply:
 
 def _details(info: dict) -> dict:
     params = info.get("parameters") or 0
-    size = f"{params / 1e9:.1f}B" if params >= 1e9 else f"{params / 1e6:.0f}M"
+    size = (f"{params / 1e9:.1f}B" if params >= 1e9 else f"{params / 1e6:.0f}M"
+            if params >= 1e6 else f"{params / 1e3:.0f}K" if params >= 1e3
+            else str(params) if params else "")  # 0: not known (an unreadable file)
     arch = info.get("architecture") or ""
     return {"parent_model": "", "format": info.get("file_format", ""), "family": arch,
             "families": [arch] if arch else None, "parameter_size": size,

@@ -368,6 +368,9 @@ def test_model_listings() -> None:
     tag = ollama_reply.tag("m", info)
     assert tag["name"] == tag["model"] == "m:latest" and tag["size"] == 96_438_528
     assert tag["details"]["parameter_size"] == "134M"
+    for params, size in [(7_615_616_512, "7.6B"), (102_400, "102K"), (640, "640"), (0, "")]:
+        assert ollama_reply.tag("m", {**info, "parameters": params})["details"][
+            "parameter_size"] == size  # a toy model is no "0M"; an unread count none
     assert tag["details"]["quantization_level"] == "Q4_1"
     assert tag["details"]["format"] == "gguf" and tag["modified_at"].startswith("2023-11-14")
     show = ollama_reply.show(info)
