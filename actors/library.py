@@ -281,7 +281,11 @@ def _hf_facts(folder: Path, shards: list[Path]) -> dict[str, Any]:
             n = _product(tuple(entry["shape"]))
             params += n
             dtypes[entry["dtype"]] += n
-    ctx = config.get("max_position_embeddings") or text.get("max_position_embeddings")
+    from npu.load.pooling import encoder_config
+
+    # a RoBERTa classifier's context is its position rows less those it skips (as it loads)
+    ctx = encoder_config(config).get("max_position_embeddings") or \
+        text.get("max_position_embeddings")
     return {"family": str(config.get("model_type") or text.get("model_type") or ""),
             "parameters": params,
             "quantization": dtypes.most_common(1)[0][0] if dtypes else "",

@@ -236,6 +236,16 @@ def test_each_model_says_what_it_serves_before_it_loads(tmp_path: Path) -> None:
         "qwen3-reranker": "rerank", "ms-marco": "rerank", "minilm": "embedding"}
 
 
+def test_a_roberta_rerankers_listed_context_is_the_one_it_loads_with(tmp_path) -> None:
+    """An XLM-RoBERTa classifier's positions start past pad_token_id + 1: its context is
+    max_position_embeddings less those rows (130 -> 128), listed as it is served."""
+    write_hf(tmp_path / "xlmr")
+    (tmp_path / "xlmr" / "config.json").write_text(json.dumps(
+        {"model_type": "xlm-roberta", "architectures": ["XLMRobertaForSequenceClassification"],
+         "max_position_embeddings": 130, "pad_token_id": 1}))
+    assert Library(tmp_path).models()["xlmr"].context_length == 128
+
+
 def test_a_code_models_file_says_it_fills_in_the_middle_before_it_loads(tmp_path) -> None:
     """Ollama's `insert` capability from the header: a decoder's vocabulary with FIM tokens
     (Qwen2.5-Coder's spelling, or StarCoder2's), not a vocabulary without, nor a reranker."""
