@@ -97,9 +97,10 @@ class Infill(msgspec.Struct, kw_only=True, frozen=True):
 
 class CompletionGenerate(_Generate, tag="completion"):
     """A raw prompt, continued as it is (no template, no parsing): `prompt`, or the token
-    ids `prompt_ids` where given. `constraint`: a response format only (the continuation a
-    JSON document: vLLM's `response_format` on completions, Ollama's `format` with `raw`);
-    no tools, no reasoning.
+    ids `prompt_ids` where given, or `prompt_parts` (llama-server's mixed prompt: strings
+    and token ids in one list, their ids joined in order: actors.mixed). `constraint`: a
+    response format only (the continuation a JSON document: vLLM's `response_format` on
+    completions, Ollama's `format` with `raw`); no tools, no reasoning.
 
     `echo_prompt`: a Prompt event (the prompt's text as the model read it) comes before
     any output; `prompt_logprobs`: with each prompt token's logprob after the tokens before
@@ -116,6 +117,7 @@ class CompletionGenerate(_Generate, tag="completion"):
 
     prompt: str = ""
     prompt_ids: list[int] | None = None
+    prompt_parts: list[str | int] | None = None
     infill: Infill | None = None
     min_indent: int = 0
     time_limit_s: float | None = None

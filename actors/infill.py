@@ -17,7 +17,7 @@ Two layouts, each as its peer writes it:
 
 from __future__ import annotations
 
-from actors.errors import RequestError
+from actors.errors import FIM_UNSUPPORTED, RequestError
 from actors.events import Infill
 from npu import Model
 
@@ -29,11 +29,12 @@ SNIPPET = "\n\n--- snippet ---\n\n"  # ... before an extra file, without file to
 
 
 def fim_refusal(model: Model) -> RequestError:
-    """The 400 for a model without FIM tokens (Ollama's "does not support insert")."""
+    """The 400 for a model without FIM tokens (Ollama's "does not support insert"); its
+    code, FIM_UNSUPPORTED, makes it llama-server's 501 on /infill."""
     return RequestError(f'"{model.name}" does not support insert: filling in the middle '
                         "('suffix') needs a code model's FIM tokens in the vocabulary, such as "
                         "Qwen2.5-Coder's <|fim_prefix|>, <|fim_suffix|>, <|fim_middle|>.",
-                        param="suffix")
+                        param="suffix", code=FIM_UNSUPPORTED)
 
 
 def infill_ids(model: Model, prefix: str, infill: Infill, *, limit: int) -> list[int]:

@@ -30,6 +30,7 @@ from actors.events import (
     TokenLogprob,
 )
 from actors.infill import infill_ids
+from actors.mixed import check_ids, mixed_ids
 from actors.stops import StopMatcher
 from chat import (
     ChatStream,
@@ -287,7 +288,9 @@ class Session:
         request = self.request
         if not isinstance(request, CompletionGenerate) or not request.echo_prompt:
             return []
-        text = request.prompt if request.prompt_ids is None and request.infill is None \
+        as_given = (request.prompt_ids is None and request.prompt_parts is None
+                    and request.infill is None)
+        text = request.prompt if as_given \
             else self.model.tokenizer.decode(self.prompt_ids, skip_special_tokens=False)
         return [Prompt(text=text,
                        logprobs=list(self.prompt_scores) if request.prompt_logprobs else None)]
@@ -488,13 +491,10 @@ def build_session(request: GenerateRequest, model: Model, spec: FormatSpec,
     limit = context_limit(request, model)
     if not chat and request.infill is not None:
         prompt_ids = infill_ids(model, request.prompt, request.infill, limit=limit)
-    elif not chat and request.prompt_ids is not None:
-        vocab = model.config.vocab_size
-        bad = next((t for t in request.prompt_ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise RequestError(f"The prompt holds token id {bad}, outside this model's "
-                               f"vocabulary of {vocab}.", param="prompt")
-        prompt_ids = list(request.prompt_ids)
+    elif not chat and (request.prompt_ids is not None or request.prompt_parts is not None):
+        prompt_ids = (list(request.prompt_ids) if request.prompt_ids is not None
+                      else mixed_ids(model, request.prompt_parts))
+        check_ids(model, prompt_ids, "prompt")
     else:
         prompt_ids = model.prompt_ids(text)
         if chat and request.drop_history and len(prompt_ids) >= limit:

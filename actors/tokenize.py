@@ -16,6 +16,7 @@ import msgspec
 
 from actors.errors import RequestError
 from actors.events import Accepted, ChatGenerate, Event, Rejected
+from actors.mixed import check_ids, mixed_ids
 from actors.session import render_prompt
 from npu import Model
 
@@ -39,6 +40,12 @@ class Tokenize(msgspec.Struct, kw_only=True, tag="tokenize"):
         pieces: also each token's bytes (`Tokens.pieces`). default: False.
         spellings: also each token's spelling in the vocabulary (`Tokens.spellings`).
             default: False.
+        parts: llama-server's mixed content instead of `text`: strings and token ids in one
+            list (actors.mixed; `add_special`: BOS before an opening string). None: `text`.
+        parse_special: special-token text reads as that token; False: as text (llama.cpp's
+            `parse_special`; with `add_special`, BOS only). default: True.
+        rendered: a chat's prompt text instead of its ids (llama-server's /apply-template),
+            answered as `Text`. default: False.
     """
 
     request_id: str
@@ -48,6 +55,9 @@ class Tokenize(msgspec.Struct, kw_only=True, tag="tokenize"):
     add_generation_prompt: bool = True
     pieces: bool = False
     spellings: bool = False
+    parts: list[str | int] | None = None
+    parse_special: bool = True
+    rendered: bool = False
 
 
 class Detokenize(msgspec.Struct, kw_only=True, tag="detokenize"):
@@ -90,7 +100,7 @@ class Tokens(msgspec.Struct, tag="tokens", tag_field="event"):
 
 
 class Text(msgspec.Struct, tag="text", tag_field="event"):
-    """A Detokenize's answer."""
+    """A Detokenize's answer (and a rendered chat's: `Tokenize.rendered`)."""
 
     text: str
 
@@ -105,6 +115,9 @@ def answer(request: Tokenize | Detokenize | TokenizerInfo, model: Model) -> list
         elif isinstance(request, Detokenize):
             out = Text(text=detokenize(request.tokens, model))
             n = len(request.tokens)
+        elif request.rendered and request.chat is not None:
+            out, n = Text(text=render_prompt(
+                request.chat, model, add_generation_prompt=request.add_generation_prompt)), 0
         else:
             ids = token_ids(request, model)
             out = Tokens(ids=ids, context_length=model.context_length,
@@ -133,6 +146,11 @@ def token_ids(request: Tokenize, model: Model) -> list[int]:
     if request.chat is not None:
         return model.prompt_ids(render_prompt(
             request.chat, model, add_generation_prompt=request.add_generation_prompt))
+    if request.parts is not None or not request.parse_special:
+        ids = mixed_ids(model, [request.text] if request.parts is None else request.parts,
+                        add_special=request.add_special, parse_special=request.parse_special)
+        check_ids(model, ids, "content")
+        return ids
     if not request.add_special:
         return model.tokenizer.encode(request.text)
     return (model.prompt_ids(request.text) if model.generates

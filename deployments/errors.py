@@ -1,11 +1,13 @@
-"""ApiError and error_body: every error the API returns, in OpenAI's shape (or Ollama's or
-Anthropic's on their routes)."""
+"""ApiError and error_body: every error the API returns, in OpenAI's shape (or Ollama's,
+Anthropic's or llama-server's on their routes)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from starlette.responses import JSONResponse
+
+from actors.errors import FIM_UNSUPPORTED
 
 _TYPES = {400: "invalid_request_error", 401: "invalid_request_error",
           404: "invalid_request_error", 413: "invalid_request_error",
@@ -45,6 +47,34 @@ def error_response(err: ApiError) -> JSONResponse:
 def ollama_error_response(err: ApiError) -> JSONResponse:
     """An error in Ollama's shape: `{"error": "..."}` (the status as OpenAI's)."""
     return JSONResponse({"error": err.message}, status_code=err.status, headers=err.headers)
+
+
+# llama-server's error types by status (its format_error_response)
+_LLAMA_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                403: "permission_error", 404: "not_found_error", 500: "server_error",
+                501: "not_supported_error", 503: "unavailable_error"}
+
+
+def llama_status(err: ApiError) -> int:
+    """The status llama-server answers `err` with: its 501 for a model without FIM tokens."""
+    return 501 if err.code == FIM_UNSUPPORTED else err.status
+
+
+def llama_error_body(err: ApiError) -> dict[str, Any]:
+    """llama-server's `{"error": {"code", "message", "type"}}`: the status as a number in
+    `code`, the type named by it (a prompt over the context: its exceed_context_size_error);
+    and `param`, the field a 400 is about (vLLM's body, beside llama-server's on the
+    tokenizer's routes, has it too)."""
+    status = llama_status(err)
+    kind = ("exceed_context_size_error" if err.code == "context_length_exceeded" else
+            _LLAMA_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error"))
+    return {"error": {"code": status, "message": err.message, "type": kind, "param": err.param}}
+
+
+def llama_error_response(err: ApiError) -> JSONResponse:
+    """An error in llama-server's shape (its routes and the tokenizer's)."""
+    return JSONResponse(llama_error_body(err), status_code=llama_status(err),
+                        headers=err.headers)
 
 
 # Anthropic's error types by status. Back-pressure (and a worker that is down) is a 503

@@ -43,6 +43,9 @@ def routing_text(request: GenerateRequest, messages_text) -> str:
     if isinstance(request, CompletionGenerate):
         if request.prompt_ids is not None:  # the ids as text: the same ids, the same text
             return " ".join(map(str, request.prompt_ids)) or " "
+        if request.prompt_parts is not None:  # llama-server's mixed prompt, parts as given
+            return "".join(p if isinstance(p, str) else f" {p} "
+                           for p in request.prompt_parts) or " "
         if request.infill is not None:  # llama-server's extra files come first
             return "".join(t for _, t in request.infill.extra) + request.prompt or " "
         return request.prompt or " "

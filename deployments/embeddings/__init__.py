@@ -1,1 +1,2 @@
-"""Embeddings: OpenAI's /v1/embeddings and Ollama's /api/embed and /api/embeddings."""
+"""Embeddings: OpenAI's /v1/embeddings, Ollama's /api/embed and /api/embeddings, and
+llama-server's /embedding (and /embeddings)."""

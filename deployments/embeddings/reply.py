@@ -1,6 +1,8 @@
 """Embedding answers: the worker's vectors (float32, L2-normalized) as OpenAI's list of
 embedding objects (floats, or base64 of the little-endian float32 bytes as the openai SDK
-decodes them) or as Ollama's `embeddings` (/api/embed) and `embedding` (/api/embeddings).
+decodes them), as Ollama's `embeddings` (/api/embed) and `embedding` (/api/embeddings), or
+as llama-server's list of `{"index", "embedding": [vector]}` (/embedding: its pooled
+vector as the one row of a matrix; `--pooling none`'s per-token rows are not served here).
 Never streamed."""
 
 from __future__ import annotations
@@ -62,6 +64,37 @@ class OpenAIEmbedReply(_EmbedFold):
                          for i, row in enumerate(rows)],
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
         return Response(_encoder.encode(body), media_type=self.media_type)
+
+
+INT16_RANGE = 32760.0  # llama.cpp's `embd_normalize` 0: the largest magnitude to this
+
+
+def renormalized(unit: np.ndarray, p: int) -> np.ndarray:
+    """Unit (L2) rows normalized as llama.cpp's `embd_normalize` `p` asks (0: the largest
+    magnitude to INT16_RANGE, else the p-norm to 1): every norm scales with the vector, so
+    the unit vector's is the original's; a zero row stays zero."""
+    if p == 2:
+        return unit
+    rows = unit.astype(np.float64)
+    scale = (np.abs(rows).max(axis=1) / INT16_RANGE if p == 0
+             else (np.abs(rows) ** p).sum(axis=1) ** (1.0 / p))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.where(scale[:, None] > 0, rows / scale[:, None], 0.0)
+    return out.astype(np.float32)
+
+
+class LlamaEmbedReply(_EmbedFold):
+    """llama-server's /embedding answer, normalized as its `embd_normalize` asks."""
+
+    def __init__(self, normalize: int = 2) -> None:
+        super().__init__()
+        self.normalize = normalize
+
+    def answer(self) -> Response:
+        rows = renormalized(self.matrix(), self.normalize).tolist()
+        return Response(_encoder.encode([{"index": i, "embedding": [row]}
+                                         for i, row in enumerate(rows)]),
+                        media_type=self.media_type)
 
 
 class OllamaEmbedReply(_EmbedFold):

@@ -1,10 +1,16 @@
-"""Embedding requests in OpenAI's and Ollama's shapes: each route's Call, with the inputs
-checked here (their types, sizes and options) and against the model by the worker (token
-counts, the context, dimensions).
+"""Embedding requests in OpenAI's, Ollama's and llama-server's shapes: each route's Call,
+with the inputs checked here (their types, sizes and options) and against the model by the
+worker (token counts, the context, dimensions).
 
 OpenAI's `input` is a string, a list of strings, a list of token ids or a list of lists of
 token ids (one type per request); Ollama's is a string or a list of strings (`/api/embed`)
-or a `prompt` (the older `/api/embeddings`).
+or a `prompt` (the older `/api/embeddings`); llama-server's (/embedding, /embeddings) is
+`input` or `content`, in its prompt forms: a string, token ids, or a list of those (a list
+that holds no bare id is several inputs, strings and id lists side by side); strings and
+ids mixed in one input are a 400 here. Its `embd_normalize` (default 2, Euclidean) is
+applied to the worker's unit vectors (every p-norm of a vector is that of its unit vector;
+0: the largest magnitude to 32760, an int16's range); -1 (none) is a 400: the vectors come
+normalized. `model` is optional where the server serves one model.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import msgspec
 
 from actors.events import EmbedGenerate
 from deployments.body import decode_json
-from deployments.embeddings.reply import OllamaEmbedReply, OpenAIEmbedReply
+from deployments.embeddings.reply import LlamaEmbedReply, OllamaEmbedReply, OpenAIEmbedReply
 from deployments.errors import ApiError
 from deployments.exchange import Call
 from deployments.ingress import Ingress
@@ -32,6 +38,15 @@ class OpenAIEmbedIn(msgspec.Struct, kw_only=True):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
     user: str | None = None
+
+
+class LlamaEmbedIn(msgspec.Struct, kw_only=True):
+    """llama-server's /embedding (and /embeddings): `input`, else `content`."""
+
+    input: Any = None
+    content: Any = None
+    model: str | None = None
+    embd_normalize: int = 2
 
 
 class EmbedIn(msgspec.Struct, kw_only=True):
@@ -153,3 +168,51 @@ def embeddings_call(body: bytes, ingress: Ingress) -> Call:
                          context_limit=_num_ctx(req.options))
     return Call(model=model, request=greq, reply=reply, params={"input": "prompt"},
                 keep_loaded_s=keep_alive(req))
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _llama_inputs(value: Any, field: str) -> list[str | list[int]]:
+    """llama-server's prompt forms as inputs (its `tokenize_input_prompts`); a 400 naming
+    the input that is none of them, is empty, or mixes strings and ids."""
+    several = isinstance(value, list) and value and not any(map(_is_id, value))
+    items = value if several else [value]
+    _check_count(len(items))
+    out: list[str | list[int]] = []
+    for i, item in enumerate(items):
+        param = f"{field}[{i}]" if several else field
+        if isinstance(item, str) and item:
+            out.append(item)
+        elif isinstance(item, list) and item and all(map(_is_id, item)):
+            out.append(list(item))
+        elif item == "" or item == []:
+            raise ApiError(400, f"'{param}' is empty.", param=param)
+        elif isinstance(item, list) and all(_is_id(t) or isinstance(t, str) for t in item):
+            raise ApiError(400, f"'{param}' mixes strings and token ids, which is not "
+                                "supported for embeddings: send text or ids.", param=param)
+        else:
+            raise ApiError(400, f"'{param}' must be a string or an array of token ids; "
+                                "several inputs: an array of those.", param=param)
+    return out
+
+
+def llama_call(body: bytes, ingress: Ingress) -> Call:
+    """/embedding's Call (llama-server's): an input over the context is a 400 (llama-server
+    does not cut either)."""
+    req = decode_json(body, LlamaEmbedIn)
+    field = "input" if req.input is not None else "content"
+    value = req.input if req.input is not None else req.content
+    if value is None:
+        raise ApiError(400, "'input' or 'content' must be provided: the text to embed.",
+                       param="content")
+    if req.embd_normalize < 0:
+        raise ApiError(400, f"'embd_normalize' is {req.embd_normalize}; it must be 0 (the "
+                            "largest magnitude), 1 (taxicab), 2 (Euclidean) or above (a "
+                            "p-norm): the vectors come normalized, so -1 (none) is not "
+                            "supported.", param="embd_normalize")
+    model = ingress.served(req.model)
+    greq = EmbedGenerate(request_id=_request_id(), inputs=_llama_inputs(value, field))
+    return Call(model=model, request=greq, reply=LlamaEmbedReply(req.embd_normalize),
+                params={"input": field} if field != "input" else {})

@@ -6,7 +6,9 @@ with `content`, `stop: true`, `model`, `tokens_predicted`, `tokens_evaluated`,
 and `timings` (llama-server's names: prompt_n, prompt_ms, predicted_n, ...); only the
 `response_fields` paths where the request names them (`"timings/prompt_n"` is a key of
 its own, as llama-server answers it). Streamed: `data: {...}` events with each piece of
-`content` and `stop: false`, then the whole object with `content` empty; no [DONE]."""
+`content` and `stop: false`, then the whole object with `content` empty; no [DONE]. A
+batch of prompts: a JSON array of the whole objects, each with its prompt's `index`.
+Errors in a stream in llama-server's shape (deployments.errors.llama_error_body)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ import msgspec
 from starlette.responses import Response
 
 from actors.events import Accepted, Deltas, Failed, Finished, Prompt, TokenLogprob, Usage
-from deployments.errors import ApiError, error_body
+from deployments.errors import ApiError, llama_error_body
+from deployments.exchange import WholeReply
 
 _encoder = msgspec.json.Encoder()
 STOP_TYPES = {"length": "limit"}  # else "eos", or "word" where a stop string ended it
@@ -60,14 +63,16 @@ class NativeReply:
         settings: `generation_settings`.
         fields: `response_fields` (None: every field).
         stream: whether the answer streams (the last object's `content` is then empty).
+        index: the prompt's in a batch (llama-server's `index`).
     """
 
     headers: dict[str, str] = {}
 
     def __init__(self, model: str, started: float, *, settings: dict[str, Any],
-                 fields: list[str] | None = None, stream: bool = False) -> None:
+                 fields: list[str] | None = None, stream: bool = False,
+                 index: int = 0) -> None:
         self.model, self.started, self.settings = model, started, settings
-        self.fields, self.stream = fields, stream
+        self.fields, self.stream, self.index = fields, stream, index
         self.media_type = "text/event-stream" if stream else "application/json"
         self.content: list[str] = []
         self.prompt = ""
@@ -92,7 +97,7 @@ class NativeReply:
             if ev.text or probs:
                 self.content.append(ev.text)
                 self.pieces += 1
-                piece = {"index": 0, "content": ev.text, "tokens": [], "stop": False,
+                piece = {"index": self.index, "content": ev.text, "tokens": [], "stop": False,
                          "id_slot": -1, "tokens_predicted": ev.tokens or self.pieces,
                          "tokens_evaluated": self.prompt_tokens}
                 return [{**piece, "completion_probabilities": probs} if probs else piece]
@@ -119,7 +124,7 @@ class NativeReply:
         computed = u.prompt_tokens - u.cached_tokens
         prompt_ms, predicted_ms = (first - self.started) * 1e3, (now - first) * 1e3
         body = {
-            "index": 0, "content": content, "tokens": [], "id_slot": -1, "stop": True,
+            "index": self.index, "content": content, "tokens": [], "id_slot": -1, "stop": True,
             "model": self.model, "tokens_predicted": u.completion_tokens,
             "tokens_evaluated": u.prompt_tokens, "generation_settings": self.settings,
             "prompt": self.prompt, "has_new_line": "\n" in "".join(self.content),
@@ -148,12 +153,12 @@ class NativeReply:
             try:
                 out += b"".join(map(_sse, self._add(ev)))
             except ApiError as err:
-                out += _sse(error_body(err.message, type=err.type))
+                out += _sse(llama_error_body(err))
         return out
 
     def broken(self) -> bytes:
-        return _sse(error_body("The model worker failed during the stream.",
-                               type="server_error"))
+        return _sse(llama_error_body(ApiError(500, "The model worker failed during the "
+                                                   "stream.", type="server_error")))
 
     def tail(self) -> bytes:
         return b""
@@ -164,6 +169,22 @@ class NativeReply:
 
     def answer(self) -> Response:
         return Response(_encoder.encode(self.final()), media_type=self.media_type)
+
+
+class NativeBatchReply(WholeReply):
+    """The answer to a /completion of several prompts (each its own worker request, folded
+    by its own NativeReply): their whole objects in one JSON array, in the prompts' order.
+    Never streamed (the request path refuses a streamed batch)."""
+
+    def __init__(self, parts: list[NativeReply]) -> None:
+        self.parts = parts
+
+    def fold(self, batch: list) -> None:  # the parts fold their own events
+        raise NotImplementedError("a batch's parts fold their own events")
+
+    def answer(self) -> Response:
+        return Response(_encoder.encode([p.final() for p in self.parts]),
+                        media_type=self.media_type)
 
 
 def props(name: str, info: dict[str, Any]) -> dict[str, Any]:

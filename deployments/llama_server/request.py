@@ -2,8 +2,13 @@
 CompletionGenerate, through OpenAI's completion checks (a 400 names the field by this body's
 name):
 
-- /completion: `prompt` (a string, or token ids), what SillyTavern's and scripts' llama.cpp
-  backends send;
+- /completion: `prompt` in llama-server's forms (`prompts`): a string, token ids, strings
+  and ids mixed in one list (one prompt: BOS only before an opening string), an object
+  with `prompt_string` (text only: `multimodal_data` is a 400), or a list of those (several
+  prompts, none of them a bare id: answered as a JSON array, one object per prompt in
+  order, each with its `index`; a list of one: that one's object). What SillyTavern's and
+  scripts' llama.cpp backends send. Several prompts are not streamed (llama-server streams
+  their pieces interleaved; here a 400 says to send one request a prompt);
 - /infill: `input_prefix` and `input_suffix` (the text before and after the gap, both
   required), `input_extra` (other files, `{"filename", "text"}`), `prompt` (text already
   written at the start of the gap), what llama.vim and llama.vscode send.
@@ -37,8 +42,8 @@ from deployments.body import decode_json
 from deployments.errors import ApiError
 from deployments.exchange import Call
 from deployments.ingress import Ingress
-from deployments.llama_server.reply import NativeReply
-from deployments.openai.request import convert_request, generate_request
+from deployments.llama_server.reply import NativeBatchReply, NativeReply
+from deployments.openai.request import MAX_PROMPTS, convert_request, generate_request
 from deployments.openai.schemas import CompletionRequest
 
 MAX_PROBS = 100  # the most alternatives `n_probs` may ask for each token
@@ -48,6 +53,8 @@ MAX_TEMPERATURE = 1e6  # past this a float32 division gives inf: as good as unif
 NAMES = {"max_tokens": "n_predict", "repetition_penalty": "repeat_penalty",
          "response_format.json_schema.schema": "json_schema"}
 INFILL_NAMES = {**NAMES, "prompt": "input_prefix", "suffix": "input_suffix"}
+# one prompt: a string, token ids, or strings and token ids mixed (actors.mixed)
+Prompt = str | list[int] | list[str | int]
 
 
 class _Sampling(msgspec.Struct, kw_only=True):
@@ -75,7 +82,7 @@ class _Sampling(msgspec.Struct, kw_only=True):
 
 
 class CompletionIn(_Sampling, kw_only=True):
-    prompt: str | list[int]
+    prompt: Any  # llama-server's forms (`prompts`)
 
 
 class ExtraIn(msgspec.Struct, kw_only=True):
@@ -116,7 +123,45 @@ def _shows_prompt(fields: list[str] | None) -> bool:
     return not fields or any(f.split("/")[0] == "prompt" for f in fields)
 
 
-def _typed(req: _Sampling, model: str, prompt: str | list[int],
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def prompts(value: Any) -> list[Prompt]:
+    """`prompt`'s prompts, as llama-server reads them (its `tokenize_input_prompts`): a list
+    that holds no bare token id is several prompts, anything else one.
+
+    Raises:
+        ApiError: 400 naming the prompt that is none of the forms, or empty; more than
+            MAX_PROMPTS prompts.
+    """
+    if not (isinstance(value, list) and value and not any(map(_is_id, value))):
+        return [_prompt(value, "prompt")]
+    if len(value) > MAX_PROMPTS:
+        raise ApiError(400, f"'prompt' holds {len(value)} prompts; at most {MAX_PROMPTS} are "
+                            "completed in one request.", param="prompt")
+    return [_prompt(v, f"prompt[{k}]") for k, v in enumerate(value)]
+
+
+def _prompt(value: Any, param: str) -> Prompt:
+    """One prompt: a string, token ids, strings and ids mixed, or `{"prompt_string": one of
+    those}` (its `multimodal_data`, media for a model that reads them, refused)."""
+    if isinstance(value, dict) and "prompt_string" in value:
+        if value.get("multimodal_data"):
+            raise ApiError(400, f"'{param}.multimodal_data' is not supported: this server's "
+                                "models read text only.", param=f"{param}.multimodal_data")
+        value, param = value["prompt_string"], f"{param}.prompt_string"
+    if value == "" or value == []:
+        raise ApiError(400, f"'{param}' is empty.", param=param)
+    if isinstance(value, str) or (isinstance(value, list) and all(
+            _is_id(v) or isinstance(v, str) for v in value)):
+        return value
+    raise ApiError(400, f"'{param}' must be a string, an array of token ids, an array of "
+                        "strings and token ids (one prompt), or an object with "
+                        "'prompt_string'; several prompts: an array of those.", param=param)
+
+
+def _typed(req: _Sampling, model: str, prompt: Prompt,
            names: dict[str, str]) -> CompletionGenerate:
     """The worker's completion of `prompt` with `req`'s sampling, checked as OpenAI's
     completions are (errors renamed by `names`)."""
@@ -137,8 +182,10 @@ def _typed(req: _Sampling, model: str, prompt: str | list[int],
     # them (a slider past OpenAI's ranges, a group chat's many stops, are not an error
     # there): temperature and top_k from 0 (top_k 0: off), top_p and min_p within [0, 1],
     # the penalties as they are
-    raw: dict[str, Any] = {
-        "model": model, "prompt": prompt, "repetition_penalty": req.repeat_penalty,
+    mixed = not isinstance(prompt, str) and not all(map(_is_id, prompt))
+    raw: dict[str, Any] = {  # a mixed prompt goes to the worker as its parts (below)
+        "model": model, "prompt": "" if mixed else prompt,
+        "repetition_penalty": req.repeat_penalty,
         "seed": None if req.seed is None or req.seed < 0 else req.seed,
         "ignore_eos": req.ignore_eos}
     if req.json_schema is not None:
@@ -151,7 +198,8 @@ def _typed(req: _Sampling, model: str, prompt: str | list[int],
     except ApiError as err:  # named as this body names it
         raise err.renamed(names.get(err.param or "", err.param)) from None
     return msgspec.structs.replace(
-        greq, max_tokens=_limit(req), min_indent=req.n_indent,
+        greq, prompt_parts=list(prompt) if mixed else None,
+        max_tokens=_limit(req), min_indent=req.n_indent,
         time_limit_s=(req.t_max_predict_ms / 1e3 if req.t_max_predict_ms is not None
                       and req.t_max_predict_ms > 0 else None),
         temperature=(None if req.temperature is None
@@ -164,15 +212,14 @@ def _typed(req: _Sampling, model: str, prompt: str | list[int],
         echo_prompt=_shows_prompt(req.response_fields))
 
 
-def completion_request(req: CompletionIn, model: str) -> CompletionGenerate:
-    """/completion's worker request: `prompt` continued as it is.
+def completion_request(req: CompletionIn, model: str, prompt: Prompt) -> CompletionGenerate:
+    """/completion's worker request: `prompt` (one of the body's `prompts`) continued as it
+    is, with the body's sampling.
 
     Raises:
         ApiError: 400 naming this body's field.
     """
-    if isinstance(req.prompt, str) and not req.prompt:
-        raise ApiError(400, "'prompt' is empty.", param="prompt")
-    return _typed(req, model, req.prompt, NAMES)
+    return _typed(req, model, prompt, NAMES)
 
 
 def infill_request(req: InfillIn, model: str) -> CompletionGenerate:
@@ -188,12 +235,28 @@ def infill_request(req: InfillIn, model: str) -> CompletionGenerate:
 
 
 def completion_call(body: bytes, ingress: Ingress) -> Call:
-    """/completion's Call.
+    """/completion's Call: one prompt's, or several prompts' (a batch: each its own worker
+    request, answered together as a JSON array).
 
     Raises:
-        ApiError: 400 naming the field; 404 an unknown model.
+        ApiError: 400 naming the field (several prompts streamed too); 404 an unknown model.
     """
-    return _call(decode_json(body, CompletionIn), ingress, completion_request, NAMES)
+    req = decode_json(body, CompletionIn)
+    forms = prompts(req.prompt)
+    if len(forms) == 1:
+        return _call(req, ingress, lambda r, m: completion_request(r, m, forms[0]), NAMES)
+    if req.stream:
+        raise ApiError(400, f"'prompt' holds {len(forms)} prompts, which are answered "
+                            "together: send them with 'stream': false, or stream each prompt "
+                            "in a request of its own.", param="stream")
+    model = ingress.served(req.model)
+    parts = []
+    for k, prompt in enumerate(forms):  # a worker's refusal of one names it: prompt[k]
+        names = {**NAMES, "prompt": f"prompt[{k}]"}
+        part = _call(req, ingress, lambda r, m, p=prompt: completion_request(r, m, p), names,
+                     model=model, index=k)
+        parts.append(part)
+    return Call(model=model, parts=parts, reply=NativeBatchReply([p.reply for p in parts]))
 
 
 def infill_call(body: bytes, ingress: Ingress) -> Call:
@@ -206,14 +269,16 @@ def infill_call(body: bytes, ingress: Ingress) -> Call:
 
 
 def _call(req: Any, ingress: Ingress,
-          typed: Callable[[Any, str], CompletionGenerate], names: dict[str, str]) -> Call:
-    """`req` on the model it names, typed by `typed`; `names`: this body's names of the
-    fields a worker's refusal may name too."""
-    model = ingress.served(req.model)
+          typed: Callable[[Any, str], CompletionGenerate], names: dict[str, str], *,
+          model: str | None = None, index: int = 0) -> Call:
+    """`req` on the model it names (`model`: already resolved), typed by `typed`; `names`:
+    this body's names of the fields a worker's refusal may name too; `index`: the prompt's
+    in a batch."""
+    model = model or ingress.served(req.model)
     greq = typed(req, model)
     reply = NativeReply(req.model or model, time.perf_counter(),
                         settings=_settings(req, greq), fields=req.response_fields,
-                        stream=req.stream)
+                        stream=req.stream, index=index)
     return Call(model=model, request=greq, stream=req.stream, reply=reply, params=names)
 
 

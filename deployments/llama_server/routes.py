@@ -1,17 +1,19 @@
 """llama-server's own routes: /completion (also /completions) and /infill through the
 ingress's one request path, GET /props (a model's context, slots and chat template: what
-SillyTavern and llama.cpp's own clients read); errors in OpenAI's shape, as llama-server
-answers them."""
+SillyTavern and llama.cpp's own clients read), GET /models (GET /v1/models' list, which
+llama-server serves on both paths); errors in llama-server's shape (`code`: the status as a
+number; /models' as /v1/models')."""
 
 # No `from __future__ import annotations`: FastAPI reads the handlers' annotations.
 
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
-from deployments.errors import error_response
+from deployments.errors import llama_error_response
 from deployments.ingress import Current
 from deployments.llama_server.reply import props as props_body
 from deployments.llama_server.request import completion_call, infill_call
+from deployments.openai import routes as openai_routes
 
 router = APIRouter()
 
@@ -19,12 +21,13 @@ router = APIRouter()
 @router.post("/completion")
 @router.post("/completions")
 async def completion(request: Request, ingress: Current) -> Response:
-    return await ingress.generate(request, "/completion", completion_call, error_response)
+    return await ingress.generate(request, "/completion", completion_call,
+                                  llama_error_response)
 
 
 @router.post("/infill")
 async def infill(request: Request, ingress: Current) -> Response:
-    return await ingress.generate(request, "/infill", infill_call, error_response)
+    return await ingress.generate(request, "/infill", infill_call, llama_error_response)
 
 
 @router.get("/props")
@@ -35,4 +38,10 @@ async def props(request: Request, ingress: Current) -> Response:
         name = ingress.served(request.query_params.get("model"))
         return JSONResponse(props_body(name, await ingress.info(name, verbose=True)))
 
-    return await ingress.respond(run, error_response)
+    return await ingress.respond(run, llama_error_response)
+
+
+@router.get("/models")
+async def models(request: Request, ingress: Current) -> Response:
+    """GET /v1/models' answer (OpenAI's model list, its errors too), on llama-server's path."""
+    return await openai_routes.models(request, ingress)

@@ -2,8 +2,9 @@
 llama-server's shape (`{"tokens": [ids]}`, or `[{"id", "piece"}]` with pieces: a piece is
 its text where its bytes are whole UTF-8, else the list of its bytes) or vLLM's (`count`,
 `max_model_len`, `tokens`, `token_strs`: each token's spelling in the vocabulary, `Ġworld`,
-as transformers' `convert_ids_to_tokens` gives it; null unless asked). /detokenize answers both APIs' names for the text:
-`content` (llama-server's) and `prompt` (vLLM's). Never streamed."""
+as transformers' `convert_ids_to_tokens` gives it; null unless asked). /detokenize answers
+both APIs' names for the text: `content` (llama-server's) and `prompt` (vLLM's);
+/apply-template its rendered conversation as `prompt`. Never streamed."""
 
 from __future__ import annotations
 
@@ -86,6 +87,13 @@ class DetokenizeReply(_Fold):
     def answer(self) -> Response:
         text = self.got(Text).text
         return self.json({"content": text, "prompt": text})
+
+
+class TemplateReply(_Fold):
+    """llama-server's /apply-template answer: `{"prompt": the rendered conversation}`."""
+
+    def answer(self) -> Response:
+        return self.json({"prompt": self.got(Text).text})
 
 
 class TokenizerInfoReply(_Fold):

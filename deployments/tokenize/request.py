@@ -2,9 +2,11 @@
 each route's Call, the shape read from the body's fields.
 
 POST /tokenize takes one of:
-- `content` (llama-server's): `add_special` (default false: the text's tokens only),
-  `parse_special` (default true; false is refused: special-token text always reads as
-  those tokens here), `with_pieces` (default false);
+- `content` (llama-server's): a string, or strings and token ids mixed in one list (the ids
+  as they are, as llama-server's `tokenize_mixed` takes them); `add_special` (default
+  false: the text's tokens only; true: BOS before an opening string, where the model adds
+  one), `parse_special` (default true; false: special-token text, "<|im_end|>", reads as
+  text), `with_pieces` (default false);
 - `prompt` (vLLM's): `add_special_tokens` (default true: BOS where the model's tokenizer
   adds one), `return_token_strs` (default false);
 - `messages` (vLLM's): the conversation rendered as /v1/chat/completions renders it
@@ -12,7 +14,11 @@ POST /tokenize takes one of:
   default true), its ids the ones generation prefills (`add_special_tokens` changes
   nothing: the model's BOS rule is already applied), `return_token_strs`.
 POST /detokenize takes `tokens` (ids of the model's vocabulary). GET /tokenizer_info
-(vLLM's) answers the special tokens, the context length and the chat template.
+(vLLM's) answers the special tokens, the context length and the chat template. POST
+/apply-template (llama-server's) takes `messages` as `messages` above (and
+`add_generation_prompt`, `tools`, `chat_template_kwargs`; a last assistant message with text
+is continued, as llama-server prefills it) and answers the rendered prompt, nothing
+generated.
 `model` (for /tokenizer_info, a query parameter) is optional where the server serves one
 model (no models_dir), required otherwise.
 """
@@ -31,9 +37,11 @@ from deployments.exchange import Call
 from deployments.ingress import Ingress
 from deployments.openai.request import convert_request, generate_request, with_defaults
 from deployments.openai.schemas import ChatRequest
+from deployments.prefill import continuation
 from deployments.tokenize.reply import (
     DetokenizeReply,
     LlamaTokenizeReply,
+    TemplateReply,
     TokenizerInfoReply,
     VllmTokenizeReply,
 )
@@ -45,7 +53,7 @@ SHAPES = ("content", "prompt", "messages")
 class ContentIn(msgspec.Struct, kw_only=True):
     """llama-server's /tokenize body."""
 
-    content: str
+    content: str | list[str | int]
     model: str | None = None
     add_special: bool = False
     parse_special: bool = True
@@ -132,20 +140,21 @@ def tokenize_call(body: bytes, ingress: Ingress) -> Call:
 
 
 def _content_call(req: ContentIn, ingress: Ingress) -> Call:
-    if not req.parse_special:
-        raise ApiError(400, "'parse_special': false is not supported: special-token text "
-                            "(such as '<|im_end|>') always reads as that token here.",
-                       param="parse_special")
     model = ingress.served(req.model)
-    job = Tokenize(request_id=_request_id(), text=req.content, add_special=req.add_special,
+    text, parts = (req.content, None) if isinstance(req.content, str) else ("", req.content)
+    if parts is not None and any(isinstance(p, int) and p < 0 for p in parts):
+        raise ApiError(400, "'content' holds a negative token id.", param="content")
+    job = Tokenize(request_id=_request_id(), text=text, parts=parts,
+                   add_special=req.add_special, parse_special=req.parse_special,
                    pieces=req.with_pieces)
     return Call(model=model, request=job, reply=LlamaTokenizeReply(pieces=req.with_pieces))
 
 
-def _messages_call(raw: dict[str, Any], req: MessagesIn, ingress: Ingress) -> Call:
+def _messages_call(raw: dict[str, Any], req: MessagesIn, ingress: Ingress, *,
+                   rendered: bool = False) -> Call:
     """A conversation's Call: the chat typed as /v1/chat/completions types it (a library
     variant's system prompt and template included), so its count is that route's
-    `prompt_tokens`."""
+    `prompt_tokens`; `rendered`: its prompt text instead (/apply-template)."""
     if req.continue_final_message and raw.get("add_generation_prompt") is True:
         raise ApiError(400, "'continue_final_message' and 'add_generation_prompt' cannot both "
                             "be true: a continued message has no generation prompt after it.",
@@ -166,10 +175,38 @@ def _messages_call(raw: dict[str, Any], req: MessagesIn, ingress: Ingress) -> Ca
     chat = generate_request(convert_request(chat_raw, ChatRequest), chat_raw)
     if model not in ingress.streams:  # a library variant's template
         chat = ingress.with_variant_template(model, chat)
+    if rendered:
+        job = Tokenize(request_id=_request_id(), chat=chat, rendered=True,
+                       add_generation_prompt=req.add_generation_prompt)
+        return Call(model=model, request=job, reply=TemplateReply())
     token_strs = bool(req.return_token_strs)
     job = Tokenize(request_id=_request_id(), chat=chat,
                    add_generation_prompt=req.add_generation_prompt, spellings=token_strs)
     return Call(model=model, request=job, reply=VllmTokenizeReply(token_strs=token_strs))
+
+
+def apply_template_call(body: bytes, ingress: Ingress) -> Call:
+    """POST /apply-template's Call (llama-server's): the conversation rendered with the
+    model's chat template as /v1/chat/completions renders it; a last assistant message with
+    text continued (llama-server prefills it: the prompt ends with that text), one without
+    text dropped.
+
+    Raises:
+        ApiError: 400 for no `messages` or a conversation /v1/chat/completions refuses; 404
+            an unknown model.
+    """
+    raw = _object(body)
+    if raw.get("messages") is None:
+        raise ApiError(400, "'messages' is required: the conversation to render.",
+                       param="messages")
+    messages = raw["messages"]
+    if isinstance(messages, list) and all(isinstance(m, dict) for m in messages):
+        messages, prefilled = continuation(messages)
+        raw = {**raw, "messages": messages}
+        if prefilled and raw.get("continue_final_message") is None:  # no opening after it
+            raw = {**{k: v for k, v in raw.items() if k != "add_generation_prompt"},
+                   "continue_final_message": True}
+    return _messages_call(raw, _convert(raw, MessagesIn), ingress, rendered=True)
 
 
 def detokenize_call(body: bytes, ingress: Ingress) -> Call:

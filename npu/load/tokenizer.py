@@ -172,6 +172,24 @@ class Tokenizer:
             text = found.group()[1:] + text[found.end():]
         return ids + self.encode(text) if text else ids
 
+    def encode_plain(self, text: str) -> list[int]:
+        """Token ids of `text` with the special tokens' text read as text (llama.cpp's
+        `parse_special` off: its control tokens, the special added tokens here, are not
+        matched; user-defined added tokens, `<think>`, still are). On a copy of the
+        tokenizer made on first use (the flag is the tokenizer's, and another thread may be
+        encoding). A SentencePiece vocabulary encoded by npu.load.spm reads as
+        `encode_text` does (every added token's text as text)."""
+        if self._spm is not None:
+            return self.encode_text(text)
+        plain = getattr(self, "_plain", None)
+        if plain is None:
+            from tokenizers import Tokenizer as HFTokenizer
+
+            plain = HFTokenizer.from_str(self._tok.to_str())
+            plain.encode_special_tokens = True
+            self._plain = plain
+        return plain.encode(text, add_special_tokens=False).ids
+
     def _added_spellings(self) -> re.Pattern:
         """A pattern of the added tokens' spellings of more than one character (longest
         first); one that never matches where there are none."""

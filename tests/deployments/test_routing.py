@@ -35,6 +35,10 @@ def test_completions_match_their_prompt_and_nothing_is_empty() -> None:
     assert router._extract_text_from_request(SimpleNamespace(args=("x",), kwargs={})) == " "
     assert routing_text(CompletionGenerate(request_id="d", prompt="p"),
                         str) == "p"
+    # llama-server's mixed prompt: its parts in order (the same parts, the same text)
+    mixed = CompletionGenerate(request_id="e", prompt_parts=["Hi", 5, " there"])
+    assert routing_text(mixed, str) == "Hi 5  there"
+    assert routing_text(CompletionGenerate(request_id="f", prompt_parts=[]), str) == " "
 
 
 def test_affinity_gives_way_to_load_at_half_a_batch() -> None:

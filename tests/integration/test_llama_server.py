@@ -4,7 +4,8 @@ library's coder-tiny (a random Qwen3 GGUF whose vocabulary has Qwen2.5-Coder's F
 found by their spelling as llama.cpp finds them) answers llama-server's /infill (whole and
 streamed, its prompt in the repository-level layout), OpenAI's `suffix` through the
 `openai` client and Ollama's through the `ollama` client, and lists `insert` among its
-capabilities; the default model (no FIM tokens) refuses each in its API's shape."""
+capabilities; the default model (no FIM tokens) refuses each in its API's shape (/infill
+llama-server's 501). /completion's prompt forms: a mixed prompt in a batch."""
 
 from __future__ import annotations
 
@@ -81,8 +82,9 @@ def test_openai_and_ollama_clients_send_suffix(serve_url, oc) -> None:
 def test_a_model_without_fim_tokens_says_so_in_each_apis_shape(client, serve_url) -> None:
     r = client.post("/infill", json={"model": SMOL, "input_prefix": PREFIX,
                                      "input_suffix": SUFFIX})
-    assert r.status_code == 400
+    assert r.status_code == 501  # llama-server's not_supported_error
     assert r.json()["error"]["param"] == "input_suffix"
+    assert r.json()["error"]["code"] == 501
     message = r.json()["error"]["message"]
     assert "the middle ('input_suffix')" in message  # named as sent
     with pytest.raises(ollama.ResponseError) as err:
@@ -107,6 +109,14 @@ def test_completion_continues_a_prompt_as_openais_completions_do(client) -> None
     by_ids = client.post("/completion", json={**body, "prompt": ids["tokens"],
                                               "n_predict": 8}).json()
     assert by_ids["content"] == native["content"]
+    # the same prompt as ids and text mixed, and beside another prompt in a batch
+    cut = len(ids["tokens"]) // 2
+    text = client.post("/detokenize", json={"model": SMOL,
+                                            "tokens": ids["tokens"][cut:]}).json()["content"]
+    mixed = {"model": SMOL, "temperature": 0, "n_predict": 8}
+    batch = client.post("/completion", json={**mixed, "prompt": [
+        "Hello", [*ids["tokens"][:cut], text]]}).json()
+    assert [b["index"] for b in batch] == [0, 1] and batch[1]["content"] == native["content"]
     # n_probs: each token and its most likely alternatives (greedy: the first of them)
     probs = client.post("/completion", json={**body, "n_predict": 3, "n_probs": 3}).json()
     rows = probs["completion_probabilities"]

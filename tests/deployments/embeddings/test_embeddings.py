@@ -1,7 +1,8 @@
-"""The embedding routes without Ray: what OpenAI's and Ollama's clients send is typed into
-one EmbedGenerate, and the worker's vectors come back in each API's shape (floats, base64
-of little-endian float32, Ollama's lists); bad input is a 400 in the API's shape naming the
-field, before any worker is asked."""
+"""The embedding routes without Ray: what OpenAI's, Ollama's and llama-server's clients
+send is typed into one EmbedGenerate, and the worker's vectors come back in each API's
+shape (floats, base64 of little-endian float32, Ollama's lists, llama-server's one-row
+matrices normalized as asked); bad input is a 400 in the API's shape naming the field,
+before any worker is asked."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 from actors.events import Accepted, Embeddings, EmbedGenerate, Rejected, Usage
 from deployments.embeddings.request import MAX_INPUTS
+from tests.deployments.test_hostile_bodies import HOSTILE
 from tests.deployments.test_ingress import FakeStream, FakeWorker, _client
 
 VECTORS = np.array([[0.6, 0.8, 0.0], [0.0, 0.0, 1.0]], dtype="<f4")
@@ -120,3 +122,84 @@ def test_ollama_embed_caps_its_inputs_as_openai_does() -> None:
     assert worker.requests == []
     r = client.post("/api/embed", json={"model": "m", "input": ["a"] * MAX_INPUTS})
     assert r.status_code == 200 and len(worker.requests[0].inputs) == MAX_INPUTS
+
+
+def test_llama_servers_embedding_is_a_list_of_one_row_matrices() -> None:
+    """/embedding (and /embeddings): `content` or `input` in llama-server's prompt forms,
+    answered as `[{"index", "embedding": [vector]}]` (the pooled vector, L2-normalized by
+    default)."""
+    worker = FakeWorker(_play(), _play(1), _play())
+    client, _ = _client(worker)
+    r = client.post("/embedding", json={"content": ["a", [1, 2]]})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert [d["index"] for d in body] == [0, 1]
+    assert np.allclose([d["embedding"][0] for d in body], VECTORS)
+    assert all(len(d["embedding"]) == 1 for d in body)
+    assert worker.requests[0].inputs == ["a", [1, 2]] and not worker.requests[0].truncate
+    r = client.post("/embeddings", json={"input": [5, 6], "content": "ignored"})
+    assert r.status_code == 200 and worker.requests[1].inputs == [[5, 6]]
+    r = client.post("/embedding", json={"content": "a", "model": "m"})
+    assert r.status_code == 200 and worker.requests[2].inputs == ["a"]
+
+
+@pytest.mark.parametrize("p", [0, 1, 3])
+def test_llama_servers_embd_normalize_renormalizes_the_unit_vectors(p: int) -> None:
+    """Every norm scales with the vector: the worker's unit vector normalized as asked is
+    the raw vector normalized so (llama.cpp's common_embd_normalize)."""
+    raw = np.array([[3.0, -4.0, 12.0], [0.5, 0.25, -2.0]])
+    unit = (raw / np.linalg.norm(raw, axis=1, keepdims=True)).astype("<f4")
+    play = FakeStream([[Accepted(request_id="r", model="m", prompt_tokens=4),
+                        Embeddings(vectors=unit.tobytes(), dims=3, tokens=[2, 2])]])
+    client, _ = _client(FakeWorker(play))
+    r = client.post("/embedding", json={"content": ["a", "b"], "embd_normalize": p})
+    got = np.array([d["embedding"][0] for d in r.json()])
+    if p == 0:
+        want = raw / (np.abs(raw).max(axis=1, keepdims=True) / 32760.0)
+    else:
+        want = raw / (np.abs(raw) ** p).sum(axis=1, keepdims=True) ** (1 / p)
+    assert np.allclose(got, want, rtol=1e-5)
+
+
+@pytest.mark.parametrize("body,param", [
+    ({}, "content"),
+    ({"content": ""}, "content"),
+    ({"content": []}, "content"),
+    ({"content": ["a", ""]}, "content[1]"),
+    ({"content": [1, "a"]}, "content"),
+    ({"content": ["a", [1, "b"]]}, "content[1]"),
+    ({"input": {"x": 1}}, "input"),
+    ({"content": "a", "embd_normalize": -1}, "embd_normalize"),
+    ({"content": "a", "embd_normalize": "2"}, "embd_normalize"),
+    ({"content": "a", "model": "nope"}, "model"),
+])
+def test_llama_servers_bad_embedding_input_is_its_400(body: dict, param: str) -> None:
+    worker = FakeWorker()
+    client, _ = _client(worker)
+    r = client.post("/embedding", json=body)
+    assert r.status_code in (400, 404), r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["code"] == r.status_code
+    assert worker.requests == []
+
+
+def test_llama_servers_embedding_refusal_names_its_field() -> None:
+    reject = FakeStream([[Rejected(status=400, message="Input 0 has 9000 tokens; this "
+                                   "model's maximum context length is 8 tokens.",
+                                   param="input", code="context_length_exceeded")]])
+    client, _ = _client(FakeWorker(reject))
+    r = client.post("/embedding", json={"content": "long"})
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "content"
+    assert r.json()["error"]["type"] == "exceed_context_size_error"
+
+
+@pytest.mark.parametrize("kind", list(HOSTILE))
+def test_hostile_bodies_are_4xx_on_llama_servers_embedding(kind: str) -> None:
+    worker = FakeWorker()
+    client, _ = _client(worker)
+    for path in ("/embedding", "/embeddings"):
+        r = client.post(path, content=HOSTILE[kind], headers={"content-type": "application/json"})
+        assert r.status_code in (400, 404), (path, r.status_code, r.text[:300])
+        assert r.json()["error"]["message"] and r.json()["error"]["code"] == r.status_code
+    assert worker.requests == []

@@ -2,8 +2,9 @@
 real app in front of the fake worker of tests/deployments/test_ingress.py): /completion's
 and /infill's bodies typed once as a completion (/infill's with its repository-level
 layout), their answers and streams in llama-server's own shape (`response_fields` too);
-OpenAI's `suffix` on /v1/completions and Ollama's on /api/generate as the gap alone; bad
-input a 400 naming the field by the body's name."""
+OpenAI's `suffix` on /v1/completions and Ollama's on /api/generate as the gap alone;
+/completion's prompt forms (mixed strings and ids, several prompts answered as an array);
+bad input a 400 naming the field by the body's name, errors in llama-server's shape."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ import json
 
 import pytest
 
+from actors.errors import FIM_UNSUPPORTED
 from actors.events import (
     Accepted,
     CompletionGenerate,
     Deltas,
+    Failed,
     Finished,
     Infill,
     Prompt,
@@ -134,12 +137,53 @@ def test_bad_input_is_a_400_naming_the_bodys_field(body: dict, param: str) -> No
     assert r.json()["error"]["param"] == param and worker.requests == []
 
 
-def test_a_model_without_fim_tokens_is_a_400_naming_input_suffix() -> None:
-    refused = FakeStream([[Rejected(status=400, param="suffix",
+def test_a_model_without_fim_tokens_is_llama_servers_501_naming_input_suffix() -> None:
+    """The worker's refusal (a 400 on OpenAI's and Ollama's routes) is llama-server's
+    not_supported_error on /infill."""
+    refused = FakeStream([[Rejected(status=400, param="suffix", code=FIM_UNSUPPORTED,
                                     message='"m" does not support insert')]])
     client, _ = _client(FakeWorker(refused))
     r = client.post("/infill", json={"input_prefix": "a", "input_suffix": "b"})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "input_suffix"
+    assert r.status_code == 501
+    assert r.json()["error"] == {"code": 501, "type": "not_supported_error",
+                                 "param": "input_suffix",
+                                 "message": '"m" does not support insert (\'input_suffix\')'}
+
+
+def test_errors_are_in_llama_servers_shape() -> None:
+    """`{"error": {"code": <status>, "message", "type"}}` (and `param`), the type named by
+    the status as llama-server names it; a prompt over the context its own type."""
+    over = FakeStream([[Rejected(status=400, param="prompt", code="context_length_exceeded",
+                                 message="This model's maximum context length is 8 tokens; "
+                                         "the prompt has 9.")]])
+    client, _ = _client(FakeWorker(over))
+    r = client.post("/completion", json={"prompt": "x"})
+    assert r.status_code == 400 and r.json()["error"] == {
+        "code": 400, "type": "exceed_context_size_error", "param": "prompt",
+        "message": "This model's maximum context length is 8 tokens; the prompt has 9."}
+    for path, body, status, kind in (
+            ("/completion", {"prompt": 5}, 400, "invalid_request_error"),
+            ("/completion", {"prompt": "x", "model": "nope"}, 404, "not_found_error"),
+            ("/infill", {"input_prefix": "x"}, 400, "invalid_request_error")):
+        r = client.post(path, json=body)
+        err = r.json()["error"]
+        assert (r.status_code, err["code"], err["type"]) == (status, status, kind)
+    r = client.get("/props", params={"model": "nope"})
+    assert r.json()["error"]["code"] == 404 and r.json()["error"]["type"] == "not_found_error"
+    r = client.post("/v1/completions", json={"model": "nope", "prompt": "x"})
+    assert r.json()["error"]["code"] == "model_not_found"  # OpenAI's routes: OpenAI's shape
+
+
+def test_a_failure_mid_stream_is_an_error_event_in_llama_servers_shape() -> None:
+    broken = FakeStream([[Accepted(request_id="r", model="m", prompt_tokens=3)],
+                         [Deltas(index=0, text="Pa")],
+                         [Failed(message="The model worker failed.")]])
+    client, _ = _client(FakeWorker(broken))
+    r = client.post("/completion", json={"prompt": "x", "stream": True})
+    events = [json.loads(ln[6:]) for ln in r.text.splitlines() if ln.startswith("data: ")]
+    assert events[0]["content"] == "Pa"
+    assert events[-1] == {"error": {"code": 503, "message": "The model worker failed.",
+                                    "type": "unavailable_error", "param": None}}
 
 
 def _completion() -> FakeStream:
@@ -213,6 +257,59 @@ def test_completion_is_the_prompt_continued_in_llama_servers_shape() -> None:
     assert worker.requests[1].max_tokens is None
 
 
+def test_each_of_llama_servers_prompt_forms_is_one_prompt() -> None:
+    """A string, token ids, strings and ids mixed (a list with a bare id is one prompt, as
+    llama-server's tokenize_input_prompts reads it), `{"prompt_string": ...}`, a list of one
+    prompt: one object, the worker's prompt typed by its form."""
+    forms = ["a", [1, 2], [1, "a", 2], ["a", 1], {"prompt_string": [3, "b"]},
+             {"prompt_string": "c", "multimodal_data": []}, ["d"], [[4, 5]]]
+    worker = FakeWorker(*(_completion() for _ in forms))
+    client, _ = _client(worker)
+    for form in forms:
+        r = client.post("/completion", json={"prompt": form})
+        assert r.status_code == 200, r.text
+        assert isinstance(r.json(), dict) and r.json()["content"] == "x"
+    typed = [(g.prompt, g.prompt_ids, g.prompt_parts) for g in worker.requests]
+    assert typed == [("a", None, None), ("", [1, 2], None), ("", None, [1, "a", 2]),
+                     ("", None, ["a", 1]), ("", None, [3, "b"]), ("c", None, None),
+                     ("d", None, None), ("", [4, 5], None)]
+
+
+def _part(text: str, prompt_tokens: int) -> FakeStream:
+    return FakeStream([[Accepted(request_id="r", model="m", prompt_tokens=prompt_tokens)],
+                       [Deltas(index=0, text=text)],
+                       [Finished(index=0, finish_reason="stop", completion_tokens=1),
+                        Usage(prompt_tokens=prompt_tokens, completion_tokens=1)]])
+
+
+def test_several_prompts_are_answered_as_an_array_in_their_order() -> None:
+    """A list without bare ids is several prompts (strings, id lists, mixed lists side by
+    side): each its own worker request, answered together, each object with its `index`."""
+    worker = FakeWorker(_part("A", 2), _part("B", 3), _part("C", 4))
+    client, _ = _client(worker)
+    r = client.post("/completion", json={"prompt": ["one", [7, 8], [9, "three"]],
+                                         "n_predict": 4, "response_fields": [
+                                             "index", "content", "tokens_evaluated"]})
+    assert r.status_code == 200, r.text
+    assert r.json() == [{"index": 0, "content": "A", "tokens_evaluated": 2},
+                        {"index": 1, "content": "B", "tokens_evaluated": 3},
+                        {"index": 2, "content": "C", "tokens_evaluated": 4}]
+    parts = worker.requests
+    assert [(g.prompt, g.prompt_ids, g.prompt_parts) for g in parts] == [
+        ("one", None, None), ("", [7, 8], None), ("", None, [9, "three"])]
+    assert all(g.max_tokens == 4 for g in parts)
+
+
+def test_a_refused_prompt_of_several_is_named_by_its_index() -> None:
+    refused = FakeStream([[Rejected(status=400, param="prompt",
+                                    message="The prompt holds token id 99999, outside this "
+                                            "model's vocabulary of 100.")]])
+    worker = FakeWorker(_part("A", 2), refused)
+    client, _ = _client(worker)
+    r = client.post("/completion", json={"prompt": ["ok", [99999]]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt[1]"
+
+
 def test_completions_json_schema_is_the_constraint() -> None:
     worker = FakeWorker(_middle())
     client, _ = _client(worker)
@@ -270,7 +367,16 @@ def test_many_stops_are_taken_as_llama_server_takes_them() -> None:
 @pytest.mark.parametrize("body, param", [
     ({}, "prompt"),
     ({"prompt": ""}, "prompt"),
-    ({"prompt": ["a", [1]]}, "prompt[0]"),
+    ({"prompt": []}, "prompt"),
+    ({"prompt": ["a", ""]}, "prompt[1]"),
+    ({"prompt": ["a", [1, "b", 2.5]]}, "prompt[1]"),
+    ({"prompt": [1, [2]]}, "prompt"),
+    ({"prompt": [True]}, "prompt[0]"),
+    ({"prompt": {"text": "x"}}, "prompt"),
+    ({"prompt": {"prompt_string": "x", "multimodal_data": ["AAAA"]}},
+     "prompt.multimodal_data"),
+    ({"prompt": ["x"] * 65}, "prompt"),
+    ({"prompt": ["a", "b"], "stream": True}, "stream"),
     ({"prompt": "x", "grammar": "root ::= \"a\""}, "grammar"),
     ({"prompt": "x", "json_schema": []}, "json_schema"),
     ({"prompt": "x", "n_predict": "5"}, "n_predict"),
@@ -294,6 +400,13 @@ def test_props_gives_the_context_slots_and_template() -> None:
     assert body["default_generation_settings"]["n_ctx"] == 2048 and body["model_alias"] == "m"
     assert body["modalities"] == {"vision": False, "video": False, "audio": False}
     assert client.get("/props", params={"model": "nope"}).status_code == 404
+
+
+def test_models_lists_what_v1_models_lists() -> None:
+    client, _ = _client(FakeWorker())
+    r = client.get("/models")
+    assert r.status_code == 200 and r.json() == client.get("/v1/models").json()
+    assert [m["id"] for m in r.json()["data"]] == ["m"]
 
 
 def _with_probs() -> FakeStream:

@@ -2,7 +2,8 @@
 Ingress whose worker is the fake of tests/deployments/test_ingress.py. Each body's shape
 (llama-server's `content`, vLLM's `prompt` or `messages`) becomes one typed Tokenize with
 the API's defaults; each answer has that API's shape; bad input is a 400 (an unknown model
-a 404) in OpenAI's error shape naming the field, before any worker is asked."""
+a 404) in llama-server's error shape (the status as a number in `code`, as vLLM's body has it
+too) naming the field, before any worker is asked."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def _error(r, status: int, param: str | None) -> dict:
     assert r.status_code == status, r.text
     err = r.json()["error"]
     assert set(err) == {"message", "type", "param", "code"} and err["message"]
-    assert err["param"] == param
+    assert err["param"] == param and err["code"] == status
     return err
 
 
@@ -52,6 +53,45 @@ def test_llama_servers_shape_with_its_defaults_and_its_pieces() -> None:
     assert isinstance(first, Tokenize) and first.text == "Hi é" and first.chat is None
     assert not first.add_special and not first.pieces
     assert second.add_special and second.pieces
+
+
+def test_llama_servers_mixed_content_and_parse_special_reach_the_worker() -> None:
+    """`content` as strings and ids in one list (llama-server's `tokenize_mixed`), and
+    `parse_special: false` (special-token text read as text): typed, not refused."""
+    worker = FakeWorker(_tokens(), _tokens())
+    client, _ = _client(worker)
+    r = client.post("/tokenize", json={"content": [7, "Hi", 8], "add_special": True})
+    assert r.status_code == 200 and r.json() == {"tokens": IDS}
+    r = client.post("/tokenize", json={"content": "<|im_end|>", "parse_special": False})
+    assert r.status_code == 200
+    mixed, plain = worker.requests
+    assert mixed.parts == [7, "Hi", 8] and mixed.add_special and mixed.parse_special
+    assert plain.parts is None and plain.text == "<|im_end|>" and not plain.parse_special
+
+
+def test_apply_template_renders_the_chat_as_chat_completions_types_it() -> None:
+    """llama-server's /apply-template: the conversation typed as for /tokenize's messages,
+    answered as its rendered prompt; a last assistant message with text is continued (as
+    llama-server prefills it), so no generation prompt follows it."""
+    rendered = FakeStream([[Accepted(request_id="r", model="m", prompt_tokens=0),
+                            Text(text="<|im_start|>user\nHi<|im_end|>\n")]])
+    worker = FakeWorker(rendered, _text("p"), _text("p"))
+    client, _ = _client(worker)
+    r = client.post("/apply-template", json={"messages": [{"role": "user", "content": "Hi"}],
+                                             "add_generation_prompt": False})
+    assert r.status_code == 200 and r.json() == {"prompt": "<|im_start|>user\nHi<|im_end|>\n"}
+    job = worker.requests[0]
+    assert job.rendered and job.chat is not None and not job.add_generation_prompt
+    assert not job.chat.continue_final
+    prefill = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Sure,"}]
+    for extra in ({}, {"add_generation_prompt": True}):
+        r = client.post("/apply-template", json={"messages": prefill, **extra})
+        assert r.status_code == 200 and r.json() == {"prompt": "p"}
+    assert all(j.chat.continue_final and j.rendered for j in worker.requests[1:])
+    for body, param in (({}, "messages"), ({"messages": []}, "messages"),
+                        ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0]")):
+        _error(client.post("/apply-template", json=body), 400, param)
+    assert len(worker.requests) == 3
 
 
 def test_vllms_prompt_shape_with_its_defaults_and_token_strs() -> None:
@@ -96,7 +136,7 @@ def test_model_is_optional_only_where_the_server_has_one() -> None:
     _error(client.post("/tokenize", json={"content": "x"}), 400, "model")
     _error(client.post("/detokenize", json={"tokens": [1]}), 400, "model")
     err = _error(client.post("/tokenize", json={"model": "nope", "content": "x"}), 404, "model")
-    assert err["code"] == "model_not_found"
+    assert err["type"] == "not_found_error"
     assert len(worker.requests) == 1
 
 
@@ -107,7 +147,9 @@ def test_model_is_optional_only_where_the_server_has_one() -> None:
     ({"content": None}, "content"),
     ({"content": 5}, "content"),
     ({"content": "x", "add_special": "yes"}, "add_special"),
-    ({"content": "x", "parse_special": False}, "parse_special"),
+    ({"content": "x", "parse_special": "no"}, "parse_special"),
+    ({"content": [1, "a", 2.5]}, "content[2]"),
+    ({"content": [1, -2]}, "content"),
     ({"content": "x", "model": 3}, "model"),
     ({"prompt": ["a", "b"]}, "prompt"),
     ({"messages": []}, "messages"),
@@ -169,7 +211,7 @@ def test_the_workers_refusal_and_failure_keep_their_shape() -> None:
     err = _error(client.post("/detokenize", json={"tokens": [1, 99999]}), 400, "tokens[1]")
     assert "99999" in err["message"] and err["type"] == "invalid_request_error"
     assert _error(client.post("/tokenize", json={"content": "x"}), 503, None)["type"] == \
-        "server_error"
+        "unavailable_error"
     _error(client.post("/tokenize", json={"content": "x"}), 503, None)
 
 
@@ -177,7 +219,8 @@ def test_a_busy_server_is_a_503_with_retry_after() -> None:
     client, _ = _client(FakeWorker(FakeStream([], fail={0: BackPressureError()})))
     r = client.post("/tokenize", json={"content": "x"})
     assert r.status_code == 503 and r.headers["retry-after"]
-    assert r.json()["error"]["code"] == "overloaded"
+    assert r.json()["error"] == {"code": 503, "message": "The server is busy; retry shortly.",
+                                 "type": "unavailable_error", "param": None}
 
 
 def test_other_methods_are_405s_in_openais_shape() -> None:
@@ -190,7 +233,7 @@ def test_other_methods_are_405s_in_openais_shape() -> None:
 def test_hostile_bodies_are_4xx_in_openais_shape(kind: str) -> None:
     worker = FakeWorker()
     client, _ = _client(worker)
-    for path in ("/tokenize", "/detokenize"):
+    for path in ("/tokenize", "/detokenize", "/apply-template"):
         r = client.post(path, content=HOSTILE[kind], headers={"content-type": "application/json"})
         assert r.status_code in (400, 404), (path, r.status_code, r.text[:300])
         assert r.json()["error"]["message"] and r.json()["error"]["type"]

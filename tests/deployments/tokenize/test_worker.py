@@ -1,8 +1,9 @@
 """The tokenize routes over a real Worker (flm-tiny, no Ray): the real app and Ingress in
 front of an in-process Worker. Text round-trips through /tokenize and /detokenize, pieces
 add up to the text's bytes, a conversation's count is the prompt_tokens /v1/chat/completions
-reports for it, ids outside the vocabulary are a 400 naming the id; and actors.tokenize's
-own rules (special tokens, the generation prompt)."""
+reports for it, ids outside the vocabulary are a 400 naming the id, special-token text read
+as text where asked, mixed content, /apply-template's rendering; and actors.tokenize's own
+rules (special tokens, the generation prompt)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,10 @@ from pathlib import Path
 
 import pytest
 from starlette.testclient import TestClient
+
+# imported here, before any Worker: a Worker's grammar warm-up thread imports transformers
+# (through xgrammar), and a test importing it at the same moment can find it half-imported
+from transformers import PreTrainedTokenizerFast
 
 from actors.events import ChatGenerate
 from actors.session import render_prompt
@@ -82,6 +87,41 @@ def test_text_round_trips_in_both_shapes(client) -> None:
     assert client.post("/detokenize", json={"tokens": []}).json()["content"] == ""
 
 
+def test_parse_special_off_reads_control_tokens_as_text(client, worker) -> None:
+    """As llama.cpp's parse_special false: a control token's text (`<|im_end|>`, special in
+    tokenizer.json) is tokenized as text and round-trips; a user-defined added token
+    (`<think>`, not special) is still that token."""
+    im_end = {"content": "a<|im_end|>b", "parse_special": False}
+    plain = client.post("/tokenize", json=im_end).json()["tokens"]
+    assert worker.model.tokenizer.eos_id not in plain and len(plain) > 3
+    assert client.post("/detokenize", json={"tokens": plain}).json()["content"] == "a<|im_end|>b"
+    think = client.post("/tokenize", json={"content": "<think>", "parse_special": False})
+    assert len(think.json()["tokens"]) == 1
+    with_pieces = client.post("/tokenize", json={**im_end, "with_pieces": True}).json()
+    assert "".join(t["piece"] for t in with_pieces["tokens"]) == "a<|im_end|>b"
+
+
+def test_mixed_content_joins_ids_and_texts(client) -> None:
+    hello = client.post("/tokenize", json={"content": "Hello"}).json()["tokens"]
+    world = client.post("/tokenize", json={"content": " world"}).json()["tokens"]
+    mixed = client.post("/tokenize", json={"content": [*hello, " world", 5]}).json()
+    assert mixed["tokens"] == [*hello, *world, 5]
+    r = client.post("/tokenize", json={"content": ["x", 10**9]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "content"
+
+
+def test_apply_template_is_the_models_rendering(client, worker) -> None:
+    r = client.post("/apply-template", json={"messages": MESSAGES})
+    assert r.status_code == 200 and r.json() == {"prompt": worker.model.render(MESSAGES)}
+    bare = client.post("/apply-template", json={"messages": MESSAGES,
+                                                "add_generation_prompt": False}).json()
+    assert bare["prompt"] == worker.model.render(MESSAGES, add_generation_prompt=False)
+    # a last assistant message is continued: the prompt ends with its text
+    begun = client.post("/apply-template", json={"messages": [
+        *MESSAGES, {"role": "assistant", "content": "Sure, here"}]}).json()["prompt"]
+    assert begun.startswith(worker.model.render(MESSAGES)) and begun.endswith("Sure, here")
+
+
 def test_pieces_add_up_to_the_texts_bytes(client) -> None:
     got = client.post("/tokenize", json={"content": TEXT, "with_pieces": True}).json()
     pieces = [t["piece"] for t in got["tokens"]]
@@ -93,8 +133,6 @@ def test_pieces_add_up_to_the_texts_bytes(client) -> None:
 
 def test_vllms_token_strs_are_the_vocabularys_spellings(client, worker) -> None:
     """As vLLM answers (transformers' convert_ids_to_tokens): `Ġworld`, not " world"."""
-    from transformers import PreTrainedTokenizerFast
-
     got = client.post("/tokenize", json={"prompt": TEXT, "add_special_tokens": False,
                                          "return_token_strs": True}).json()
     hf = PreTrainedTokenizerFast(tokenizer_file=str(worker.model.path / "tokenizer.json"))
