@@ -8,8 +8,9 @@ the replica reads the id with `serve.get_multiplexed_model_id()`. `held_model(na
 LRU order, serialises loads behind one lock (so requests for a model being loaded wait for
 that one load, and never start a second) and, past N, evicts the least recently used model
 by calling its `__del__` (run in a thread). As read in ray/serve/multiplex.py (Ray 2.60):
-eviction does not look at requests in flight, so `HeldModel.__del__` only retires the model
-and its Worker stops when its last request ends. Serve offers no unload by id; keep-alive
+eviction does not look at requests in flight, so a load first moves the models serving
+requests behind the idle ones in that order (`_spare_busy`), and `HeldModel.__del__` only
+retires a model (where every one was busy) and its Worker stops when its last request ends. Serve offers no unload by id; keep-alive
 expiry and `keep_alive: 0` pop the model from the multiplexer's own cache
 (`_ModelMultiplexWrapper.models`) and flag the change for the router, the one place this
 module touches Serve's internals (`_serve_cache`).
@@ -314,6 +315,7 @@ class LibraryWorkerBase:
             known = False
         if not known:  # Serve evicts before it calls the loader: refuse what cannot load
             await self._servable(name)
+            self._spare_busy()
         held = await self.held_model(name)
         if held.retired:  # evicted between Serve's lookup and ours: load it again
             if self.loaded.get(name) is held:
@@ -321,6 +323,20 @@ class LibraryWorkerBase:
             held = await self.held_model(name)
         held.enter()
         return held, (0.0 if known else held.load_s)
+
+    def _spare_busy(self) -> None:
+        """Before a load: the models serving requests move behind the idle ones in Serve's
+        LRU order, so that a load past `max_loaded_models` evicts an idle model (Serve's
+        eviction takes the least recently used, requests in flight or not: a model
+        streaming a long answer was unloaded under it, and its next request loaded it
+        again beside the draining copy). Where every model is busy Serve still evicts one
+        (it drains, its memory counted: `_make_room`)."""
+        wrapper = self._serve_cache()
+        if wrapper is None:
+            return
+        busy = [n for n, held in wrapper.models.items() if getattr(held, "in_flight", 0) > 0]
+        for name in busy:
+            wrapper.models.move_to_end(name)
 
     # -- unloading ----------------------------------------------------------------------
     def _serve_cache(self) -> Any:

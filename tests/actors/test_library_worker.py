@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import weakref
+from collections import OrderedDict
 
 import pytest
 
@@ -137,3 +138,60 @@ def test_a_model_still_serving_after_its_unload_counts_until_its_last_request(ho
     del busy
     assert gone() is None  # nothing here holds it (a cycle would wait for the collector)
     worker._make_room(entry)  # fits now
+
+
+class _Multiplexer:
+    """Serve's multiplexer as ray/serve/multiplex.py runs it: an OrderedDict in LRU order;
+    a load past the limit evicts the least recently used model (its __del__), busy or not."""
+
+    def __init__(self, limit: int, load) -> None:
+        self.models: OrderedDict = OrderedDict()
+        self.limit, self.load = limit, load
+
+    async def get(self, name: str):
+        if name in self.models:
+            self.models.move_to_end(name)
+            return self.models[name]
+        if len(self.models) >= self.limit:
+            _, evicted = self.models.popitem(last=False)
+            evicted.__del__()
+        self.models[name] = self.load(name)
+        return self.models[name]
+
+
+def test_a_load_past_the_limit_evicts_an_idle_model_not_one_serving_requests() -> None:
+    """A model streaming a long answer (the least recently used: two loads came after it)
+    stays loaded; the idle one goes. With every model busy Serve still evicts one."""
+    import asyncio
+
+    from actors.library import LibraryModel
+    from actors.library_worker import HeldModel
+
+    def load(name: str) -> HeldModel:
+        entry = LibraryModel(name=name, path=f"{name}.gguf", files=(f"{name}.gguf",),
+                             format="gguf", size=1, modified=0.0, digest="")
+        return HeldModel(entry, _FakeWorker(), 0.5)
+
+    worker = _library_worker(budget=1 << 40)
+    mux = _Multiplexer(2, load)
+    setattr(worker, "__serve_multiplex_wrapper", mux)
+    worker.held_model = mux.get
+
+    async def servable(name: str) -> None:
+        return None
+
+    worker._servable = servable
+
+    async def run() -> None:
+        chat, _ = await worker._acquire("chat")  # streaming: in flight throughout
+        rerank, _ = await worker._acquire("rerank")
+        rerank.leave()
+        other, _ = await worker._acquire("other")
+        assert set(mux.models) == {"chat", "other"} and rerank.retired
+        assert not chat.retired and chat.worker.closed == 0
+        third, _ = await worker._acquire("third")  # both busy: Serve evicts one of them
+        assert len(mux.models) == 2 and "third" in mux.models
+        for held in (chat, other, third):
+            held.leave()
+
+    asyncio.run(run())
