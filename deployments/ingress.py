@@ -36,7 +36,7 @@ from starlette.responses import Response, StreamingResponse
 
 from actors.events import Accepted, ChatGenerate, Failed, GenerateRequest, Rejected
 from actors.metrics import Metrics
-from deployments.access import TRACE_KEY
+from deployments.access import CLIENT_CLOSED, TRACE_KEY
 from deployments.errors import ApiError
 from deployments.exchange import Call, Reply
 from deployments.library import LibraryFront
@@ -282,6 +282,10 @@ class Ingress(LibraryFront):
             if inspect.isawaitable(call):
                 call = await call
             response = await self._answer(call, trace)
+        except asyncio.CancelledError:  # its client went away before the answer (nginx's
+            trace.answered(CLIENT_CLOSED, streaming=True)  # 499, as the access line says)
+            trace.ended(disconnected=True)
+            raise
         except ApiError as err:
             response = errors(err)
         except Exception:  # a bug, never user input: still an error body of the API's

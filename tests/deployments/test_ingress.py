@@ -476,3 +476,38 @@ def test_head_answers_where_ollama_answers_it() -> None:
         assert r.status_code == 200 and r.content == b"", path
     assert client.get("/api/version").json()["version"]
     assert client.head("/v1/chat/completions").status_code == 405
+
+
+def test_a_client_that_leaves_a_whole_answer_counts_as_a_499_and_a_disconnect() -> None:
+    """A non-streamed request whose client goes away (Serve cancels its handler) is in the
+    metrics as the access line has it: status 499, a client disconnect; the worker's
+    request is cancelled."""
+    from starlette.requests import Request
+
+    from deployments.openai.request import chat_call
+
+    gate = asyncio.Event()
+    stream = GatedStream(_reply(), {0: gate})
+    ingress = Ingress({"m": FakeWorker(stream)}, {})
+    body = json.dumps(CHAT).encode()
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    request = Request({"type": "http", "method": "POST", "path": "/v1/chat/completions",
+                       "headers": [], "query_string": b""}, receive)
+
+    async def leave() -> None:
+        task = asyncio.ensure_future(ingress.generate(
+            request, "/v1/chat/completions", chat_call, lambda err: None))
+        while not ingress.workers["m"].streams:  # the worker has the request
+            await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(leave())
+    snap = ingress.metrics.snapshot()
+    assert snap["flm_requests_total"] == [[["/v1/chat/completions", "499"], 1.0]]
+    assert snap["flm_client_disconnects_total"] == [[["/v1/chat/completions"], 1.0]]
+    assert stream.cancelled
