@@ -260,6 +260,9 @@ def show(info: dict) -> dict:
             "template": info.get("template", ""), "details": _details(info),
             "model_info": {"general.architecture": arch,
                            "general.parameter_count": info.get("parameters", 0),
-                           f"{arch}.context_length": info.get("context_length")},
+                           f"{arch}.context_length": info.get("context_length"),
+                           # an embedding model's vector size, where RAG tools read it
+                           **({f"{arch}.embedding_length": info["embedding_length"]}
+                              if info.get("embedding_length") else {})},
             "capabilities": info.get("capabilities", ["completion"]),
             "modified_at": _modified(info)}

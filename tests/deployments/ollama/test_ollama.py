@@ -375,6 +375,9 @@ def test_model_listings() -> None:
     assert tag["details"]["format"] == "gguf" and tag["modified_at"].startswith("2023-11-14")
     show = ollama_reply.show(info)
     assert show["model_info"]["llama.context_length"] == 8192
+    assert "llama.embedding_length" not in show["model_info"]  # not known: not made up
+    shown = ollama_reply.show({**info, "embedding_length": 576})["model_info"]
+    assert shown["llama.embedding_length"] == 576
     assert show["model_info"]["general.architecture"] == "llama"
     assert show["capabilities"] == ["completion", "tools"]
     assert show["template"] == "{{ messages }}"
