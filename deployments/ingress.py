@@ -44,6 +44,10 @@ from deployments.metrics import RequestTrace
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_S = "1"
+# how long a listing waits for a model's description from its workers when it has an earlier
+# one: a worker with as many requests as its batch takes (Serve's max_ongoing_requests,
+# which counts this call too) answers when one of them ends, which can be minutes
+INFO_WAIT_S = 1.0
 # a batch's requests open at once on the model's workers (the rest wait their turn here)
 PARTS_OPEN = 8
 # tries of a request whose worker dies before answering (each on a replica the router
@@ -164,6 +168,7 @@ class Ingress(LibraryFront):
         self.api_key = settings.get("api_key")
         self.max_bytes = int(settings.get("max_request_bytes") or 4 << 20)
         self._state: dict[str, Any] = {}
+        self._described: dict[tuple[str, bool], dict] = {}  # each model's last description
         LibraryFront.__init__(self, library, settings)
 
     def state(self, key: str, make: Callable[[], Any]) -> Any:
@@ -216,22 +221,31 @@ class Ingress(LibraryFront):
         return self.resolve(name) or name
 
     async def info(self, name: str, verbose: bool = False) -> dict:
-        """A model's description from one of its workers (a bare one when its workers are
-        all down: the model is still listed; a model that could not load says why under
-        "error", and `verbose` asks for what it does not have: the error itself); a library
-        model's from its header."""
+        """A model's description from one of its workers (the one they gave last when none
+        answers within INFO_WAIT_S: each is busy with a full batch; a bare one when its
+        workers are all down: the model is still listed; a model that could not load says
+        why under "error", and `verbose` asks for what it does not have: the error itself);
+        a library model's from its header."""
         if name not in self.workers:
             return self.library_info(name, verbose)
+        known = self._described.get((name, verbose))
         try:
-            info = await self.workers[name].info.remote(verbose)
-        except Exception:
+            info = await asyncio.wait_for(self._ask_info(name, verbose),
+                                          INFO_WAIT_S if known is not None else None)
+        except Exception as exc:
+            if known is not None and isinstance(exc, TimeoutError):
+                return known
             if verbose:
                 raise ApiError(503, "The model's workers are unavailable; retry shortly.",
                                headers={"Retry-After": RETRY_AFTER_S}) from None
             return {"id": name, "created": 0}
+        self._described[(name, verbose)] = info
         if verbose and info.get("error"):
             raise ApiError(500, info["error"], param="model", code="model_unavailable")
         return info
+
+    async def _ask_info(self, name: str, verbose: bool) -> dict:
+        return await self.workers[name].info.remote(verbose)
 
     async def count_tokens(self, name: str, request: ChatGenerate) -> int:
         """The prompt tokens of `request` on model `name`, counted by one of its workers

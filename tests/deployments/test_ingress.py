@@ -511,3 +511,28 @@ def test_a_client_that_leaves_a_whole_answer_counts_as_a_499_and_a_disconnect() 
     assert snap["flm_requests_total"] == [[["/v1/chat/completions", "499"], 1.0]]
     assert snap["flm_client_disconnects_total"] == [[["/v1/chat/completions"], 1.0]]
     assert stream.cancelled
+
+
+def test_a_listing_does_not_wait_on_a_model_whose_workers_are_full(monkeypatch) -> None:
+    """Serve's max_ongoing_requests counts a description's call beside the requests: with a
+    full batch on every worker it would wait for one of them to end (a minute). /v1/models
+    then lists the description the workers gave last; the first one is waited for."""
+    import deployments.ingress as ingress_module
+
+    monkeypatch.setattr(ingress_module, "INFO_WAIT_S", 0.05)
+    worker = FakeWorker()
+    full = asyncio.Event()
+    answered = []
+
+    async def info(verbose: bool = False) -> dict:
+        if answered:
+            await full.wait()  # never set: the batch does not end during this test
+        answered.append(verbose)
+        return {"id": "m", "created": 1, "context_length": 2048 + len(answered)}
+
+    worker.info = _Method(info)
+    client, _ = _client(worker)
+    first = client.get("/v1/models").json()["data"][0]
+    assert first["context_length"] == 2049
+    assert client.get("/v1/models").json()["data"][0] == first
+    assert answered == [False]
