@@ -10,10 +10,11 @@ that one load, and never start a second) and, past N, evicts the least recently 
 by calling its `__del__` (run in a thread). As read in ray/serve/multiplex.py (Ray 2.60):
 eviction does not look at requests in flight, so a load first moves the models serving
 requests behind the idle ones in that order (`_spare_busy`), and `HeldModel.__del__` only
-retires a model (where every one was busy) and its Worker stops when its last request ends. Serve offers no unload by id; keep-alive
-expiry and `keep_alive: 0` pop the model from the multiplexer's own cache
-(`_ModelMultiplexWrapper.models`) and flag the change for the router, the one place this
-module touches Serve's internals (`_serve_cache`).
+retires a model (where every one was busy) and its Worker stops when its last request
+ends. Serve offers no unload by id; keep-alive expiry and `keep_alive: 0` pop the model
+from the multiplexer's own cache (`_ModelMultiplexWrapper.models`) and flag the change for
+the router; that cache and its order (`_spare_busy`) are the places this module touches
+Serve's internals (`_serve_cache`).
 
 A model that cannot be served (unreadable header, unsupported architecture or tensor) is a
 `RequestError` naming the file and the reason (status 422), remembered until the file
