@@ -77,10 +77,12 @@ class EmbedJob:
 def build_embedding(request: EmbedGenerate, model: Model) -> EmbedJob:
     """The request's inputs as token ids, checked against the model.
 
+    An input is cut to its last `keep_last` tokens first, where asked (`last_tokens`).
+
     Raises:
         RequestError: an empty or malformed input, one over the context (unless
-            truncating), or dimensions the model does not have; each naming the input's
-            index or the field.
+            truncating), dimensions the model does not have, or a `keep_last` it cannot
+            keep (`keep_size`); each naming the input's index or the field.
     """
     dims = model.embedding_dims
     if request.dimensions is not None and not 1 <= request.dimensions <= dims:
@@ -89,10 +91,13 @@ def build_embedding(request: EmbedGenerate, model: Model) -> EmbedJob:
     if not request.inputs:
         raise RequestError("'input' holds no inputs.", param="input")
     limit = min(model.context_length, request.context_limit or model.context_length)
+    keep = keep_size(request.keep_last, limit)
     vocab = model.config.vocab_size
     ids: list[list[int]] = []
     for i, item in enumerate(request.inputs):
-        if isinstance(item, str):  # cut (special tokens kept) when truncating
+        if isinstance(item, str) and item and keep is not None:
+            tokens = last_tokens(model, item, keep, i)
+        elif isinstance(item, str):  # cut (special tokens kept) when truncating
             tokens = model.embedding_ids(item, limit=limit if request.truncate else None) \
                 if item else []
         else:
@@ -100,7 +105,7 @@ def build_embedding(request: EmbedGenerate, model: Model) -> EmbedJob:
             if bad is not None:
                 raise RequestError(f"Input {i} holds token id {bad}, outside this model's "
                                    f"vocabulary of {vocab}.", param="input")
-            tokens = list(item)
+            tokens = list(item) if keep is None else list(item[-keep:])
         if not tokens:
             raise RequestError(f"Input {i} is empty.", param="input")
         if len(tokens) > limit:
@@ -112,6 +117,52 @@ def build_embedding(request: EmbedGenerate, model: Model) -> EmbedJob:
             tokens = tokens[:limit]
         ids.append(tokens)
     return EmbedJob(request, ids, dims)
+
+
+def keep_size(keep_last: int | None, limit: int) -> int | None:
+    """How many tokens `keep_last` keeps of each input (-1: `limit`, the context; vLLM's
+    `truncate_prompt_tokens`); None: inputs are not cut.
+
+    Raises:
+        RequestError: below -1, 0, or more than the context (`keep_last`).
+    """
+    if keep_last is None:
+        return None
+    if keep_last == -1:
+        return limit
+    if keep_last < 1:
+        raise RequestError(f"'keep_last' is {keep_last}; it must be at least 1 (the tokens "
+                           "kept of each input), or -1 for the model's context.",
+                           param="keep_last")
+    if keep_last > limit:
+        raise RequestError(f"'keep_last' is {keep_last}, more than this model's maximum "
+                           f"context length of {limit} tokens: ask for at most {limit} (or "
+                           "-1: the context).", param="keep_last")
+    return keep_last
+
+
+def last_tokens(model: Model, text: str, keep: int, index: int) -> list[int]:
+    """The embedding ids of `text` (`Model.embedding_ids`) cut to `keep`: its own tokens'
+    last ones, the special tokens the model adds around an input kept (as transformers'
+    tokenizer truncates on the left: vLLM's `truncate_prompt_tokens`).
+
+    Raises:
+        RequestError: `keep` leaves no room for a token of the text beside the special
+            tokens (`keep_last`).
+    """
+    full = model.embedding_ids(text)
+    if len(full) <= keep:
+        return full
+    body = model.tokenizer.encode(text)
+    added = len(full) - len(body)
+    start = next((h for h in range(added + 1) if full[h:h + len(body)] == body), None)
+    if start is None:  # the text's tokens are not whole in the input (no such tokenizer)
+        return full[-keep:]
+    if keep <= added:
+        raise RequestError(f"'keep_last' is {keep}; input {index} needs more: this model "
+                           f"adds {added} special tokens around each input, so keep at least "
+                           f"{added + 1}.", param="keep_last")
+    return full[:start] + body[len(body) - (keep - added):] + full[start + len(body):]
 
 
 def finish(vectors: np.ndarray, dimensions: int | None) -> np.ndarray:

@@ -136,6 +136,8 @@ class EmbedGenerate(msgspec.Struct, kw_only=True, tag="embed"):
         dimensions: keep the first this many of each vector, then normalize again
             (Matryoshka); None: all of them.
         context_limit: a context smaller than the model's, for each input.
+        keep_last: each input cut to its last this many tokens (a text's special tokens
+            kept around them; -1: the context), before the context is checked; None: uncut.
     """
 
     request_id: str
@@ -143,6 +145,7 @@ class EmbedGenerate(msgspec.Struct, kw_only=True, tag="embed"):
     truncate: bool = False
     dimensions: int | None = None
     context_limit: int | None = None
+    keep_last: int | None = None
 
 
 # What the ingress sends a worker.

@@ -11,12 +11,17 @@ ids mixed in one input are a 400 here. Its `embd_normalize` (default 2, Euclidea
 applied to the worker's unit vectors (every p-norm of a vector is that of its unit vector;
 0: the largest magnitude to 32760, an int16's range); -1 (none) is a 400: the vectors come
 normalized. `model` is optional where the server serves one model.
+
+vLLM's `truncate_prompt_tokens` on /v1/embeddings keeps each input's last that many tokens
+(a text's special tokens kept around them; -1: the context; below -1 a 400 here, 0 or past
+the context one from the worker naming it), where an input over the context is otherwise
+a 400.
 """
 
 from __future__ import annotations
 
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -30,6 +35,9 @@ from deployments.ollama.request import Options, decode, keep_alive, served
 
 # the most inputs one request may carry (OpenAI's own limit)
 MAX_INPUTS = 2048
+# vLLM's `truncate_prompt_tokens` (its own bound: -1 is the context; 0 and past the context
+# are refused by the worker, which knows it)
+Truncation = Annotated[int, msgspec.Meta(ge=-1)]
 
 
 class OpenAIEmbedIn(msgspec.Struct, kw_only=True):
@@ -38,6 +46,7 @@ class OpenAIEmbedIn(msgspec.Struct, kw_only=True):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
     user: str | None = None
+    truncate_prompt_tokens: Truncation | None = None
 
 
 class LlamaEmbedIn(msgspec.Struct, kw_only=True):
@@ -127,13 +136,16 @@ def _request_id() -> str:
 
 
 def openai_call(body: bytes, ingress: Ingress) -> Call:
-    """/v1/embeddings' Call: an input over the context is a 400 (OpenAI does not cut)."""
+    """/v1/embeddings' Call: an input over the context is a 400 (OpenAI does not cut),
+    unless vLLM's `truncate_prompt_tokens` keeps its last tokens."""
     req = decode_json(body, OpenAIEmbedIn)
     ingress.check_model(req.model)
     greq = EmbedGenerate(request_id=_request_id(), inputs=_inputs(req.input),
-                         dimensions=_dimensions(req.dimensions))
+                         dimensions=_dimensions(req.dimensions),
+                         keep_last=req.truncate_prompt_tokens)
     return Call(model=req.model, request=greq,
-                reply=OpenAIEmbedReply(req.model, req.encoding_format))
+                reply=OpenAIEmbedReply(req.model, req.encoding_format),
+                params={"keep_last": "truncate_prompt_tokens"})
 
 
 def embed_call(body: bytes, ingress: Ingress) -> Call:

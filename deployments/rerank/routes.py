@@ -1,6 +1,7 @@
 """The rerank routes: llama-server's (/rerank, /reranking, /v1/rerank, /v1/reranking),
-vLLM's and Jina's (/rerank, /v1/rerank) and Cohere's (/v1/rerank, /v2/rerank), one handler
-through the ingress's one request path, errors in OpenAI's shape."""
+vLLM's and Jina's (/rerank, /v1/rerank), Cohere's (/v1/rerank, /v2/rerank) and vLLM's score
+API (/score, /v1/score), each through the ingress's one request path, errors in OpenAI's
+shape."""
 
 # No `from __future__ import annotations`: FastAPI reads the handlers' annotations.
 
@@ -9,7 +10,8 @@ from starlette.responses import Response
 
 from deployments.errors import error_response
 from deployments.ingress import Current
-from deployments.rerank.request import rerank_call
+from deployments.rerank.request import cohere_v2_call, rerank_call
+from deployments.rerank.score import score_call
 
 router = APIRouter()
 
@@ -18,6 +20,16 @@ router = APIRouter()
 @router.post("/reranking")
 @router.post("/v1/rerank")
 @router.post("/v1/reranking")
-@router.post("/v2/rerank")
 async def rerank(request: Request, ingress: Current) -> Response:
     return await ingress.generate(request, "/v1/rerank", rerank_call, error_response)
+
+
+@router.post("/v2/rerank")
+async def rerank_v2(request: Request, ingress: Current) -> Response:
+    return await ingress.generate(request, "/v1/rerank", cohere_v2_call, error_response)
+
+
+@router.post("/score")
+@router.post("/v1/score")
+async def score(request: Request, ingress: Current) -> Response:
+    return await ingress.generate(request, "/v1/score", score_call, error_response)

@@ -118,3 +118,59 @@ def test_no_documents_is_refused(worker) -> None:
     with pytest.raises(RequestError) as exc:
         build_rerank(Rerank(request_id="r", query="q"), worker.model)
     assert exc.value.param == "documents"
+
+
+def _job(worker: Worker, documents: list[str], **kw):
+    return build_rerank(Rerank(request_id="r", query=kw.pop("query", QUERY),
+                               documents=documents, **kw), worker.model)
+
+
+def test_document_tokens_cut_each_document_to_its_own_first_tokens(worker) -> None:
+    """Cohere's `max_tokens_per_doc`: a document is scored as its first N tokens; a
+    shorter one is whole; the context still cuts one whose N tokens do not fit."""
+    tok = worker.model.tokenizer
+    long = "the cat sat on the mat and looked at the dog " * 3
+    job = _job(worker, [long, "a cat"], document_tokens=5)
+    want = tok.encode_pairs(QUERY, [tok.text_prefix(long, 5), "a cat"])
+    assert job.ids == [ids for ids, _ in want]
+    assert len(tok.encode(tok.text_prefix(long, 5))) == 5
+    limit = DIMS["max_position_embeddings"]
+    (ids,) = _job(worker, ["cat " * (2 * limit)], document_tokens=limit).ids
+    assert len(ids) == limit
+    with pytest.raises(RequestError) as exc:
+        _job(worker, ["a"], document_tokens=0)
+    assert exc.value.param == "document_tokens"
+
+
+def test_pair_tokens_cut_each_pair_as_the_context_does(worker) -> None:
+    """vLLM's `truncate_prompt_tokens`: every pair at most k tokens, the document's end cut
+    (the query whole); -1 is the context; a k past the context, or one the query does not
+    fit in, is refused naming it."""
+    tok = worker.model.tokenizer
+    limit = DIMS["max_position_embeddings"]
+    long = "cat " * limit
+    job = _job(worker, [long, "a cat"], pair_tokens=40)
+    assert [len(ids) for ids in job.ids] == [40, len(tok.encode_pairs(QUERY, ["a cat"])[0][0])]
+    assert job.ids[0] == tok.encode_pairs(QUERY, [long], limit=40)[0][0]
+    assert _job(worker, [long], pair_tokens=-1).ids == _job(worker, [long]).ids
+    for k in (0, -2, limit + 1):
+        with pytest.raises(RequestError) as exc:
+            _job(worker, ["a"], pair_tokens=k)
+        assert exc.value.param == "pair_tokens" and str(k) in exc.value.message
+    with pytest.raises(RequestError) as exc:
+        _job(worker, ["a"], pair_tokens=4)
+    assert exc.value.param == "pair_tokens" and "'pair_tokens' keeps 4" in exc.value.message
+
+
+def test_a_query_a_document_scores_each_pair_as_alone(worker) -> None:
+    """vLLM's score API N:N: each document with its own query, the scores those pairs get
+    one query at a time; a query list not one a document is refused naming `query`."""
+    queries = [QUERY, "what fell?", QUERY]
+    _, scores, usage = _run(worker, Rerank(request_id="r", query=queries, documents=DOCUMENTS))
+    alone = [_rerank(worker, [d], query=q)[1] for q, d in zip(queries, DOCUMENTS)]
+    np.testing.assert_allclose(scores.scores, [a.scores[0] for a in alone], rtol=0, atol=1e-6)
+    assert scores.tokens == [a.tokens[0] for a in alone]
+    assert usage.prompt_tokens == sum(scores.tokens)
+    with pytest.raises(RequestError) as exc:
+        _job(worker, DOCUMENTS, query=queries[:2])
+    assert exc.value.param == "query" and "2 queries for 3 documents" in exc.value.message

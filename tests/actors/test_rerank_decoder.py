@@ -141,3 +141,28 @@ def test_a_cut_inside_a_character_still_ends(worker) -> None:
         finally:
             model.config = saved
         assert len(job.ids[0]) < len(whole.ids[0])
+
+
+def test_cuts_and_a_query_a_document_reach_the_prompts(worker) -> None:
+    """Cohere's document cut (its first N tokens in the prompt), vLLM's pair cut (every
+    prompt at most k tokens, the document's end cut, the prompt's end kept) and vLLM's N:N
+    score pairs (each prompt with its own query) on a decoder reranker."""
+    model, tok = worker.model, worker.model.tokenizer
+    long = "the cat sat on the mat " * 8
+
+    def job(documents: list[str], **kw):
+        return build_rerank(Rerank(request_id="r", query=kw.pop("query", QUERY),
+                                   documents=documents, **kw), model)
+
+    assert job([long], document_tokens=4).ids == job([tok.text_prefix(long, 4)]).ids
+    whole = job(["short"]).ids[0]
+    (cut,) = job([long], pair_tokens=len(whole) + 3).ids
+    assert len(whole) < len(cut) <= len(whole) + 3
+    assert tok.decode(cut, skip_special_tokens=False).endswith("<think>\n\n</think>\n\n")
+    with pytest.raises(RequestError) as exc:
+        job(["d"], pair_tokens=len(whole) - 10)
+    assert exc.value.param == "pair_tokens"
+    mixed = job(["a cat", "dogs"], query=["what sat?", "what barks?"]).ids
+    assert mixed == [job(["a cat"], query="what sat?").ids[0],
+                     job(["dogs"], query="what barks?").ids[0]]
+    assert "what barks?" in tok.decode(mixed[1], skip_special_tokens=False)

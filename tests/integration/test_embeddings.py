@@ -75,6 +75,32 @@ def test_openai_errors(oa) -> None:
         oa.embeddings.create(model="nope", input="ok")
 
 
+def test_vllms_truncate_prompt_tokens_keeps_the_last_tokens(oa) -> None:
+    """vLLM's `truncate_prompt_tokens` (the SDK's extra_body): an encoder's input keeps its
+    last k tokens inside [CLS] ... [SEP] (two texts that end alike, WordPiece tokenizing
+    word by word, embed alike); -1 keeps the context, where the input alone is a 400; past
+    the context is a 400 naming it."""
+    def embed(text: str, **kw):
+        return oa.embeddings.create(model="bert-tiny", input=text, encoding_format="float",
+                                    **({"extra_body": kw} if kw else {}))
+
+    one = embed("a dog ran to the cat on the mat", truncate_prompt_tokens=5)
+    other = embed("the bird sat there on the mat", truncate_prompt_tokens=5)
+    assert one.usage.prompt_tokens == other.usage.prompt_tokens == 5
+    np.testing.assert_allclose(_matrix(one.data), _matrix(other.data), atol=1e-5)
+    whole = embed("the bird sat there on the mat")
+    assert whole.usage.prompt_tokens > 5
+    assert not np.allclose(_matrix(whole.data), _matrix(other.data), atol=1e-3)
+    long = "the cat " * 2000
+    with pytest.raises(openai.BadRequestError):
+        embed(long)
+    kept = embed(long, truncate_prompt_tokens=-1)
+    assert len(kept.data) == 1 and kept.usage.prompt_tokens > 5
+    with pytest.raises(openai.BadRequestError) as exc:
+        embed("ok", truncate_prompt_tokens=10**6)
+    assert exc.value.param == "truncate_prompt_tokens"
+
+
 def test_ollama_embed_and_embeddings(oa, oc) -> None:
     r = oc.embed(model=SMOL + ":latest", input=TEXTS)
     m = np.array(r.embeddings, dtype=np.float32)

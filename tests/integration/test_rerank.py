@@ -2,7 +2,8 @@
 documents as transformers scores them (sigmoid of its logits), on every path (llama-server's,
 vLLM's, Jina's, Cohere's), with `top_n` and `return_documents`; what a client sees of bad
 input and of models that do not rerank (OpenAI's error shape, the field named); Cohere's
-own client pointed at the server."""
+own client pointed at the server; vLLM's /v1/score and the cuts (`truncate_prompt_tokens`,
+`max_tokens_per_doc`)."""
 
 from __future__ import annotations
 
@@ -21,20 +22,29 @@ DOCUMENTS = ["The cat sat on the mat.", "Stocks fell sharply today.", "a",
 
 
 @pytest.fixture(scope="module")
-def expected(reranker_dir: Path) -> dict:
-    """transformers' scores of the pairs (sigmoid of the logits: the config names no
-    activation) and their token counts."""
+def oracle(reranker_dir: Path):
+    """transformers' scores of pairs as tokenized with `kw` (sigmoid of the logits: the
+    config names no activation) and their token counts; and its tokenizer."""
     import torch
     import transformers
 
     tok = transformers.AutoTokenizer.from_pretrained(str(reranker_dir))
     model = transformers.AutoModelForSequenceClassification.from_pretrained(
         str(reranker_dir)).eval()
-    enc = [tok(QUERY, d, return_tensors="pt") for d in DOCUMENTS]
-    with torch.no_grad():
-        logits = np.array([model(**e).logits[0, 0].item() for e in enc])
-    return {"scores": 1 / (1 + np.exp(-logits)),
-            "tokens": sum(int(e["input_ids"].shape[1]) for e in enc)}
+
+    def score(documents: list[str], **kw) -> dict:
+        enc = [tok(QUERY, d, return_tensors="pt", **kw) for d in documents]
+        with torch.no_grad():
+            logits = np.array([model(**e).logits[0, 0].item() for e in enc])
+        return {"scores": 1 / (1 + np.exp(-logits)),
+                "tokens": sum(int(e["input_ids"].shape[1]) for e in enc)}
+    score.tokenizer = tok
+    return score
+
+
+@pytest.fixture(scope="module")
+def expected(oracle) -> dict:
+    return oracle(DOCUMENTS)
 
 
 def _error(r) -> dict:
@@ -65,6 +75,52 @@ def test_results_rank_as_transformers_scores(client, expected) -> None:
     # Hugging Face TEI's body and answer: the same ranking
     tei = client.post("/rerank", json={"model": RERANKER, "query": QUERY, "texts": DOCUMENTS})
     assert [x["index"] for x in tei.json()] == order
+
+
+def test_vllm_score_and_the_document_and_pair_cuts(client, expected, oracle) -> None:
+    """vLLM's /v1/score (1:N and N:N, the scores in the pairs' order), vLLM's
+    `truncate_prompt_tokens` (transformers' scores of the pairs cut to k, the document's
+    end) and Cohere's `max_tokens_per_doc` (each document's first N tokens)."""
+    r = client.post("/v1/score", json={"model": RERANKER, "text_1": QUERY,
+                                       "text_2": DOCUMENTS})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "list" and body["id"].startswith("score-")
+    assert [x["index"] for x in body["data"]] == list(range(len(DOCUMENTS)))
+    np.testing.assert_allclose([x["score"] for x in body["data"]], expected["scores"],
+                               rtol=0, atol=1e-4)
+    assert body["usage"]["prompt_tokens"] == expected["tokens"]
+    many = client.post("/score", json={"model": RERANKER, "queries": [QUERY] * 5,
+                                       "documents": DOCUMENTS}).json()
+    np.testing.assert_allclose([x["score"] for x in many["data"]], expected["scores"],
+                               rtol=0, atol=1e-4)
+    tok = oracle.tokenizer
+    k = len(tok(QUERY, "")["input_ids"]) + 4  # room for 4 tokens of a document
+    cut = oracle(DOCUMENTS, truncation="only_second", max_length=k)
+    for path in ("/v1/score", "/v1/rerank"):
+        sides = ({"text_1": QUERY, "text_2": DOCUMENTS} if path == "/v1/score"
+                 else {"query": QUERY, "documents": DOCUMENTS})
+        r = client.post(path, json={"model": RERANKER, "truncate_prompt_tokens": k, **sides})
+        assert r.status_code == 200, r.text
+        got = (sorted(r.json()["results"], key=lambda x: x["index"])
+               if path == "/v1/rerank" else r.json()["data"])
+        np.testing.assert_allclose([x.get("score", x.get("relevance_score")) for x in got],
+                                   cut["scores"], rtol=0, atol=1e-4)
+        assert r.json()["usage"]["prompt_tokens"] == cut["tokens"]
+    starts = [d[:tok(d, add_special_tokens=False, return_offsets_mapping=True)
+                 ["offset_mapping"][:2][-1][1]] for d in DOCUMENTS]
+    r = client.post("/v2/rerank", json={"model": RERANKER, "query": QUERY,
+                                        "documents": DOCUMENTS, "max_tokens_per_doc": 2})
+    got = sorted(r.json()["results"], key=lambda x: x["index"])
+    np.testing.assert_allclose([x["relevance_score"] for x in got],
+                               oracle(starts)["scores"], rtol=0, atol=1e-4)
+    err = _error(client.post("/v1/score", json={"model": RERANKER, "text_1": [QUERY] * 2,
+                                                "text_2": DOCUMENTS}))
+    assert err["param"] == "text_2"
+    err = _error(client.post("/v1/score", json={"model": RERANKER, "text_1": QUERY,
+                                                "text_2": ["ok"],
+                                                "truncate_prompt_tokens": 10**6}))
+    assert err["param"] == "truncate_prompt_tokens"
 
 
 def test_bad_input_and_models_that_do_not_rerank(client) -> None:

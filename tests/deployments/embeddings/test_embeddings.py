@@ -46,6 +46,27 @@ def test_openai_floats_and_base64() -> None:
     assert worker.requests[1].truncate is False  # OpenAI refuses, never cuts
 
 
+def test_openai_truncate_prompt_tokens_keeps_each_inputs_last_tokens() -> None:
+    """vLLM's `truncate_prompt_tokens` travels as `keep_last` (-1: the context); the
+    worker's refusal of a size names it as the client sent it."""
+    reject = FakeStream([[Rejected(status=400, param="keep_last", message=(
+        "'keep_last' is 9000, more than this model's maximum context length of 2048 "
+        "tokens: ask for at most 2048 (or -1: the context)."))]])
+    worker = FakeWorker(_play(1), _play(1), reject)
+    client, _ = _client(worker)
+    for k in (16, -1):
+        r = client.post("/v1/embeddings", json={"model": "m", "input": "a",
+                                                "truncate_prompt_tokens": k})
+        assert r.status_code == 200, r.text
+    assert [req.keep_last for req in worker.requests] == [16, -1]
+    r = client.post("/v1/embeddings", json={"model": "m", "input": "a",
+                                            "truncate_prompt_tokens": 9000})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["param"] == "truncate_prompt_tokens"
+    assert err["message"].startswith("'truncate_prompt_tokens' is 9000")
+
+
 @pytest.mark.parametrize("body,param", [
     ({"input": ""}, "input"),
     ({"input": []}, "input"),
@@ -57,6 +78,8 @@ def test_openai_floats_and_base64() -> None:
     ({"input": "a", "encoding_format": "hex"}, "encoding_format"),
     ({"input": "a", "dimensions": 0}, "dimensions"),
     ({"input": "a", "dimensions": "8"}, "dimensions"),
+    ({"input": "a", "truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
+    ({"input": "a", "truncate_prompt_tokens": "8"}, "truncate_prompt_tokens"),
     ({"input": "a", "model": "nope"}, "model"),
 ])
 def test_openai_bad_input_is_a_400_naming_the_field(body: dict, param: str) -> None:

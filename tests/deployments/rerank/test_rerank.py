@@ -9,7 +9,7 @@ import pytest
 
 from actors.events import Accepted, Failed, Rejected, Usage
 from actors.rerank import Rerank, Scores
-from deployments.rerank.request import MAX_DOCUMENTS
+from deployments.rerank.request import COHERE_DOCUMENT_TOKENS, MAX_DOCUMENTS
 from tests.deployments.test_ingress import FakeStream, FakeWorker, _client
 
 DOCS = ["a cat", "stocks", "the cat sat", "dogs"]
@@ -37,7 +37,9 @@ def test_every_path_answers_sorted_results_with_documents(path: str) -> None:
     assert [x["document"] for x in body["results"]] == [{"text": DOCS[i]} for i in (2, 0, 3, 1)]
     assert body["usage"] == {"prompt_tokens": 24, "total_tokens": 24}
     (req,) = worker.requests
-    assert req == Rerank(request_id=req.request_id, query="cat?", documents=DOCS)
+    cut = COHERE_DOCUMENT_TOKENS if path == "/v2/rerank" else None  # Cohere v2's default
+    assert req == Rerank(request_id=req.request_id, query="cat?", documents=DOCS,
+                         document_tokens=cut)
     assert req.request_id == body["id"]
 
 
@@ -87,6 +89,12 @@ def test_teis_body_gets_teis_answer() -> None:
     ({"query": "q", "texts": []}, "texts"),
     ({"query": "q", "texts": ["a", 2]}, "texts[1]"),
     ({"query": "q", "texts": DOCS, "raw_scores": True}, "raw_scores"),
+    ({"query": "q", "documents": DOCS, "max_tokens_per_doc": 0}, "max_tokens_per_doc"),
+    ({"query": "q", "documents": DOCS, "max_tokens_per_doc": "9"}, "max_tokens_per_doc"),
+    ({"query": "q", "documents": DOCS, "truncate_prompt_tokens": -2},
+     "truncate_prompt_tokens"),
+    ({"query": "q", "documents": DOCS, "truncate_prompt_tokens": 1.5},
+     "truncate_prompt_tokens"),
 ])
 def test_bad_input_is_a_400_naming_the_field(body: dict, param: str) -> None:
     worker = FakeWorker()
@@ -126,3 +134,36 @@ def test_model_is_required_where_the_server_serves_several() -> None:
     r = TestClient(app).post("/v1/rerank", json={"query": "q", "documents": ["a"]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "model"
     assert worker.requests == []
+
+
+@pytest.mark.parametrize("path,body,cut,pair", [
+    ("/v1/rerank", {}, None, None),
+    ("/v1/rerank", {"max_tokens_per_doc": 7}, 7, None),
+    ("/v2/rerank", {}, COHERE_DOCUMENT_TOKENS, None),
+    ("/v2/rerank", {"max_tokens_per_doc": 7}, 7, None),
+    ("/v1/rerank", {"truncate_prompt_tokens": 100}, None, 100),
+    ("/rerank", {"truncate_prompt_tokens": -1}, None, -1),
+])
+def test_document_and_pair_cuts_reach_the_worker(path: str, body: dict, cut: int | None,
+                                                  pair: int | None) -> None:
+    """Cohere's `max_tokens_per_doc` (4096 on /v2/rerank when not sent, Cohere's default)
+    and vLLM's `truncate_prompt_tokens` travel as the Rerank's document and pair cuts."""
+    worker = FakeWorker(_play())
+    client, _ = _client(worker)
+    r = client.post(path, json={"query": "q", "documents": DOCS, **body})
+    assert r.status_code == 200, r.text
+    (req,) = worker.requests
+    assert (req.document_tokens, req.pair_tokens) == (cut, pair)
+
+
+def test_a_worker_refusal_of_a_cut_names_the_apis_field() -> None:
+    reject = FakeStream([[Rejected(status=400, param="pair_tokens", message=(
+        "'pair_tokens' is 9000; it must be between 1 and this model's maximum context "
+        "length of 512 tokens (or -1: the context)."))]])
+    client, _ = _client(FakeWorker(reject))
+    r = client.post("/v1/rerank", json={"query": "q", "documents": ["a"],
+                                        "truncate_prompt_tokens": 9000})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["param"] == "truncate_prompt_tokens"
+    assert err["message"].startswith("'truncate_prompt_tokens' is 9000")

@@ -77,4 +77,5 @@ def test_a_refused_instruction_is_a_400_naming_it() -> None:
     r = client.post("/v2/rerank", json={"query": "q", "documents": ["d"], "instruction": "x"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "instruction"
     assert worker.requests[0] == Rerank(request_id=worker.requests[0].request_id, query="q",
-                                        documents=["d"], instruction="x")
+                                        documents=["d"], instruction="x",
+                                        document_tokens=4096)  # Cohere v2's default
