@@ -204,3 +204,11 @@ def test_a_request_that_must_think_is_refused_by_a_model_that_cannot(model, spec
         _session(model, plain, req)
     assert err.value.status == 400 and "does not support thinking" in err.value.message
     _session(model, plain, ChatGenerate(request_id="z", messages=MSG, thinking=True))
+
+
+def test_a_later_system_message_is_rendered_where_it_stands(model) -> None:
+    """flm-tiny's template keeps a system message past the first as a system turn."""
+    text = model.render([{"role": "user", "content": "Hi"},
+                         {"role": "system", "content": "Reply in French only."},
+                         {"role": "user", "content": "Hi"}])
+    assert "<|im_start|>system\nReply in French only.<|im_end|>\n<|im_start|>user" in text

@@ -274,6 +274,21 @@ def test_rendering_matches_apply_chat_template() -> None:
                                                          add_generation_prompt=True)
 
 
+def test_our_smollm2_template_keeps_a_later_system_message_as_the_files_does(smollm2) -> None:
+    """A system (or developer) message past the first, as Codex-style clients send one
+    beside `instructions`, is a system turn where it stands, as the file's own template
+    writes it (ours dropped it)."""
+    from npu.load.loader import default_model_path
+
+    own = load_model(default_model_path())  # the file's own template, not ours
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+            {"role": "system", "content": "Reply in French only."},
+            {"role": "user", "content": "Hi"}]
+    assert smollm2.render(msgs) == own.render(msgs)
+    later = [msgs[1], msgs[2], msgs[3]]  # the default system prompt, then the later one
+    assert smollm2.render(later) == own.render(later)
+
+
 def _greedy(model, prompt: str, tokens: int) -> list[int]:
     ids = model.prompt_ids(model.render([{"role": "user", "content": prompt}]))
     logits = model.engine.prefill("g", ids)
