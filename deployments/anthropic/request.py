@@ -217,6 +217,8 @@ def chat_messages(req: CountIn) -> list[dict]:
     names: dict[str, str] = {}
     for i, m in enumerate(req.messages):
         where = f"messages[{i}].content"
+        if i:
+            _check_results(req.messages[i - 1], m, i)
         if isinstance(m.content, str):
             out.append({"role": m.role, "content": m.content})
         elif m.role == "assistant":
@@ -224,6 +226,28 @@ def chat_messages(req: CountIn) -> list[dict]:
         else:
             out.extend(_user(m.content, where, names))
     return out
+
+
+def _check_results(before: Any, turn: Any, i: int) -> None:
+    """Anthropic's rule: each tool_use block of an assistant turn has its tool_result in
+    the next turn (else the model would read a call that never got its answer).
+
+    Raises:
+        ApiError: 400 naming the turn and the ids without results.
+    """
+    if before.role != "assistant" or isinstance(before.content, str):
+        return
+    calls = [b.id for b in before.content if isinstance(b, ToolUseBlock)]
+    if not calls:
+        return
+    answered = set() if isinstance(turn.content, str) else {
+        b.tool_use_id for b in turn.content if isinstance(b, ToolResultBlock)}
+    missing = [c for c in calls if c not in answered]
+    if missing:
+        raise ApiError(400, f"messages.{i}: `tool_use` ids were found without `tool_result` "
+                            f"blocks immediately after: {', '.join(missing)}. Each `tool_use` "
+                            "block must have a corresponding `tool_result` block in the next "
+                            "message.", param=f"messages[{i}].content")
 
 
 # -- tools, tool_choice, output format, thinking -> the OpenAI options the chat library reads --

@@ -159,6 +159,15 @@ IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png"
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a",
                                       "content": [IMAGE]}]}]},
      "messages[1].content[0].content[0].type"),
+    ({"messages": [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "a", "name": "get_weather", "input": {}},
+        {"type": "tool_use", "id": "b", "name": "get_weather", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a",
+                                      "content": "x"}]}]},
+     "messages[2].content"),  # as Anthropic: every call answered in the next turn
+    ({"messages": [{"role": "assistant", "content": [
+        {"type": "tool_use", "id": "a", "name": "get_weather", "input": {}}]},
+        {"role": "user", "content": "And now?"}]}, "messages[1].content"),
     ({"system": [IMAGE]}, "system[0].type"),
     ({"tools": [{"name": "f"}]}, "tools[0].input_schema"),
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0].type"),
