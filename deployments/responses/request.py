@@ -56,6 +56,7 @@ class ResponsesIn(msgspec.Struct, kw_only=True):
     include: list[str] | None = None
     top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
     conversation: Any = None  # the Conversations API's: not served (a 400, not ignored)
+    prompt: Any = None  # a stored prompt template's reference: none are stored (a 400)
     user: str | None = None
 
 
@@ -227,6 +228,9 @@ def chat_request(req: ResponsesIn, history: list[dict]) -> tuple[GenerateRequest
         raise ApiError(400, "'conversation' (the Conversations API) is not supported here; "
                             "continue a conversation with 'previous_response_id'.",
                        param="conversation")
+    if req.prompt is not None:
+        raise ApiError(400, "'prompt' (a stored prompt template) is not supported here: send "
+                            "its text as 'instructions' and 'input'.", param="prompt")
     conversation = input_messages(req.input, history)
     if not conversation:
         raise ApiError(400, "'input' is empty.", param="input")
@@ -269,6 +273,35 @@ def response_base(req: ResponsesIn, response_id: str) -> dict:
             "user": req.user, "metadata": req.metadata or {}}
 
 
+def stored_history(req: ResponsesIn, store: ResponseStore) -> tuple[list[dict], list[dict]]:
+    """The conversation of `previous_response_id` (as chat messages) and its input items
+    and outputs; empty without one.
+
+    Raises:
+        ApiError: 404 naming `previous_response_id`, a response the store does not hold.
+    """
+    if not req.previous_response_id:
+        return [], []
+    try:
+        previous = store.get(req.previous_response_id)
+    except ApiError as err:
+        err.param = "previous_response_id"
+        raise
+    return previous.conversation, previous.items + previous.response["output"]
+
+
+async def input_tokens(body: bytes, ingress: Ingress) -> dict:
+    """POST /v1/responses/input_tokens: the tokens the request's input (with its stored
+    conversation, instructions and tools) would prompt the model with, counted by a worker
+    with the model's template (nothing generated, nothing stored)."""
+    req = decode(body)
+    ingress.check_model(req.model)
+    history, _ = stored_history(req, ingress.state("responses", ResponseStore))
+    greq, _ = chat_request(req, history)
+    return {"object": "response.input_tokens",
+            "input_tokens": await ingress.count_tokens(req.model, greq)}
+
+
 async def responses_call(body: bytes, ingress: Ingress) -> Call:
     """POST /v1/responses's Call: the request with its stored conversation (cut to the
     model's context with `truncation: "auto"`, which counts the prompt on a worker), answered
@@ -276,16 +309,7 @@ async def responses_call(body: bytes, ingress: Ingress) -> Call:
     req = decode(body)
     ingress.check_model(req.model)
     store = ingress.state("responses", ResponseStore)
-    history: list[dict] = []
-    earlier: list[dict] = []  # the input items and outputs of the earlier responses
-    if req.previous_response_id:
-        try:
-            previous = store.get(req.previous_response_id)
-        except ApiError as err:
-            err.param = "previous_response_id"
-            raise
-        history = previous.conversation
-        earlier = previous.items + previous.response["output"]
+    history, earlier = stored_history(req, store)
     greq, conversation = chat_request(req, history)
     items = earlier + input_items(req.input)
     if req.truncation == "auto":

@@ -1,5 +1,6 @@
 """OpenAI's Responses routes: POST /v1/responses through the ingress's one request path;
-GET and DELETE of a stored response, and GET of its input items. Errors in OpenAI's shape.
+POST /v1/responses/input_tokens (the request's prompt counted); GET and DELETE of a stored
+response, and GET of its input items. Errors in OpenAI's shape.
 The router is in deployments.server's route table, so a route added here is served."""
 
 # No `from __future__ import annotations`: FastAPI reads the handlers' annotations.
@@ -10,7 +11,7 @@ from starlette.responses import JSONResponse, Response
 from deployments.errors import error_response
 from deployments.ingress import Current
 from deployments.responses.items import item_page
-from deployments.responses.request import responses_call
+from deployments.responses.request import input_tokens, responses_call
 from deployments.responses.store import ResponseStore
 
 router = APIRouter()
@@ -19,6 +20,15 @@ router = APIRouter()
 @router.post("/v1/responses")
 async def create(request: Request, ingress: Current) -> Response:
     return await ingress.generate(request, "/v1/responses", responses_call, error_response)
+
+
+@router.post("/v1/responses/input_tokens")
+async def count(request: Request, ingress: Current) -> Response:
+    """The input tokens a response request would have (OpenAI's input token count)."""
+    async def run() -> Response:
+        return JSONResponse(await input_tokens(await ingress.body(request), ingress))
+
+    return await ingress.respond(run, error_response)
 
 
 @router.get("/v1/responses/{response_id}")

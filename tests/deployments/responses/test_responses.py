@@ -136,6 +136,7 @@ def test_a_message_after_a_call_with_no_output_is_refused() -> None:
     ({"tool_choice": "required"}, "tool_choice"),
     ({"background": True}, "background"),
     ({"conversation": "conv_123"}, "conversation"),
+    ({"prompt": {"id": "pmpt_1"}}, "prompt"),
     ({"include": ["bogus.value"]}, "include"),
     ({"top_logprobs": 21}, "top_logprobs"),
     ({"tools": [{"type": "function", "name": "f"}], "tool_choice": "any"}, "tool_choice"),

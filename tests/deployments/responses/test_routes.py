@@ -326,3 +326,19 @@ def test_truncation_auto_never_drops_the_newest_round() -> None:
     sent = worker.requests[0].messages
     assert sent[0]["content"] == "t" * 100
     assert _calls_and_outputs(sent) == (["c2"], ["c2"])
+
+
+def test_input_tokens_counts_the_prompt_a_response_would_have() -> None:
+    """The SDK's responses.input_tokens.count: the instructions, the stored conversation
+    and the input, counted by a worker (here: their characters); nothing generated."""
+    worker = CountingWorker(FakeStream(_done()))
+    oa, _ = _sdk(worker)
+    first = oa.responses.create(model="m", input="Hello")
+    out = oa.responses.input_tokens.count(model="m", instructions="Be brief.",
+                                          input="Again", previous_response_id=first.id)
+    assert out.object == "response.input_tokens"
+    said = sum(len(m.get("content") or "") for m in worker.counted[0].messages)
+    assert out.input_tokens == said > len("Be brief.Again")
+    assert [m["role"] for m in worker.counted[0].messages][:2] == ["system", "user"]
+    with pytest.raises(openai.NotFoundError):
+        oa.responses.input_tokens.count(model="m", input="x", previous_response_id="resp_x")
