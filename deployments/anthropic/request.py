@@ -128,9 +128,24 @@ class MessagesIn(CountIn, kw_only=True):
     metadata: dict | None = None
 
 
+BLOCK_TYPES = "text, tool_use, tool_result, thinking and redacted_thinking"
+
+
 def decode(body: bytes, kind: type[CountIn]) -> CountIn:
-    """A typed Messages (or count_tokens) request; a 400 naming the field otherwise."""
-    return decode_json(body, kind)
+    """A typed Messages (or count_tokens) request; a 400 naming the field otherwise (a
+    content block of a type this server does not read, such as a server tool's or a search
+    result, said so)."""
+    try:
+        return decode_json(body, kind)
+    except ApiError as err:
+        param = err.param or ""
+        if (param.endswith("].type") and param.startswith(("messages", "system"))
+                and "Invalid value" in err.message):
+            kind_name = err.message.split("'")[1] if err.message.count("'") >= 2 else "?"
+            err.message = (f"'{param}' is '{kind_name}': this server reads {BLOCK_TYPES} "
+                           "blocks (text only: no images, documents, search results or "
+                           "server tools' blocks).")
+        raise
 
 
 # -- blocks -> chat messages ----------------------------------------------------------------

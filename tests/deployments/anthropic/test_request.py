@@ -137,6 +137,17 @@ IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png"
                                      "data": "AA=="}}
 
 
+@pytest.mark.parametrize("block", [{"type": "search_result", "source": "x"},
+                                   {"type": "server_tool_use", "id": "a", "name": "web_search",
+                                    "input": {}}])
+def test_a_block_type_not_read_here_is_named_in_plain_words(block: dict) -> None:
+    body = {"model": "m", "max_tokens": 9, "messages": [{"role": "user", "content": [block]}]}
+    with pytest.raises(ApiError) as err:
+        request.decode(json.dumps(body).encode(), request.MessagesIn)
+    assert err.value.param == "messages[0].content[0].type"
+    assert f"is '{block['type']}': this server reads text, tool_use" in err.value.message
+
+
 @pytest.mark.parametrize("body,param", [
     ({"max_tokens": DROP}, "max_tokens"),
     ({"max_tokens": 0}, "max_tokens"),
