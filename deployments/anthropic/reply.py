@@ -39,12 +39,14 @@ def new_id() -> str:
 
 
 def usage_body(u: Usage | None) -> dict:
+    """A message's usage (`service_tier` "standard", as Anthropic answers one that is not
+    batched or priority)."""
     if u is None:
         return {"input_tokens": 0, "output_tokens": 0, "cache_creation_input_tokens": 0,
-                "cache_read_input_tokens": 0}
+                "cache_read_input_tokens": 0, "service_tier": "standard"}
     return {"input_tokens": u.prompt_tokens - u.cached_tokens,
             "output_tokens": u.completion_tokens, "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": u.cached_tokens}
+            "cache_read_input_tokens": u.cached_tokens, "service_tier": "standard"}
 
 
 def start_usage(accepted: Accepted | None) -> dict:

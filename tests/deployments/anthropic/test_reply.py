@@ -87,7 +87,7 @@ def test_events_become_blocks_in_anthropics_order() -> None:
         {"type": "tool_use", "id": "toolu_b", "name": "light", "input": {}}]
     assert message["usage"] == {"input_tokens": 4, "output_tokens": 7,
                                 "cache_creation_input_tokens": 0,
-                                "cache_read_input_tokens": 16}
+                                "cache_read_input_tokens": 16, "service_tier": "standard"}
     assert _fold_like_the_sdk(events) == message
 
 
