@@ -215,6 +215,7 @@ class LibraryWorkerBase:
         self.metrics = Metrics()
         self.budget = config.memory_budget or available_memory() * 3 // 4 or 1 << 62
         self._reports = 0  # reports of the loaded models sent to the hub
+        self._cold = asyncio.Lock()  # a load's reorder and Serve's eviction, together
 
     async def held_model(self, name: str) -> HeldModel:  # replaced by library_worker()
         raise NotImplementedError
@@ -316,8 +317,14 @@ class LibraryWorkerBase:
             known = False
         if not known:  # Serve evicts before it calls the loader: refuse what cannot load
             await self._servable(name)
-            self._spare_busy()
-        held = await self.held_model(name)
+            # one cold load at a time here: Serve's load lock is then free, so its eviction
+            # follows the order `_spare_busy` left with nothing run between them (waiting on
+            # Serve's lock, a request meanwhile could make a busy model the oldest again)
+            async with self._cold:
+                self._spare_busy()
+                held = await self.held_model(name)
+        else:
+            held = await self.held_model(name)
         if held.retired:  # evicted between Serve's lookup and ours: load it again
             if self.loaded.get(name) is held:
                 self._retire(self.loaded.pop(name))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import weakref
 from collections import OrderedDict
 
@@ -107,6 +108,7 @@ def _library_worker(budget: int):
     worker = LibraryWorkerBase.__new__(LibraryWorkerBase)  # the budget's checks need no Serve
     worker.budget, worker.loaded, worker.draining = budget, {}, []
     worker.metrics, worker.metrics_hub = Metrics(), None
+    worker._cold = asyncio.Lock()
     return worker
 
 
@@ -162,8 +164,6 @@ class _Multiplexer:
 def test_a_load_past_the_limit_evicts_an_idle_model_not_one_serving_requests() -> None:
     """A model streaming a long answer (the least recently used: two loads came after it)
     stays loaded; the idle one goes. With every model busy Serve still evicts one."""
-    import asyncio
-
     from actors.library import LibraryModel
     from actors.library_worker import HeldModel
 
@@ -193,5 +193,73 @@ def test_a_load_past_the_limit_evicts_an_idle_model_not_one_serving_requests() -
         assert len(mux.models) == 2 and "third" in mux.models
         for held in (chat, other, third):
             held.leave()
+
+    asyncio.run(run())
+
+
+class _LockedMultiplexer(_Multiplexer):
+    """_Multiplexer with Serve's load lock, and loads that wait for `gates[name]`."""
+
+    def __init__(self, limit: int, load, gates: dict[str, asyncio.Event]) -> None:
+        super().__init__(limit, load)
+        self.lock, self.gates, self.loading = asyncio.Lock(), gates, None
+
+    async def get(self, name: str):
+        if name in self.models:
+            self.models.move_to_end(name)
+            return self.models[name]
+        async with self.lock:
+            if name in self.models:
+                return self.models[name]
+            if len(self.models) >= self.limit:
+                _, evicted = self.models.popitem(last=False)
+                evicted.__del__()
+            self.loading = name
+            if name in self.gates:
+                await self.gates[name].wait()
+            self.models[name] = self.load(name)
+            return self.models[name]
+
+
+def test_a_request_during_a_load_does_not_make_the_next_load_evict_a_busy_model() -> None:
+    """Two cold loads at once, and a request to an idle model while the first loads: the
+    second load's eviction still spares the model streaming (the reorder and Serve's
+    eviction run together, not on either side of Serve's load lock)."""
+    from actors.library import LibraryModel
+    from actors.library_worker import HeldModel
+
+    worker = _library_worker(budget=1 << 40)
+
+    def load(name: str) -> HeldModel:  # as LibraryWorkerBase._load: the model is known
+        entry = LibraryModel(name=name, path=f"{name}.gguf", files=(f"{name}.gguf",),
+                             format="gguf", size=1, modified=0.0, digest="")
+        worker.loaded[name] = HeldModel(entry, _FakeWorker(), 0.5)
+        return worker.loaded[name]
+
+    gate = asyncio.Event()
+    mux = _LockedMultiplexer(3, load, {"c": gate})
+    setattr(worker, "__serve_multiplex_wrapper", mux)
+    worker.held_model = mux.get
+
+    async def servable(name: str) -> None:
+        return None
+
+    worker._servable = servable
+
+    async def run() -> None:
+        chat, _ = await worker._acquire("chat")  # streaming throughout
+        for name in ("idle1", "idle2"):
+            held, _ = await worker._acquire(name)
+            held.leave()
+        loads = asyncio.gather(worker._acquire("c"), worker._acquire("d"))
+        while mux.loading != "c":
+            await asyncio.sleep(0)
+        held, _ = await worker._acquire("idle2")  # a short request while c loads
+        held.leave()
+        gate.set()
+        for held, _ in await loads:
+            held.leave()
+        assert not chat.retired and "chat" in mux.models
+        chat.leave()
 
     asyncio.run(run())
