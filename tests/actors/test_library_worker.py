@@ -11,6 +11,8 @@ import pytest
 from actors.errors import RequestError
 from actors.library_worker import room_for
 
+pytestmark = pytest.mark.timeout(60)  # the asyncio cases wait on locks: a hang fails
+
 
 def test_nothing_is_unloaded_while_the_model_fits() -> None:
     assert room_for(10, [("a", 30, True), ("b", 30, True)], 100) == []
