@@ -21,19 +21,39 @@ def mixed_ids(model: Model, parts: Sequence[str | int], *, add_special: bool = T
         parse_special: special-token text ("<|im_end|>") in a string reads as that token;
             False: as text (llama.cpp's `parse_special`). default: True.
     """
-    tok = model.tokenizer
-    encode = tok.encode if parse_special else tok.encode_plain
+    encode = model.tokenizer.encode if parse_special else model.tokenizer.encode_plain
     ids: list[int] = []
     for k, part in enumerate(parts):
         if not isinstance(part, str):
             ids.append(part)
-        elif k == 0 and add_special and parse_special:
-            ids += model.prompt_ids(part)
-        elif k == 0 and add_special and tok.add_bos and tok.bos_id is not None:
-            ids += [tok.bos_id, *encode(part)]
+        elif k == 0 and add_special:
+            ids += _with_specials(model, part, parse_special)
         else:
             ids += encode(part)
     return ids
+
+
+def _with_specials(model: Model, text: str, parse_special: bool) -> list[int]:
+    """`text`'s ids with the special tokens the model puts around an input, as llama.cpp's
+    tokenizer adds them: a decoder's BOS (`Model.prompt_ids`: not doubled where the text
+    opens with it), an encoder's [CLS] ... [SEP] (`Model.embedding_ids`); without
+    `parse_special`, the text's own tokens read as text, after BOS or between the two."""
+    tok = model.tokenizer
+    if model.generates:
+        if parse_special:
+            return model.prompt_ids(text)
+        bos = [tok.bos_id] if tok.add_bos and tok.bos_id is not None else []
+        return bos + tok.encode_plain(text)
+    full = model.embedding_ids(text)
+    if parse_special:
+        return full
+    body = tok.encode(text)
+    start = next((h for h in range(len(full) - len(body) + 1)
+                  if full[h:h + len(body)] == body), None)
+    plain = model.tokenizer.encode_plain(text)
+    if start is None:  # the text's tokens are not whole in the input: no specials known
+        return plain
+    return full[:start] + plain + full[start + len(body):]
 
 
 def check_ids(model: Model, ids: Sequence[int], param: str) -> None:
@@ -41,5 +61,5 @@ def check_ids(model: Model, ids: Sequence[int], param: str) -> None:
     vocab = model.config.vocab_size
     bad = next((t for t in ids if not 0 <= t < vocab), None)
     if bad is not None:
-        raise RequestError(f"The prompt holds token id {bad}, outside this model's "
+        raise RequestError(f"'{param}' holds token id {bad}, outside this model's "
                            f"vocabulary of {vocab}.", param=param)

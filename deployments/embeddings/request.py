@@ -188,7 +188,7 @@ def _is_id(value: Any) -> bool:
 
 def _llama_inputs(value: Any, field: str) -> list[str | list[int]]:
     """llama-server's prompt forms as inputs (its `tokenize_input_prompts`); a 400 naming
-    the input that is none of them, is empty, or mixes strings and ids."""
+    the input that is none of them, is empty, or comes in pieces."""
     several = isinstance(value, list) and value and not any(map(_is_id, value))
     items = value if several else [value]
     _check_count(len(items))
@@ -202,8 +202,9 @@ def _llama_inputs(value: Any, field: str) -> list[str | list[int]]:
         elif item == "" or item == []:
             raise ApiError(400, f"'{param}' is empty.", param=param)
         elif isinstance(item, list) and all(_is_id(t) or isinstance(t, str) for t in item):
-            raise ApiError(400, f"'{param}' mixes strings and token ids, which is not "
-                                "supported for embeddings: send text or ids.", param=param)
+            raise ApiError(400, f"'{param}' is one input in pieces (strings, or strings "
+                                "and token ids), which embeddings do not take: send it as one "
+                                "string or as token ids.", param=param)
         else:
             raise ApiError(400, f"'{param}' must be a string or an array of token ids; "
                                 "several inputs: an array of those.", param=param)

@@ -35,8 +35,28 @@ def _model() -> SimpleNamespace:
         ids = tok.encode(text)
         return ids if ids[:1] == [BOS] else [BOS, *ids]
 
-    return SimpleNamespace(tokenizer=tok, prompt_ids=prompt_ids,
+    return SimpleNamespace(tokenizer=tok, prompt_ids=prompt_ids, generates=True,
                            config=SimpleNamespace(vocab_size=200))
+
+
+CLS, SEP = 2, 3
+
+
+def _encoder() -> SimpleNamespace:
+    """An encoder's stand-in: [CLS] ... [SEP] around an input (Model.embedding_ids)."""
+    return SimpleNamespace(tokenizer=_Tok(), generates=False,
+                           embedding_ids=lambda text: [CLS, *_Tok.encode(text), SEP],
+                           config=SimpleNamespace(vocab_size=200))
+
+
+def test_an_encoders_opening_string_gets_its_cls_and_sep() -> None:
+    """As llama.cpp's tokenizer adds a BERT vocabulary's specials: [CLS] a [SEP], then the
+    other pieces; with parse_special off the text's own tokens plain between them."""
+    a = _Tok.encode("a")
+    assert mixed_ids(_encoder(), ["a", 7]) == [CLS, *a, SEP, 7]
+    plain = _Tok.encode_plain("<s>a")
+    assert mixed_ids(_encoder(), ["<s>a"], parse_special=False) == [CLS, *plain, SEP]
+    assert mixed_ids(_encoder(), ["a"], add_special=False) == a
 
 
 def test_bos_only_before_an_opening_string() -> None:

@@ -166,10 +166,11 @@ def test_llama_servers_embedding_is_a_list_of_one_row_matrices() -> None:
     assert r.status_code == 200 and worker.requests[2].inputs == ["a"]
 
 
-@pytest.mark.parametrize("p", [0, 1, 3])
+@pytest.mark.parametrize("p", [0, 1, 3, 700])
 def test_llama_servers_embd_normalize_renormalizes_the_unit_vectors(p: int) -> None:
     """Every norm scales with the vector: the worker's unit vector normalized as asked is
-    the raw vector normalized so (llama.cpp's common_embd_normalize)."""
+    the raw vector normalized so (llama.cpp's common_embd_normalize); a large p too (the
+    powers of a unit vector's values underflowed to a zero norm)."""
     raw = np.array([[3.0, -4.0, 12.0], [0.5, 0.25, -2.0]])
     unit = (raw / np.linalg.norm(raw, axis=1, keepdims=True)).astype("<f4")
     play = FakeStream([[Accepted(request_id="r", model="m", prompt_tokens=4),
@@ -180,7 +181,8 @@ def test_llama_servers_embd_normalize_renormalizes_the_unit_vectors(p: int) -> N
     if p == 0:
         want = raw / (np.abs(raw).max(axis=1, keepdims=True) / 32760.0)
     else:
-        want = raw / (np.abs(raw) ** p).sum(axis=1, keepdims=True) ** (1 / p)
+        top = np.abs(raw).max(axis=1, keepdims=True)
+        want = raw / (top * ((np.abs(raw) / top) ** p).sum(axis=1, keepdims=True) ** (1 / p))
     assert np.allclose(got, want, rtol=1e-5)
 
 
