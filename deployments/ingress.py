@@ -233,12 +233,12 @@ class Ingress(LibraryFront):
             info = await asyncio.wait_for(self._ask_info(name, verbose),
                                           INFO_WAIT_S if known is not None else None)
         except Exception as exc:
-            if known is not None and isinstance(exc, TimeoutError):
-                return known
-            if verbose:
-                raise ApiError(503, "The model's workers are unavailable; retry shortly.",
-                               headers={"Retry-After": RETRY_AFTER_S}) from None
-            return {"id": name, "created": 0}
+            if known is None or not isinstance(exc, TimeoutError):
+                if verbose:
+                    raise ApiError(503, "The model's workers are unavailable; retry shortly.",
+                                   headers={"Retry-After": RETRY_AFTER_S}) from None
+                return {"id": name, "created": 0}
+            info = known
         self._described[(name, verbose)] = info
         if verbose and info.get("error"):
             raise ApiError(500, info["error"], param="model", code="model_unavailable")
