@@ -222,6 +222,12 @@ def _whole(value: float | None) -> int | None:
     return None if value is None else int(value)
 
 
+def _seed(value: float | None) -> int | None:
+    """A seed read as Ollama's runner reads one: -1 (any negative) is a random seed."""
+    seed = _whole(value)
+    return None if seed is None or seed < 0 else seed
+
+
 def _clamped(value: float | None, low: float, high: float) -> float | None:
     return None if value is None else min(max(value, low), high)
 
@@ -257,7 +263,7 @@ def _sampling(req: _Common) -> dict[str, Any]:
     out: dict[str, Any] = {
         "temperature": None if o.temperature is None else max(o.temperature, 0.0),
         "top_p": _clamped(o.top_p, 1e-9, 1.0), "min_p": _clamped(o.min_p, 0.0, 1.0),
-        "seed": _whole(o.seed), "top_k": None if top_k is None else max(top_k, 0),
+        "seed": _seed(o.seed), "top_k": None if top_k is None else max(top_k, 0),
         "stop": [o.stop] if isinstance(o.stop, str) else o.stop,
         "repetition_penalty": None if repeat is None else repeat if repeat > 0 else 1.0,
         "presence_penalty": o.presence_penalty, "frequency_penalty": o.frequency_penalty,

@@ -47,6 +47,7 @@ def test_a_seed_number_is_read_into_an_integer(seed: float) -> None:
     42.0 as 42, others write 42.0): the same seed, not a 400."""
     assert _chat(options={"seed": seed}).seed == 42
     assert _generate(options={"seed": seed}).seed == 42
+    assert _chat(options={"seed": -1}).seed is None  # Ollama's runner: a random seed
 
 
 @pytest.mark.parametrize("n", [-1, -2])
