@@ -6,7 +6,7 @@ own syntax (xgrammar's JSON, qwen_xml and gemma styles; our own EBNF for LFM2's 
 calls), or the `response_format` document. Numbers are bounded to 16 digits and runs of
 whitespace, so a constrained model cannot pad forever: a call's arguments to a few
 characters (every template renders a model's past calls compact, `tojson` on one line, so
-that is how models write them), a document to a newline and eleven levels of a 4-space
+that is how models write them), a document to a newline and six levels of a 4-space
 indent (models pretty-print the documents they are asked for).
 Pure data: xgrammar is only imported where tags are compiled (`chat.engine`).
 """
@@ -34,7 +34,7 @@ from chat.spec import (
 
 MAX_DIGITS = 16
 MAX_WHITESPACE = 4  # in a call's arguments
-MAX_DOCUMENT_WHITESPACE = 48  # in a response_format document
+MAX_DOCUMENT_WHITESPACE = 28  # in a response_format document
 INT_BOUND = 10**MAX_DIGITS - 1
 _AFTER_REASONING = {"type": "regex", "pattern": "[ \\n]{0,4}"}
 _WS = {"type": "regex", "pattern": "[ \\n]{0,2}"}

@@ -166,17 +166,17 @@ def test_unbounded_numbers_and_whitespace_are_rejected(engine) -> None:
 @pytest.mark.parametrize("indent", [2, 4])
 def test_a_pretty_printed_document_is_accepted(engine, indent: int) -> None:
     """A model that pretty-prints the document it is asked for (a newline and the indent of
-    the depth, eleven levels deep at four spaces) is not cut off inside it; a call's
+    the depth, six levels deep at four spaces) is not cut off inside it; a call's
     arguments keep the tight bound (templates show a model its past calls on one line)."""
     deep: dict = {"leaf": 1}
-    for key in "abcdefghij":  # 11 levels of objects
+    for key in "abcde":  # 6 levels of objects
         deep = {key: deep}
     body = {"response_format": {"type": "json_object"}}
     for doc in (json.dumps({"data": {"users": [{"address": {"city": "x"}}]}}, indent=indent),
                 json.dumps(deep, indent=indent)):
         assert _accepts(engine, "hermes_json", body, doc)[0]
     doc = json.dumps(deep, indent=indent)
-    assert not _accepts(engine, "hermes_json", body, doc.replace("\n", "\n" + " " * 48))[0]
+    assert not _accepts(engine, "hermes_json", body, doc.replace("\n", "\n" + " " * 28))[0]
     call = json.dumps({"name": "get_weather", "arguments": {"city": "x"}}, indent=4)
     text = "<tool_call>\n" + call + "\n</tool_call>"
     assert not _accepts(engine, "hermes_json", _tools("required"), text)[0]
