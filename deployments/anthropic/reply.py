@@ -55,7 +55,7 @@ def start_usage(accepted: Accepted | None) -> dict:
     n = accepted.prompt_tokens if accepted is not None else 0
     cached = min(n, accepted.cached_tokens) if accepted is not None else 0
     return {"input_tokens": n - cached, "output_tokens": 0, "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": cached}
+            "cache_read_input_tokens": cached, "service_tier": "standard"}
 
 
 def tool_use_id(call_id: str) -> str:
