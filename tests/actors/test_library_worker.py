@@ -163,19 +163,21 @@ class _Multiplexer:
         return self.models[name]
 
 
-def test_a_load_past_the_limit_evicts_an_idle_model_not_one_serving_requests() -> None:
-    """A model streaming a long answer (the least recently used: two loads came after it)
-    stays loaded; the idle one goes. With every model busy Serve still evicts one."""
+def _on_multiplexer(make) -> tuple:
+    """A library worker whose Serve multiplexer is `make(load)` (a _Multiplexer); `load`
+    makes a held model known as LibraryWorkerBase._load does; every name servable."""
     from actors.library import LibraryModel
     from actors.library_worker import HeldModel
+
+    worker = _library_worker(budget=1 << 40)
 
     def load(name: str) -> HeldModel:
         entry = LibraryModel(name=name, path=f"{name}.gguf", files=(f"{name}.gguf",),
                              format="gguf", size=1, modified=0.0, digest="")
-        return HeldModel(entry, _FakeWorker(), 0.5)
+        worker.loaded[name] = HeldModel(entry, _FakeWorker(), 0.5)
+        return worker.loaded[name]
 
-    worker = _library_worker(budget=1 << 40)
-    mux = _Multiplexer(2, load)
+    mux = make(load)
     setattr(worker, "__serve_multiplex_wrapper", mux)
     worker.held_model = mux.get
 
@@ -183,6 +185,13 @@ def test_a_load_past_the_limit_evicts_an_idle_model_not_one_serving_requests() -
         return None
 
     worker._servable = servable
+    return worker, mux
+
+
+def test_a_load_past_the_limit_evicts_an_idle_model_not_one_serving_requests() -> None:
+    """A model streaming a long answer (the least recently used: two loads came after it)
+    stays loaded; the idle one goes. With every model busy Serve still evicts one."""
+    worker, mux = _on_multiplexer(lambda load: _Multiplexer(2, load))
 
     async def run() -> None:
         chat, _ = await worker._acquire("chat")  # streaming: in flight throughout
@@ -227,26 +236,8 @@ def test_a_request_during_a_load_does_not_make_the_next_load_evict_a_busy_model(
     """Two cold loads at once, and a request to an idle model while the first loads: the
     second load's eviction still spares the model streaming (the reorder and Serve's
     eviction run together, not on either side of Serve's load lock)."""
-    from actors.library import LibraryModel
-    from actors.library_worker import HeldModel
-
-    worker = _library_worker(budget=1 << 40)
-
-    def load(name: str) -> HeldModel:  # as LibraryWorkerBase._load: the model is known
-        entry = LibraryModel(name=name, path=f"{name}.gguf", files=(f"{name}.gguf",),
-                             format="gguf", size=1, modified=0.0, digest="")
-        worker.loaded[name] = HeldModel(entry, _FakeWorker(), 0.5)
-        return worker.loaded[name]
-
     gate = asyncio.Event()
-    mux = _LockedMultiplexer(3, load, {"c": gate})
-    setattr(worker, "__serve_multiplex_wrapper", mux)
-    worker.held_model = mux.get
-
-    async def servable(name: str) -> None:
-        return None
-
-    worker._servable = servable
+    worker, mux = _on_multiplexer(lambda load: _LockedMultiplexer(3, load, {"c": gate}))
 
     async def run() -> None:
         chat, _ = await worker._acquire("chat")  # streaming throughout
