@@ -21,6 +21,7 @@ import numpy as np
 
 from actors.errors import RequestError
 from actors.events import Accepted, Embeddings, EmbedGenerate, Event, Failed, Usage
+from actors.mixed import position
 from actors.outbox import End, Outbox
 from npu import Model
 from npu.engine.steps import Steps
@@ -155,7 +156,7 @@ def last_tokens(model: Model, text: str, keep: int, index: int) -> list[int]:
         return full
     body = model.tokenizer.encode(text)
     added = len(full) - len(body)
-    start = next((h for h in range(added + 1) if full[h:h + len(body)] == body), None)
+    start = position(full, body)
     if start is None:  # the text's tokens are not whole in the input (no such tokenizer)
         return full[-keep:]
     if keep <= added:

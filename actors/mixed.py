@@ -48,12 +48,18 @@ def _with_specials(model: Model, text: str, parse_special: bool) -> list[int]:
     if parse_special:
         return full
     body = tok.encode(text)
-    start = next((h for h in range(len(full) - len(body) + 1)
-                  if full[h:h + len(body)] == body), None)
-    plain = model.tokenizer.encode_plain(text)
+    start = position(full, body)
+    plain = tok.encode_plain(text)
     if start is None:  # the text's tokens are not whole in the input: no specials known
         return plain
     return full[:start] + plain + full[start + len(body):]
+
+
+def position(full: Sequence[int], body: Sequence[int]) -> int | None:
+    """Where a text's own ids `body` start among the ids `full` the model made of it with
+    its special tokens around them (None: they are not there whole)."""
+    return next((h for h in range(len(full) - len(body) + 1)
+                 if full[h:h + len(body)] == body), None)
 
 
 def check_ids(model: Model, ids: Sequence[int], param: str) -> None:

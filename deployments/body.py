@@ -1,6 +1,7 @@
 """A request body as an API's typed request (its msgspec schema): `decode_json`, shared by
 every API surface, and `decode_raw` for the plain JSON object beside it; a bad body is a 400
-whose `param` is the offending field's path. `page_limit`: a listing's `limit` parameter."""
+whose `param` is the offending field's path. `page_limit`: a listing's `limit` parameter;
+`is_token_id` and `several_prompts`: how prompts given as token ids are read."""
 
 from __future__ import annotations
 
@@ -23,6 +24,17 @@ MAX_NESTING = 128
 _STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+(?:"|\\?\Z)', re.S)
 _STEPS = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")  # +1 / -1 as signed bytes
 _OTHERS = bytes(c for c in range(256) if c not in b"[{]}")
+
+
+def is_token_id(value: Any) -> bool:
+    """An integer that is no bool (JSON's `true` is no token id)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def several_prompts(value: Any) -> bool:
+    """llama-server's rule (its `tokenize_input_prompts`): a non-empty list that holds no
+    bare token id is several prompts; anything else is one."""
+    return isinstance(value, list) and bool(value) and not any(map(is_token_id, value))
 
 
 def nesting(body: bytes) -> int:

@@ -77,11 +77,13 @@ def renormalized(unit: np.ndarray, p: int) -> np.ndarray:
         return unit
     rows = unit.astype(np.float64)
     top = np.abs(rows).max(axis=1)
-    # a p-norm as top * norm(rows / top): the powers of values below 1 underflow otherwise
-    # (a unit row's p-norm came out 0 from p = 700, and the row all zeros)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        scaled = np.where(top[:, None] > 0, np.abs(rows) / top[:, None], 0.0)
-    scale = top / INT16_RANGE if p == 0 else top * (scaled ** p).sum(axis=1) ** (1.0 / p)
+    if p == 0:
+        scale = top / INT16_RANGE
+    else:  # a p-norm as top * norm(rows / top): the powers of values below 1 underflow
+        # otherwise (a unit row's p-norm came out 0 from p = 700, and the row all zeros)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            scaled = np.where(top[:, None] > 0, np.abs(rows) / top[:, None], 0.0)
+        scale = top * (scaled ** p).sum(axis=1) ** (1.0 / p)
     with np.errstate(divide="ignore", invalid="ignore"):
         out = np.where(scale[:, None] > 0, rows / scale[:, None], 0.0)
     return out.astype(np.float32)

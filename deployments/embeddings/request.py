@@ -26,7 +26,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from actors.events import EmbedGenerate
-from deployments.body import decode_json
+from deployments.body import decode_json, is_token_id, several_prompts
 from deployments.embeddings.reply import LlamaEmbedReply, OllamaEmbedReply, OpenAIEmbedReply
 from deployments.errors import ApiError
 from deployments.exchange import Call
@@ -97,11 +97,11 @@ def _inputs(value: Any) -> list[str | list[int]]:
             if not v:
                 raise ApiError(400, f"Input {i} is empty.", param=f"input[{i}]")
         return list(value)
-    if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+    if all(map(is_token_id, value)):
         return [list(value)]
     if all(isinstance(v, list) for v in value):
         for i, v in enumerate(value):
-            if not v or not all(isinstance(t, int) and not isinstance(t, bool) for t in v):
+            if not v or not all(map(is_token_id, v)):
                 raise ApiError(400, f"Input {i} must be a non-empty list of token ids.",
                                param=f"input[{i}]")
         return [list(v) for v in value]
@@ -182,14 +182,10 @@ def embeddings_call(body: bytes, ingress: Ingress) -> Call:
                 keep_loaded_s=keep_alive(req))
 
 
-def _is_id(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _llama_inputs(value: Any, field: str) -> list[str | list[int]]:
     """llama-server's prompt forms as inputs (its `tokenize_input_prompts`); a 400 naming
     the input that is none of them, is empty, or comes in pieces."""
-    several = isinstance(value, list) and value and not any(map(_is_id, value))
+    several = several_prompts(value)
     items = value if several else [value]
     _check_count(len(items))
     out: list[str | list[int]] = []
@@ -197,11 +193,11 @@ def _llama_inputs(value: Any, field: str) -> list[str | list[int]]:
         param = f"{field}[{i}]" if several else field
         if isinstance(item, str) and item:
             out.append(item)
-        elif isinstance(item, list) and item and all(map(_is_id, item)):
+        elif isinstance(item, list) and item and all(map(is_token_id, item)):
             out.append(list(item))
         elif item == "" or item == []:
             raise ApiError(400, f"'{param}' is empty.", param=param)
-        elif isinstance(item, list) and all(_is_id(t) or isinstance(t, str) for t in item):
+        elif isinstance(item, list) and all(is_token_id(t) or isinstance(t, str) for t in item):
             raise ApiError(400, f"'{param}' is one input in pieces (strings, or strings "
                                 "and token ids), which embeddings do not take: send it as one "
                                 "string or as token ids.", param=param)

@@ -38,7 +38,7 @@ from typing import Any
 import msgspec
 
 from actors.events import CompletionGenerate, Infill
-from deployments.body import decode_json
+from deployments.body import decode_json, is_token_id, several_prompts
 from deployments.errors import ApiError
 from deployments.exchange import Call
 from deployments.ingress import Ingress
@@ -123,10 +123,6 @@ def _shows_prompt(fields: list[str] | None) -> bool:
     return not fields or any(f.split("/")[0] == "prompt" for f in fields)
 
 
-def _is_id(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def prompts(value: Any) -> list[Prompt]:
     """`prompt`'s prompts, as llama-server reads them (its `tokenize_input_prompts`): a list
     that holds no bare token id is several prompts, anything else one.
@@ -135,7 +131,7 @@ def prompts(value: Any) -> list[Prompt]:
         ApiError: 400 naming the prompt that is none of the forms, or empty; more than
             MAX_PROMPTS prompts.
     """
-    if not (isinstance(value, list) and value and not any(map(_is_id, value))):
+    if not several_prompts(value):
         return [_prompt(value, "prompt")]
     if len(value) > MAX_PROMPTS:
         raise ApiError(400, f"'prompt' holds {len(value)} prompts; at most {MAX_PROMPTS} are "
@@ -154,7 +150,7 @@ def _prompt(value: Any, param: str) -> Prompt:
     if value == "" or value == []:
         raise ApiError(400, f"'{param}' is empty.", param=param)
     if isinstance(value, str) or (isinstance(value, list) and all(
-            _is_id(v) or isinstance(v, str) for v in value)):
+            is_token_id(v) or isinstance(v, str) for v in value)):
         return value
     raise ApiError(400, f"'{param}' must be a string, an array of token ids, an array of "
                         "strings and token ids (one prompt), or an object with "
@@ -182,7 +178,7 @@ def _typed(req: _Sampling, model: str, prompt: Prompt,
     # them (a slider past OpenAI's ranges, a group chat's many stops, are not an error
     # there): temperature and top_k from 0 (top_k 0: off), top_p and min_p within [0, 1],
     # the penalties as they are
-    mixed = not isinstance(prompt, str) and not all(map(_is_id, prompt))
+    mixed = not isinstance(prompt, str) and not all(map(is_token_id, prompt))
     raw: dict[str, Any] = {  # a mixed prompt goes to the worker as its parts (below)
         "model": model, "prompt": "" if mixed else prompt,
         "repetition_penalty": req.repeat_penalty,

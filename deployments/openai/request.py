@@ -20,7 +20,7 @@ import msgspec
 
 from actors.events import ChatGenerate, CompletionGenerate, GenerateRequest, Infill
 from chat import ConstraintError, ConstraintRequest, constraint_request_from_openai
-from deployments.body import decode_json, decode_raw, param_from
+from deployments.body import decode_json, decode_raw, is_token_id, param_from
 from deployments.errors import ApiError
 from deployments.exchange import Call
 from deployments.ingress import Ingress
@@ -217,7 +217,7 @@ def _prompts(prompt: str | list[Any], most: int = MAX_PROMPTS) -> list[str | lis
     """
     if isinstance(prompt, str):
         return [prompt]
-    if prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+    if prompt and all(map(is_token_id, prompt)):
         return [_token_ids(prompt, "prompt")]
     if not prompt or not (all(isinstance(p, str) for p in prompt)
                           or all(isinstance(p, list) and p for p in prompt)):
@@ -234,7 +234,7 @@ def _prompts(prompt: str | list[Any], most: int = MAX_PROMPTS) -> list[str | lis
 
 
 def _token_ids(ids: list[Any], param: str) -> list[int]:
-    if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+    if not all(is_token_id(t) and t >= 0 for t in ids):
         raise ApiError(400, f"'{param}' as token ids must hold non-negative integers only.",
                        param=param)
     return list(ids)
