@@ -165,10 +165,43 @@ def _text(content: str | list, where: str) -> str:
     return "".join(b.text for b in content)
 
 
-def _assistant(blocks: list, where: str, names: dict[str, str]) -> dict:
+class Turn(msgspec.Struct):
+    """One turn of the conversation: a role and its blocks, each with where it was sent
+    (`messages[2].content[0]`: a string content is one text block at `messages[2].content`);
+    `index` is its first message's."""
+
+    role: str
+    index: int
+    blocks: list[tuple[str, Any]]
+
+
+# what joins the text of two consecutive messages of one role, merged into one turn
+SEAM = "\n\n"
+
+
+def turns(messages: list[MessageIn]) -> list[Turn]:
+    """The messages as turns: consecutive messages of one role are one turn, their blocks in
+    order (Anthropic's rule: "consecutive user or assistant turns in your request will be
+    combined into a single turn"); text meeting text across the seam is parted by SEAM."""
+    out: list[Turn] = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}].content"
+        blocks = [(where, TextBlock(text=m.content))] if isinstance(m.content, str) else \
+            [(f"{where}[{j}]", b) for j, b in enumerate(m.content)]
+        if out and out[-1].role == m.role:
+            turn = out[-1]
+            if (turn.blocks and blocks and isinstance(turn.blocks[-1][1], TextBlock)
+                    and isinstance(blocks[0][1], TextBlock)):
+                turn.blocks.append((where, TextBlock(text=SEAM)))
+            turn.blocks.extend(blocks)
+        else:
+            out.append(Turn(m.role, i, blocks))
+    return out
+
+
+def _assistant(blocks: list[tuple[str, Any]], names: dict[str, str]) -> dict:
     text, reasoning, calls = [], [], []
-    for j, block in enumerate(blocks):
-        at = f"{where}[{j}]"
+    for at, block in blocks:
         _refuse_media(block, at)
         if isinstance(block, TextBlock):
             text.append(block.text)
@@ -190,13 +223,12 @@ def _assistant(blocks: list, where: str, names: dict[str, str]) -> dict:
     return msg
 
 
-def _user(blocks: list, where: str, names: dict[str, str]) -> list[dict]:
+def _user(blocks: list[tuple[str, Any]], names: dict[str, str]) -> list[dict]:
     """A user turn: its tool results as tool messages, its text as a user message, in
     the order they come."""
     out: list[dict] = []
     text: list[str] = []
-    for j, block in enumerate(blocks):
-        at = f"{where}[{j}]"
+    for at, block in blocks:
         _refuse_media(block, at)
         if isinstance(block, TextBlock):
             text.append(block.text)
@@ -223,42 +255,41 @@ def _user(blocks: list, where: str, names: dict[str, str]) -> list[dict]:
 
 def chat_messages(req: CountIn) -> list[dict]:
     """The conversation as chat messages (OpenAI's shape, as chat templates read it):
-    `system` first, text blocks joined, `tool_use` as the assistant's tool_calls,
-    `tool_result` as tool messages, `thinking` as the assistant's reasoning_content (the
-    template keeps or drops earlier reasoning as it does)."""
+    `system` first, consecutive messages of one role merged into one turn (`turns`), text
+    blocks joined, `tool_use` as the assistant's tool_calls, `tool_result` as tool
+    messages, `thinking` as the assistant's reasoning_content (the template keeps or drops
+    earlier reasoning as it does)."""
     out: list[dict] = []
     if req.system:
         out.append({"role": "system", "content": _text(req.system, "system")})
     names: dict[str, str] = {}
-    for i, m in enumerate(req.messages):
-        where = f"messages[{i}].content"
-        if i:
-            _check_results(req.messages[i - 1], m, i)
-        if isinstance(m.content, str):
-            out.append({"role": m.role, "content": m.content})
-        elif m.role == "assistant":
-            out.append(_assistant(m.content, where, names))
+    conversation = turns(req.messages)
+    for k, turn in enumerate(conversation):
+        if k:
+            _check_results(conversation[k - 1], turn)
+        if turn.role == "assistant":
+            out.append(_assistant(turn.blocks, names))
         else:
-            out.extend(_user(m.content, where, names))
+            out.extend(_user(turn.blocks, names))
     return out
 
 
-def _check_results(before: Any, turn: Any, i: int) -> None:
+def _check_results(before: Turn, turn: Turn) -> None:
     """Anthropic's rule: each tool_use block of an assistant turn has its tool_result in
     the next turn (else the model would read a call that never got its answer).
 
     Raises:
         ApiError: 400 naming the turn and the ids without results.
     """
-    if before.role != "assistant" or isinstance(before.content, str):
+    if before.role != "assistant":
         return
-    calls = [b.id for b in before.content if isinstance(b, ToolUseBlock)]
+    calls = [b.id for _, b in before.blocks if isinstance(b, ToolUseBlock)]
     if not calls:
         return
-    answered = set() if isinstance(turn.content, str) else {
-        b.tool_use_id for b in turn.content if isinstance(b, ToolResultBlock)}
+    answered = {b.tool_use_id for _, b in turn.blocks if isinstance(b, ToolResultBlock)}
     missing = [c for c in calls if c not in answered]
     if missing:
+        i = turn.index
         raise ApiError(400, f"messages.{i}: `tool_use` ids were found without `tool_result` "
                             f"blocks immediately after: {', '.join(missing)}. Each `tool_use` "
                             "block must have a corresponding `tool_result` block in the next "

@@ -69,6 +69,32 @@ def test_blocks_become_the_conversation() -> None:
     assert m[5] == {"role": "assistant", "content": "You're welcome."}
 
 
+def test_consecutive_turns_of_one_role_are_one_turn() -> None:
+    """As Anthropic: consecutive user or assistant messages are combined into one turn, so
+    a tool result and the user's next words may come as two user messages, and a call after
+    the assistant's text as a second assistant message."""
+    m = _request(tools=[WEATHER], messages=[
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "user", "content": [{"type": "text", "text": "Be brief."}]},
+        {"role": "assistant", "content": "Checking."},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1",
+                                           "name": "get_weather", "input": {"city": "Oslo"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                      "content": "Sunny"}]},
+        {"role": "user", "content": "Thanks."}]).messages
+    assert m == [
+        {"role": "user", "content": "Weather in Oslo?\n\nBe brief."},
+        {"role": "assistant", "content": "Checking.", "tool_calls": [
+            {"id": "toolu_1", "type": "function", "function": {
+                "name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": "toolu_1", "name": "get_weather", "content": "Sunny"},
+        {"role": "user", "content": "Thanks."}]
+    with pytest.raises(ApiError) as err:  # a block's place is still the one it was sent at
+        _request(messages=HI + [{"role": "user", "content": [
+            {"type": "text", "text": "See:"}, IMAGE]}])
+    assert err.value.param == "messages[1].content[1].type"
+
+
 @pytest.mark.parametrize("choice,expect", [
     ({"type": "auto"}, ("auto", None, True)),
     ({"type": "any"}, ("required", None, True)),
