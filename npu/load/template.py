@@ -30,7 +30,8 @@ def _environment():
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     class GenerationTag(Extension):
-        """`{% generation %}...{% endgeneration %}` (HF's assistant-mask marker): renders its body."""
+        """`{% generation %}...{% endgeneration %}` (HF's assistant-mask marker): renders its
+        body."""
 
         tags = {"generation"}
 
@@ -61,11 +62,27 @@ def _environment():
     return env
 
 
+def _described(tools: list[dict] | None) -> list[dict] | None:
+    """The tools with "" for each function's missing description (optional in OpenAI's API;
+    some templates write `"// " + tool.description`); None when none is missing."""
+    out, missing = [], False
+    for tool in tools or []:
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(fn, dict) and fn.get("description") is None:
+            tool, missing = {**tool, "function": {**fn, "description": ""}}, True
+        out.append(tool)
+    return out if missing else None
+
+
 def _arguments_as_objects(messages: list[dict]) -> list[dict]:
-    """Tool-call arguments arrive as JSON text (OpenAI); templates expect objects."""
+    """Tool-call arguments arrive as JSON text (OpenAI); templates expect objects. An
+    assistant's content that is null or absent beside its calls (OpenAI's reply, sent back
+    as it came) is "" (templates concatenate it or test it with `in`), as llama.cpp reads it."""
     out = []
     for m in messages:
         calls = m.get("tool_calls") if isinstance(m, dict) else None
+        if isinstance(m, dict) and m.get("role") == "assistant" and m.get("content") is None:
+            m = {**m, "content": ""}
         if calls:
             m = dict(m)
             fixed = []
@@ -220,9 +237,6 @@ class ChatTemplate:
         if continue_final:
             return self._continued(messages, tools, enable_thinking=enable_thinking,
                                    _native=_native, **kwargs)
-        import jinja2
-        from jinja2.exceptions import SecurityError
-
         native = _native
         context: dict[str, Any] = dict(kwargs)
         context.update(messages=_arguments_as_objects(messages), tools=tools or None,
@@ -232,6 +246,20 @@ class ChatTemplate:
             context["enable_thinking"] = enable_thinking
         if not native:
             context["messages"] = polyfill(context["messages"], self.capabilities)
+        try:
+            return self._render(context)
+        except TemplateError:
+            described = _described(tools)
+            if described is None:
+                raise
+            # a tool without a description, which the template cannot write: as ""
+            return self._render({**context, "tools": described})
+
+    def _render(self, context: dict[str, Any]) -> str:
+        """The template on `context`, its failures as TemplateError."""
+        import jinja2
+        from jinja2.exceptions import SecurityError
+
         try:
             return self._template.render(**context)
         except TemplateError:

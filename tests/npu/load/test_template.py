@@ -43,6 +43,41 @@ def test_every_shared_template_renders_a_tool_conversation(name: str) -> None:
     assert "Paris" in text and "18C and sunny" in text
 
 
+def _as_sent_back(conversation: list[dict], tools: list[dict]) -> tuple[list, list]:
+    """The conversation as OpenAI's SDK sends a reply back (the call's `content` null) and
+    the tools without descriptions (optional in OpenAI's API)."""
+    conv = [{**m, "content": None} if m.get("tool_calls") else m for m in conversation]
+    bare = [{**t, "function": {k: v for k, v in t["function"].items() if k != "description"}}
+            for t in tools]
+    return conv, bare
+
+
+def _undescribed(tools: list[dict]) -> list[dict]:
+    return [{**t, "function": {**t["function"], "description": ""}} for t in tools]
+
+
+def test_a_null_content_beside_calls_and_a_tool_without_description_render() -> None:
+    """Found serving Qwen3, QwQ, LFM2, Hermes-3 and gpt-oss templates: OpenAI's own reply
+    (content null beside its calls) sent back, or a tool without a description, was a 400
+    ("the chat template failed"): templates concatenate both."""
+    tpl = ChatTemplate("{% for t in tools %}{{ '// ' + t.function.description }}{% endfor %}"
+                       "{% for m in messages %}{{ m.role + ': ' + m.content + ';' }}"
+                       "{% endfor %}")
+    conv, bare = _as_sent_back(CONVERSATION, TOOLS)
+    assert tpl.render(conv, bare) == tpl.render(CONVERSATION, _undescribed(TOOLS))
+    plain = ChatTemplate("{{ tools | tojson }}{% for m in messages %}{{ m.content }}{% endfor %}")
+    assert '"description"' not in plain.render(CONVERSATION, bare)  # nothing added where read
+
+
+@needs_shared
+@pytest.mark.parametrize("name", template_names() or ["none"])
+def test_every_shared_template_renders_a_reply_sent_back_as_openai_sends_it(name: str) -> None:
+    tpl = ChatTemplate(template(name), bos_token="<s>", eos_token="</s>")
+    conv, bare = _as_sent_back(_conversation(name), TOOLS)
+    assert tpl.render(conv, TOOLS) == tpl.render(_conversation(name), TOOLS)
+    assert "get_weather" in tpl.render(conv, bare)
+
+
 @needs_shared
 @pytest.mark.parametrize("name,switch,expect", [
     ("Qwen-Qwen3-0.6B", None, True), ("Qwen-Qwen3-0.6B", False, False),
