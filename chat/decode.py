@@ -253,6 +253,8 @@ def make_constraint(
         request_id: for the log line if the constraint has to give up.
         tools_enabled: False for a model whose template leaves the tools out of the prompt:
             `required` and a named function are refused, `auto` drops the tool grammar.
+            (A content_only format, one whose calls this server cannot read, refuses
+            `required` and a named function too.)
         thinking_enabled: False when the model renders with thinking off: reasoning is
             then not allowed in the grammar.
 
@@ -261,6 +263,13 @@ def make_constraint(
     """
     request = effective_request(request, tools_enabled=tools_enabled,
                                 thinking_enabled=thinking_enabled)
+    if spec.kind is FormatKind.CONTENT_ONLY and request.tools and \
+            request.tool_choice == "required":
+        raise ConstraintError(
+            "This model's chat format has no tool-call syntax that this server reads (its "
+            "replies are plain content), so it cannot be made to call a tool; use "
+            "tool_choice 'auto' (a call the model writes comes back as its text) or 'none'.",
+            param="tool_choice")
     if request.tool_choice == "none" and request.all_tools and request.response_format == "text":
         if engine is None or not spec.tool_start:
             return None

@@ -394,6 +394,18 @@ def test_model_without_tools_in_its_prompt(engine) -> None:
     assert make_constraint(spec, auto, engine, tools_enabled=False) is None
 
 
+def test_a_format_without_call_syntax_refuses_a_forced_call(engine) -> None:
+    """Found serving Llama 3.x and Mistral templates (content_only here: their templates show
+    tools, but their calls are not read): a required or named call was accepted and then
+    nothing constrained the reply (plain text, no call). Now a 400; `auto` stays free."""
+    spec = spec_for_kind("content_only")
+    for choice in ("required", {"type": "function", "function": {"name": "toggle"}}):
+        with pytest.raises(ConstraintError) as err:
+            make_constraint(spec, constraint_request_from_openai(_tools(choice)), engine)
+        assert err.value.param == "tool_choice" and "tool-call syntax" in err.value.message
+    assert make_constraint(spec, constraint_request_from_openai(_tools("auto")), engine) is None
+
+
 def test_prefill_that_opens_reasoning_switches_grammar(engine, caplog) -> None:
     spec = spec_for_kind("hermes_json")
     request = constraint_request_from_openai(_tools("required", think=False))
