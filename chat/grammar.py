@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from typing import Any
 
 from chat.formats.qwen_xml import TYPE_ALIASES, schema_types
@@ -349,8 +350,13 @@ def _bound(node: Any) -> None:
         node.pop("properties", None)
         node["additionalProperties"] = True
     if types & {"integer", "number"}:
+        _draft4_bounds(node)
+        if types <= {"integer"}:
+            _whole_bounds(node)
+    if types & {"integer", "number"} and "multipleOf" not in node:
         # bounded where the schema leaves a side open, never across its own bounds (a
-        # minimum past 16 digits keeps its numbers' length: the schema asked for them)
+        # minimum past 16 digits keeps its numbers' length: the schema asked for them);
+        # not beside multipleOf, which the compiler drops from a range
         low, high = _limit(node, "minimum", "exclusiveMinimum"), _limit(node, "maximum",
                                                                           "exclusiveMaximum")
         if low is None:  # 16 digits, or as many as a bound past them on the other side has
@@ -366,6 +372,30 @@ def _bound(node: Any) -> None:
         elif key in ("items", "additionalProperties", "anyOf", "oneOf", "allOf", "prefixItems",
                      "not", "contains"):
             _bound(value)
+
+
+def _draft4_bounds(node: dict) -> None:
+    """Draft 4's (and OpenAPI 3.0's) `exclusiveMinimum: true` beside `minimum` as the
+    draft 6 bound the compiler reads (`false`: the minimum alone); the same for maximum."""
+    for inclusive, exclusive in (("minimum", "exclusiveMinimum"),
+                                 ("maximum", "exclusiveMaximum")):
+        flag = node.get(exclusive)
+        if isinstance(flag, bool):
+            del node[exclusive]
+            if flag and isinstance(node.get(inclusive), (int, float)):
+                node[exclusive] = node.pop(inclusive)
+
+
+def _whole_bounds(node: dict) -> None:
+    """An integer's fractional bounds as the whole ones they mean (`minimum: 0.5` is 1;
+    `exclusiveMaximum: 2.5` is `maximum: 2`): the compiler takes whole bounds only."""
+    for key, whole in (("minimum", math.ceil), ("exclusiveMinimum", math.floor),
+                       ("maximum", math.floor), ("exclusiveMaximum", math.ceil)):
+        value = node.get(key)
+        if isinstance(value, float) and math.isfinite(value) and not value.is_integer():
+            del node[key]
+            node["minimum" if "inimum" in key else "maximum"] = int(whole(value)) + (
+                1 if key == "exclusiveMinimum" else -1 if key == "exclusiveMaximum" else 0)
 
 
 def _limit(node: dict, inclusive: str, exclusive: str) -> float | None:
