@@ -321,7 +321,11 @@ def _loosened(spec: FormatSpec, request: ConstraintRequest, engine: Grammars,
     """The request with each tool whose argument schema does not compile (a keyword or a
     pattern the grammar compiler does not take) taking any JSON object for its arguments,
     as OpenAI's and Anthropic's non-strict tools are taken: one odd tool among an agent's
-    many does not refuse the request. None when every tool's schema compiles."""
+    many does not refuse the request. None when every tool's schema compiles.
+
+    Raises:
+        ConstraintError: a tool's parameters are no schema, or a strict tool's schema does
+            not compile."""
     bad = set()
     declared = [x.name for x in request.all_tools]
     for t in request.tools:
@@ -332,6 +336,9 @@ def _loosened(spec: FormatSpec, request: ConstraintRequest, engine: Grammars,
             fault = schema_fault(t.parameters, "parameters")
             if fault:  # no schema at all: the client's mistake, said as such
                 raise ConstraintError(f"Tool {t.name!r}: {fault}.",
+                                      param=f"tools[{i}].function.parameters") from None
+            if t.strict:  # the client asked for its schema exactly: said, not loosened
+                raise ConstraintError(f"Tool {t.name!r} is strict: {exc.message}",
                                       param=f"tools[{i}].function.parameters") from None
             bad.add(t.name)
             log.warning("Request %s: the arguments of tool %r are not constrained (its "

@@ -24,11 +24,14 @@ REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 
 
 class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
-    """One function tool: its name and the JSON schema of its arguments (an object)."""
+    """One function tool: its name and the JSON schema of its arguments (an object);
+    `strict`: the client asked that the arguments follow the schema exactly (a schema the
+    grammar cannot apply is then refused, not loosened)."""
 
     name: str
     parameters: dict = msgspec.field(default_factory=lambda: {"type": "object"})
     description: str = ""
+    strict: bool = False
 
 
 class ConstraintRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -140,8 +143,9 @@ def _tools(body: dict) -> tuple[ToolSpec, ...]:
                 param=f"{at}.parameters")
         _check_object_schema(params, f"{at}.parameters")
         desc = _optional(fn, "description", str, f"{at}.description")
-        _optional(fn, "strict", bool, f"{at}.strict")
-        out.append(ToolSpec(name=name, parameters=params, description=desc or ""))
+        strict = _optional(fn, "strict", bool, f"{at}.strict")
+        out.append(ToolSpec(name=name, parameters=params, description=desc or "",
+                            strict=bool(strict)))
     return tuple(out)
 
 

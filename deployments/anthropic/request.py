@@ -77,6 +77,7 @@ class Tool(msgspec.Struct, kw_only=True):
     input_schema: dict | None = None
     description: str | None = None
     type: str | None = None  # "custom" (or absent); Anthropic's server tools are refused
+    strict: bool | None = None  # the input follows input_schema exactly (else a 400)
 
 
 class ToolChoice(msgspec.Struct, kw_only=True):
@@ -111,6 +112,7 @@ class CountIn(msgspec.Struct, kw_only=True):
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
     output_config: OutputConfig | None = None
+    output_format: OutputFormat | None = None  # the structured-outputs beta's place for it
 
 
 class MessagesIn(CountIn, kw_only=True):
@@ -312,6 +314,8 @@ def _tools(tools: list[Tool] | None) -> list[dict] | None:
         fn = {"name": t.name, "parameters": t.input_schema}
         if t.description is not None:
             fn["description"] = t.description
+        if t.strict is not None:
+            fn["strict"] = t.strict
         out.append({"type": "function", "function": fn})
     return out
 
@@ -378,7 +382,7 @@ def chat_request(req: CountIn) -> ChatGenerate:
     tools = _tools(req.tools)
     choice, parallel = _tool_choice(req.tool_choice)
     thinking, effort = _thinking(req)
-    fmt = req.output_config.format if req.output_config else None
+    fmt = (req.output_config.format if req.output_config else None) or req.output_format
     raw: dict[str, Any] = {"tools": tools, "tool_choice": choice,
                            "parallel_tool_calls": parallel, "think": thinking is not False,
                            "response_format": None if fmt is None else {

@@ -268,6 +268,36 @@ def test_a_tool_schema_the_compiler_refuses_leaves_its_arguments_free(engine, ki
     assert "'odd' are not constrained" in caplog.text
 
 
+def test_a_strict_tool_whose_schema_the_compiler_refuses_is_refused(engine) -> None:
+    """`strict: true` asks for the schema exactly: a schema the grammar cannot apply is a 400
+    naming the tool (it was loosened to any object, silently)."""
+    odd = {"type": "function", "function": {"name": "odd", "strict": True, "parameters": {
+        "type": "object", "properties": {"p": {"type": "string", "pattern": "(?<=a)b"}}}}}
+    request = constraint_request_from_openai({"tools": [WEATHER, odd], "tool_choice": "auto"})
+    with pytest.raises(ConstraintError) as err:
+        make_constraint(spec_for_kind("hermes_json"), request, engine)
+    assert err.value.param == "tools[1].function.parameters"
+    assert "'odd' is strict" in err.value.message
+
+
+@pytest.mark.parametrize("schema,good,bad", [
+    ({"type": "integer", "multipleOf": 5}, "10", "7"),  # (dropped beside the added range)
+    ({"type": "number", "minimum": 0, "exclusiveMinimum": True}, "0.5", "0"),  # draft 4
+    ({"type": "number", "maximum": 1, "exclusiveMaximum": False}, "1", "2"),
+    ({"type": "integer", "minimum": 0.5, "maximum": 2.5}, "1", "3"),  # (a 400 before)
+    ({"type": "integer", "exclusiveMinimum": 0.5, "exclusiveMaximum": 2.5}, "2", "0"),
+])
+def test_number_keywords_hold_in_a_document(engine, schema: dict, good: str, bad: str) -> None:
+    """Found with the SDKs' structured outputs: `multipleOf` was dropped (our 16-digit
+    bound made a range the compiler cannot combine with it); draft 4's (OpenAPI 3.0's)
+    boolean exclusiveMinimum and an integer's fractional bounds were 400s."""
+    body = {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"n": schema}, "required": ["n"],
+        "additionalProperties": False}}}}
+    assert _accepts(engine, "hermes_json", body, '{"n": %s}' % good) == (True, "")
+    assert not _accepts(engine, "hermes_json", body, '{"n": %s}' % bad)[0]
+
+
 def test_a_reference_under_a_property_named_like_a_keyword_is_rebased(engine) -> None:
     """A property may be called "default" or "example": its schema is a schema."""
     tool = {"type": "function", "function": {"name": "pick", "parameters": {

@@ -116,6 +116,15 @@ def test_output_config_format_is_a_json_schema_constraint() -> None:
     schema = {"type": "object", "properties": {"name": {"type": "string"}}}
     c = _request(output_config={"format": {"type": "json_schema", "schema": schema}}).constraint
     assert (c.response_format, c.json_schema) == ("json_schema", schema)
+    # the structured-outputs beta's top-level form (it was ignored: the reply was free text)
+    c = _request(output_format={"type": "json_schema", "schema": schema}).constraint
+    assert (c.response_format, c.json_schema) == ("json_schema", schema)
+
+
+def test_a_strict_tool_stays_strict() -> None:
+    tool = {**WEATHER, "strict": True}
+    c = _request(tools=[tool, {**WEATHER, "name": "other"}]).constraint
+    assert [t.strict for t in c.tools] == [True, False]
 
 
 @pytest.mark.parametrize("thinking,effort,expect", [
