@@ -15,6 +15,7 @@ from typing import Any, Literal
 import msgspec
 
 from chat.errors import ConstraintError
+from chat.unenforced import refusal, unenforced
 
 ToolChoice = Literal["auto", "none", "required"]
 ResponseFormat = Literal["text", "json_object", "json_schema"]
@@ -144,6 +145,9 @@ def _tools(body: dict) -> tuple[ToolSpec, ...]:
         _check_object_schema(params, f"{at}.parameters")
         desc = _optional(fn, "description", str, f"{at}.description")
         strict = _optional(fn, "strict", bool, f"{at}.strict")
+        found = unenforced(params, f"{at}.parameters") if strict else None
+        if found:
+            raise ConstraintError(refusal(found), param=f"{at}.parameters")
         out.append(ToolSpec(name=name, parameters=params, description=desc or "",
                             strict=bool(strict)))
     return tuple(out)
@@ -257,7 +261,7 @@ def _response_format(body: dict) -> tuple[str, dict | None]:
         raise ConstraintError("'response_format.json_schema' must be an object with 'name' and "
                               "'schema'.", param="response_format.json_schema")
     _optional(spec, "name", str, "response_format.json_schema.name")
-    _optional(spec, "strict", bool, "response_format.json_schema.strict")
+    strict = _optional(spec, "strict", bool, "response_format.json_schema.strict")
     schema = _get(spec, "schema")
     if schema is None:
         schema = {}
@@ -269,6 +273,9 @@ def _response_format(body: dict) -> tuple[str, dict | None]:
     if schema is False:
         raise ConstraintError("'response_format.json_schema.schema' is false: nothing matches.",
                               param="response_format.json_schema.schema")
+    found = unenforced(schema, "response_format.json_schema.schema") if strict else None
+    if found:
+        raise ConstraintError(refusal(found), param="response_format.json_schema.schema")
     return "json_schema", schema
 
 

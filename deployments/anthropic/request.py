@@ -387,7 +387,8 @@ def chat_request(req: CountIn) -> ChatGenerate:
                            "parallel_tool_calls": parallel, "think": thinking is not False,
                            "response_format": None if fmt is None else {
                                "type": "json_schema",
-                               "json_schema": {"name": "output", "schema": fmt.schema}}}
+                               "json_schema": {"name": "output", "schema": fmt.schema,
+                                               "strict": True}}}  # (Anthropic's always is)
     try:
         constraint = constraint_request_from_openai(raw)
     except ConstraintError as exc:

@@ -228,6 +228,8 @@ def test_a_block_type_not_read_here_is_named_in_plain_words(block: dict) -> None
      "output_config.format.schema"),
     ({"output_config": {"format": {"type": "xml", "schema": {}}}},
      "output_config.format.type"),
+    ({"output_config": {"format": {"type": "json_schema", "schema": {  # always strict
+        "type": "array", "uniqueItems": True}}}}, "output_config.format.schema"),
     ({"output_config": {"effort": "extreme"}}, "output_config.effort"),
     ({"thinking": {"type": "enabled"}}, "thinking.budget_tokens"),
     ({"thinking": {"type": "enabled", "budget_tokens": 100}}, "thinking.budget_tokens"),

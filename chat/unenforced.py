@@ -1,0 +1,68 @@
+"""unenforced: the first JSON-schema keyword in a schema that the grammar compiler takes
+but does not apply (xgrammar 0.2.9 compiles it and leaves it out: a document breaking it
+still matches), with where it is.
+
+A strict schema (`response_format.json_schema.strict`, a tool's `strict: true`) asks for
+documents that follow it exactly: one of these is then a 400 naming the keyword, as
+OpenAI's structured outputs refuse the keywords they do not support. A non-strict schema
+is applied as far as the grammar goes. Checked against the compiler in
+tests/chat/test_unenforced.py: each keyword listed here is left out, each one not listed
+that a schema commonly carries is applied.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# keywords the compiler leaves out whenever they are there
+_IGNORED = ("not", "if", "then", "else", "dependentRequired", "dependentSchemas", "contains")
+# keywords whose values map names to schemas / list schemas / are one schema
+_NAMED = ("properties", "$defs", "definitions", "patternProperties")
+_LISTED = ("anyOf", "oneOf", "allOf", "prefixItems")
+_ONE = ("items", "additionalProperties", "propertyNames", "unevaluatedProperties")
+_LOOKAROUND = ("(?=", "(?!")  # (a look-behind does not compile at all)
+
+
+def unenforced(node: Any, where: str = "schema") -> str | None:
+    """The first keyword of `node` the compiler does not apply, said with its place
+    (`schema.properties.tags.uniqueItems`), or None."""
+    if isinstance(node, list):
+        for i, sub in enumerate(node):
+            found = unenforced(sub, f"{where}[{i}]")
+            if found:
+                return found
+        return None
+    if not isinstance(node, dict):
+        return None
+    for key in _IGNORED:
+        if key in node:
+            return f"`{key}` at {where}"
+    if node.get("uniqueItems") is True:
+        return f"`uniqueItems` at {where}"
+    all_of = node.get("allOf")
+    if isinstance(all_of, list) and len(all_of) > 1:
+        return f"`allOf` of {len(all_of)} schemas at {where} (one is applied)"
+    pattern = node.get("pattern")
+    if isinstance(pattern, str) and any(m in pattern for m in _LOOKAROUND):
+        return f"a look-ahead in `pattern` at {where}"
+    ref = node.get("$ref")
+    if isinstance(ref, str) and not ref.startswith("#"):
+        return f"the `$ref` {ref!r} at {where} (only references into the schema itself are read)"
+    for key, value in node.items():
+        if key in _NAMED and isinstance(value, dict):
+            for name, sub in value.items():
+                found = unenforced(sub, f"{where}.{key}.{name}")
+                if found:
+                    return found
+        elif key in _LISTED or key in _ONE:
+            found = unenforced(value, f"{where}.{key}")
+            if found:
+                return found
+    return None
+
+
+def refusal(found: str) -> str:
+    """The 400's message for a strict schema holding `found`."""
+    return (f"The schema is strict, but this server's grammar cannot apply {found}: a "
+            "document breaking it would still be accepted. Remove the keyword, or send the "
+            "schema without `strict` to have the rest of it applied.")
