@@ -166,7 +166,8 @@ class ModelWorker:
         spec = self.worker.spec
         capabilities = (["completion"] if m.generates else ["rerank"] if is_reranker(m)
                         else ["embedding"])
-        if m.generates and spec.kind is not FormatKind.CONTENT_ONLY and m.tools_enabled():
+        if (m.generates and self.worker.tool_spec.kind is not FormatKind.CONTENT_ONLY
+                and m.tools_enabled()):
             capabilities.append("tools")
         if m.fim is not None:  # Ollama's name for fill-in-the-middle (`suffix`, /infill)
             capabilities.append("insert")

@@ -73,7 +73,9 @@ class LibraryModel(msgspec.Struct, frozen=True, kw_only=True):
         parameters: the weights' values (from the tensor shapes).
         quantization: the file type (Q4_K_M, Q8_0, ...) or the dtype of most weights.
         context_length: the trained context (None: not stated).
-        chat_template: the template the file carries ("" when none, or not a GGUF file).
+        chat_template: the template the model carries ("" when none).
+        tool_template: its template for conversations with tools, where it has one of its
+            own (a GGUF file's `tokenizer.chat_template.tool_use`, a directory's "tool_use").
         capability: what it serves, read from its header: "completion" (a decoder),
             "embedding" (an encoder) or "rerank" (a reranker: a GGUF file with pooling_type
             4 or a cls.output head, a sequence classifier's config.json).
@@ -98,6 +100,7 @@ class LibraryModel(msgspec.Struct, frozen=True, kw_only=True):
     quantization: str = ""
     context_length: int | None = None
     chat_template: str = ""
+    tool_template: str = ""
     capability: str = "completion"
     insert: bool = False
     error: str = ""
@@ -219,11 +222,13 @@ def _gguf_facts(files: list[Path]) -> dict[str, Any]:
                          f"{', '.join(TOKENIZER_MODELS)})")
     ctx = meta.get(f"{arch}.context_length")
     template = meta.get("tokenizer.chat_template")
+    tool_template = meta.get("tokenizer.chat_template.tool_use")
     capability = _gguf_capability(meta, arch, {t.name for t in tensors})
     tokens = meta.get("tokenizer.ggml.tokens") or []
     return {"family": arch, "parameters": params, "quantization": quant,
             "context_length": int(ctx) if isinstance(ctx, int) else None,
             "chat_template": template if isinstance(template, str) else "",
+            "tool_template": tool_template if isinstance(tool_template, str) else "",
             "capability": capability,
             "insert": capability == "completion" and vocabulary_fim(tokens, meta) is not None}
 
@@ -281,15 +286,23 @@ def _hf_facts(folder: Path, shards: list[Path]) -> dict[str, Any]:
             n = _product(tuple(entry["shape"]))
             params += n
             dtypes[entry["dtype"]] += n
+    from npu.load.loader import template_sources
     from npu.load.pooling import encoder_config
 
     # a RoBERTa classifier's context is its position rows less those it skips (as it loads)
     ctx = encoder_config(config).get("max_position_embeddings") or \
         text.get("max_position_embeddings")
+    try:
+        tok_config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # none, or unreadable: the load says so
+        tok_config = {}
+    templates = template_sources(folder, tok_config if isinstance(tok_config, dict) else {})
     return {"family": str(config.get("model_type") or text.get("model_type") or ""),
             "parameters": params,
             "quantization": dtypes.most_common(1)[0][0] if dtypes else "",
             "context_length": int(ctx) if isinstance(ctx, int) else None,
+            "chat_template": templates.get("default", ""),
+            "tool_template": templates.get("tool_use", ""),
             "capability": _hf_capability(config)}
 
 

@@ -304,6 +304,19 @@ def _pick(value, default):
     return default if value is None else value
 
 
+def chosen_template(request: Any, model: Model) -> str | None:
+    """The source of the template a chat request renders with when it is not the model's
+    own: the request's (a library variant's), or the model's tool_use template for a
+    conversation with tools (a model that has one: Hermes', Command-R's; as transformers
+    picks it); None: the model's own template."""
+    own = getattr(request, "template", None)
+    if own is not None or not isinstance(request, ChatGenerate):
+        return own
+    if model.tool_template is not None and request.constraint.all_tools and request.tools:
+        return model.tool_template.source
+    return None
+
+
 @functools.lru_cache(maxsize=16)
 def request_template(source: str, bos_token: str, eos_token: str) -> ChatTemplate:
     """A request's own chat template (a library variant's), compiled once."""
@@ -340,13 +353,14 @@ def _render(request: ChatGenerate, model: Model, *,
         raise RequestError(f"The model '{model.name}' is {model.role}: it does not chat.",
                            param="model")
     try:
-        if request.template is None:
+        source = chosen_template(request, model)
+        if source is None:
             text = model.render(request.messages, tools, enable_thinking=request.thinking,
                                 continue_final=request.continue_final,
                                 add_generation_prompt=opening, **extra)
             return text, model.thinking_enabled(request.thinking), model.tools_enabled()
         own = model.template
-        template = request_template(request.template, own.bos_token if own else "",
+        template = request_template(source, own.bos_token if own else "",
                                     own.eos_token if own else "")
         text = template.render(request.messages, tools, enable_thinking=request.thinking,
                                continue_final=request.continue_final,

@@ -41,7 +41,7 @@ from actors.metrics import Metrics
 from actors.outbox import End, Outbox, deliver
 from actors.rerank import Rerank, build_job, is_reranker, rerank_only
 from actors.scheduler import Scheduler
-from actors.session import Session, build_session, counted
+from actors.session import Session, build_session, chosen_template, counted
 from actors.speculation import Speculation
 from actors.tokenize import Detokenize, Tokenize, TokenizerInfo
 from actors.tokenize import answer as tokenize_answer
@@ -68,6 +68,10 @@ class Worker:
                  speculation: Speculation | None = None) -> None:
         self.model = model_factory()
         self.spec = detect_format(self.model.chat_template_source, self.model.tokenizer.is_token)
+        tool = self.model.tool_template
+        # the format of a conversation with tools (the tool_use template's, where it has one)
+        self.tool_spec = detect_format(tool.source, self.model.tokenizer.is_token) \
+            if tool is not None else self.spec
         self._specs: dict[str, FormatSpec] = {}  # requests' own templates' formats
         self.max_batch = max_batch
         self.stream_interval_s = stream_interval_s
@@ -99,8 +103,8 @@ class Worker:
 
     def spec_for(self, request: GenerateRequest) -> FormatSpec:
         """The chat format of the template `request` renders with (its own, a library
-        variant's, or the model's)."""
-        source = getattr(request, "template", None)
+        variant's, the model's tool_use template, or the model's: `chosen_template`)."""
+        source = chosen_template(request, self.model)
         if source is None:
             return self.spec
         spec = self._specs.get(source)

@@ -207,7 +207,8 @@ class LibraryFront:
                            param="model", code="model_not_found")
         info = entry.info()
         caps = [entry.capability]
-        if entry.capability == "completion" and "tools" in entry.chat_template:
+        if entry.capability == "completion" and "tools" in (entry.chat_template
+                                                            + entry.tool_template):
             caps.append("tools")
         if entry.insert:
             caps.append("insert")

@@ -25,12 +25,16 @@ class Model:
     def __init__(self, *, name: str, path: Path, config: ModelConfig, tokenizer: Tokenizer,
                  template: ChatTemplate | None, engine: Engine,
                  eos_token_ids: tuple[int, ...],
-                 defaults: SamplingParams, pooling: Pooling | None = None) -> None:
+                 defaults: SamplingParams, pooling: Pooling | None = None,
+                 tool_template: ChatTemplate | None = None) -> None:
         self.name = name
         self.path = path
         self.config = config
         self.tokenizer = tokenizer
         self.template = template
+        # the template for a conversation with tools, where the model has one of its own
+        # (named "tool_use": Hermes', Command-R's); None: `template` serves both
+        self.tool_template = tool_template
         self.engine = engine
         self.eos_token_ids = eos_token_ids
         self.defaults = defaults
@@ -147,4 +151,7 @@ class Model:
         return self.template.thinking_enabled(enable_thinking) if self.template else True
 
     def tools_enabled(self) -> bool:
-        return self.template.tools_enabled() if self.template else False
+        """Whether a conversation with tools shows them to the model (rendered with the
+        tool_use template where the model has one)."""
+        template = self.tool_template or self.template
+        return template.tools_enabled() if template else False

@@ -59,15 +59,24 @@ def _token_text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _template_source(folder: Path, tok_config: dict) -> str | None:
+def template_sources(folder: Path, tok_config: dict) -> dict[str, str]:
+    """A model directory's chat templates by name: "default" (chat_template.jinja, or
+    tokenizer_config.json's `chat_template`: a string, or a list of named ones, "default" or
+    the first), and "tool_use" where the list names one (Hermes', Command-R's: the template
+    transformers renders with when the request has tools). Empty: no template."""
     jinja = folder / "chat_template.jinja"
     if jinja.exists():
-        return jinja.read_text(encoding="utf-8")
+        return {"default": jinja.read_text(encoding="utf-8")}
     source = tok_config.get("chat_template")
-    if isinstance(source, list):  # named templates: take "default"
+    if isinstance(source, list):
         named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
-        source = named.get("default") or next(iter(named.values()), None)
-    return source if isinstance(source, str) else None
+        named = {k: v for k, v in named.items() if isinstance(v, str)}
+        default = named.get("default") or next(iter(named.values()), None)
+        out = {"default": default} if default else {}
+        if named.get("tool_use"):
+            out["tool_use"] = named["tool_use"]
+        return out
+    return {"default": source} if isinstance(source, str) else {}
 
 
 def find_gguf(path: Path) -> Path | None:
@@ -206,12 +215,13 @@ def _load(path: str | Path, device: str, options: LoadOptions | None, *, name: s
         else:
             raise ModelError(f"model path {folder} does not exist (a model directory or a "
                              ".gguf file)")
-        config, make_tokenizer, source, eos_ids, defaults, weights, pooling, release = parts
-        if chat_template is not None:
+        config, make_tokenizer, sources, eos_ids, defaults, weights, pooling, release = parts
+        if chat_template is not None:  # the model's own templates give way, tool_use's too
             try:
-                source = Path(chat_template).read_text(encoding="utf-8")
+                sources = {"default": Path(chat_template).read_text(encoding="utf-8")}
             except OSError as exc:
                 raise ModelError(f"chat_template {chat_template}: {exc.strerror}") from None
+        source, tool_source = sources.get("default"), sources.get("tool_use")
         encoder = config.arch in ENCODERS
         if device == "cpu" and pooling.prompt is not None:
             # a decoder reranker's CPU engine computes no logits: its untied LM head (4B, 8B:
@@ -225,6 +235,8 @@ def _load(path: str | Path, device: str, options: LoadOptions | None, *, name: s
         bos, eos = tokenizer.bos_token, tokenizer.eos_token
         template = (ChatTemplate(source, bos_token=bos or "", eos_token=eos or "")
                     if source and not encoder else None)
+        tool_template = (ChatTemplate(tool_source, bos_token=bos or "", eos_token=eos or "")
+                         if tool_source and template is not None else None)
         if packing is not None:
             packing.result()
     if pooling.mode == RANK and pooling.prompt is None:  # a cross-encoder pairs two texts
@@ -241,7 +253,8 @@ def _load(path: str | Path, device: str, options: LoadOptions | None, *, name: s
     where = gguf_file or folder
     return Model(name=name or (where.stem if gguf_file else folder.name), path=where,
                  config=config, tokenizer=tokenizer, template=template, engine=engine,
-                 eos_token_ids=tuple(eos_ids), defaults=defaults, pooling=pooling)
+                 eos_token_ids=tuple(eos_ids), defaults=defaults, pooling=pooling,
+                 tool_template=tool_template)
 
 
 def _engine(config: ModelConfig, weights: dict, device: str, opts: LoadOptions,
@@ -334,7 +347,10 @@ def _from_gguf(file: Path, packed: bool, pool: ThreadPoolExecutor,
     eos_ids = _eos_ids(meta.get("tokenizer.ggml.eos_token_id"),
                        meta.get("tokenizer.ggml.eot_token_id"),
                        meta.get("tokenizer.ggml.eom_token_id"))
-    return (config, make_tokenizer, g.chat_template, eos_ids,
+    sources = {name: text for name, text in (
+        ("default", g.chat_template), ("tool_use", meta.get("tokenizer.chat_template.tool_use")))
+        if isinstance(text, str) and text}
+    return (config, make_tokenizer, sources, eos_ids,
             SamplingParams(), g.tensors, pooling_from_gguf(meta, file, g.tensors, rerank),
             g.release_pages)
 
@@ -356,7 +372,7 @@ def _from_directory(folder: Path, quantize: str | None, rerank: tuple[str, str] 
                           pad_token=_token_text(tok_config.get("pad_token")),
                           add_bos=bool(tok_config.get("add_bos_token", False)),
                           add_eos=bool(tok_config.get("add_eos_token", False)))
-    source = _template_source(folder, tok_config)
+    sources = template_sources(folder, tok_config)
     gen = _read_json(folder / "generation_config.json")
     eos_ids = _eos_ids(gen.get("eos_token_id"), config.eos_token_ids, tokenizer.eos_id)
     defaults = SamplingParams(
@@ -377,7 +393,7 @@ def _from_directory(folder: Path, quantize: str | None, rerank: tuple[str, str] 
     else:
         pooling = (classifier_pooling(raw, weights, folder) if classifier_of(raw)
                    else pooling_from_directory(folder))
-    return (config, lambda: tokenizer, source, eos_ids, defaults, weights, pooling, None)
+    return (config, lambda: tokenizer, sources, eos_ids, defaults, weights, pooling, None)
 
 
 __all__ = ["Model", "load_model"]

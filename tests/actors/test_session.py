@@ -57,6 +57,40 @@ def test_a_chat_request_renders_its_tools_and_gets_a_grammar_only_when_constrain
     assert '"name": "say"' in prompt and len(session.prompt_ids) > len(plain.prompt_ids)
 
 
+def test_a_conversation_with_tools_renders_with_the_tool_use_template(model, monkeypatch
+                                                                      ) -> None:
+    """A model with a tool_use template (Hermes-3's, Command-R's) renders a conversation
+    with tools with it, as transformers does, and reads its output in that template's
+    format; without tools, the default template (here a plain one without tools: content
+    only) serves."""
+    from actors.session import chosen_template, render_prompt
+    from actors.worker import Worker
+    from chat import FormatKind
+    from npu import ChatTemplate
+
+    tool_use = model.template  # flm-tiny's own: tools, and calls in a format it reads
+    plain = ChatTemplate("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+                         "<|im_end|>\n{% endfor %}<|im_start|>assistant\n")
+    monkeypatch.setattr(model, "template", plain)
+    monkeypatch.setattr(model, "tool_template", tool_use)
+    body = {"tools": [TOOL], "tool_choice": "required"}
+    with_tools = ChatGenerate(request_id="t", messages=MSG, tools=[TOOL],
+                              constraint=constraint_request_from_openai(body))
+    without = ChatGenerate(request_id="p", messages=MSG)
+    assert chosen_template(with_tools, model) == tool_use.source
+    assert chosen_template(without, model) is None
+    assert '"name": "say"' in render_prompt(with_tools, model)
+    assert render_prompt(without, model) == "<|im_start|>user\nHi<|im_end|>\n" \
+                                            "<|im_start|>assistant"
+    worker = Worker(lambda: model, max_batch=1)
+    assert worker.spec.kind is FormatKind.CONTENT_ONLY
+    assert worker.tool_spec.kind is not FormatKind.CONTENT_ONLY
+    assert worker.spec_for(with_tools) == worker.tool_spec
+    assert worker.spec_for(without) == worker.spec
+    session, _ = _session(model, worker.spec_for(with_tools), with_tools)
+    assert all(c.constraint is not None for c in session.choices)
+
+
 def test_a_completion_is_its_prompt_as_it_is(model, spec) -> None:
     session, made = _session(model, spec, CompletionGenerate(request_id="c", prompt="The sea"))
     assert session.prompt_ids == model.prompt_ids("The sea")

@@ -189,3 +189,29 @@ def test_show_lists_a_library_models_capability_from_its_header(tmp_path) -> Non
             for name in ("chat", "embed", "rerank", "coder")}
     assert caps == {"chat": ["completion", "tools"], "embed": ["embedding"],
                     "rerank": ["rerank"], "coder": ["completion", "tools", "insert"]}
+
+
+def test_show_lists_a_directorys_capabilities_from_its_templates(tmp_path) -> None:
+    """A Hugging Face directory's chat template was not read at all: every one listed as
+    "completion" alone. Now its tokenizer_config.json's template (and a named tool_use
+    one) says tools and thinking as a GGUF file's does."""
+    import json
+
+    from deployments.ollama.reply import show
+    from tests.actors.test_library import write_hf
+
+    def template(folder, chat_template) -> None:
+        (folder / "tokenizer_config.json").write_text(json.dumps(
+            {"chat_template": chat_template}))
+
+    template(write_hf(tmp_path / "qwen"), "{% if tools %}{{ tools }}{% endif %}<think>")
+    template(write_hf(tmp_path / "hermes"), [
+        {"name": "default", "template": "{{ messages }}"},
+        {"name": "tool_use", "template": "{{ tools }}"}])
+    write_hf(tmp_path / "bare")
+    front = LibraryFront(_Handle([]), {"models_dir": str(tmp_path)})
+    front.streams = {}
+    caps = {name: show(front.library_info(name))["capabilities"]
+            for name in ("qwen", "hermes", "bare")}
+    assert caps == {"qwen": ["completion", "tools", "thinking"],
+                    "hermes": ["completion", "tools"], "bare": ["completion"]}

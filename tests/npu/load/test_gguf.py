@@ -538,3 +538,17 @@ def test_rope_freqs_tensor_scales_the_frequencies_as_llama3(tmp_path: Path,
     assert np.allclose(inv_freq(model.config.rope["default"], 16), inv_freq(llama3, 16),
                        rtol=1e-6)
     assert model.engine.prefill("a", IDS).shape == (model.engine.vocab_size,)
+
+
+def test_a_tool_use_template_is_kept_beside_the_default(tmp_path: Path, tok_meta: dict) -> None:
+    """A GGUF file's named `tokenizer.chat_template.tool_use` (Hermes', Command-R's, as
+    llama.cpp's converter writes named templates) is the template for conversations with
+    tools; a chat_template given at load replaces both."""
+    meta = {**tok_meta, "tokenizer.chat_template": "{{ messages[0].content }}",
+            "tokenizer.chat_template.tool_use": "{{ tools[0].function.name }}"}
+    file = write_random_gguf(tmp_path / "m.gguf", "qwen3", QT.Q8_0, tokenizer_meta=meta)
+    model = load_model(file)
+    assert model.template.source == "{{ messages[0].content }}"
+    assert model.tool_template.source == "{{ tools[0].function.name }}"
+    (tmp_path / "t.jinja").write_text("{{ messages[0].content }}!")
+    assert load_model(file, chat_template=tmp_path / "t.jinja").tool_template is None

@@ -119,3 +119,24 @@ def test_gpt_oss_with_mxfp4_experts_is_refused_by_name() -> None:
     w[p + "mlp.experts.gate_up_proj_blocks"] = np.zeros((E, 32, 1, 16), np.uint8)
     with pytest.raises(ModelError, match="MXFP4"):
         NumpyEngine(config, w)
+
+
+def test_named_templates_keep_the_default_and_tool_use(tmp_path: Path, tiny_dir: Path) -> None:
+    """tokenizer_config.json's `chat_template` as a list of named templates (Hermes-3's):
+    "default" is the model's template, "tool_use" the one a conversation with tools renders
+    with (it was dropped: Hermes-3 could not be given tools)."""
+    import shutil
+
+    folder = tmp_path / "named"
+    shutil.copytree(tiny_dir, folder)
+    config_path = folder / "tokenizer_config.json"
+    tok = json.loads(config_path.read_text())
+    tok["chat_template"] = [{"name": "default", "template": "{{ messages[0].content }}"},
+                            {"name": "tool_use", "template": "{{ tools | length }}"}]
+    config_path.write_text(json.dumps(tok))
+    model = load_model(folder)
+    assert model.template.source == "{{ messages[0].content }}"
+    assert model.tool_template.source == "{{ tools | length }}"
+    tok["chat_template"] = "{{ messages[0].content }}"
+    config_path.write_text(json.dumps(tok))
+    assert load_model(folder).tool_template is None
