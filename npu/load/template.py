@@ -248,12 +248,17 @@ class ChatTemplate:
             context["messages"] = polyfill(context["messages"], self.capabilities)
         try:
             return self._render(context)
-        except TemplateError:
-            described = _described(tools)
-            if described is None:
+        except TemplateError as first:
+            # a tool without a description, which the template writes: as ""; no tools, on
+            # a template that reads `tools` as a list whatever it holds (Hermes' tool_use
+            # one, served alone): an empty list
+            retry = _described(tools) if tools else []
+            if retry is None:
                 raise
-            # a tool without a description, which the template cannot write: as ""
-            return self._render({**context, "tools": described})
+            try:
+                return self._render({**context, "tools": retry})
+            except TemplateError:
+                raise first from None
 
     def _render(self, context: dict[str, Any]) -> str:
         """The template on `context`, its failures as TemplateError."""

@@ -69,6 +69,19 @@ def test_a_null_content_beside_calls_and_a_tool_without_description_render() -> 
     assert '"description"' not in plain.render(CONVERSATION, bare)  # nothing added where read
 
 
+def test_a_template_that_reads_tools_as_a_list_renders_without_them() -> None:
+    """Hermes-3's tool_use template, served as a model's only template, loops over `tools`
+    whatever they are: a request without tools was a 400 ("'NoneType' object is not
+    iterable"). It renders with an empty list; a template that fails either way says its
+    first failure."""
+    tpl = ChatTemplate("{% for t in tools %}{{ t.function.name }};{% endfor %}"
+                       "{% for m in messages %}{{ m.content }}{% endfor %}")
+    assert tpl.render([{"role": "user", "content": "Hi"}]) == "Hi"
+    broken = ChatTemplate("{% for t in tools %}{% endfor %}{{ messages[0].content + 1 }}")
+    with pytest.raises(TemplateError, match="NoneType"):
+        broken.render([{"role": "user", "content": "Hi"}])
+
+
 @needs_shared
 @pytest.mark.parametrize("name", template_names() or ["none"])
 def test_every_shared_template_renders_a_reply_sent_back_as_openai_sends_it(name: str) -> None:
