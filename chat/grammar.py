@@ -293,10 +293,23 @@ def _json(schema: Any, *, style: str = "json", excludes: tuple[str, ...] = (),
                 "max_whitespace_cnt": whitespace}
     # xgrammar (0.2.9) drops a string's minLength / maxLength where strings exclude the
     # markers: the schema's lengths are kept then (a marker inside a string is the model's
-    # choice against its own format; a length the request asked for is not)
-    if excludes and not _has_lengths(schema):
+    # choice against its own format; a length the request asked for is not); and a schema
+    # whose own values or names hold a marker (`"const": "<think>"`) could not be written
+    if excludes and not _has_lengths(schema) and not _names(schema, excludes):
         tag["excludes"] = list(excludes)
     return tag
+
+
+def _names(node: Any, texts: tuple[str, ...]) -> bool:
+    """Whether any of a schema's own strings (a const, an enum's values, a property's name,
+    a description) holds one of `texts`."""
+    if isinstance(node, str):
+        return any(t in node for t in texts)
+    if isinstance(node, list):
+        return any(_names(v, texts) for v in node)
+    if isinstance(node, dict):
+        return any(_names(k, texts) or _names(v, texts) for k, v in node.items())
+    return False
 
 
 def _has_lengths(node: Any) -> bool:

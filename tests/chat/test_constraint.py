@@ -298,6 +298,23 @@ def test_number_keywords_hold_in_a_document(engine, schema: dict, good: str, bad
     assert not _accepts(engine, "hermes_json", body, '{"n": %s}' % bad)[0]
 
 
+def test_a_schema_that_names_a_marker_can_be_written(engine) -> None:
+    """Strings exclude the format's markers (the parser would read them as markup), but a
+    schema whose own const, enum or property name holds one asked for it: that grammar had
+    no way out, and the constraint gave up (the reply went unconstrained)."""
+    def body(schema):
+        return {"response_format": {"type": "json_schema", "json_schema": {"name": "x",
+                "schema": {"type": "object", "properties": schema,
+                           "required": list(schema), "additionalProperties": False}}}}
+
+    assert _accepts(engine, "hermes_json", body({"tag": {"const": "<think>"}}),
+                    '{"tag": "<think>"}') == (True, "")
+    assert _accepts(engine, "hermes_json", body({"<tool_call>": {"enum": ["a", "</tool_call>"]}}),
+                    '{"<tool_call>": "</tool_call>"}') == (True, "")
+    assert not _accepts(engine, "hermes_json", body({"s": {"type": "string"}}),
+                        '{"s": "<think>"}')[0]  # a free string still never spells one
+
+
 def test_a_reference_under_a_property_named_like_a_keyword_is_rebased(engine) -> None:
     """A property may be called "default" or "example": its schema is a schema."""
     tool = {"type": "function", "function": {"name": "pick", "parameters": {
