@@ -410,7 +410,9 @@ class Library:
                 out[alias] = msgspec.structs.replace(
                     base, name=alias, alias_of=a.model, system=a.system,
                     options=dict(a.parameters), template=a.template,
-                    chat_template=a.template if a.template is not None else base.chat_template)
+                    chat_template=a.template if a.template is not None else base.chat_template,
+                    # a variant's own template serves conversations with tools too
+                    tool_template="" if a.template is not None else base.tool_template)
         return out
 
     def copy(self, source: str, destination: str, *, system: str | None = None,

@@ -301,15 +301,29 @@ def _json(schema: Any, *, style: str = "json", excludes: tuple[str, ...] = (),
 
 
 def _names(node: Any, texts: tuple[str, ...]) -> bool:
-    """Whether any of a schema's own strings (a const, an enum's values, a property's name,
-    a description) holds one of `texts`."""
-    if isinstance(node, str):
-        return any(t in node for t in texts)
+    """Whether a value the schema asks for (a const, an enum's value) or a property's name
+    holds one of `texts` (descriptions, titles and examples say nothing of the output)."""
+    def held(value: Any) -> bool:
+        if isinstance(value, str):
+            return any(t in value for t in texts)
+        if isinstance(value, list):
+            return any(held(v) for v in value)
+        if isinstance(value, dict):
+            return any(held(k) or held(v) for k, v in value.items())
+        return False
+
     if isinstance(node, list):
         return any(_names(v, texts) for v in node)
-    if isinstance(node, dict):
-        return any(_names(k, texts) or _names(v, texts) for k, v in node.items())
-    return False
+    if not isinstance(node, dict):
+        return False
+    if held(node.get("const")) or held(node.get("enum")):
+        return True
+    props = node.get("properties")
+    if isinstance(props, dict) and any(held(k) for k in props):
+        return True
+    return any(_names(v, texts) for k, v in node.items()
+               if k not in ("const", "enum", "default", "examples", "example", "description",
+                            "title"))
 
 
 def _has_lengths(node: Any) -> bool:
@@ -364,12 +378,11 @@ def _bound(node: Any) -> None:
         node["additionalProperties"] = True
     if types & {"integer", "number"}:
         _draft4_bounds(node)
-        if types <= {"integer"}:
+        if types - {"null"} <= {"integer"}:
             _whole_bounds(node)
-    if types & {"integer", "number"} and "multipleOf" not in node:
         # bounded where the schema leaves a side open, never across its own bounds (a
         # minimum past 16 digits keeps its numbers' length: the schema asked for them);
-        # not beside multipleOf, which the compiler drops from a range
+        # beside multipleOf too, which the compiler then drops (chat.unenforced says so)
         low, high = _limit(node, "minimum", "exclusiveMinimum"), _limit(node, "maximum",
                                                                           "exclusiveMaximum")
         if low is None:  # 16 digits, or as many as a bound past them on the other side has
@@ -401,14 +414,28 @@ def _draft4_bounds(node: dict) -> None:
 
 def _whole_bounds(node: dict) -> None:
     """An integer's fractional bounds as the whole ones they mean (`minimum: 0.5` is 1;
-    `exclusiveMaximum: 2.5` is `maximum: 2`): the compiler takes whole bounds only."""
-    for key, whole in (("minimum", math.ceil), ("exclusiveMinimum", math.floor),
-                       ("maximum", math.floor), ("exclusiveMaximum", math.ceil)):
-        value = node.get(key)
-        if isinstance(value, float) and math.isfinite(value) and not value.is_integer():
-            del node[key]
-            node["minimum" if "inimum" in key else "maximum"] = int(whole(value)) + (
-                1 if key == "exclusiveMinimum" else -1 if key == "exclusiveMaximum" else 0)
+    `exclusiveMaximum: 2.5` is `maximum: 2`): the compiler takes whole bounds only. A side
+    with a fractional bound becomes one inclusive bound, the tightest of its bounds."""
+    def number(value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) \
+            and math.isfinite(value)
+
+    for inclusive, exclusive, pick, whole, step in (
+            ("minimum", "exclusiveMinimum", max, math.ceil, 1),
+            ("maximum", "exclusiveMaximum", min, math.floor, -1)):
+        bounds = {k: node[k] for k in (inclusive, exclusive) if number(node.get(k))}
+        if not any(isinstance(v, float) and not v.is_integer() for v in bounds.values()):
+            continue
+        wholes = []
+        if inclusive in bounds:
+            wholes.append(int(whole(bounds[inclusive])))
+        if exclusive in bounds:  # the first whole number past it
+            value = bounds[exclusive]
+            wholes.append(int(value) + step if float(value).is_integer()
+                          else int(whole(value)))
+        for k in bounds:
+            del node[k]
+        node[inclusive] = pick(wholes)
 
 
 def _limit(node: dict, inclusive: str, exclusive: str) -> float | None:

@@ -21,6 +21,12 @@ _NAMED = ("properties", "$defs", "definitions", "patternProperties")
 _LISTED = ("anyOf", "oneOf", "allOf", "prefixItems")
 _ONE = ("items", "additionalProperties", "propertyNames", "unevaluatedProperties")
 _LOOKAROUND = ("(?=", "(?!")  # (a look-behind does not compile at all)
+# beside one of these, the compiler reads that keyword alone: any other rule is dropped
+_ALONE = ("$ref", "allOf", "anyOf", "oneOf")
+# keywords that say nothing of a document (kept beside the ones above)
+_ANNOTATIONS = frozenset({"description", "title", "default", "examples", "example", "$comment",
+                          "deprecated", "readOnly", "writeOnly", "$id", "$schema", "$anchor",
+                          "discriminator", "nullable", "$defs", "definitions"})
 
 
 def unenforced(node: Any, where: str = "schema") -> str | None:
@@ -39,6 +45,14 @@ def unenforced(node: Any, where: str = "schema") -> str | None:
             return f"`{key}` at {where}"
     if node.get("uniqueItems") is True:
         return f"`uniqueItems` at {where}"
+    if "multipleOf" in node:  # (dropped beside a range, and every number has one here)
+        return f"`multipleOf` at {where}"
+    for key in _ALONE:
+        if key in node:
+            beside = [k for k in node if k != key and k not in _ANNOTATIONS]
+            if beside:
+                return f"`{beside[0]}` beside `{key}` at {where} (only the `{key}` is read)"
+            break
     all_of = node.get("allOf")
     if isinstance(all_of, list) and len(all_of) > 1:
         return f"`allOf` of {len(all_of)} schemas at {where} (one is applied)"

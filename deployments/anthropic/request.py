@@ -168,47 +168,65 @@ def _text(content: str | list, where: str) -> str:
 
 
 class Turn(msgspec.Struct):
-    """One turn of the conversation: a role and its blocks, each with where it was sent
-    (`messages[2].content[0]`: a string content is one text block at `messages[2].content`);
-    `index` is its first message's."""
+    """One turn of the conversation: a role and its blocks, each with the message it was
+    sent in and where (`messages[2].content[0]`: a string content is one text block at
+    `messages[2].content`); `index` is its first message's."""
 
     role: str
     index: int
-    blocks: list[tuple[str, Any]]
+    blocks: list[tuple[int, str, Any]]
 
 
-# what joins the text of two consecutive messages of one role, merged into one turn
+# what parts the texts of two consecutive messages of one role, merged into one turn
 SEAM = "\n\n"
+
+
+class _Joined:
+    """Texts of one field of a turn: joined as they come within a message, parted by SEAM
+    where a non-empty one follows another's from an earlier message."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.last = -1  # the message of the last non-empty text
+
+    def add(self, message: int, text: str) -> None:
+        if text:
+            if self.parts and message != self.last:
+                self.parts.append(SEAM)
+            self.parts.append(text)
+            self.last = message
+
+    def text(self) -> str:
+        return "".join(self.parts)
+
+    def __bool__(self) -> bool:
+        return bool(self.parts)
 
 
 def turns(messages: list[MessageIn]) -> list[Turn]:
     """The messages as turns: consecutive messages of one role are one turn, their blocks in
     order (Anthropic's rule: "consecutive user or assistant turns in your request will be
-    combined into a single turn"); text meeting text across the seam is parted by SEAM."""
+    combined into a single turn")."""
     out: list[Turn] = []
     for i, m in enumerate(messages):
         where = f"messages[{i}].content"
-        blocks = [(where, TextBlock(text=m.content))] if isinstance(m.content, str) else \
-            [(f"{where}[{j}]", b) for j, b in enumerate(m.content)]
+        blocks = [(i, where, TextBlock(text=m.content))] if isinstance(m.content, str) else \
+            [(i, f"{where}[{j}]", b) for j, b in enumerate(m.content)]
         if out and out[-1].role == m.role:
-            turn = out[-1]
-            if (turn.blocks and blocks and isinstance(turn.blocks[-1][1], TextBlock)
-                    and isinstance(blocks[0][1], TextBlock)):
-                turn.blocks.append((where, TextBlock(text=SEAM)))
-            turn.blocks.extend(blocks)
+            out[-1].blocks.extend(blocks)
         else:
             out.append(Turn(m.role, i, blocks))
     return out
 
 
-def _assistant(blocks: list[tuple[str, Any]], names: dict[str, str]) -> dict:
-    text, reasoning, calls = [], [], []
-    for at, block in blocks:
+def _assistant(blocks: list[tuple[int, str, Any]], names: dict[str, str]) -> dict:
+    text, reasoning, calls = _Joined(), _Joined(), []
+    for i, at, block in blocks:
         _refuse_media(block, at)
         if isinstance(block, TextBlock):
-            text.append(block.text)
+            text.add(i, block.text)
         elif isinstance(block, ThinkingBlock):
-            reasoning.append(block.thinking)
+            reasoning.add(i, block.thinking)
         elif isinstance(block, ToolUseBlock):
             names[block.id] = block.name
             calls.append({"id": block.id, "type": "function", "function": {
@@ -217,31 +235,31 @@ def _assistant(blocks: list[tuple[str, Any]], names: dict[str, str]) -> dict:
             raise ApiError(400, f"'{at}' is a tool_result; tool results go in a user turn.",
                            param=f"{at}.type")
         # redacted_thinking: nothing a template can read
-    msg: dict[str, Any] = {"role": "assistant", "content": "".join(text)}
+    msg: dict[str, Any] = {"role": "assistant", "content": text.text()}
     if reasoning:
-        msg["reasoning_content"] = "".join(reasoning)
+        msg["reasoning_content"] = reasoning.text()
     if calls:
         msg["tool_calls"] = calls
     return msg
 
 
-def _user(blocks: list[tuple[str, Any]], names: dict[str, str]) -> list[dict]:
+def _user(blocks: list[tuple[int, str, Any]], names: dict[str, str]) -> list[dict]:
     """A user turn: its tool results as tool messages, its text as a user message, in
     the order they come."""
     out: list[dict] = []
-    text: list[str] = []
-    for at, block in blocks:
+    text = _Joined()
+    for i, at, block in blocks:
         _refuse_media(block, at)
         if isinstance(block, TextBlock):
-            text.append(block.text)
+            text.add(i, block.text)
         elif isinstance(block, ToolResultBlock):
             if block.tool_use_id not in names:
                 raise ApiError(400, f"'{at}.tool_use_id' is {block.tool_use_id!r}, which no "
                                     "tool_use block of an earlier assistant turn has.",
                                param=f"{at}.tool_use_id")
             if text:
-                out.append({"role": "user", "content": "".join(text)})
-                text = []
+                out.append({"role": "user", "content": text.text()})
+                text = _Joined()
             result = _text(block.content, f"{at}.content")
             out.append({"role": "tool", "tool_call_id": block.tool_use_id,
                         "name": names[block.tool_use_id],
@@ -251,7 +269,7 @@ def _user(blocks: list[tuple[str, Any]], names: dict[str, str]) -> list[dict]:
             raise ApiError(400, f"'{at}' is a {kind} block; those belong to assistant turns.",
                            param=f"{at}.type")
     if text or not out:
-        out.append({"role": "user", "content": "".join(text)})
+        out.append({"role": "user", "content": text.text()})
     return out
 
 
@@ -285,10 +303,10 @@ def _check_results(before: Turn, turn: Turn) -> None:
     """
     if before.role != "assistant":
         return
-    calls = [b.id for _, b in before.blocks if isinstance(b, ToolUseBlock)]
+    calls = [b.id for _, _, b in before.blocks if isinstance(b, ToolUseBlock)]
     if not calls:
         return
-    answered = {b.tool_use_id for _, b in turn.blocks if isinstance(b, ToolResultBlock)}
+    answered = {b.tool_use_id for _, _, b in turn.blocks if isinstance(b, ToolResultBlock)}
     missing = [c for c in calls if c not in answered]
     if missing:
         i = turn.index

@@ -281,16 +281,18 @@ def test_a_strict_tool_whose_schema_the_compiler_refuses_is_refused(engine) -> N
 
 
 @pytest.mark.parametrize("schema,good,bad", [
-    ({"type": "integer", "multipleOf": 5}, "10", "7"),  # (dropped beside the added range)
     ({"type": "number", "minimum": 0, "exclusiveMinimum": True}, "0.5", "0"),  # draft 4
     ({"type": "number", "maximum": 1, "exclusiveMaximum": False}, "1", "2"),
     ({"type": "integer", "minimum": 0.5, "maximum": 2.5}, "1", "3"),  # (a 400 before)
     ({"type": "integer", "exclusiveMinimum": 0.5, "exclusiveMaximum": 2.5}, "2", "0"),
+    ({"type": "integer", "minimum": 5, "exclusiveMinimum": 0.5}, "5", "2"),  # the tighter
+    ({"type": "integer", "maximum": 3, "exclusiveMaximum": 10.5}, "3", "4"),
+    ({"type": ["integer", "null"], "minimum": 0.5}, "1", "0"),
 ])
 def test_number_keywords_hold_in_a_document(engine, schema: dict, good: str, bad: str) -> None:
-    """Found with the SDKs' structured outputs: `multipleOf` was dropped (our 16-digit
-    bound made a range the compiler cannot combine with it); draft 4's (OpenAPI 3.0's)
-    boolean exclusiveMinimum and an integer's fractional bounds were 400s."""
+    """Found with the SDKs' structured outputs: draft 4's (OpenAPI 3.0's) boolean
+    exclusiveMinimum and an integer's fractional bounds were 400s; a side's tightest bound
+    holds."""
     body = {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
         "type": "object", "properties": {"n": schema}, "required": ["n"],
         "additionalProperties": False}}}}
@@ -313,6 +315,8 @@ def test_a_schema_that_names_a_marker_can_be_written(engine) -> None:
                     '{"<tool_call>": "</tool_call>"}') == (True, "")
     assert not _accepts(engine, "hermes_json", body({"s": {"type": "string"}}),
                         '{"s": "<think>"}')[0]  # a free string still never spells one
+    said = {"s": {"type": "string", "description": "may hold <think> tags"}}
+    assert not _accepts(engine, "hermes_json", body(said), '{"s": "<think>"}')[0]
 
 
 def test_a_reference_under_a_property_named_like_a_keyword_is_rebased(engine) -> None:

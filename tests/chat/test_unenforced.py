@@ -33,6 +33,16 @@ LEFT_OUT = [
     ({"type": "object", "properties": {"s": {"type": "string", "pattern": "^(?=a).*$"}}},
      "look-ahead in `pattern` at schema.properties.s", '{"s": "b"}'),
     ({"$ref": "https://example.com/s.json"}, "`$ref`", "[1]"),
+    ({"type": "integer", "minimum": 0, "multipleOf": 5}, "`multipleOf`", "7"),  # pydantic's
+    ({"type": "integer", "multipleOf": 5}, "`multipleOf`", "7"),  # (our 16-digit range)
+    ({"type": "number", "multipleOf": 0.5}, "`multipleOf`", "0.3"),
+    ({"$defs": {"B": {**OBJ, "required": ["b"]}}, **OBJ, "required": ["a"],
+      "allOf": [{"$ref": "#/$defs/B"}]}, "`type` beside `allOf`", '{"b": 1}'),
+    ({"$defs": {"B": {**OBJ, "required": ["b"]}}, "required": ["a"], "$ref": "#/$defs/B"},
+     "`required` beside `$ref`", '{"b": 1}'),
+    ({"type": "string", "maxLength": 2, "allOf": [{"type": "string"}]}, "beside `allOf`",
+     '"xxxxx"'),
+    ({**OBJ, "required": ["a"], "anyOf": [{"required": ["b"]}]}, "beside `anyOf`", '{"b": 1}'),
 ]
 # (schema, a document that breaks it): applied, so not listed
 APPLIED = [
@@ -41,7 +51,9 @@ APPLIED = [
       "additionalProperties": False}, '{"x1": "s"}'),
     ({"type": "object", "propertyNames": {"pattern": "^x"}}, '{"y": 1}'),
     ({**OBJ, "unevaluatedProperties": False}, '{"c": 1}'),
-    ({"type": "integer", "multipleOf": 5}, "7"),
+    ({"$defs": {"A": {"type": "integer"}}, "$ref": "#/$defs/A", "description": "a number"},
+     '"x"'),
+    ({"anyOf": [{"type": "integer"}, {"type": "null"}], "default": None, "title": "N"}, '"x"'),
     ({"$defs": {"A": {"type": "integer"}}, "$ref": "#/$defs/A"}, '"x"'),
     ({"type": "string", "pattern": "^a+$"}, '"b"'),
     ({"oneOf": [{"type": "integer"}, {"type": "string"}]}, "[]"),

@@ -197,6 +197,7 @@ def test_show_lists_a_directorys_capabilities_from_its_templates(tmp_path) -> No
     one) says tools and thinking as a GGUF file's does."""
     import json
 
+    from actors.library import Library
     from deployments.ollama.reply import show
     from tests.actors.test_library import write_hf
 
@@ -209,9 +210,11 @@ def test_show_lists_a_directorys_capabilities_from_its_templates(tmp_path) -> No
         {"name": "default", "template": "{{ messages }}"},
         {"name": "tool_use", "template": "{{ tools }}"}])
     write_hf(tmp_path / "bare")
+    Library(tmp_path).copy("hermes", "own", template="{{ .Prompt }}")  # its own serves all
     front = LibraryFront(_Handle([]), {"models_dir": str(tmp_path)})
     front.streams = {}
     caps = {name: show(front.library_info(name))["capabilities"]
-            for name in ("qwen", "hermes", "bare")}
+            for name in ("qwen", "hermes", "bare", "own")}
     assert caps == {"qwen": ["completion", "tools", "thinking"],
-                    "hermes": ["completion", "tools"], "bare": ["completion"]}
+                    "hermes": ["completion", "tools"], "bare": ["completion"],
+                    "own": ["completion"]}

@@ -89,6 +89,15 @@ def test_consecutive_turns_of_one_role_are_one_turn() -> None:
                 "name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
         {"role": "tool", "tool_call_id": "toolu_1", "name": "get_weather", "content": "Sunny"},
         {"role": "user", "content": "Thanks."}]
+    m = _request(messages=[
+        {"role": "user", "content": ""}, {"role": "user", "content": "B"},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "hm"},
+                                          {"type": "text", "text": "A"}]},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "more"},
+                                          {"type": "text", "text": "C"}]},
+        {"role": "assistant", "content": ""}]).messages
+    assert m == [{"role": "user", "content": "B"},  # (an empty text adds no seam)
+                 {"role": "assistant", "content": "A\n\nC", "reasoning_content": "hm\n\nmore"}]
     with pytest.raises(ApiError) as err:  # a block's place is still the one it was sent at
         _request(messages=HI + [{"role": "user", "content": [
             {"type": "text", "text": "See:"}, IMAGE]}])
