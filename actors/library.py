@@ -109,6 +109,20 @@ class LibraryModel(msgspec.Struct, frozen=True, kw_only=True):
     options: dict[str, Any] = msgspec.field(default_factory=dict)
     template: str | None = None
 
+    def capabilities(self) -> list[str]:
+        """What the model serves, as Ollama lists it, from its header: its capability, then
+        "tools" and "thinking" where its templates mention them, "insert" (FIM)."""
+        caps = [self.capability]
+        chat = self.capability == "completion"
+        templates = self.chat_template + self.tool_template
+        if chat and "tools" in templates:
+            caps.append("tools")
+        if self.insert:
+            caps.append("insert")
+        if chat and any(m in self.chat_template for m in THINKING_MARKS):
+            caps.append("thinking")
+        return caps
+
     def info(self) -> dict[str, Any]:
         """The model as the APIs' listings read a model description (see ModelWorker.info)."""
         return {"id": self.name, "created": int(self.modified), "path": self.path,
@@ -116,9 +130,13 @@ class LibraryModel(msgspec.Struct, frozen=True, kw_only=True):
                 "parameters": self.parameters, "quantization": self.quantization,
                 "context_length": self.context_length, "file_format": self.format,
                 "weight_bytes": self.size, "digest": self.digest, "library": True,
-                "capabilities": [self.capability],
+                "capabilities": self.capabilities(),
                 **({"error": self.error} if self.error else {})}
 
+
+# what a chat template that lets its model reason says of it: Qwen's and DeepSeek's tags,
+# the switch Qwen3 reads, Mistral's tags, gpt-oss's effort (its reasoning channel)
+THINKING_MARKS = ("<think>", "enable_thinking", "[THINK]", "reasoning_effort")
 
 SAMPLE_CHAT = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
                {"role": "assistant", "content": "a"}, {"role": "user", "content": "v"}]

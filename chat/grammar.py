@@ -380,6 +380,11 @@ def _bound(node: Any) -> None:
         _draft4_bounds(node)
         if types - {"null"} <= {"integer"}:
             _whole_bounds(node)
+            for key in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
+                value = node.get(key)  # past any integer the compiler holds: no bound
+                if isinstance(value, (int, float)) and not isinstance(value, bool) \
+                        and abs(value) >= 2 ** 63:
+                    del node[key]
         # bounded where the schema leaves a side open, never across its own bounds (a
         # minimum past 16 digits keeps its numbers' length: the schema asked for them);
         # beside multipleOf too, which the compiler then drops (chat.unenforced says so)

@@ -55,7 +55,7 @@ def unenforced(node: Any, where: str = "schema") -> str | None:
             break
     all_of = node.get("allOf")
     if isinstance(all_of, list) and len(all_of) > 1:
-        return f"`allOf` of {len(all_of)} schemas at {where} (one is applied)"
+        return f"`allOf` of {len(all_of)} schemas at {where} (none of them is applied there)"
     pattern = node.get("pattern")
     if isinstance(pattern, str) and any(m in pattern for m in _LOOKAROUND):
         return f"a look-ahead in `pattern` at {where}"
@@ -79,4 +79,4 @@ def refusal(found: str) -> str:
     """The 400's message for a strict schema holding `found`."""
     return (f"The schema is strict, but this server's grammar cannot apply {found}: a "
             "document breaking it would still be accepted. Remove the keyword, or send the "
-            "schema without `strict` to have the rest of it applied.")
+            "schema without `strict`: the grammar then applies what it can.")

@@ -206,16 +206,7 @@ class LibraryFront:
             raise ApiError(404, f"The model '{name}' does not exist; see /v1/models.",
                            param="model", code="model_not_found")
         info = entry.info()
-        caps = [entry.capability]
-        if entry.capability == "completion" and "tools" in (entry.chat_template
-                                                            + entry.tool_template):
-            caps.append("tools")
-        if entry.insert:
-            caps.append("insert")
-        if entry.capability == "completion" and (
-                "<think>" in entry.chat_template or "enable_thinking" in entry.chat_template):
-            caps.append("thinking")
-        return {**info, "capabilities": caps,
+        return {**info,
                 **({"template": entry.chat_template} if verbose else {}),
                 **({"system": entry.system} if entry.system is not None else {}),
                 **({"variant_options": entry.options} if entry.options else {})}

@@ -441,7 +441,9 @@ def messages_call(body: bytes, ingress: Ingress) -> Call:
                              greq.stop, omit_thinking=omit)
     return Call(model=req.model, request=greq, stream=bool(req.stream),
                 reply=MessagesReply(builder), keep_alive=PING,
-                params={"response_format": "output_config.format",
+                params={**{f"tools[{i}].function.parameters": f"tools[{i}].input_schema"
+                           for i in range(len(req.tools or []))},  # (a strict tool's 400)
+                        "response_format": "output_config.format",
                         "response_format.json_schema.schema": "output_config.format.schema",
                         "tools": "tools",
                         "tool_choice": "tool_choice"})

@@ -316,5 +316,7 @@ async def responses_call(body: bytes, ingress: Ingress) -> Call:
         greq = await fit_context(ingress, req.model, greq, keep=int(bool(req.instructions)))
     builder = ResponseBuilder(response_base(req, "resp_" + greq.request_id))
     keep = store if req.store is not False else None
-    return Call(model=req.model, request=greq, stream=bool(req.stream), params=_PARAMS,
+    names = {**_PARAMS, **{f"tools[{i}].function.parameters": f"tools[{i}].parameters"
+                           for i in range(len(req.tools or []))}}  # (a strict tool's 400)
+    return Call(model=req.model, request=greq, stream=bool(req.stream), params=names,
                 reply=ResponsesReply(builder, keep, conversation, items))

@@ -288,6 +288,7 @@ def test_a_strict_tool_whose_schema_the_compiler_refuses_is_refused(engine) -> N
     ({"type": "integer", "minimum": 5, "exclusiveMinimum": 0.5}, "5", "2"),  # the tighter
     ({"type": "integer", "maximum": 3, "exclusiveMaximum": 10.5}, "3", "4"),
     ({"type": ["integer", "null"], "minimum": 0.5}, "1", "0"),
+    ({"type": "integer", "maximum": 1e20}, "5", "1" * 17),  # (past int64: a 400 before)
 ])
 def test_number_keywords_hold_in_a_document(engine, schema: dict, good: str, bad: str) -> None:
     """Found with the SDKs' structured outputs: draft 4's (OpenAPI 3.0's) boolean

@@ -210,11 +210,14 @@ def test_show_lists_a_directorys_capabilities_from_its_templates(tmp_path) -> No
         {"name": "default", "template": "{{ messages }}"},
         {"name": "tool_use", "template": "{{ tools }}"}])
     write_hf(tmp_path / "bare")
+    template(write_hf(tmp_path / "oss"), "{{ reasoning_effort }}{{ tools }}")  # gpt-oss's
     Library(tmp_path).copy("hermes", "own", template="{{ .Prompt }}")  # its own serves all
     front = LibraryFront(_Handle([]), {"models_dir": str(tmp_path)})
     front.streams = {}
-    caps = {name: show(front.library_info(name))["capabilities"]
-            for name in ("qwen", "hermes", "bare", "own")}
+    names = ("qwen", "hermes", "bare", "oss", "own")
+    caps = {name: show(front.library_info(name))["capabilities"] for name in names}
     assert caps == {"qwen": ["completion", "tools", "thinking"],
                     "hermes": ["completion", "tools"], "bare": ["completion"],
-                    "own": ["completion"]}
+                    "oss": ["completion", "tools", "thinking"], "own": ["completion"]}
+    listed = asyncio.run(front.library_models())  # /v1/models and /api/tags say the same
+    assert {name: listed[name]["capabilities"] for name in names} == caps

@@ -208,3 +208,15 @@ def test_every_answer_and_error_has_a_request_id() -> None:
         assert err.value.request_id.startswith("req_")
         assert err.value.body["request_id"] == err.value.request_id
     assert err.value.status_code == 529
+
+
+def test_a_strict_tools_refusal_by_the_worker_names_anthropics_field() -> None:
+    """A strict tool whose schema the grammar cannot take is refused where the constraint
+    is made (the worker), in chat's names: the answer says Anthropic's."""
+    refused = [[Rejected(status=400, message="Tool 'f' is strict: the pattern does not "
+                         "compile.", param="tools[1].function.parameters")]]
+    client, _ = _client(FakeWorker(FakeStream(refused)))
+    tools = [{"name": n, "input_schema": {"type": "object"}} for n in ("e", "f")]
+    r = client.post("/v1/messages", json={**BODY, "tools": tools})
+    assert r.status_code == 400
+    assert "tools[1].input_schema" in r.json()["error"]["message"]

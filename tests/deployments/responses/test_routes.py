@@ -342,3 +342,12 @@ def test_input_tokens_counts_the_prompt_a_response_would_have() -> None:
     assert [m["role"] for m in worker.counted[0].messages][:2] == ["system", "user"]
     with pytest.raises(openai.NotFoundError):
         oa.responses.input_tokens.count(model="m", input="x", previous_response_id="resp_x")
+
+
+def test_a_strict_tools_refusal_by_the_worker_names_the_responses_field() -> None:
+    refused = [[Rejected(status=400, message="Tool 'f' is strict: the pattern does not "
+                         "compile.", param="tools[0].function.parameters")]]
+    client, _ = _client(FakeWorker(FakeStream(refused)))
+    tool = {"type": "function", "name": "f", "parameters": {"type": "object"}, "strict": True}
+    r = client.post("/v1/responses", json={"model": "m", "input": "hi", "tools": [tool]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools[0].parameters"
