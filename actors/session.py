@@ -375,10 +375,10 @@ def _before_final(tail: str, messages: list[dict]) -> str:
     the template trimmed it): what the parser must see first is the turn's opening, not
     text the client wrote (harmony's prefill is all that follows `<|start|>`)."""
     content = messages[-1].get("content")
-    final = content if isinstance(content, str) else "".join(
-        p.get("text", "") for p in content or [] if isinstance(p, dict))
-    pieces = [p for p in {final, final.lstrip(), final.rstrip(), final.strip()}
-              if p and tail.endswith(p)]
+    finals = [content] if isinstance(content, str) else [join.join(
+        p.get("text", "") for p in content or [] if isinstance(p, dict)) for join in ("\n", "")]
+    pieces = [p for final in finals for p in {final, final.lstrip(), final.rstrip(),
+                                              final.strip()} if p and tail.endswith(p)]
     return tail[: len(tail) - max(map(len, pieces))] if pieces else tail
 
 

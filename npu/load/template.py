@@ -130,14 +130,35 @@ class Capabilities:
         self.tool_results = shows([user, asst if self.tool_calls else
                                    {"role": "assistant", "content": "ok"}, tool_msg],
                                   "probe_result_x9")
+        # content as a list of text parts (OpenAI's, the SDKs' and most apps'): rendered as
+        # text, not dropped, refused or written as the list's repr (as minja probes it)
+        typed = [{"role": "user", "content": [{"type": "text", "text": "probe_user_x9"}]}]
+        try:
+            shown = render(typed)
+            self.typed_content = "probe_user_x9" in shown and not any(
+                r in shown for r in ("'type': 'text'", '"type": "text"', '"type":"text"'))
+        except ModelError:
+            self.typed_content = False
 
 
-def _text(content: Any) -> str:
+# what joins a message's text parts where the template reads its content as one string
+# (llama.cpp's and vLLM's choice)
+PARTS_JOIN = "\n"
+
+
+def _text(content: Any, join: str = PARTS_JOIN) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        return join.join(p.get("text", "") for p in content if isinstance(p, dict))
     return "" if content is None else str(content)
+
+
+def _as_strings(messages: list[dict]) -> list[dict]:
+    """The messages with each list of text parts as one string (PARTS_JOIN between)."""
+    return [{**m, "content": _text(m["content"])}
+            if isinstance(m, dict) and isinstance(m.get("content"), list) else m
+            for m in messages]
 
 
 # stands in for the last message's text to find where a template writes it (private-use
@@ -145,12 +166,12 @@ def _text(content: Any) -> str:
 _SENTINEL = "\ue000flm-continue\ue001"
 
 
-def _final_text(messages: list[dict]) -> str:
+def _final_text(messages: list[dict], join: str) -> str:
     last = messages[-1] if messages else {}
     if last.get("role") != "assistant":
         raise TemplateError("only a conversation that ends with an assistant message can be "
                             "continued")
-    return _text(last.get("content"))
+    return _text(last.get("content"), join)
 
 
 def polyfill(messages: list[dict], caps: Capabilities) -> list[dict]:
@@ -245,7 +266,10 @@ class ChatTemplate:
         if enable_thinking is not None:
             context["enable_thinking"] = enable_thinking
         if not native:
-            context["messages"] = polyfill(context["messages"], self.capabilities)
+            caps = self.capabilities
+            shown = context["messages"] if caps.typed_content else \
+                _as_strings(context["messages"])
+            context["messages"] = polyfill(shown, caps)
         try:
             return self._render(context)
         except TemplateError as first:
@@ -280,15 +304,17 @@ class ChatTemplate:
         """The conversation rendered whole, cut right after its last message's text: where
         the template writes that message's text (found by rendering a stand-in for it), the
         text as sent, or as the template trims it."""
-        final = _final_text(messages)
+        # its text parts as we join them, or as a template that reads parts may
+        finals = dict.fromkeys(_final_text(messages, join) for join in (PARTS_JOIN, ""))
         text = self.render(messages, tools, add_generation_prompt=False, **kwargs)
         probe = self.render(messages[:-1] + [{**messages[-1], "content": _SENTINEL}], tools,
                             add_generation_prompt=False, **kwargs)
         at = probe.find(_SENTINEL)
         if at >= 0 and text[:at] == probe[:at]:
-            for piece in (final, final.lstrip(), final.rstrip(), final.strip()):
-                if piece and text.startswith(piece, at):
-                    return text[: at + len(piece)]
+            for final in finals:
+                for piece in (final, final.lstrip(), final.rstrip(), final.strip()):
+                    if piece and text.startswith(piece, at):
+                        return text[: at + len(piece)]
         raise TemplateError("the chat template does not show the last assistant message's text "
                             "as it was sent, so the model cannot continue it")
 

@@ -91,6 +91,38 @@ def test_every_shared_template_renders_a_reply_sent_back_as_openai_sends_it(name
     assert "get_weather" in tpl.render(conv, bare)
 
 
+PARTS = [{"role": "user", "content": [{"type": "text", "text": "Hello"},
+                                      {"type": "text", "text": "World"}]}]
+
+
+def test_text_parts_render_as_text_on_a_template_that_reads_a_string() -> None:
+    """Content as a list of text parts (OpenAI's SDKs, the Vercel AI SDK, LangChain) on a
+    template that reads `content` as a string was a 400, dropped, or shown as the list's
+    repr; it is the parts' text joined by a newline, as llama.cpp and vLLM join it. A
+    template that reads parts itself renders them as it does."""
+    plain = ChatTemplate("{% for m in messages %}[{{ m.content }}]{% endfor %}")
+    assert not plain.capabilities.typed_content
+    assert plain.render(PARTS) == "[Hello\nWorld]"
+    reads = ChatTemplate("{% for m in messages %}{% if m.content is string %}{{ m.content }}"
+                         "{% else %}{% for p in m.content %}<{{ p.text }}>{% endfor %}"
+                         "{% endif %}{% endfor %}")
+    assert reads.capabilities.typed_content and reads.render(PARTS) == "<Hello><World>"
+    begun = [*PARTS, {"role": "assistant", "content": [{"type": "text", "text": "Hi"},
+                                                        {"type": "text", "text": "there"}]}]
+    assert plain.render(begun, continue_final=True) == "[Hello\nWorld][Hi\nthere"
+
+
+@needs_shared
+@pytest.mark.parametrize("name", template_names() or ["none"])
+def test_every_shared_template_renders_text_parts_as_text(name: str) -> None:
+    tpl = ChatTemplate(template(name), bos_token="<s>", eos_token="</s>")
+    shown = tpl.render(PARTS)
+    assert "Hello" in shown and "World" in shown and "'type': 'text'" not in shown \
+        and '"type": "text"' not in shown
+    if not tpl.capabilities.typed_content:
+        assert shown == tpl.render([{"role": "user", "content": "Hello\nWorld"}])
+
+
 @needs_shared
 @pytest.mark.parametrize("name,switch,expect", [
     ("Qwen-Qwen3-0.6B", None, True), ("Qwen-Qwen3-0.6B", False, False),
