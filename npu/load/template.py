@@ -74,6 +74,51 @@ def _described(tools: list[dict] | None) -> list[dict] | None:
     return out if missing else None
 
 
+def _retries(context: dict[str, Any], tools: list[dict] | None, *, merge: bool):
+    """The contexts to render again with, in turn, when a template fails on `context`: a
+    tool without a description as "" (templates write `"// " + tool.description`); no
+    tools as an empty list (a template that loops over `tools` whatever they are: Hermes'
+    tool_use one, served alone); then (`merge`) the conversation as the strictest templates
+    take it (`merged`: Gemma's and Mistral's refuse two system messages or two user turns
+    in a row, which agents send)."""
+    fixed = _described(tools) if tools else []
+    tried = {**context, "tools": fixed} if fixed is not None else context
+    if tried is not context:
+        yield tried
+    if merge:
+        messages = merged(tried["messages"])
+        if messages != tried["messages"]:
+            yield {**tried, "messages": messages}
+
+
+def _drops_a_system(messages: list[dict], text: str) -> bool:
+    """Whether a conversation of several system messages lost one's text in `text`."""
+    systems = [_text(m.get("content")).strip() for m in messages if m.get("role") == "system"]
+    return len(systems) > 1 and any(s and s not in text for s in systems)
+
+
+def merged(messages: list[dict], *, turns: bool = True) -> list[dict]:
+    """The conversation with its system messages as one, first, and (`turns`) neighbouring
+    user (or assistant, without calls) messages as one, their texts parted by a blank
+    line."""
+    systems = [m for m in messages if m.get("role") == "system"]
+    rest = [m for m in messages if m.get("role") != "system"]
+    out: list[dict] = []
+    if systems:
+        out.append({**systems[0], "content": "\n\n".join(_text(m.get("content"))
+                                                         for m in systems)})
+    for m in rest:
+        last = out[-1] if out else None
+        if (turns and last is not None and m.get("role") in ("user", "assistant")
+                and m.get("role") == last.get("role") and not m.get("tool_calls")
+                and not last.get("tool_calls")):
+            out[-1] = {**last, "content": _text(last.get("content")) + "\n\n"
+                       + _text(m.get("content"))}
+        else:
+            out.append(m)
+    return out
+
+
 def _arguments_as_objects(messages: list[dict]) -> list[dict]:
     """Tool-call arguments arrive as JSON text (OpenAI); templates expect objects. An
     assistant's content that is null or absent beside its calls (OpenAI's reply, sent back
@@ -271,18 +316,25 @@ class ChatTemplate:
                 _as_strings(context["messages"])
             context["messages"] = polyfill(shown, caps)
         try:
-            return self._render(context)
+            text = self._render(context)
         except TemplateError as first:
-            # a tool without a description, which the template writes: as ""; no tools, on
-            # a template that reads `tools` as a list whatever it holds (Hermes' tool_use
-            # one, served alone): an empty list
-            retry = _described(tools) if tools else []
-            if retry is None:
-                raise
+            for retry in _retries(context, tools, merge=not native):
+                try:
+                    return self._render(retry)
+                except TemplateError:
+                    continue
+            raise first from None
+        if not native and _drops_a_system(context["messages"], text):
+            # a template that shows one system message (the first, or the last) and drops
+            # the others silently (DeepSeek-R1's distills, gpt-oss): they go as one
+            systems_as_one = merged(context["messages"], turns=False)
             try:
-                return self._render({**context, "tools": retry})
+                again = self._render({**context, "messages": systems_as_one})
             except TemplateError:
-                raise first from None
+                return text
+            if not _drops_a_system(systems_as_one, again):
+                return again
+        return text
 
     def _render(self, context: dict[str, Any]) -> str:
         """The template on `context`, its failures as TemplateError."""

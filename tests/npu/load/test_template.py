@@ -123,6 +123,46 @@ def test_every_shared_template_renders_text_parts_as_text(name: str) -> None:
         assert shown == tpl.render([{"role": "user", "content": "Hello\nWorld"}])
 
 
+TWO_SYSTEMS = [{"role": "system", "content": "Be brief."},
+               {"role": "system", "content": "Answer in French."},
+               {"role": "user", "content": "Hi"}, {"role": "user", "content": "Weather?"}]
+
+
+def test_a_strict_template_takes_two_system_messages_and_two_user_turns() -> None:
+    """Codex's instructions beside a developer message, a RAG app's second system prompt,
+    two user turns in a row: Gemma's and Mistral's templates refuse them ("Conversation
+    roles must alternate"), a 400. Where a template refuses, the conversation goes again
+    with its system messages as one, first, and neighbouring turns of one role as one."""
+    strict = ChatTemplate(
+        "{% for m in messages %}{% if loop.index0 > 0 and m.role == 'system' %}"
+        "{{ raise_exception('System message must be at the beginning.') }}{% endif %}"
+        "{% if loop.index0 > 1 and m.role == messages[loop.index0 - 1].role %}"
+        "{{ raise_exception('Conversation roles must alternate') }}{% endif %}"
+        "[{{ m.role }}: {{ m.content }}]{% endfor %}")
+    assert strict.render(TWO_SYSTEMS) == \
+        "[system: Be brief.\n\nAnswer in French.][user: Hi\n\nWeather?]"
+    refuses = ChatTemplate("{{ raise_exception('Conversation roles must alternate') }}")
+    with pytest.raises(TemplateError, match="alternate"):  # what a merge does not mend: said
+        refuses.render(TWO_SYSTEMS)
+    lenient = ChatTemplate("{% for m in messages %}[{{ m.content }}]{% endfor %}")
+    assert lenient.render(TWO_SYSTEMS) == "[Be brief.][Answer in French.][Hi][Weather?]"
+    # one that keeps the last system message and drops the others without a word
+    last = ChatTemplate("{% for m in messages %}{% if m.role == 'system' %}{% set ns = m %}"
+                        "{% endif %}{% endfor %}"
+                        "{% for m in messages if m.role == 'system' %}{% if loop.last %}"
+                        "<{{ m.content }}>{% endif %}{% endfor %}"
+                        "{% for m in messages if m.role != 'system' %}[{{ m.content }}]"
+                        "{% endfor %}")
+    assert last.render(TWO_SYSTEMS) == "<Be brief.\n\nAnswer in French.>[Hi][Weather?]"
+
+
+@needs_shared
+@pytest.mark.parametrize("name", template_names() or ["none"])
+def test_every_shared_template_takes_two_system_messages_and_two_user_turns(name) -> None:
+    shown = ChatTemplate(template(name), bos_token="<s>", eos_token="</s>").render(TWO_SYSTEMS)
+    assert all(t in shown for t in ("Be brief.", "Answer in French.", "Hi", "Weather?"))
+
+
 @needs_shared
 @pytest.mark.parametrize("name,switch,expect", [
     ("Qwen-Qwen3-0.6B", None, True), ("Qwen-Qwen3-0.6B", False, False),
