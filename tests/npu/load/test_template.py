@@ -112,6 +112,14 @@ def test_text_parts_render_as_text_on_a_template_that_reads_a_string() -> None:
     assert plain.render(begun, continue_final=True) == "[Hello\nWorld][Hi\nthere"
 
 
+@pytest.mark.parametrize("name", ["smollm2_chat_template.jinja", "flm_tiny_chat_template.jinja"])
+def test_our_templates_join_text_parts_as_the_others_are_joined(name: str) -> None:
+    from npu.load.loader import DATA
+
+    tpl = ChatTemplate((DATA / name).read_text(encoding="utf-8"))
+    assert tpl.render(PARTS) == tpl.render([{"role": "user", "content": "Hello\nWorld"}])
+
+
 @needs_shared
 @pytest.mark.parametrize("name", template_names() or ["none"])
 def test_every_shared_template_renders_text_parts_as_text(name: str) -> None:
