@@ -31,6 +31,7 @@ import msgspec
 from actors.aliases import Alias, AliasStore
 from actors.errors import RequestError
 from actors.go_template import GoTemplateError, is_go_template, jinja_from_go
+from chat import detect_format
 from npu.load.fim import vocabulary_fim
 from npu.load.gguf_header import read_header
 from npu.load.gguf_tokenizer import TOKENIZER_MODELS
@@ -111,16 +112,19 @@ class LibraryModel(msgspec.Struct, frozen=True, kw_only=True):
 
     def capabilities(self) -> list[str]:
         """What the model serves, as Ollama lists it, from its header: its capability, then
-        "tools" and "thinking" where its templates mention them, "insert" (FIM)."""
+        "tools" where its templates mention them, "insert" (FIM), "thinking" where its
+        template's format lets it reason (the chat format detected from the template alone:
+        the vocabulary is not read here)."""
         caps = [self.capability]
         chat = self.capability == "completion"
-        templates = self.chat_template + self.tool_template
-        if chat and "tools" in templates:
+        if chat and "tools" in self.chat_template + self.tool_template:
             caps.append("tools")
         if self.insert:
             caps.append("insert")
-        if chat and any(m in self.chat_template for m in THINKING_MARKS):
-            caps.append("thinking")
+        if chat:
+            spec = detect_format(self.chat_template, lambda _: False)
+            if spec.reasoning or spec.thinking_switch:
+                caps.append("thinking")
         return caps
 
     def info(self) -> dict[str, Any]:
@@ -133,10 +137,6 @@ class LibraryModel(msgspec.Struct, frozen=True, kw_only=True):
                 "capabilities": self.capabilities(),
                 **({"error": self.error} if self.error else {})}
 
-
-# what a chat template that lets its model reason says of it: Qwen's and DeepSeek's tags,
-# the switch Qwen3 reads, Mistral's tags, gpt-oss's effort (its reasoning channel)
-THINKING_MARKS = ("<think>", "enable_thinking", "[THINK]", "reasoning_effort")
 
 SAMPLE_CHAT = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
                {"role": "assistant", "content": "a"}, {"role": "user", "content": "v"}]

@@ -43,6 +43,7 @@ from chat import (
 )
 from chat.decode import mask_words
 from npu import ChatTemplate, Model, ModelError, Sampler, SamplingParams, logprobs
+from npu.load.template import PARTS_JOIN
 from npu.sampler import row_logprobs
 
 log = logging.getLogger(__name__)
@@ -375,8 +376,9 @@ def _before_final(tail: str, messages: list[dict]) -> str:
     the template trimmed it): what the parser must see first is the turn's opening, not
     text the client wrote (harmony's prefill is all that follows `<|start|>`)."""
     content = messages[-1].get("content")
-    finals = [content] if isinstance(content, str) else [join.join(
-        p.get("text", "") for p in content or [] if isinstance(p, dict)) for join in ("\n", "")]
+    finals = [content] if isinstance(content, str) else [join.join(  # (as templates join)
+        p.get("text", "") for p in content or [] if isinstance(p, dict))
+        for join in (PARTS_JOIN, "")]
     pieces = [p for final in finals for p in {final, final.lstrip(), final.rstrip(),
                                               final.strip()} if p and tail.endswith(p)]
     return tail[: len(tail) - max(map(len, pieces))] if pieces else tail

@@ -20,6 +20,13 @@ from typing import Any
 
 from chat.formats.qwen_xml import TYPE_ALIASES, schema_types
 from chat.request import ConstraintRequest, ToolSpec
+from chat.schema_walk import (
+    DATA_KEYWORDS,
+    LISTED_SCHEMAS,
+    NAMED_SCHEMAS,
+    schemas_in,
+    subschemas,
+)
 from chat.spec import (
     HARMONY_CALL,
     HARMONY_CHANNEL,
@@ -142,28 +149,6 @@ def _tool_tags(spec: FormatSpec, tools: tuple[ToolSpec, ...], once: bool) -> lis
     raise ValueError(f"format {kind} has no tool syntax")
 
 
-# keywords whose values are data, not schemas: a "$ref" key inside them is not a reference
-_DATA_KEYWORDS = ("const", "enum", "default", "examples", "example")
-# keywords whose values map names (any, "default" included) to schemas, list schemas, or
-# are one schema
-_NAMED_SCHEMAS = ("properties", "$defs", "definitions", "patternProperties",
-                  "dependentSchemas")
-_LISTED_SCHEMAS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_ONE_SCHEMA = ("items", "additionalProperties", "not", "contains")
-
-
-def _schemas_in(node: dict) -> list[Any]:
-    """The values of a schema object that are (or hold) schemas: not its data keywords,
-    and every schema of a name map whatever its names."""
-    out: list[Any] = []
-    for key, value in node.items():
-        if key in _NAMED_SCHEMAS and isinstance(value, dict):
-            out += value.values()
-        elif key not in _DATA_KEYWORDS:
-            out.append(value)
-    return out
-
-
 def _is_pointer(ref: Any) -> bool:
     """A reference into the same document by JSON pointer ("#" or "#/...")."""
     return isinstance(ref, str) and (ref == "#" or ref.startswith("#/"))
@@ -172,7 +157,7 @@ def _is_pointer(ref: Any) -> bool:
 def _refers(node: Any) -> bool:
     """Whether a schema holds a local reference ("$ref": "#/..." or "#")."""
     if isinstance(node, dict):
-        return _is_pointer(node.get("$ref")) or any(_refers(v) for v in _schemas_in(node))
+        return _is_pointer(node.get("$ref")) or any(_refers(v) for v in schemas_in(node))
     if isinstance(node, list):
         return any(_refers(v) for v in node)
     return False
@@ -186,9 +171,9 @@ def _rebased(node: Any, base: str) -> Any:
         for key, value in node.items():
             if key == "$ref" and _is_pointer(value):
                 out[key] = base + value[1:]
-            elif key in _NAMED_SCHEMAS and isinstance(value, dict):
+            elif key in NAMED_SCHEMAS and isinstance(value, dict):
                 out[key] = {name: _rebased(sub, base) for name, sub in value.items()}
-            elif key in _DATA_KEYWORDS:
+            elif key in DATA_KEYWORDS:
                 out[key] = value
             else:
                 out[key] = _rebased(value, base)
@@ -213,18 +198,12 @@ def schema_fault(node: Any, where: str = "") -> str | None:
     for t in types if isinstance(types, list) else [types] if types is not None else []:
         if not isinstance(t, str) or TYPE_ALIASES.get(t, t) not in JSON_TYPES:
             return f"{where or 'the schema'} has type {t!r}, which JSON Schema does not have"
-    subs: list[tuple[Any, str]] = []  # (a sub-schema, where it is)
     for key, value in node.items():
-        if key in _NAMED_SCHEMAS or key in _LISTED_SCHEMAS:
-            if not isinstance(value, dict if key in _NAMED_SCHEMAS else list):
-                return f"{where}.{key} is not " + ("an object" if key in _NAMED_SCHEMAS
-                                                   else "a list")
-            pairs = value.items() if isinstance(value, dict) else enumerate(value)
-            fmt = "{}.{}.{}" if isinstance(value, dict) else "{}.{}[{}]"
-            subs += [(sub, fmt.format(where, key, name)) for name, sub in pairs]
-        elif key in _ONE_SCHEMA and isinstance(value, (dict, bool)):
-            subs.append((value, f"{where}.{key}"))
-    for sub, at in subs:
+        if key in NAMED_SCHEMAS and not isinstance(value, dict):
+            return f"{where}.{key} is not an object"
+        if key in LISTED_SCHEMAS and not isinstance(value, list):
+            return f"{where}.{key} is not a list"
+    for sub, at in subschemas(node, where):
         fault = schema_fault(sub, at)
         if fault:
             return fault
@@ -316,14 +295,10 @@ def _names(node: Any, texts: tuple[str, ...]) -> bool:
         return any(_names(v, texts) for v in node)
     if not isinstance(node, dict):
         return False
-    if held(node.get("const")) or held(node.get("enum")):
-        return True
     props = node.get("properties")
-    if isinstance(props, dict) and any(held(k) for k in props):
-        return True
-    return any(_names(v, texts) for k, v in node.items()
-               if k not in ("const", "enum", "default", "examples", "example", "description",
-                            "title"))
+    return (held(node.get("const")) or held(node.get("enum"))
+            or (isinstance(props, dict) and any(held(k) for k in props))
+            or any(_names(v, texts) for v in schemas_in(node)))
 
 
 def _has_lengths(node: Any) -> bool:
@@ -331,7 +306,7 @@ def _has_lengths(node: Any) -> bool:
     if isinstance(node, dict):
         if "minLength" in node or "maxLength" in node:
             return True
-        return any(_has_lengths(v) for v in _schemas_in(node))
+        return any(_has_lengths(v) for v in schemas_in(node))
     if isinstance(node, list):
         return any(_has_lengths(v) for v in node)
     return False

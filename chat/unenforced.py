@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from chat.schema_walk import ONE_SCHEMA, subschemas
+
 # keywords the compiler leaves out whenever they are there
 _IGNORED = ("not", "if", "then", "else", "dependentRequired", "dependentSchemas", "contains")
-# keywords whose values map names to schemas / list schemas / are one schema
-_NAMED = ("properties", "$defs", "definitions", "patternProperties")
-_LISTED = ("anyOf", "oneOf", "allOf", "prefixItems")
-_ONE = ("items", "additionalProperties", "propertyNames", "unevaluatedProperties")
+# the single sub-schemas walked into (those of _IGNORED are said before)
+_ONE = ONE_SCHEMA + ("propertyNames", "unevaluatedProperties")
 _LOOKAROUND = ("(?=", "(?!")  # (a look-behind does not compile at all)
 # beside one of these, the compiler reads that keyword alone: any other rule is dropped
 _ALONE = ("$ref", "allOf", "anyOf", "oneOf")
@@ -62,16 +62,10 @@ def unenforced(node: Any, where: str = "schema") -> str | None:
     ref = node.get("$ref")
     if isinstance(ref, str) and not ref.startswith("#"):
         return f"the `$ref` {ref!r} at {where} (only references into the schema itself are read)"
-    for key, value in node.items():
-        if key in _NAMED and isinstance(value, dict):
-            for name, sub in value.items():
-                found = unenforced(sub, f"{where}.{key}.{name}")
-                if found:
-                    return found
-        elif key in _LISTED or key in _ONE:
-            found = unenforced(value, f"{where}.{key}")
-            if found:
-                return found
+    for sub, at in subschemas(node, where, _ONE):
+        found = unenforced(sub, at)
+        if found:
+            return found
     return None
 
 

@@ -79,14 +79,14 @@ def _retries(context: dict[str, Any], tools: list[dict] | None, *, merge: bool):
     tool without a description as "" (templates write `"// " + tool.description`); no
     tools as an empty list (a template that loops over `tools` whatever they are: Hermes'
     tool_use one, served alone); then (`merge`) the conversation as the strictest templates
-    take it (`merged`: Gemma's and Mistral's refuse two system messages or two user turns
-    in a row, which agents send)."""
+    take it (Gemma's and Mistral's refuse two system messages or two user turns in a row,
+    which agents send): its system messages as one, neighbouring turns of one role as one."""
     fixed = _described(tools) if tools else []
     tried = {**context, "tools": fixed} if fixed is not None else context
     if tried is not context:
         yield tried
     if merge:
-        messages = merged(tried["messages"])
+        messages = _neighbours_as_one(_systems_as_one(tried["messages"]))
         if messages != tried["messages"]:
             yield {**tried, "messages": messages}
 
@@ -97,22 +97,25 @@ def _drops_a_system(messages: list[dict], text: str) -> bool:
     return len(systems) > 1 and any(s and s not in text for s in systems)
 
 
-def merged(messages: list[dict], *, turns: bool = True) -> list[dict]:
-    """The conversation with its system messages as one, first, and (`turns`) neighbouring
-    user (or assistant, without calls) messages as one, their texts parted by a blank
-    line."""
+def _systems_as_one(messages: list[dict]) -> list[dict]:
+    """The conversation with its system messages as one, first, their texts parted by a
+    blank line."""
     systems = [m for m in messages if m.get("role") == "system"]
-    rest = [m for m in messages if m.get("role") != "system"]
+    if not systems:
+        return messages
+    one = {**systems[0], "content": "\n\n".join(_text(m.get("content")) for m in systems)}
+    return [one] + [m for m in messages if m.get("role") != "system"]
+
+
+def _neighbours_as_one(messages: list[dict]) -> list[dict]:
+    """The conversation with neighbouring user (or assistant, without calls) messages as
+    one, their texts parted by a blank line (some templates insist on alternation)."""
     out: list[dict] = []
-    if systems:
-        out.append({**systems[0], "content": "\n\n".join(_text(m.get("content"))
-                                                         for m in systems)})
-    for m in rest:
-        last = out[-1] if out else None
-        if (turns and last is not None and m.get("role") in ("user", "assistant")
-                and m.get("role") == last.get("role") and not m.get("tool_calls")
-                and not last.get("tool_calls")):
-            out[-1] = {**last, "content": _text(last.get("content")) + "\n\n"
+    for m in messages:
+        if (out and m.get("role") in ("user", "assistant") and m.get("role") ==
+                out[-1].get("role") and not m.get("tool_calls")
+                and not out[-1].get("tool_calls")):
+            out[-1] = {**out[-1], "content": _text(out[-1].get("content")) + "\n\n"
                        + _text(m.get("content"))}
         else:
             out.append(m)
@@ -255,16 +258,7 @@ def polyfill(messages: list[dict], caps: Capabilities) -> list[dict]:
             out.insert(0, {"role": "user", "content": system})
     if caps.tool_results and caps.system:
         return out
-    merged: list[dict] = []
-    for m in out:
-        if (merged and m.get("role") in ("user", "assistant") and m.get("role") ==
-                merged[-1].get("role") and not m.get("tool_calls")
-                and not merged[-1].get("tool_calls")):
-            merged[-1] = {**merged[-1], "content": _text(merged[-1].get("content")) + "\n\n"
-                          + _text(m.get("content"))}
-        else:
-            merged.append(m)
-    return merged
+    return _neighbours_as_one(out)
 
 
 class ChatTemplate:
@@ -327,7 +321,7 @@ class ChatTemplate:
         if not native and _drops_a_system(context["messages"], text):
             # a template that shows one system message (the first, or the last) and drops
             # the others silently (DeepSeek-R1's distills, gpt-oss): they go as one
-            systems_as_one = merged(context["messages"], turns=False)
+            systems_as_one = _systems_as_one(context["messages"])
             try:
                 again = self._render({**context, "messages": systems_as_one})
             except TemplateError:

@@ -210,7 +210,8 @@ def test_show_lists_a_directorys_capabilities_from_its_templates(tmp_path) -> No
         {"name": "default", "template": "{{ messages }}"},
         {"name": "tool_use", "template": "{{ tools }}"}])
     write_hf(tmp_path / "bare")
-    template(write_hf(tmp_path / "oss"), "{{ reasoning_effort }}{{ tools }}")  # gpt-oss's
+    template(write_hf(tmp_path / "oss"),  # gpt-oss's: its reasoning channel
+             "{{ tools }}<|start|>assistant<|channel|>analysis<|message|>")
     Library(tmp_path).copy("hermes", "own", template="{{ .Prompt }}")  # its own serves all
     front = LibraryFront(_Handle([]), {"models_dir": str(tmp_path)})
     front.streams = {}
