@@ -8,7 +8,9 @@ reaches for Python internals fails with a `ModelError`, never a crash.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import string
 from datetime import datetime
 from typing import Any
 
@@ -167,6 +169,12 @@ class Capabilities:
         self.system = shows([{"role": "system", "content": "probe_system_x9"}, user],
                             "probe_system_x9")
         self.tool_calls = shows([user, asst], "probe_tool_x9")
+        # Mistral's templates refuse a call id that is not 9 alphanumerics (OpenAI's are
+        # `call_` + 24): such a template gets every id as 9 (see `_short_ids`)
+        self.short_ids = not self.tool_calls and shows(_short_ids([user, asst]),
+                                                       "probe_tool_x9")
+        if self.short_ids:
+            self.tool_calls = True
         string_call = {**call, "function": {**call["function"],
                                             "arguments": '{"probe_arg_x9": 1}'}}
         self.string_arguments = (not self.tool_calls and shows(
@@ -175,8 +183,9 @@ class Capabilities:
             self.tool_calls = True
         tool_msg = {"role": "tool", "tool_call_id": "call_probe", "name": "probe_tool_x9",
                     "content": "probe_result_x9"}
-        self.tool_results = shows([user, asst if self.tool_calls else
-                                   {"role": "assistant", "content": "ok"}, tool_msg],
+        probe = [user, asst if self.tool_calls else {"role": "assistant", "content": "ok"},
+                 tool_msg]
+        self.tool_results = shows(_short_ids(probe) if self.short_ids else probe,
                                   "probe_result_x9")
         # content as a list of text parts (OpenAI's, the SDKs' and most apps'): rendered as
         # text, not dropped, refused or written as the list's repr (as minja probes it)
@@ -187,6 +196,49 @@ class Capabilities:
                 r in shown for r in ("'type': 'text'", '"type": "text"', '"type":"text"'))
         except ModelError:
             self.typed_content = False
+
+
+_ALNUM = string.ascii_letters + string.digits
+
+
+def _short_id(key: str) -> str:
+    """`key` as 9 alphanumerics: itself where it is such, else a digest of it (the same key
+    gives the same id, so a call and its result still match)."""
+    if len(key) == 9 and key.isascii() and key.isalnum():
+        return key
+    digest = hashlib.sha256(key.encode()).digest()
+    return "".join(_ALNUM[b % len(_ALNUM)] for b in digest[:9])
+
+
+def _short_ids(messages: list[dict]) -> list[dict]:
+    """The conversation with its tool-call ids as 9 alphanumerics, as Mistral's templates
+    demand: each call's id and each result's `tool_call_id` mapped alike; a call without an
+    id gets one from its place, a result without one its turn's next unanswered call's."""
+    out: list[dict] = []
+    waiting: list[str] = []
+    for at, m in enumerate(messages):
+        if not isinstance(m, dict):
+            out.append(m)
+            continue
+        if m.get("role") == "assistant" and m.get("tool_calls"):
+            calls = []
+            for i, call in enumerate(m["tool_calls"]):
+                key = call.get("id") if isinstance(call, dict) else None
+                short = _short_id(key if isinstance(key, str) and key else f"call-{at}-{i}")
+                calls.append({**call, "id": short} if isinstance(call, dict) else call)
+            waiting = [c["id"] for c in calls if isinstance(c, dict)]
+            m = {**m, "tool_calls": calls}
+        elif m.get("role") == "tool":
+            key = m.get("tool_call_id")
+            if isinstance(key, str) and key:
+                short = _short_id(key)
+                if short in waiting:
+                    waiting.remove(short)
+            else:
+                short = waiting.pop(0) if waiting else _short_id(f"result-{at}")
+            m = {**m, "tool_call_id": short}
+        out.append(m)
+    return out
 
 
 # what joins a message's text parts where the template reads its content as one string
@@ -308,6 +360,8 @@ class ChatTemplate:
             caps = self.capabilities
             shown = context["messages"] if caps.typed_content else \
                 _as_strings(context["messages"])
+            if caps.short_ids:
+                shown = _short_ids(shown)
             context["messages"] = polyfill(shown, caps)
         try:
             text = self._render(context)

@@ -91,6 +91,48 @@ def test_every_shared_template_renders_a_reply_sent_back_as_openai_sends_it(name
     assert "get_weather" in tpl.render(conv, bare)
 
 
+NINE_IDS = ChatTemplate(
+    "{% for m in messages %}{% if m.tool_calls %}{% for c in m.tool_calls %}"
+    "{% if c.id is not defined or c.id|length != 9 %}{{ raise_exception('ids of 9') }}"
+    "{% endif %}[CALL {{ c.id }}]{{ c.function.name }}{% endfor %}"
+    "{% elif m.role == 'tool' %}{% if m.tool_call_id|length != 9 %}"
+    "{{ raise_exception('ids of 9') }}{% endif %}[RESULT {{ m.tool_call_id }}]{{ m.content }}"
+    "{% else %}{{ m.content }}{% endif %}{% endfor %}")
+
+
+def test_a_template_that_wants_ids_of_nine_renders_openai_ids_natively() -> None:
+    """Found reading Mistral's templates: they raise on a call id that is not 9 characters,
+    and OpenAI's are `call_` + 24 (ours too), so every agent's second turn on Mistral Nemo or
+    Small 3.2 went through the polyfill (calls as `{"tool_calls": ...}` text, results as a
+    user turn): not what the model was trained on. Ids are now 9 alphanumerics there, a call
+    and its result mapped alike."""
+    text = NINE_IDS.render(CONVERSATION, TOOLS)
+    assert "Tool result" not in text and '"tool_calls"' not in text
+    call = text.split("[CALL ")[1][:9]
+    assert call.isalnum() and f"[CALL {call}]get_weather" in text
+    assert f"[RESULT {call}]18C and sunny" in text
+    # two calls without ids, answered without `tool_call_id` (Ollama's API has none)
+    calls = [{"type": "function", "function": {"name": n, "arguments": "{}"}} for n in "ab"]
+    conv = [{"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "", "tool_calls": calls},
+            {"role": "tool", "content": "A"}, {"role": "tool", "content": "B"}]
+    text = NINE_IDS.render(conv)
+    first, second = (part[:9] for part in text.split("[CALL ")[1:])
+    assert first != second
+    assert f"[RESULT {first}]A[RESULT {second}]B" in text
+    # ids already of nine are kept
+    assert f"[CALL {MISTRAL_ID}]" in NINE_IDS.render(_conversation("mistral"))
+
+
+@needs_shared
+@pytest.mark.parametrize("name", ["mistralai-Mistral-Nemo-Instruct-2407",
+                                  "mistralai-Mistral-Small-3.2-24B-Instruct-2506"])
+def test_mistral_templates_show_an_openai_tool_conversation_natively(name: str) -> None:
+    tpl = ChatTemplate(template(name), bos_token="<s>", eos_token="</s>")
+    text = tpl.render(CONVERSATION, TOOLS)
+    assert "[TOOL_CALLS]" in text and "[TOOL_RESULTS]" in text and "Tool result" not in text
+
+
 PARTS = [{"role": "user", "content": [{"type": "text", "text": "Hello"},
                                       {"type": "text", "text": "World"}]}]
 
