@@ -73,12 +73,25 @@ def calls_turn(kind: FormatKind, bodies: list[str]) -> tuple[str, str]:
             args = json.dumps({"path": f"f{i}.txt", "text": body})
             parts.append(f"<|start|>assistant<|channel|>commentary to=functions.write "
                          f"<|constrain|>json<|message|>{args}<|call|>")
+        elif kind is FormatKind.MISTRAL_JSON:
+            parts.append(json.dumps({"name": "write", "arguments": {"path": f"f{i}.txt",
+                                                                     "text": body}}))
+        elif kind is FormatKind.MISTRAL_ARGS:
+            args = json.dumps({"path": f"f{i}.txt", "text": body})
+            parts.append(f"[TOOL_CALLS]write[ARGS]{args}")
+        elif kind is FormatKind.LLAMA3_JSON:
+            parts.append(json.dumps({"name": "write", "parameters": {"path": f"f{i}.txt",
+                                                                      "text": body}}))
         else:
             parts.append(body)
     if kind is FormatKind.LFM2_PYTHONIC:
         return "", "<|tool_call_start|>[" + ", ".join(parts) + "]<|tool_call_end|>"
     if kind is FormatKind.HARMONY:
         return "assistant", "".join(parts)[len("<|start|>assistant") :]
+    if kind is FormatKind.MISTRAL_JSON:
+        return "", "[TOOL_CALLS][" + ", ".join(parts) + "]"
+    if kind is FormatKind.LLAMA3_JSON:
+        return "", "; ".join(parts)
     return "", "".join(parts)
 
 

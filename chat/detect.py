@@ -16,8 +16,11 @@ from chat.spec import (
     HARMONY_START,
     HERMES_TOOL_START,
     LFM2_TOOL_START,
+    LLAMA3_PYTHON_TAG,
+    MISTRAL_ARGS,
     MISTRAL_THINK_END,
     MISTRAL_THINK_START,
+    MISTRAL_TOOL_CALLS,
     QWEN_FUNCTION_START,
     THINK_END,
     THINK_START,
@@ -54,6 +57,10 @@ def detect_format(template: str, is_token: Callable[[str], bool]) -> FormatSpec:
         kind = FormatKind.QWEN_XML
     elif HERMES_TOOL_START in template:
         kind = FormatKind.HERMES_JSON
+    elif MISTRAL_TOOL_CALLS in template:
+        kind = FormatKind.MISTRAL_ARGS if MISTRAL_ARGS in template else FormatKind.MISTRAL_JSON
+    elif _llama3_calls(template):
+        kind = FormatKind.LLAMA3_JSON
     else:
         kind = FormatKind.CONTENT_ONLY
 
@@ -75,6 +82,13 @@ def detect_format(template: str, is_token: Callable[[str], bool]) -> FormatSpec:
         thinking_switch=thinking_switch,
         reasoning_markers=markers,
     )
+
+
+def _llama3_calls(template: str) -> bool:
+    """Llama 3.1-3.3's templates: the header tokens, and calls written (and asked for) as
+    `{"name": ..., "parameters": ...}`, or the `<|python_tag|>` of their built-in tools."""
+    return "<|start_header_id|>" in template and (
+        LLAMA3_PYTHON_TAG in template or '"parameters": ' in template)
 
 
 def _opens_reasoning_always(template: str, start: str) -> bool:

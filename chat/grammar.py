@@ -35,6 +35,8 @@ from chat.spec import (
     HARMONY_MESSAGE,
     HARMONY_RETURN,
     HARMONY_START,
+    LLAMA3_CALL_BEGIN,
+    MISTRAL_ARGS,
     QWEN_FUNCTION_START,
     FormatKind,
     FormatSpec,
@@ -88,19 +90,28 @@ def _body(spec: FormatSpec, request: ConstraintRequest) -> Tag | None:
     document = _document(spec, request)
     if not request.tools or request.tool_choice == "none" or not spec.has_tools:
         return document
-    once = not request.parallel_tool_calls
+    # Llama's templates render one call a turn (and raise on more)
+    once = not request.parallel_tool_calls or spec.kind is FormatKind.LLAMA3_JSON
     tags = _tool_tags(spec, request.tools, once)
     if request.tool_choice == "required" or document is not None:
         one = tags[0] if len(tags) == 1 else {"type": "or", "elements": tags}
-        calls = one if once or spec.kind is FormatKind.LFM2_PYTHONIC else {"type": "sequence", "elements": [
+        calls = one if once or spec.kind in _ONE_BLOCK else {"type": "sequence", "elements": [
             one, {"type": "star", "content": {"type": "sequence", "elements": [_WS, one]}}]}
         if request.tool_choice == "required":
             return calls
         return {"type": "or", "elements": [calls, document]}  # auto with a response format
+    if spec.bare_call:
+        # a bare call begins as a JSON answer may (`{"name": `): a trigger would make such an
+        # answer a call, so auto leaves the text free (the parser reads a call by its tool)
+        return None
     if spec.kind is FormatKind.QWEN_XML:  # a bare call is a call to the parser too
         tags = tags + _qwen_bare_tags(spec, request.tools)
     return {"type": "triggered_tags", "triggers": list(spec.tool_openers), "tags": tags,
             "at_least_one": False, "stop_after_first": once}
+
+
+# formats whose calls are all in one block (a list)
+_ONE_BLOCK = (FormatKind.LFM2_PYTHONIC, FormatKind.MISTRAL_JSON)
 
 
 def _qwen_bare_tags(spec: FormatSpec, tools: tuple[ToolSpec, ...]) -> list[Tag]:
@@ -112,27 +123,32 @@ def _qwen_bare_tags(spec: FormatSpec, tools: tuple[ToolSpec, ...]) -> list[Tag]:
 def _tool_tags(spec: FormatSpec, tools: tuple[ToolSpec, ...], once: bool) -> list[Tag]:
     kind = spec.kind
     if kind is FormatKind.HERMES_JSON:
-        # One tag: the call object is a JSON document, one wrapper schema per tool. A tool
-        # whose schema refers into itself ("#/$defs/...", "#") is moved under the wrapper's
-        # $defs and its references rebased there, so they still name its own parts.
-        defs: dict[str, Any] = {}
-
-        def arguments(i: int, t: ToolSpec) -> Any:
-            if not _refers(t.parameters):
-                return t.parameters
-            defs[f"tool{i}"] = _rebased(t.parameters, f"#/$defs/tool{i}")
-            return {"$ref": f"#/$defs/tool{i}"}
-
-        wrappers = [{"type": "object", "properties": {
-            "name": {"const": t.name}, "arguments": arguments(i, t)},
-            "required": ["name", "arguments"]} for i, t in enumerate(tools)]
-        schema = wrappers[0] if len(wrappers) == 1 else {"anyOf": wrappers}
-        if defs:
-            schema = {**schema, "$defs": defs}
-        content = _json(schema, excludes=markers(spec))
+        # One tag: the call object is a JSON document
+        content = _json(_call_objects(tools), excludes=markers(spec))
         return [{"type": "tag", "begin": spec.tool_start,
                  "content": {"type": "sequence", "elements": [_WS, content, _WS]},
                  "end": spec.tool_end}]
+    if kind is FormatKind.MISTRAL_JSON:
+        # One tag to the end of the turn: the calls are one JSON list
+        items = _call_objects(tools)
+        schema = {"type": "array", "items": {k: v for k, v in items.items() if k != "$defs"},
+                  "minItems": 1}
+        if "$defs" in items:  # the wrappers' references name the document's root
+            schema["$defs"] = items["$defs"]
+        if once:
+            schema["maxItems"] = 1
+        return [{"type": "tag", "begin": spec.tool_start,
+                 "content": _json(schema, excludes=markers(spec)), "end": ""}]
+    if kind is FormatKind.MISTRAL_ARGS:
+        return [{"type": "tag", "begin": f"{spec.tool_start}{t.name}{MISTRAL_ARGS}",
+                 "content": _json(t.parameters, excludes=markers(spec)), "end": ""}
+                for t in tools]
+    if kind is FormatKind.LLAMA3_JSON:
+        # the call as Llama's templates render one (`tojson`'s separators)
+        return [{"type": "tag", "begin": f'{LLAMA3_CALL_BEGIN}{json.dumps(t.name)}, '
+                                         f'"parameters": ',
+                 "content": _json(t.parameters, excludes=markers(spec)), "end": "}"}
+                for t in tools]
     if kind is FormatKind.QWEN_XML:
         return [{"type": "tag", "begin": f"{spec.tool_start}\n<function={t.name}>\n",
                  "content": _json(t.parameters, style="qwen_xml", excludes=markers(spec)),
@@ -147,6 +163,25 @@ def _tool_tags(spec: FormatSpec, tools: tuple[ToolSpec, ...], once: bool) -> lis
                  "content": {"type": "grammar", "grammar": python_calls_ebnf(tools, once)},
                  "end": f"]{spec.tool_end}"}]
     raise ValueError(f"format {kind} has no tool syntax")
+
+
+def _call_objects(tools: tuple[ToolSpec, ...]) -> Any:
+    """The schema of a `{"name": ..., "arguments": {...}}` call object, one wrapper per tool.
+    A tool whose schema refers into itself ("#/$defs/...", "#") is moved under the wrapper's
+    $defs and its references rebased there, so they still name its own parts."""
+    defs: dict[str, Any] = {}
+
+    def arguments(i: int, t: ToolSpec) -> Any:
+        if not _refers(t.parameters):
+            return t.parameters
+        defs[f"tool{i}"] = _rebased(t.parameters, f"#/$defs/tool{i}")
+        return {"$ref": f"#/$defs/tool{i}"}
+
+    wrappers = [{"type": "object", "properties": {
+        "name": {"const": t.name}, "arguments": arguments(i, t)},
+        "required": ["name", "arguments"]} for i, t in enumerate(tools)]
+    schema = wrappers[0] if len(wrappers) == 1 else {"anyOf": wrappers}
+    return {**schema, "$defs": defs} if defs else schema
 
 
 def _is_pointer(ref: Any) -> bool:

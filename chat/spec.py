@@ -23,6 +23,11 @@ GEMMA4_TOOL_RESPONSE = "<|tool_response>"
 GEMMA4_QUOTE = '<|"|>'
 LFM2_TOOL_START = "<|tool_call_start|>"
 LFM2_TOOL_END = "<|tool_call_end|>"
+MISTRAL_TOOL_CALLS = "[TOOL_CALLS]"
+MISTRAL_ARGS = "[ARGS]"
+MISTRAL_CALL_ID = "[CALL_ID]"
+LLAMA3_PYTHON_TAG = "<|python_tag|>"
+LLAMA3_CALL_BEGIN = '{"name": '  # how Llama's templates begin a call (`tojson`'s separators)
 MISTRAL_THINK_START = "[THINK]"
 MISTRAL_THINK_END = "[/THINK]"
 HARMONY_START = "<|start|>"
@@ -35,13 +40,19 @@ HARMONY_CALL = "<|call|>"
 
 
 class FormatKind(str, enum.Enum):
-    """The six chat formats; the values are the names used in logs and configs."""
+    """The chat formats; the values are the names used in logs and configs."""
 
     HERMES_JSON = "hermes_json"
     QWEN_XML = "qwen_xml"
     GEMMA4 = "gemma4"
     LFM2_PYTHONIC = "lfm2_pythonic"
     HARMONY = "harmony"
+    # `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]` (Mistral 7B v0.3, Nemo)
+    MISTRAL_JSON = "mistral_json"
+    # `[TOOL_CALLS]NAME[ARGS]{...}` (Mistral Small 3.1+, Devstral, Magistral, Ministral 3)
+    MISTRAL_ARGS = "mistral_args"
+    # a bare `{"name": ..., "parameters": {...}}` opening the turn (Llama 3.1-3.3)
+    LLAMA3_JSON = "llama3_json"
     CONTENT_ONLY = "content_only"
 
     def __str__(self) -> str:
@@ -81,10 +92,18 @@ class FormatSpec(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def tool_openers(self) -> tuple[str, ...]:
         """The strings the parser reads as the start of a tool call (qwen_xml also takes a
-        bare `<function=` without its `<tool_call>` wrapper)."""
+        bare `<function=` without its `<tool_call>` wrapper, llama3_json a bare call)."""
         if self.kind is FormatKind.QWEN_XML:
             return (self.tool_start, QWEN_FUNCTION_START)
+        if self.kind is FormatKind.LLAMA3_JSON:
+            return (self.tool_start, LLAMA3_CALL_BEGIN)
         return (self.tool_start,)
+
+    @property
+    def bare_call(self) -> bool:
+        """A call may be written with no marker (llama3_json): any object that opens the
+        turn, or `{"name": ` anywhere, is read as one (and is content if it is not one)."""
+        return self.kind is FormatKind.LLAMA3_JSON
 
 
 def spec_for_kind(
@@ -106,7 +125,7 @@ def spec_for_kind(
             e.g. Mistral's `[THINK]`/`[/THINK]`.
 
     Raises:
-        ValueError: `kind` is not one of the six formats; the message lists them.
+        ValueError: `kind` is not one of the formats; the message lists them.
     """
     try:
         kind = FormatKind(kind)
@@ -126,6 +145,10 @@ def spec_for_kind(
         extra = (GEMMA4_TOOL_RESPONSE,)
     elif kind is FormatKind.LFM2_PYTHONIC:
         tool = (LFM2_TOOL_START, LFM2_TOOL_END)
+    elif kind is FormatKind.MISTRAL_JSON or kind is FormatKind.MISTRAL_ARGS:
+        tool = (MISTRAL_TOOL_CALLS, "")  # the calls run to the end of the turn
+    elif kind is FormatKind.LLAMA3_JSON:
+        tool = (LLAMA3_PYTHON_TAG, "")
     elif kind is FormatKind.HARMONY:
         # The analysis channel is harmony's reasoning; it has no on/off switch.
         start, end = HARMONY_CHANNEL + "analysis" + HARMONY_MESSAGE, HARMONY_END

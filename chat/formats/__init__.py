@@ -10,6 +10,8 @@ from chat.formats.gemma4 import CHANNEL_NAME, gemma4_block
 from chat.formats.harmony import HarmonyParser
 from chat.formats.hermes_json import hermes_block
 from chat.formats.lfm2_pythonic import lfm2_block
+from chat.formats.llama3_json import llama3_block_factory
+from chat.formats.mistral import mistral_block
 from chat.formats.qwen_xml import qwen_xml_block_factory
 from chat.formats.tagged import TaggedParser
 from chat.spec import FormatKind, FormatSpec
@@ -51,6 +53,10 @@ def make_parser(
         block = gemma4_block
     elif kind is FormatKind.LFM2_PYTHONIC:
         block = lfm2_block
+    elif kind is FormatKind.MISTRAL_JSON or kind is FormatKind.MISTRAL_ARGS:
+        block = mistral_block
+    elif kind is FormatKind.LLAMA3_JSON:
+        block = llama3_block_factory(tools)
     if block is None or not parse_tool_calls:
         return TaggedParser(spec, builder, channel_name=_channel(kind))
     make = block
@@ -61,6 +67,7 @@ def make_parser(
         openers=spec.tool_openers,
         channel_name=_channel(kind),
         echo_after_call=kind is FormatKind.LFM2_PYTHONIC,
+        bare_opener="{" if spec.bare_call else "",
     )
 
 

@@ -19,11 +19,16 @@ class CallObjectRouter:
     """Value-event handler for one `{"name": ..., "arguments": ...}` object.
 
     The name is held until complete, then the call starts and argument events stream
-    through a `JSONWriter`; arguments seen before the name wait for it.
+    through a `JSONWriter`; arguments seen before the name wait for it. `names`: the only
+    names a call may have; `keys`: the only keys the object may hold (both where a plain
+    JSON object could be taken for a call: llama3_json's bare calls).
     """
 
-    def __init__(self, builder: MessageBuilder) -> None:
+    def __init__(self, builder: MessageBuilder, *, names: frozenset[str] | None = None,
+                 keys: frozenset[str] | None = None) -> None:
         self.b = builder
+        self.names = names
+        self.keys = keys
         self.writer = JSONWriter(builder.call_args)
         self.depth = 0
         self.cur = ""
@@ -77,6 +82,8 @@ class CallObjectRouter:
             self.cur = name
             if self.args_seen and name in _ARG_KEYS:
                 self.error = True  # arguments given twice
+            if self.keys is not None and name not in self.keys:
+                self.error = True  # an object, not a call
             return
         self._route("key", name)
 
@@ -120,7 +127,8 @@ class CallObjectRouter:
         self._route("scalar", text)
 
     def _start(self, name: str) -> None:
-        if self.name is not None or not name:
+        if self.name is not None or not name or (self.names is not None
+                                                  and name not in self.names):
             self.error = True
             return
         self.name = name
@@ -154,11 +162,19 @@ class CallObjectRouter:
 
 
 class JSONCallBlock:
-    """Reads `{...}` call objects up to `closer` (several objects may share a block)."""
+    """Reads `{...}` call objects up to `closer` (several objects may share a block, parted
+    by whitespace or one of `separators`). With no closer the block ends where something
+    other than a call follows one, or with the text. `names` and `keys`: see
+    `CallObjectRouter`."""
 
-    def __init__(self, builder: MessageBuilder, closer: str) -> None:
+    def __init__(self, builder: MessageBuilder, closer: str, *, separators: str = "",
+                 names: frozenset[str] | None = None,
+                 keys: frozenset[str] | None = None) -> None:
         self.b = builder
         self.closer = closer
+        self.separators = separators
+        self.names, self.keys = names, keys
+        self.parted = False  # a separator was read after the last call
         self.router: CallObjectRouter | None = None
         self.reader: ValueReader | None = None
         self.calls = 0
@@ -174,10 +190,16 @@ class JSONCallBlock:
                     return pos, Status.MORE
                 self.reader = self.router = None
                 self.calls += 1
+                self.parted = False
             pos = WS.match(buf, pos).end()
             if pos >= len(buf):
                 return pos, Status.MORE
-            st = expect(buf, pos, self.closer, final)
+            if self.calls and not self.parted and buf[pos] in self.separators:
+                self.parted = True
+                pos = WS.match(buf, pos + 1).end()
+                if pos >= len(buf):
+                    return pos, Status.MORE
+            st = expect(buf, pos, self.closer, final) if self.closer else None
             if st is Status.DONE:
                 return pos + len(self.closer), Status.DONE
             if st is Status.MORE:
@@ -185,7 +207,7 @@ class JSONCallBlock:
             if buf[pos] != "{":
                 # no call object here: the block ends implicitly after a call
                 return pos, (Status.DONE if self.calls else Status.ERROR)
-            self.router = CallObjectRouter(self.b)
+            self.router = CallObjectRouter(self.b, names=self.names, keys=self.keys)
             self.reader = ValueReader(self.router, Dialect.JSON)
 
     def complete(self) -> bool:

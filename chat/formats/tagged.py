@@ -15,7 +15,7 @@ from chat.builder import MessageBuilder
 from chat.dialects import Status
 from chat.formats.block import WS, ToolBlock
 from chat.scan import Markers
-from chat.spec import FormatSpec
+from chat.spec import LLAMA3_CALL_BEGIN, FormatSpec
 
 REASONING = "reasoning_content"
 CONTENT = "content"
@@ -37,6 +37,9 @@ class TaggedParser:
             qwen_xml, a bare `<function=`).
         channel_name: Gemma4: the channel name after the reasoning opener, dropped.
         echo_after_call: LFM2: drop a call list echoed after a call block.
+        bare_opener: a block may also open the turn with this text and no marker (llama3_json:
+            `{`); it is part of the block, and the block falls back to content if it is not
+            one.
     """
 
     def __init__(
@@ -48,6 +51,7 @@ class TaggedParser:
         openers: tuple[str, ...] = (),
         channel_name: str = "",
         echo_after_call: bool = False,
+        bare_opener: str = "",
     ) -> None:
         self.spec = spec
         self.b = builder
@@ -68,6 +72,9 @@ class TaggedParser:
         self.block_raw: list[str] = []
         self.block_first_call = 0
         self._scanned = 0  # _TENTATIVE: text after pos already searched for the closer
+        self.bare_opener = bare_opener if block is not None else ""
+        # llama3_json's `{"name": `: an opener that is the block's own first text
+        self.inline_opener = LLAMA3_CALL_BEGIN if spec.bare_call and block is not None else ""
 
     # -- driver -----------------------------------------------------------------------
     def feed(self, text: str, final: bool) -> None:
@@ -87,6 +94,8 @@ class TaggedParser:
         """One move; returns the new position, or None when nothing more can be done."""
         mode = self.mode
         if mode == _CONTENT:
+            if self.bare_opener:
+                return self._bare(buf, pos, final)
             return self._scan(buf, pos, final, CONTENT, self.content_markers)
         if mode == _REASONING:
             return self._scan(buf, pos, final, REASONING, self.reasoning_markers)
@@ -140,7 +149,22 @@ class TaggedParser:
         if marker == self.r_end:  # a stray closer: drop it
             self.b.end_segment(CONTENT)
             return after
-        return self._open_block(marker, after)
+        return self._open_at(marker, at)
+
+    def _bare(self, buf: str, pos: int, final: bool) -> int | None:
+        """The turn's first text: a block opened by `bare_opener`, or content."""
+        start = WS.match(buf, pos).end()
+        if start >= len(buf) and not final:
+            return None  # only whitespace so far
+        opener = self.bare_opener
+        if not final and opener.startswith(buf[start:]) and start < len(buf):
+            return None
+        self.bare_opener = ""
+        if buf.startswith(opener, start):
+            self._open_block("", start)
+            self.block_raw = [buf[pos:start]]
+            return start
+        return pos
 
     def _header(self, buf: str, pos: int, final: bool) -> int | None:
         name = self.channel_name
@@ -174,7 +198,7 @@ class TaggedParser:
         self.b.end_segment(REASONING)
         self.mode = _CONTENT
         at, marker = self.content_markers.find(buf, pos)
-        return self._open_block(marker, at + len(marker))
+        return self._open_at(marker, at)
 
     # -- tool blocks ----------------------------------------------------------------------
     @property
@@ -189,6 +213,12 @@ class TaggedParser:
         if self.mode != _TOOL or self.b.call_count != self.block_first_call:
             return ""
         return "".join(self.block_raw) + self.buf
+
+    def _open_at(self, opener: str, at: int) -> int:
+        """Open a block at the opener found at `at`."""
+        if opener == self.inline_opener:  # the block reads its opener itself
+            return self._open_block("", at)
+        return self._open_block(opener, at + len(opener))
 
     def _open_block(self, opener: str, after: int) -> int:
         assert self.block_factory is not None

@@ -129,6 +129,44 @@ CASES = [
     ("harmony-builtin", "harmony", "assistant", " to=browser.search<|channel|>commentary"
      '<|message|>{"q": 1}<|call|>', "", "", [], None, False),
     ("harmony-plain-text", "harmony", "", "just words", "", "just words", [], None, False),
+    # mistral_json and mistral_args: both syntaxes are read after [TOOL_CALLS]
+    ("mistral-list", "mistral_json", "", '[TOOL_CALLS][{"name": "get_weather", "arguments": '
+     '{"city": "Paris", "days": 3}}, {"name": "f", "arguments": {}, "id": "abcDEF123"}]', "",
+     "", [("get_weather", {"city": "Paris", "days": 3}), ("f", {})], WEATHER, False),
+    ("mistral-text-then-list", "mistral_json", "", 'Checking.[TOOL_CALLS] [{"name": "f", '
+     '"arguments": {"a": [1, 2]}}]', "", "Checking.", [("f", {"a": [1, 2]})], None, False),
+    ("mistral-list-cut", "mistral_json", "", '[TOOL_CALLS][{"name": "f", "arguments": {"a": "x',
+     "", "", [("f", '{"a": "x')], None, True),
+    ("mistral-args", "mistral_args", "", '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}'
+     '[TOOL_CALLS]f[CALL_ID]abcDEF123[ARGS]{}', "", "",
+     [("get_weather", {"city": "Paris"}), ("f", {})], WEATHER, False),
+    ("mistral-args-think", "mistral_args", "", '<think>hmm</think>[TOOL_CALLS]f[ARGS]{"b": true}',
+     "hmm", "", [("f", {"b": True})], None, False),
+    ("mistral-args-list", "mistral_args", "", '[TOOL_CALLS][{"name": "f", "arguments": {}}]', "",
+     "", [("f", {})], None, False),
+    ("mistral-args-cut-name", "mistral_args", "", "[TOOL_CALLS]get_wea", "", "", [], None, True),
+    ("mistral-args-bad", "mistral_args", "", "[TOOL_CALLS]no call here", "", "[TOOL_CALLS]no "
+     "call here", [], None, False),
+    # llama3_json: a bare call opens the turn, or `{"name": ` / <|python_tag|> anywhere
+    ("llama-call", "llama3_json", "", '{"name": "get_weather", "parameters": {"city": "Paris"}}',
+     "", "", [("get_weather", {"city": "Paris"})], WEATHER, False),
+    ("llama-typed-calls", "llama3_json", "", '\n{"type": "function", "name": "get_weather", '
+     '"parameters": {"city": "Oslo"}}; {"name": "get_weather", "parameters": {"days": 2}}', "",
+     "", [("get_weather", {"city": "Oslo"}), ("get_weather", {"days": 2})], WEATHER, False),
+    ("llama-text-then-call", "llama3_json", "", 'Let me check. {"name": "get_weather", '
+     '"parameters": {"city": "Rome"}}', "", "Let me check.", [("get_weather", {"city": "Rome"})],
+     WEATHER, False),
+    ("llama-python-tag", "llama3_json", "", 'On it.<|python_tag|>{"name": "get_weather", '
+     '"arguments": {"city": "Rome"}}', "", "On it.", [("get_weather", {"city": "Rome"})],
+     WEATHER, False),
+    ("llama-json-answer", "llama3_json", "", '{"name": "Ada", "age": 36}', "", '{"name": "Ada", '
+     '"age": 36}', [], WEATHER, False),
+    ("llama-not-a-tool", "llama3_json", "", '{"name": "search", "parameters": {}} then', "",
+     '{"name": "search", "parameters": {}} then', [], WEATHER, False),
+    ("llama-brace-text", "llama3_json", "", "{braces} and text", "", "{braces} and text", [],
+     WEATHER, False),
+    ("llama-cut-call", "llama3_json", "", '{"name": "get_weather", "parameters": {"city": "Pa',
+     "", "", [("get_weather", '{"city": "Pa')], WEATHER, True),
     # content_only
     ("content-only", "content_only", "", "Just <tool_call> text", "", "Just <tool_call> text", [],
      None, False),

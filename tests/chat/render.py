@@ -48,6 +48,12 @@ def call_text(kind: str, name: str, args: dict) -> str:
     if kind == "harmony":
         return (f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>"
                 f"{json.dumps(args)}<|call|>")
+    if kind == "mistral_json":
+        return "[TOOL_CALLS]" + json.dumps([{"name": name, "arguments": args}])
+    if kind == "mistral_args":
+        return f"[TOOL_CALLS]{name}[ARGS]{json.dumps(args)}"
+    if kind == "llama3_json":
+        return json.dumps({"name": name, "parameters": args})
     raise ValueError(kind)
 
 
@@ -56,7 +62,9 @@ def calls_text(kind: str, calls: list[tuple[str, dict]]) -> str:
         inner = ", ".join(call_text(kind, n, a)[len("<|tool_call_start|>[") : -len(
             ")]<|tool_call_end|>")] + ")" for n, a in calls)
         return f"<|tool_call_start|>[{inner}]<|tool_call_end|>"
-    sep = "" if kind in ("gemma4", "harmony") else "\n"
+    if kind == "mistral_json":
+        return "[TOOL_CALLS]" + json.dumps([{"name": n, "arguments": a} for n, a in calls])
+    sep = "" if kind in ("gemma4", "harmony", "mistral_args") else "\n"
     return sep.join(call_text(kind, n, a) for n, a in calls)
 
 

@@ -23,7 +23,12 @@ from chat.grammar import MAX_WHITESPACE
 from tests.chat.render import calls_text, final_text, reasoning_text
 from tests.chat.vocab import small_vocab
 
-TOOL_KINDS = ["hermes_json", "qwen_xml", "gemma4", "lfm2_pythonic", "harmony"]
+TOOL_KINDS = ["hermes_json", "qwen_xml", "gemma4", "lfm2_pythonic", "harmony", "mistral_json",
+              "mistral_args", "llama3_json"]
+# llama3_json's calls begin as a JSON answer may: auto leaves its text free (see below)
+AUTO_KINDS = [k for k in TOOL_KINDS if k != "llama3_json"]
+CHOSEN = [(k, c) for k in TOOL_KINDS for c in ("auto", "required")
+          if k in AUTO_KINDS or c != "auto"]
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
     "required": ["city"]}}}
@@ -65,7 +70,7 @@ def _tools(choice="auto", parallel=None, **extra) -> dict:
 @pytest.mark.parametrize("choice", ["auto", "required"])
 def test_calls_are_accepted(engine, kind: str, choice: str) -> None:
     # gpt-oss stops at <|call|>: one call a turn
-    text = calls_text(kind, [PARIS] if kind == "harmony" else [PARIS, ON])
+    text = calls_text(kind, [PARIS] if kind in ("harmony", "llama3_json") else [PARIS, ON])
     assert _accepts(engine, kind, _tools(choice), text) == (True, "")
 
 
@@ -110,9 +115,20 @@ def test_qwen_xml_auto_constrains_a_bare_function_call(engine) -> None:
 @pytest.mark.parametrize("kind", TOOL_KINDS)
 def test_unknown_function_is_rejected(engine, kind: str) -> None:
     text = calls_text(kind, [("delete_all", {"city": "x"})])
-    for choice in ("auto", "required"):
+    for choice in ("auto", "required") if kind in AUTO_KINDS else ("required",):
         ok, why = _accepts(engine, kind, _tools(choice), text)
         assert not ok, choice
+
+
+def test_llama3_auto_leaves_a_json_answer_free(engine) -> None:
+    """A Llama 3.x call is a bare `{"name": ...}`: a trigger on it would turn a JSON answer
+    that begins so into a call of some tool. In auto the text is free (the parser reads a
+    call only where it names a tool); required and a named function force the call."""
+    answer = '{"name": "Ada", "age": 36}'
+    assert _accepts(engine, "llama3_json", _tools("auto"), answer) == (True, "")
+    assert not _accepts(engine, "llama3_json", _tools("required"), answer)[0]
+    named = _tools({"type": "function", "function": {"name": "toggle"}})
+    assert not _accepts(engine, "llama3_json", named, answer)[0]
 
 
 @pytest.mark.parametrize("kind", TOOL_KINDS)
@@ -226,8 +242,7 @@ TREE = {"type": "function", "function": {"name": "tree", "parameters": {
     "required": ["kind"]}}}
 
 
-@pytest.mark.parametrize("kind", TOOL_KINDS)
-@pytest.mark.parametrize("choice", ["auto", "required"])
+@pytest.mark.parametrize("kind,choice", CHOSEN)
 def test_schemas_that_refer_into_themselves_constrain_their_calls(engine, kind: str,
                                                                   choice: str) -> None:
     """A reference names a part of its own tool's schema wherever the format puts that
@@ -258,7 +273,7 @@ def test_a_tool_schema_the_compiler_refuses_leaves_its_arguments_free(engine, ki
         "type": "object", "properties": {"a": {"enum": []},
                                          "t": {"type": "array", "items": [{"type": "string"}]},
                                          "p": {"type": "string", "pattern": "(?<=a)b"}}}}}
-    body = {"tools": [WEATHER, odd], "tool_choice": "auto"}
+    body = {"tools": [WEATHER, odd], "tool_choice": "auto" if kind in AUTO_KINDS else "required"}
     assert not _accepts(engine, kind, body, calls_text(kind, [("get_weather", {"town": 1})]))[0]
     assert _accepts(engine, kind, body, calls_text(kind, [PARIS]))[0]
     if kind == "lfm2_pythonic":  # its own grammar (Python keywords) takes any schema

@@ -7,7 +7,8 @@ import pytest
 from chat import FormatKind, detect_format, format_prefill, spec_for_kind
 from tests.shared import is_token_for, needs_shared, template, template_names
 
-# The format ../shared/formats/README.md gives each template, and whether reasoning is on.
+# The format ../shared/formats/README.md gives each template, and whether reasoning is on;
+# Llama 3.x's and Mistral's, content_only there, have formats of their own here.
 EXPECTED = {
     "NousResearch-Hermes-3-Llama-3.1-8B-tool_use": ("hermes_json", False),
     "Qwen-Qwen2.5-7B-Instruct": ("hermes_json", False),
@@ -28,13 +29,13 @@ EXPECTED = {
     "deepseek-ai-DeepSeek-R1": ("content_only", True),
     "google-gemma-2-2b-it": ("content_only", False),
     "google-gemma-3-it": ("content_only", False),
-    "meta-llama-Llama-3.1-8B-Instruct": ("content_only", False),
-    "meta-llama-Llama-3.2-3B-Instruct": ("content_only", False),
+    "meta-llama-Llama-3.1-8B-Instruct": ("llama3_json", False),
+    "meta-llama-Llama-3.2-3B-Instruct": ("llama3_json", False),
     "microsoft-Phi-4-mini-instruct": ("content_only", False),
     "microsoft-phi-4": ("content_only", False),
-    "mistralai-Mistral-Nemo-Instruct-2407": ("content_only", False),
-    "mistralai-Mistral-Small-3.2-24B-Instruct-2506": ("content_only", False),
-    "mistralai-Ministral-3-14B-Reasoning-2512": ("content_only", True),
+    "mistralai-Mistral-Nemo-Instruct-2407": ("mistral_json", False),
+    "mistralai-Mistral-Small-3.2-24B-Instruct-2506": ("mistral_args", False),
+    "mistralai-Ministral-3-14B-Reasoning-2512": ("mistral_args", True),
 }
 
 
@@ -78,6 +79,13 @@ def _no_tokens(_: str) -> bool:
     ("<tool_call>{\"name\": ...}</tool_call>", set(), "hermes_json", False),
     ("{{ bos_token }}{{ message.content }}", {"</think>"}, "content_only", True),
     ("[INST]{{ m }}[/INST][THINK]", {"[THINK]", "[/THINK]"}, "content_only", True),
+    ("[INST]{{ m }}[/INST]{{ '[TOOL_CALLS][' }}", set(), "mistral_json", False),
+    ("{{ '[TOOL_CALLS]' + name + '[ARGS]' }}[THINK]", {"[THINK]", "[/THINK]"}, "mistral_args",
+     True),
+    ("<|start_header_id|>{{ '{\"name\": ' + n + ', \"parameters\": ' }}", set(),
+     "llama3_json", False),
+    ("<|start_header_id|>{{ '<|python_tag|>' }}", set(), "llama3_json", False),
+    ("<|start_header_id|>{{ m.content }}<|eot_id|>", set(), "content_only", False),
     ("{{ message.content }}", set(), "content_only", False),
 ])
 def test_detection_rules(tpl: str, tokens: set, kind: str, reasoning: bool) -> None:

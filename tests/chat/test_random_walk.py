@@ -19,7 +19,8 @@ from chat import (
 )
 from tests.chat.vocab import qwen_available, qwen_vocab, small_vocab
 
-KINDS = ["hermes_json", "qwen_xml", "gemma4", "lfm2_pythonic", "harmony", "content_only"]
+KINDS = ["hermes_json", "qwen_xml", "gemma4", "lfm2_pythonic", "harmony", "mistral_json",
+         "mistral_args", "llama3_json", "content_only"]
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object",
@@ -85,7 +86,7 @@ def _run(engine: GrammarEngine, vocab, stops, kind: str, mode: str, n: int, seed
     for _ in range(n):
         constraint = make_constraint(spec, request, engine)
         if constraint is None:
-            assert kind == "content_only" and mode in ("auto",)
+            assert kind in ("content_only", "llama3_json") and mode == "auto"
             return n
         constraint.start("assistant" if kind == "harmony" else "")
         text, done = walk(constraint, vocab, set(stops), rng, closer_bias=closer_bias)

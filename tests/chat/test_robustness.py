@@ -27,6 +27,12 @@ FRAGMENTS = {
     "harmony": ["<|start|>", "assistant", "<|channel|>", "analysis", "final", "commentary",
                 " to=functions.f", " to=python", "<|constrain|>json", "<|message|>", "<|end|>",
                 "<|call|>", "<|return|>", '{"a": 1}', "{", "text", " "],
+    "mistral_json": ["[TOOL_CALLS]", "[", "]", '{"name": "f", ', '"arguments": ', '{"a": ',
+                     '"x', '"', "1", "}", ",", " ", "<think>", "</think>", "\\"],
+    "mistral_args": ["[TOOL_CALLS]", "f", "[ARGS]", "[CALL_ID]", "abc123xyz", "[AR", '{"a": ',
+                     '"x', '"', "1", "}", "{", " ", "<think>", "</think>"],
+    "llama3_json": ["<|python_tag|>", '{"name": ', '"f"', ", ", '"parameters": ', '"type": ',
+                    '"function"', '{"a": ', '"x', '"', "1", "}", ";", " ", "\n", "{", "text"],
     "content_only": ["<think>", "</think>", "text", " ", "\n"],
 }
 
