@@ -93,6 +93,27 @@ def _retries(context: dict[str, Any], tools: list[dict] | None, *, merge: bool):
             yield {**tried, "messages": messages}
 
 
+# what the templates that insist on an order of roles say (Gemma's, Mistral's, Llama 2's)
+_ORDER_CHECK = "must alternate"
+
+
+def _order_unchecked():
+    """A `raise_exception` that lets a complaint about the order of roles pass and raises
+    any other (a call id Mistral refuses, a role a template does not know)."""
+    def raise_exception(message: str) -> str:
+        if _ORDER_CHECK in str(message).lower():
+            return ""
+        raise TemplateError(f"the chat template refused the conversation: {message}")
+    return raise_exception
+
+
+def _shows_every_text(messages: list[dict], text: str) -> bool:
+    """Whether every message's text is in `text` (a render that skipped a check wrote the
+    whole conversation, not what a template writes when it has refused)."""
+    return bool(text) and all(_text(m.get("content")).strip() in text for m in messages
+                              if isinstance(m, dict))
+
+
 def _drops_a_system(messages: list[dict], text: str) -> bool:
     """Whether a conversation of several system messages lost one's text in `text`."""
     systems = [_text(m.get("content")).strip() for m in messages if m.get("role") == "system"]
@@ -371,6 +392,20 @@ class ChatTemplate:
                     return self._render(retry)
                 except TemplateError:
                     continue
+            if not native and _ORDER_CHECK in str(first):
+                # A template whose only objection is the order of roles (Mistral's refuse a
+                # user turn right after tool results: Claude Code's tool_result beside text,
+                # Codex's output then a message; Gemma's and Mistral's a first assistant
+                # turn) renders the conversation as it is, as Ollama's templates do
+                merged = _neighbours_as_one(_systems_as_one(context["messages"]))
+                try:
+                    text = self._render({**context, "messages": merged,
+                                         "tools": _described(tools) or context["tools"],
+                                         "raise_exception": _order_unchecked()})
+                except TemplateError:
+                    text = ""
+                if _shows_every_text(merged, text):
+                    return text
             raise first from None
         if not native and _drops_a_system(context["messages"], text):
             # a template that shows one system message (the first, or the last) and drops

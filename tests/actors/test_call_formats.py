@@ -15,6 +15,7 @@ from actors.worker import Worker
 from chat import FormatKind, constraint_request_from_openai
 from npu import load_model
 from npu.load.tiny import ensure_tiny
+from tests.shared import needs_shared, template
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -93,3 +94,39 @@ def test_a_call_sent_back_renders_in_the_model_syntax(worker) -> None:
                                         '{"text": "hi"}}]',
                FormatKind.MISTRAL_ARGS: '[TOOL_CALLS]say[ARGS]{"text": "hi"}'}[kind]
     assert spelled in text
+
+
+REAL = {"meta-llama-Llama-3.1-8B-Instruct": FormatKind.LLAMA3_JSON,
+        "meta-llama-Llama-3.2-3B-Instruct": FormatKind.LLAMA3_JSON,
+        "mistralai-Mistral-Nemo-Instruct-2407": FormatKind.MISTRAL_JSON,
+        "mistralai-Mistral-Small-3.2-24B-Instruct-2506": FormatKind.MISTRAL_ARGS,
+        "mistralai-Ministral-3-14B-Reasoning-2512": FormatKind.MISTRAL_ARGS}
+
+
+@needs_shared
+@pytest.mark.parametrize("name", sorted(REAL))
+def test_the_real_templates_force_a_call_and_take_it_back(name: str, tmp_path_factory) -> None:
+    """The vendors' own templates: the format is detected, a required call comes back as a
+    call, and that call sent back with its result (OpenAI's ids) renders natively."""
+    folder: Path = ensure_tiny(tmp_path_factory.mktemp("cache"))
+    jinja = tmp_path_factory.mktemp("template") / "chat_template.jinja"
+    jinja.write_text(template(name))
+    w = Worker(lambda: load_model(folder, chat_template=str(jinja)), max_batch=1)
+    try:
+        assert w.spec.kind is REAL[name]
+        events = _events(w, {"tools": [TOOL], "tool_choice": "required",
+                             "parallel_tool_calls": False, "reasoning_effort": "none"},
+                         seed=3, max_tokens=120)
+        fin = [e for e in events if isinstance(e, Finished)][0]
+        assert fin.finish_reason == "tool_calls", fin
+        [call] = fin.message.tool_calls
+        sent = {"id": call.id, "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments}}
+        text = w.model.render([{"role": "user", "content": "Say hi"},
+                               {"role": "assistant", "content": None, "tool_calls": [sent]},
+                               {"role": "tool", "tool_call_id": call.id, "content": "done"}],
+                              [TOOL])
+        assert "Tool result" not in text and '{"tool_calls"' not in text
+        assert json.dumps(json.loads(call.arguments), ensure_ascii=False) in text
+    finally:
+        w.close()

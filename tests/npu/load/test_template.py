@@ -133,6 +133,51 @@ def test_mistral_templates_show_an_openai_tool_conversation_natively(name: str) 
     assert "[TOOL_CALLS]" in text and "[TOOL_RESULTS]" in text and "Tool result" not in text
 
 
+AFTER_RESULT = CONVERSATION + [{"role": "user", "content": "And tomorrow?"}]
+GREETED = [{"role": "assistant", "content": "Hello! How can I help?"},
+           {"role": "user", "content": "Weather in Paris?"}]
+
+
+def test_a_template_that_checks_the_order_of_roles_takes_a_user_turn_after_results() -> None:
+    """Found driving the real Mistral templates: they refuse a user message right after tool
+    results ("roles must alternate"), which Claude Code sends on every turn (a tool_result
+    beside text), as Codex does (an output, then a message); and Gemma's and Mistral's
+    refuse a conversation an app opens with its greeting. Where the order of roles is a
+    template's only objection, the conversation renders as it is (as Ollama's templates
+    write it); any other refusal still stands."""
+    ordered = ChatTemplate(
+        "{% set ns = namespace(i=0) %}{% for m in messages %}"
+        "{% if m.role in ('user', 'assistant') and not m.tool_calls %}"
+        "{% if (m.role == 'user') != (ns.i % 2 == 0) %}"
+        "{{ raise_exception('Conversation roles must alternate user/assistant/...') }}"
+        "{% endif %}{% set ns.i = ns.i + 1 %}{% endif %}{% endfor %}"
+        "{% for m in messages %}[{{ m.role }}: {{ m.content }}]{% endfor %}")
+    text = ordered.render(AFTER_RESULT, TOOLS)
+    assert text.endswith("[tool: 18C and sunny][user: And tomorrow?]")
+    assert ordered.render(GREETED) == \
+        "[assistant: Hello! How can I help?][user: Weather in Paris?]"
+    other = ChatTemplate("{% for m in messages %}{% if m.content == 'And tomorrow?' %}"
+                         "{{ raise_exception('No forecasts past today') }}"
+                         "{% endif %}{{ m.content }}{% endfor %}")
+    with pytest.raises(TemplateError, match="No forecasts"):
+        other.render(AFTER_RESULT, TOOLS)
+    # a check of order whose render then leaves a message out is not taken
+    drops = ChatTemplate("{{ raise_exception('Conversation roles must alternate') }}"
+                         "{{ messages[0].content }}")
+    with pytest.raises(TemplateError, match="alternate"):
+        drops.render(GREETED)
+
+
+@needs_shared
+@pytest.mark.parametrize("name", template_names() or ["none"])
+def test_every_shared_template_takes_a_user_turn_after_results_and_a_greeting(name) -> None:
+    tpl = ChatTemplate(template(name), bos_token="<s>", eos_token="</s>")
+    text = tpl.render(AFTER_RESULT, TOOLS)
+    assert text.index("18C and sunny") < text.index("And tomorrow?")
+    text = tpl.render(GREETED)
+    assert text.index("How can I help?") < text.index("Weather in Paris?")
+
+
 PARTS = [{"role": "user", "content": [{"type": "text", "text": "Hello"},
                                       {"type": "text", "text": "World"}]}]
 
