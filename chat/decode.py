@@ -274,15 +274,17 @@ def make_constraint(
         if engine is None or not spec.tool_start:
             return None
         engine = _made(engine)
+        # a bare call's opening is also a JSON answer's: only the marker is kept out
+        openers = (spec.tool_start,) if spec.bare_call else spec.tool_openers
         token = engine.token_id(spec.tool_start)
-        if token is not None and len(spec.tool_openers) <= 1:
+        if token is not None and len(openers) <= 1:
             return TokenBanConstraint(token, engine.vocab_size)
         if spec.kind is FormatKind.HARMONY:  # its calls are named in headers it writes
             return None
         # an opener of several tokens (SmolLM2's "<tool_call>"): text that never spells it,
         # or a history full of calls is copied as markup in the content
         tag = {"type": "structural_tag",
-               "format": {"type": "any_text", "excludes": list(spec.tool_openers)}}
+               "format": {"type": "any_text", "excludes": list(openers)}}
         return GrammarConstraint(engine, engine.compile(tag, param="tool_choice"),
                                  stop_token_ids=list(engine.stop_token_ids),
                                  request_id=request_id)

@@ -447,6 +447,18 @@ def test_tool_choice_none_keeps_an_opener_of_several_tokens_out_of_the_text() ->
     assert not engine.accepts(spec, request, "", "Sure. " + call)[0]
 
 
+def test_tool_choice_none_on_llama3_bans_its_marker_and_leaves_json_answers(engine) -> None:
+    """llama3_json: a bare call begins as a JSON answer may, so `none` keeps only its
+    marker (`<|python_tag|>`, one token) out; the answer parses as content."""
+    spec = spec_for_kind("llama3_json")
+    request = constraint_request_from_openai({"tools": [WEATHER], "tool_choice": "none"})
+    c = make_constraint(spec, request, engine)
+    assert isinstance(c, TokenBanConstraint)
+    assert engine.accepts(spec, request, "", '{"name": "Ada", "age": 36}') == (True, "")
+    assert not engine.accepts(spec, request, "", "<|python_tag|>" + calls_text(
+        "llama3_json", [OSLO]))[0]
+
+
 def test_model_without_tools_in_its_prompt(engine) -> None:
     spec = spec_for_kind("hermes_json")
     required = constraint_request_from_openai(_tools("required"))

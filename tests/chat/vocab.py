@@ -13,7 +13,8 @@ MARKERS = [
     "<|im_end|>", "<|endoftext|>", "<think>", "</think>", "<tool_call>", "</tool_call>",
     "<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", '<|"|>', "<|tool_response>",
     "<|tool_call_start|>", "<|tool_call_end|>", "<|start|>", "<|end|>", "<|message|>",
-    "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>",
+    "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>", "[TOOL_CALLS]", "[ARGS]",
+    "[CALL_ID]", "<|python_tag|>",
 ]
 STOPS = ["<|im_end|>", "<|endoftext|>", "<|return|>", "<|call|>", "<|tool_response>"]
 
