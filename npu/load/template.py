@@ -82,7 +82,8 @@ def _retries(context: dict[str, Any], tools: list[dict] | None, *, merge: bool):
     tools as an empty list (a template that loops over `tools` whatever they are: Hermes'
     tool_use one, served alone); then (`merge`) the conversation as the strictest templates
     take it (Gemma's and Mistral's refuse two system messages or two user turns in a row,
-    which agents send): its system messages as one, neighbouring turns of one role as one."""
+    which agents send): its system messages as one, neighbouring turns of one role as one;
+    and with each call its own assistant turn (Llama 3.x's take one call a turn)."""
     fixed = _described(tools) if tools else []
     tried = {**context, "tools": fixed} if fixed is not None else context
     if tried is not context:
@@ -91,6 +92,9 @@ def _retries(context: dict[str, Any], tools: list[dict] | None, *, merge: bool):
         messages = _neighbours_as_one(_systems_as_one(tried["messages"]))
         if messages != tried["messages"]:
             yield {**tried, "messages": messages}
+        one_each = _one_call_each(messages)
+        if one_each != messages:
+            yield {**tried, "messages": one_each}
 
 
 # what the templates that insist on an order of roles say (Gemma's, Mistral's, Llama 2's)
@@ -112,6 +116,20 @@ def _shows_every_text(messages: list[dict], text: str) -> bool:
     whole conversation, not what a template writes when it has refused)."""
     return bool(text) and all(_text(m.get("content")).strip() in text for m in messages
                               if isinstance(m, dict))
+
+
+def _one_call_each(messages: list[dict]) -> list[dict]:
+    """The conversation with an assistant turn of several calls as one turn a call (its
+    text on the first), as a template that takes one call a turn shows them."""
+    out: list[dict] = []
+    for m in messages:
+        calls = m.get("tool_calls") if isinstance(m, dict) else None
+        if isinstance(calls, list) and len(calls) > 1 and m.get("role") == "assistant":
+            out.extend({**m, "content": m.get("content") if i == 0 else "",
+                        "tool_calls": [call]} for i, call in enumerate(calls))
+        else:
+            out.append(m)
+    return out
 
 
 def _drops_a_system(messages: list[dict], text: str) -> bool:

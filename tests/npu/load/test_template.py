@@ -4,6 +4,8 @@ holds; thinking and tool switches are reported."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from npu import ChatTemplate, TemplateError
@@ -131,6 +133,25 @@ def test_mistral_templates_show_an_openai_tool_conversation_natively(name: str) 
     tpl = ChatTemplate(template(name), bos_token="<s>", eos_token="</s>")
     text = tpl.render(CONVERSATION, TOOLS)
     assert "[TOOL_CALLS]" in text and "[TOOL_RESULTS]" in text and "Tool result" not in text
+
+
+@needs_shared
+@pytest.mark.parametrize("name", ["meta-llama-Llama-3.1-8B-Instruct",
+                                  "meta-llama-Llama-3.2-3B-Instruct"])
+def test_two_calls_of_one_turn_render_on_llama_templates(name: str) -> None:
+    """Llama 3.x's templates raise on a turn of two calls ("only supports single tool-calls
+    at once"), which parallel calls sent back are: each call goes as its own turn."""
+    calls = [{"id": f"call_{i}", "type": "function", "function": {
+        "name": "get_weather", "arguments": json.dumps({"city": c})}}
+        for i, c in enumerate(("Paris", "Rome"))]
+    conv = [{"role": "user", "content": "Weather in Paris and Rome?"},
+            {"role": "assistant", "content": None, "tool_calls": calls},
+            {"role": "tool", "tool_call_id": "call_0", "content": "sunny"},
+            {"role": "tool", "tool_call_id": "call_1", "content": "rainy"}]
+    text = ChatTemplate(template(name), bos_token="<s>").render(conv, TOOLS)
+    paris = text.index('{"name": "get_weather", "parameters": {"city": "Paris"}}')
+    rome = text.index('{"name": "get_weather", "parameters": {"city": "Rome"}}')
+    assert paris < rome < text.index("sunny") < text.index("rainy")
 
 
 AFTER_RESULT = CONVERSATION + [{"role": "user", "content": "And tomorrow?"}]
