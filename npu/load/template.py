@@ -112,10 +112,23 @@ def _order_unchecked():
 
 
 def _shows_every_text(messages: list[dict], text: str) -> bool:
-    """Whether every message's text is in `text` (a render that skipped a check wrote the
-    whole conversation, not what a template writes when it has refused)."""
-    return bool(text) and all(_text(m.get("content")).strip() in text for m in messages
-                              if isinstance(m, dict))
+    """Whether every message's text is in `text`, in order, a system prompt anywhere (Mistral
+    Nemo's goes in the last user turn): a render that skipped a check wrote the whole
+    conversation, not what a template writes when it has refused."""
+    at = 0
+    for m in messages:
+        piece = _text(m.get("content")).strip() if isinstance(m, dict) else ""
+        if not piece:
+            continue
+        if m.get("role") == "system":
+            if piece not in text:
+                return False
+            continue
+        found = text.find(piece, at)
+        if found < 0:
+            return False
+        at = found + len(piece)
+    return bool(text)
 
 
 def _one_call_each(messages: list[dict]) -> list[dict]:
@@ -133,9 +146,23 @@ def _one_call_each(messages: list[dict]) -> list[dict]:
 
 
 def _drops_a_system(messages: list[dict], text: str) -> bool:
-    """Whether a conversation of several system messages lost one's text in `text`."""
+    """Whether a system message's text is not in `text`."""
     systems = [_text(m.get("content")).strip() for m in messages if m.get("role") == "system"]
-    return len(systems) > 1 and any(s and s not in text for s in systems)
+    return any(s and s not in text for s in systems)
+
+
+def _system_into_user(messages: list[dict]) -> list[dict]:
+    """The conversation with its system messages' text at the head of the first user turn
+    (a turn of its own where there is none)."""
+    system = "\n\n".join(_text(m.get("content")) for m in messages if m.get("role") == "system")
+    out = [m for m in messages if m.get("role") != "system"]
+    if not system:
+        return out
+    for i, m in enumerate(out):
+        if m.get("role") == "user":
+            out[i] = {**m, "content": system + "\n\n" + _text(m.get("content"))}
+            return out
+    return [{"role": "user", "content": system}] + out
 
 
 def _systems_as_one(messages: list[dict]) -> list[dict]:
@@ -252,9 +279,10 @@ def _short_id(key: str) -> str:
 def _short_ids(messages: list[dict]) -> list[dict]:
     """The conversation with its tool-call ids as 9 alphanumerics, as Mistral's templates
     demand: each call's id and each result's `tool_call_id` mapped alike; a call without an
-    id gets one from its place, a result without one its turn's next unanswered call's."""
+    id gets one from its place, a result without one its turn's next unanswered call of its
+    name (or of any)."""
     out: list[dict] = []
-    waiting: list[str] = []
+    waiting: list[tuple[str, str]] = []  # (id, function name) of the calls not yet answered
     for at, m in enumerate(messages):
         if not isinstance(m, dict):
             out.append(m)
@@ -265,20 +293,27 @@ def _short_ids(messages: list[dict]) -> list[dict]:
                 key = call.get("id") if isinstance(call, dict) else None
                 short = _short_id(key if isinstance(key, str) and key else f"call-{at}-{i}")
                 calls.append({**call, "id": short} if isinstance(call, dict) else call)
-            waiting = [c["id"] for c in calls if isinstance(c, dict)]
+            waiting = [(c["id"], (c.get("function") or {}).get("name"))
+                       for c in calls if isinstance(c, dict)]
             m = {**m, "tool_calls": calls}
         elif m.get("role") == "tool":
             key = m.get("tool_call_id")
             if isinstance(key, str) and key:
                 short = _short_id(key)
-                if short in waiting:
-                    waiting.remove(short)
-            else:
-                short = waiting.pop(0) if waiting else _short_id(f"result-{at}")
+            else:  # the next unanswered call of its name (Ollama's `tool_name`), or of any
+                name = m.get("name") or m.get("tool_name")
+                named = [w for w in waiting if w[1] == name]
+                short = (named or waiting or [(_short_id(f"result-{at}"), None)])[0][0]
+            waiting = [w for w in waiting if w[0] != short]
             m = {**m, "tool_call_id": short}
+        elif m.get("role") == "user":
+            waiting = []
         out.append(m)
     return out
 
+
+# the roles whose text parts are joined even for a template that reads parts
+_STRING_ROLES = ("system", "developer", "tool")
 
 # what joins a message's text parts where the template reads its content as one string
 # (llama.cpp's and vLLM's choice)
@@ -293,10 +328,12 @@ def _text(content: Any, join: str = PARTS_JOIN) -> str:
     return "" if content is None else str(content)
 
 
-def _as_strings(messages: list[dict]) -> list[dict]:
-    """The messages with each list of text parts as one string (PARTS_JOIN between)."""
+def _as_strings(messages: list[dict], roles: tuple[str, ...] | None = None) -> list[dict]:
+    """The messages (of `roles`; None: all) with each list of text parts as one string
+    (PARTS_JOIN between)."""
     return [{**m, "content": _text(m["content"])}
-            if isinstance(m, dict) and isinstance(m.get("content"), list) else m
+            if isinstance(m, dict) and isinstance(m.get("content"), list)
+            and (roles is None or m.get("role") in roles) else m
             for m in messages]
 
 
@@ -318,12 +355,8 @@ def polyfill(messages: list[dict], caps: Capabilities) -> list[dict]:
     first user turn, tool calls into assistant text, tool results into user turns; then
     merge neighbours of the same role (some templates insist on alternation)."""
     out: list[dict] = []
-    system = ""
-    for m in messages:
+    for m in messages if caps.system else _system_into_user(messages):
         role = m.get("role")
-        if role == "system" and not caps.system:
-            system += ("\n\n" if system else "") + _text(m.get("content"))
-            continue
         if role == "assistant" and m.get("tool_calls") and not caps.tool_calls:
             calls = [{"name": (c.get("function") or {}).get("name"),
                       "arguments": (c.get("function") or {}).get("arguments")}
@@ -340,13 +373,6 @@ def polyfill(messages: list[dict], caps: Capabilities) -> list[dict]:
             m = {"role": "user", "content": f"Tool result ({m.get('name') or 'tool'}): "
                                             f"{_text(m.get('content'))}"}
         out.append(m)
-    if system:
-        for i, m in enumerate(out):
-            if m.get("role") == "user":
-                out[i] = {**m, "content": system + "\n\n" + _text(m.get("content"))}
-                break
-        else:
-            out.insert(0, {"role": "user", "content": system})
     if caps.tool_results and caps.system:
         return out
     return _neighbours_as_one(out)
@@ -397,8 +423,11 @@ class ChatTemplate:
             context["enable_thinking"] = enable_thinking
         if not native:
             caps = self.capabilities
-            shown = context["messages"] if caps.typed_content else \
-                _as_strings(context["messages"])
+            # a template that reads a user's parts still writes a system prompt or a tool
+            # result as a string (`content|string`: Mistral Small 3.2's tool results, its
+            # system prompt's first part alone)
+            shown = _as_strings(context["messages"],
+                                _STRING_ROLES if caps.typed_content else None)
             if caps.short_ids:
                 shown = _short_ids(shown)
             context["messages"] = polyfill(shown, caps)
@@ -410,7 +439,7 @@ class ChatTemplate:
                     return self._render(retry)
                 except TemplateError:
                     continue
-            if not native and _ORDER_CHECK in str(first):
+            if not native and _ORDER_CHECK in str(first).lower():
                 # A template whose only objection is the order of roles (Mistral's refuse a
                 # user turn right after tool results: Claude Code's tool_result beside text,
                 # Codex's output then a message; Gemma's and Mistral's a first assistant
@@ -427,14 +456,18 @@ class ChatTemplate:
             raise first from None
         if not native and _drops_a_system(context["messages"], text):
             # a template that shows one system message (the first, or the last) and drops
-            # the others silently (DeepSeek-R1's distills, gpt-oss): they go as one
-            systems_as_one = _systems_as_one(context["messages"])
-            try:
-                again = self._render({**context, "messages": systems_as_one})
-            except TemplateError:
-                return text
-            if not _drops_a_system(systems_as_one, again):
-                return again
+            # the others silently (DeepSeek-R1's distills, gpt-oss): they go as one; one
+            # that drops it where the conversation does not end with a user turn (Mistral
+            # Nemo's writes it in the last user turn only: an agent's turn after tool
+            # results): it goes at the head of the first user turn
+            for again in (_systems_as_one(context["messages"]),
+                          _system_into_user(context["messages"])):
+                try:
+                    shown = self._render({**context, "messages": again})
+                except TemplateError:
+                    continue
+                if not _drops_a_system(context["messages"], shown):
+                    return shown
         return text
 
     def _render(self, context: dict[str, Any]) -> str:

@@ -126,6 +126,26 @@ def test_a_template_that_wants_ids_of_nine_renders_openai_ids_natively() -> None
     assert f"[CALL {MISTRAL_ID}]" in NINE_IDS.render(_conversation("mistral"))
 
 
+def test_results_without_ids_pair_with_their_calls_by_name() -> None:
+    """Ollama's API has no ids: a result names its tool (`tool_name`), and is paired with
+    the next unanswered call of that name; one with an id takes that call's."""
+    calls = [{"type": "function", "function": {"name": n, "arguments": "{}"}}
+             for n in ("weather", "time")]
+    conv = [{"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "", "tool_calls": calls},
+            {"role": "tool", "tool_name": "time", "content": "T"},
+            {"role": "tool", "tool_name": "weather", "content": "W"}]
+    text = NINE_IDS.render(conv)
+    weather, time = (part[:9] for part in text.split("[CALL ")[1:])
+    assert f"[RESULT {time}]T[RESULT {weather}]W" in text
+    ided = [{**c, "id": f"call_{n}"} for c, n in zip(calls, "ab")]
+    conv = [conv[0], {**conv[1], "tool_calls": ided}, {"role": "tool", "content": "first"},
+            {"role": "tool", "tool_call_id": "call_a", "content": "A"}]
+    text = NINE_IDS.render(conv)
+    a, b = (part[:9] for part in text.split("[CALL ")[1:])
+    assert f"[RESULT {a}]first" in text and f"[RESULT {a}]A" in text  # as the client said
+
+
 @needs_shared
 @pytest.mark.parametrize("name", ["mistralai-Mistral-Nemo-Instruct-2407",
                                   "mistralai-Mistral-Small-3.2-24B-Instruct-2506"])
@@ -133,6 +153,40 @@ def test_mistral_templates_show_an_openai_tool_conversation_natively(name: str) 
     tpl = ChatTemplate(template(name), bos_token="<s>", eos_token="</s>")
     text = tpl.render(CONVERSATION, TOOLS)
     assert "[TOOL_CALLS]" in text and "[TOOL_RESULTS]" in text and "Tool result" not in text
+    # the system prompt too, though Nemo's writes it in the last user turn alone and an
+    # agent's turn ends with a result
+    assert "You are terse." in text
+
+
+def test_a_system_prompt_a_template_drops_goes_into_the_first_user_turn() -> None:
+    """Found reviewing the native Mistral render: Nemo's template writes the system prompt
+    inside the last user turn only, so every agent turn after tool results lost it without
+    a word. A system prompt missing from the render goes at the head of the first user
+    turn."""
+    last_user = ChatTemplate(
+        "{% set sys = messages[0].content if messages[0].role == 'system' else '' %}"
+        "{% for m in messages %}{% if m.role == 'user' and loop.last %}[{{ sys }} "
+        "{{ m.content }}]{% elif m.role != 'system' %}[{{ m.content }}]{% endif %}"
+        "{% endfor %}")
+    text = last_user.render(CONVERSATION)
+    assert text.startswith("[You are terse.\n\nWeather in Paris?]")
+    assert last_user.render(CONVERSATION[:2]) == "[You are terse. Weather in Paris?]"
+
+
+@needs_shared
+def test_a_tool_result_as_text_parts_is_text_on_mistral_small() -> None:
+    """Found probing Small 3.2 live: its template reads a user's parts but writes a tool
+    result with `content|string`: a result sent as parts showed the model their Python repr
+    (and was a 400 with a user turn after it). A tool result's or a system prompt's parts
+    are joined as text for every template."""
+    tpl = ChatTemplate(template("mistralai-Mistral-Small-3.2-24B-Instruct-2506"),
+                       bos_token="<s>", eos_token="</s>")
+    parts = [{"type": "text", "text": "PART_A"}, {"type": "text", "text": "PART_B"}]
+    conv = [{**m, "content": parts} if m["role"] in ("tool", "system") else m
+            for m in CONVERSATION]
+    text = tpl.render(conv + [{"role": "user", "content": "U2"}], TOOLS)
+    assert "[TOOL_CONTENT]PART_A\nPART_B[/TOOL_RESULTS]" in text and "'type'" not in text
+    assert "PART_A\nPART_B[/SYSTEM_PROMPT]" in text
 
 
 @needs_shared
@@ -187,6 +241,12 @@ def test_a_template_that_checks_the_order_of_roles_takes_a_user_turn_after_resul
                          "{{ messages[0].content }}")
     with pytest.raises(TemplateError, match="alternate"):
         drops.render(GREETED)
+    # nor one that leaves the greeting out, though its words are inside the next turn's
+    users = ChatTemplate("{{ raise_exception('Conversation roles must alternate') }}"
+                         "{% for m in messages if m.role == 'user' %}{{ m.content }}{% endfor %}")
+    with pytest.raises(TemplateError, match="alternate"):
+        users.render([{"role": "assistant", "content": "Hi"},
+                      {"role": "user", "content": "Hi there"}])
 
 
 @needs_shared
