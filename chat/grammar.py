@@ -100,13 +100,15 @@ def _body(spec: FormatSpec, request: ConstraintRequest) -> Tag | None:
         if request.tool_choice == "required":
             return calls
         return {"type": "or", "elements": [calls, document]}  # auto with a response format
-    if spec.bare_call:
+    if spec.bare_call and not any(t.strict for t in request.tools):
         # a bare call begins as a JSON answer may (`{"name": `): a trigger would make such an
-        # answer a call, so auto leaves the text free (the parser reads a call by its tool)
+        # answer a call, so auto leaves the text free (the parser reads a call by its tool);
+        # a strict tool holds its schema, at that price
         return None
     if spec.kind is FormatKind.QWEN_XML:  # a bare call is a call to the parser too
         tags = tags + _qwen_bare_tags(spec, request.tools)
-    return {"type": "triggered_tags", "triggers": list(spec.tool_openers), "tags": tags,
+    triggers = [LLAMA3_CALL_BEGIN] if spec.bare_call else list(spec.tool_openers)
+    return {"type": "triggered_tags", "triggers": triggers, "tags": tags,
             "at_least_one": False, "stop_after_first": once}
 
 

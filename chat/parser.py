@@ -29,7 +29,9 @@ def parse(
             so every field is a prefix of the same field of any longer parse.
         parse_tool_calls: False when the request has no tools or `tool_choice` is "none":
             tool markup then stays in content.
-        tools: the request's OpenAI `tools` list; types Qwen XML argument values.
+        tools: the request's OpenAI `tools` list; types Qwen XML argument values, and
+            names the calls llama3_json reads in a bare object (without it, any object of a
+            call's keys is one).
 
     Returns:
         The parsed message. Never raises on model output: what does not parse is content.

@@ -84,6 +84,8 @@ class CallObjectRouter:
                 self.error = True  # arguments given twice
             if self.keys is not None and name not in self.keys:
                 self.error = True  # an object, not a call
+            elif name in _ARG_KEYS and self.name is not None and not self.started:
+                self._begin()
             return
         self._route("key", name)
 
@@ -132,7 +134,13 @@ class CallObjectRouter:
             self.error = True
             return
         self.name = name
-        self.b.call_start(name)
+        if self.keys is not None and not self.args_seen:
+            return  # an object that may not be a call is one once its arguments begin
+        self._begin()
+
+    def _begin(self) -> None:
+        assert self.name is not None
+        self.b.call_start(self.name)
         self.started = True
         for event, args in self.queued:
             getattr(self.writer, event)(*args)
@@ -150,7 +158,7 @@ class CallObjectRouter:
         self._args("value", value)
 
     def _finish(self) -> None:
-        if self.name is None:
+        if self.name is None or not self.started:  # no name; or no arguments where required
             self.error = True
             return
         if not self.args_seen:
@@ -175,6 +183,8 @@ class JSONCallBlock:
         self.separators = separators
         self.names, self.keys = names, keys
         self.parted = False  # a separator was read after the last call
+        self.first = builder.call_count  # the calls of the object being read start here
+        self.raw: list[str] = []  # its text so far
         self.router: CallObjectRouter | None = None
         self.reader: ValueReader | None = None
         self.calls = 0
@@ -183,9 +193,18 @@ class JSONCallBlock:
         while True:
             if self.reader is not None:
                 assert self.router is not None
+                start = pos
                 pos, status = self.reader.feed(buf, pos, final)
+                self.raw.append(buf[start:pos])
                 if self.router.error or status is Status.ERROR:
-                    return pos, Status.ERROR
+                    if self.closer or not self.calls:
+                        return pos, Status.ERROR
+                    # no closer: the block ends before an object that is no call, which
+                    # is content, and keeps the calls before it
+                    self.b.drop_calls(self.first)
+                    self.b.text("content", "".join(self.raw))
+                    self.reader = self.router = None
+                    return pos, Status.DONE
                 if status is Status.MORE:
                     return pos, Status.MORE
                 self.reader = self.router = None
@@ -195,13 +214,16 @@ class JSONCallBlock:
             if pos >= len(buf):
                 return pos, Status.MORE
             if self.calls and not self.parted and buf[pos] in self.separators:
+                after = WS.match(buf, pos + 1).end()
+                if after >= len(buf):
+                    return pos, Status.MORE  # the separator is read with what follows it
+                if buf[after] != "{":
+                    return pos, Status.DONE  # no call follows: the separator is content
                 self.parted = True
-                pos = WS.match(buf, pos + 1).end()
-                if pos >= len(buf):
-                    return pos, Status.MORE
+                pos = after
             st = expect(buf, pos, self.closer, final) if self.closer else None
-            if st is Status.DONE:
-                return pos + len(self.closer), Status.DONE
+            if st is Status.DONE:  # a block of no calls is not one
+                return pos + len(self.closer), (Status.DONE if self.calls else Status.ERROR)
             if st is Status.MORE:
                 return pos, Status.MORE
             if buf[pos] != "{":
@@ -209,6 +231,7 @@ class JSONCallBlock:
                 return pos, (Status.DONE if self.calls else Status.ERROR)
             self.router = CallObjectRouter(self.b, names=self.names, keys=self.keys)
             self.reader = ValueReader(self.router, Dialect.JSON)
+            self.first, self.raw = self.b.call_count, []
 
     def complete(self) -> bool:
         return self.reader is None and self.calls > 0

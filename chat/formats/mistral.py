@@ -65,6 +65,8 @@ class MistralBlock:
                 if end >= n:
                     return pos, Status.MORE
                 pos = end
+            self.state = "args_marker"
+        if self.state == "args_marker":
             st = expect(buf, pos, MISTRAL_ARGS, final)
             if st is not Status.DONE:
                 return pos, (Status.MORE if st is Status.MORE or pos >= n else Status.ERROR)

@@ -145,6 +145,10 @@ CASES = [
     ("mistral-args-list", "mistral_args", "", '[TOOL_CALLS][{"name": "f", "arguments": {}}]', "",
      "", [("f", {})], None, False),
     ("mistral-args-cut-name", "mistral_args", "", "[TOOL_CALLS]get_wea", "", "", [], None, True),
+    ("mistral-empty-list", "mistral_json", "", "[TOOL_CALLS][]", "", "[TOOL_CALLS][]", [], None,
+     False),
+    ("mistral-args-two-ids", "mistral_args", "", "[TOOL_CALLS]f[CALL_ID]ab[CALL_ID]cd[ARGS]{}",
+     "", "[TOOL_CALLS]f[CALL_ID]ab[CALL_ID]cd[ARGS]{}", [], None, False),
     ("mistral-args-bad", "mistral_args", "", "[TOOL_CALLS]no call here", "", "[TOOL_CALLS]no "
      "call here", [], None, False),
     # llama3_json: a bare call opens the turn, or `{"name": ` / <|python_tag|> anywhere
@@ -165,6 +169,14 @@ CASES = [
      '{"name": "search", "parameters": {}} then', [], WEATHER, False),
     ("llama-brace-text", "llama3_json", "", "{braces} and text", "", "{braces} and text", [],
      WEATHER, False),
+    ("llama-tool-named-json-answer", "llama3_json", "", '{"name": "get_weather", "age": 3}',
+     "", '{"name": "get_weather", "age": 3}', [], WEATHER, False),
+    ("llama-call-then-object", "llama3_json", "", '{"name": "get_weather", "parameters": '
+     '{"city": "x"}}\n{"note": "done"}', "", '{"note": "done"}', [("get_weather", {"city": "x"})],
+     WEATHER, False),
+    ("llama-call-then-separator-text", "llama3_json", "", '{"name": "get_weather", '
+     '"parameters": {}}; that is all', "", "; that is all", [("get_weather", {})], WEATHER,
+     False),
     ("llama-cut-call", "llama3_json", "", '{"name": "get_weather", "parameters": {"city": "Pa',
      "", "", [("get_weather", '{"city": "Pa')], WEATHER, True),
     # content_only

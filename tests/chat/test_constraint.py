@@ -447,6 +447,18 @@ def test_tool_choice_none_keeps_an_opener_of_several_tokens_out_of_the_text() ->
     assert not engine.accepts(spec, request, "", "Sure. " + call)[0]
 
 
+def test_llama3_auto_holds_a_strict_tool_to_its_schema(engine) -> None:
+    """`strict: true` holds (docs/api.md): with a strict tool, Llama's auto constrains a call
+    it begins, at the price of a JSON answer that begins as a call would."""
+    strict = {"type": "function", "function": {**TOGGLE["function"], "strict": True,
+              "parameters": {**TOGGLE["function"]["parameters"], "additionalProperties": False}}}
+    body = {"tools": [strict], "tool_choice": "auto"}
+    bad = '{"name": "toggle", "parameters": {"on": "yes", "x": 1}}'
+    assert not _accepts(engine, "llama3_json", body, bad)[0]
+    assert _accepts(engine, "llama3_json", body, calls_text("llama3_json", [ON])) == (True, "")
+    assert _accepts(engine, "llama3_json", body, "No call needed.") == (True, "")
+
+
 def test_tool_choice_none_on_llama3_bans_its_marker_and_leaves_json_answers(engine) -> None:
     """llama3_json: a bare call begins as a JSON answer may, so `none` keeps only its
     marker (`<|python_tag|>`, one token) out; the answer parses as content."""
