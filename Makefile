@@ -44,11 +44,11 @@ bench: setup
 
 # ours against llama.cpp on the same GGUF files (bench/bench_peer.py); llama-cpp-python is
 # built from source the first time (about 15 minutes), never a dependency of flm-serve
+# (native, AMX off; on a CPU with AMX not native: bench/llama_cmake.py says why)
 LLAMA_CPP := llama-cpp-python==0.3.36
-LLAMA_CMAKE := -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
 bench-peer: setup
 	$(BIN)/python -c "import llama_cpp" 2>/dev/null || \
-		CMAKE_ARGS="$(LLAMA_CMAKE)" $(BIN)/pip install --quiet $(LLAMA_CPP)
+		CMAKE_ARGS="$$($(BIN)/python bench/llama_cmake.py)" $(BIN)/pip install --quiet $(LLAMA_CPP)
 	$(BIN)/python bench/bench_peer.py $(FILES)
 
 clean:

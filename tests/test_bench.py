@@ -27,3 +27,17 @@ def test_benchmark_runs_in_quick_mode(script: str) -> None:
     # stdout carries the bench's own checks (which one failed); stderr the traceback, if any
     assert out.returncode == 0, f"{out.stdout[-4000:]}\n--- stderr ---\n{out.stderr[-4000:]}"
     assert "ratio" in out.stdout or "target" in out.stdout, out.stdout
+
+
+def test_the_peer_is_built_without_its_amx_kernels_on_a_cpu_with_amx() -> None:
+    """llama.cpp's native build compiles its AMX kernels where the CPU lists AMX, and they
+    crashed its first product on an AMX Xeon (session 34): there the build names the CPU's
+    instruction sets instead; elsewhere it stays native."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from llama_cmake import cmake_args
+
+    amx = "flags\t\t: fpu avx avx2 fma f16c avx512f avx512_vnni amx_tile amx_int8\n"
+    args = cmake_args(amx)
+    assert "-DGGML_NATIVE=OFF" in args and "-DGGML_AVX512_VNNI=ON" in args
+    assert "-DGGML_AVX512_BF16=OFF" in args and not any("AMX" in a and "ON" in a for a in args)
+    assert "-DGGML_NATIVE=OFF" not in cmake_args("flags\t\t: fpu avx avx2 fma\n")
