@@ -84,7 +84,8 @@ class CallObjectRouter:
                 self.error = True  # arguments given twice
             if self.keys is not None and name not in self.keys:
                 self.error = True  # an object, not a call
-            elif name in _ARG_KEYS and self.name is not None and not self.started:
+            elif (name in _ARG_KEYS and self.name is not None and not self.started
+                  and not self.error):
                 self._begin()
             return
         self._route("key", name)
@@ -129,8 +130,8 @@ class CallObjectRouter:
         self._route("scalar", text)
 
     def _start(self, name: str) -> None:
-        if self.name is not None or not name or (self.names is not None
-                                                  and name not in self.names):
+        if self.error or self.name is not None or not name or (
+                self.names is not None and name not in self.names):
             self.error = True
             return
         self.name = name
@@ -196,11 +197,16 @@ class JSONCallBlock:
                 start = pos
                 pos, status = self.reader.feed(buf, pos, final)
                 self.raw.append(buf[start:pos])
-                if self.router.error or status is Status.ERROR:
-                    if self.closer or not self.calls:
-                        return pos, Status.ERROR
-                    # no closer: the block ends before an object that is no call, which
-                    # is content, and keeps the calls before it
+                failed = self.router.error or status is Status.ERROR
+                if failed and (self.closer or not self.calls):
+                    return pos, Status.ERROR
+                # a later object of a block with no closer that is no call, or that the
+                # text ends in: read to its end (so where it ends does not depend on how
+                # the text came in pieces), it is content; the calls before it are kept
+                later = not self.closer and self.calls
+                if failed or (later and final and status is Status.MORE):
+                    if status is Status.MORE and not final:
+                        return pos, Status.MORE
                     self.b.drop_calls(self.first)
                     self.b.text("content", "".join(self.raw))
                     self.reader = self.router = None

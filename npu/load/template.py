@@ -89,12 +89,14 @@ def _retries(context: dict[str, Any], tools: list[dict] | None, *, merge: bool):
     if tried is not context:
         yield tried
     if merge:
-        messages = _neighbours_as_one(_systems_as_one(tried["messages"]))
-        if messages != tried["messages"]:
-            yield {**tried, "messages": messages}
+        messages = _neighbours_as_one(_systems_as_one(context["messages"]))
         one_each = _one_call_each(messages)
-        if one_each != messages:
-            yield {**tried, "messages": one_each}
+        # the request's own tools first (an empty list makes Nemo's write an empty tools block)
+        for base in (context, tried) if tried is not context else (context,):
+            if messages != context["messages"]:
+                yield {**base, "messages": messages}
+            if one_each != messages:
+                yield {**base, "messages": one_each}
 
 
 # what the templates that insist on an order of roles say (Gemma's, Mistral's, Llama 2's)
@@ -112,17 +114,13 @@ def _order_unchecked():
 
 
 def _shows_every_text(messages: list[dict], text: str) -> bool:
-    """Whether every message's text is in `text`, in order, a system prompt anywhere (Mistral
-    Nemo's goes in the last user turn): a render that skipped a check wrote the whole
-    conversation, not what a template writes when it has refused."""
+    """Whether every message's text but the system prompt's is in `text`, in order: a render
+    that skipped a check wrote the whole conversation, not what a template writes when it
+    has refused (a system prompt it leaves out is mended after, see `_drops_a_system`)."""
     at = 0
     for m in messages:
         piece = _text(m.get("content")).strip() if isinstance(m, dict) else ""
-        if not piece:
-            continue
-        if m.get("role") == "system":
-            if piece not in text:
-                return False
+        if not piece or m.get("role") == "system":
             continue
         found = text.find(piece, at)
         if found < 0:
@@ -146,9 +144,12 @@ def _one_call_each(messages: list[dict]) -> list[dict]:
 
 
 def _drops_a_system(messages: list[dict], text: str) -> bool:
-    """Whether a system message's text is not in `text`."""
-    systems = [_text(m.get("content")).strip() for m in messages if m.get("role") == "system"]
-    return any(s and s not in text for s in systems)
+    """Whether a system message's text is not in `text` (whitespace aside: a template that
+    trims it or writes its lines on one keeps it)."""
+    shown = " ".join(text.split())
+    systems = [" ".join(_text(m.get("content")).split()) for m in messages
+               if m.get("role") == "system"]
+    return any(s and s not in shown for s in systems)
 
 
 def _system_into_user(messages: list[dict]) -> list[dict]:
@@ -434,26 +435,7 @@ class ChatTemplate:
         try:
             text = self._render(context)
         except TemplateError as first:
-            for retry in _retries(context, tools, merge=not native):
-                try:
-                    return self._render(retry)
-                except TemplateError:
-                    continue
-            if not native and _ORDER_CHECK in str(first).lower():
-                # A template whose only objection is the order of roles (Mistral's refuse a
-                # user turn right after tool results: Claude Code's tool_result beside text,
-                # Codex's output then a message; Gemma's and Mistral's a first assistant
-                # turn) renders the conversation as it is, as Ollama's templates do
-                merged = _neighbours_as_one(_systems_as_one(context["messages"]))
-                try:
-                    text = self._render({**context, "messages": merged,
-                                         "tools": _described(tools) or context["tools"],
-                                         "raise_exception": _order_unchecked()})
-                except TemplateError:
-                    text = ""
-                if _shows_every_text(merged, text):
-                    return text
-            raise first from None
+            text, context = self._refused(first, context, tools, native)
         if not native and _drops_a_system(context["messages"], text):
             # a template that shows one system message (the first, or the last) and drops
             # the others silently (DeepSeek-R1's distills, gpt-oss): they go as one; one
@@ -469,6 +451,35 @@ class ChatTemplate:
                 if not _drops_a_system(context["messages"], shown):
                     return shown
         return text
+
+    def _refused(self, first: TemplateError, context: dict[str, Any],
+                 tools: list[dict] | None, native: bool) -> tuple[str, dict[str, Any]]:
+        """What a template that refused `context` renders instead, and the context it took.
+
+        Raises:
+            TemplateError: `first`, where nothing mends the refusal.
+        """
+        for retry in _retries(context, tools, merge=not native):
+            try:
+                return self._render(retry), retry
+            except TemplateError:
+                continue
+        if not native and _ORDER_CHECK in str(first).lower():
+            # A template whose only objection is the order of roles (Mistral's refuse a
+            # user turn right after tool results: Claude Code's tool_result beside text,
+            # Codex's output then a message; Gemma's and Mistral's a first assistant turn)
+            # renders the conversation as it is, as Ollama's templates do
+            merged = _neighbours_as_one(_systems_as_one(context["messages"]))
+            lenient = {**context, "messages": merged,
+                       "tools": _described(tools) or context["tools"],
+                       "raise_exception": _order_unchecked()}
+            try:
+                text = self._render(lenient)
+            except TemplateError:
+                text = ""
+            if _shows_every_text(merged, text):
+                return text, lenient
+        raise first from None
 
     def _render(self, context: dict[str, Any]) -> str:
         """The template on `context`, its failures as TemplateError."""

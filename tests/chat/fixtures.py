@@ -177,6 +177,9 @@ CASES = [
     ("llama-call-then-separator-text", "llama3_json", "", '{"name": "get_weather", '
      '"parameters": {}}; that is all', "", "; that is all", [("get_weather", {})], WEATHER,
      False),
+    ("llama-call-then-object-holding-a-call", "llama3_json", "", '{"name": "get_weather", '
+     '"parameters": {}}{"a": {"name": "get_weather", "parameters": {}}}', "",
+     '{"a": {"name": "get_weather", "parameters": {}}}', [("get_weather", {})], WEATHER, False),
     ("llama-cut-call", "llama3_json", "", '{"name": "get_weather", "parameters": {"city": "Pa',
      "", "", [("get_weather", '{"city": "Pa')], WEATHER, True),
     # content_only

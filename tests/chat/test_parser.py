@@ -7,7 +7,7 @@ import json
 import pytest
 
 from chat import ChatMsg, parse, spec_for_kind
-from tests.chat.fixtures import CASES
+from tests.chat.fixtures import CASES, WEATHER
 from tests.chat.support import is_prefix_msg
 
 IDS = [c[0] for c in CASES]
@@ -81,3 +81,14 @@ def test_harmony_call_body_is_content_without_tool_parsing() -> None:
 def test_thinking_off_spec_leaves_think_tags_in_content() -> None:
     spec = spec_for_kind("hermes_json", reasoning=False)
     assert parse(spec, "<think>x</think>y", partial=False).content == "<think>x</think>y"
+
+
+def test_a_llama_turn_that_ends_inside_its_second_call_keeps_the_first() -> None:
+    """A turn that ends (not cut by a limit: `partial` is False) inside a bare call: the
+    calls before it stay calls, the unfinished one is content (as an unfinished block of
+    any format is); the whole block fell back before."""
+    text = ('{"name": "get_weather", "parameters": {}}; '
+            '{"name": "get_weather", "parameters": {"city": "Pa')
+    msg = parse(spec_for_kind("llama3_json"), text, partial=False, tools=WEATHER)
+    assert [(c.name, c.arguments) for c in msg.tool_calls] == [("get_weather", "{}")]
+    assert msg.content == '{"name": "get_weather", "parameters": {"city": "Pa'

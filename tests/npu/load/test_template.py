@@ -158,6 +158,38 @@ def test_mistral_templates_show_an_openai_tool_conversation_natively(name: str) 
     assert "You are terse." in text
 
 
+@needs_shared
+def test_nemo_keeps_the_system_prompt_on_every_agent_turn() -> None:
+    """Found by the second review: Nemo writes the system prompt in the last user turn only;
+    an agent turn after a user turn that followed results, or one with two system
+    messages, lost it (or was a 400); and two system messages without tools wrote an empty
+    tools block."""
+    tpl = ChatTemplate(template("mistralai-Mistral-Nemo-Instruct-2407"), bos_token="<s>",
+                       eos_token="</s>")
+    call = {**CONVERSATION[2], "tool_calls": [{**CONVERSATION[2]["tool_calls"][0],
+                                                "id": "call_" + "y" * 24}]}
+    again = [{"role": "user", "content": "And Rome?"}, call,
+             {"role": "tool", "tool_call_id": "call_" + "y" * 24, "content": "rainy"}]
+    text = tpl.render(CONVERSATION + again, TOOLS)
+    assert "You are terse." in text and text.index("18C") < text.index("And Rome?")
+    two = [{"role": "system", "content": "Be brief."}] + CONVERSATION
+    text = tpl.render(two, TOOLS)
+    assert "Be brief." in text and "You are terse." in text
+    text = tpl.render(two[:3])
+    assert "[AVAILABLE_TOOLS]" not in text and "Be brief." in text
+
+
+def test_a_system_prompt_a_template_writes_its_own_way_is_left_there() -> None:
+    """The check for a dropped system prompt reads past whitespace: a template that writes
+    the prompt's lines on one line keeps it where it writes it."""
+    tpl = ChatTemplate("{% for m in messages %}<|{{ m.role }}|>{% if m.role == 'system' %}"
+                       "{{ m.content | replace('\n', ' ') }}{% else %}{{ m.content }}{% endif %}"
+                       "<|end|>{% endfor %}")
+    text = tpl.render([{"role": "system", "content": "Rule one.\nRule two."},
+                       {"role": "user", "content": "hi"}])
+    assert text == "<|system|>Rule one. Rule two.<|end|><|user|>hi<|end|>"
+
+
 def test_a_system_prompt_a_template_drops_goes_into_the_first_user_turn() -> None:
     """Found reviewing the native Mistral render: Nemo's template writes the system prompt
     inside the last user turn only, so every agent turn after tool results lost it without
