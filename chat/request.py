@@ -44,7 +44,7 @@ class ConstraintRequest(msgspec.Struct, frozen=True, kw_only=True):
         tool_choice: "auto", "none" or "required"; a named function is "required" with
             `tools` holding that one function.
         named: the function name when the request named one.
-        parallel_tool_calls: False: at most one call.
+        parallel_tool_calls: False: at most one call (the default with a named function).
         response_format: "text", "json_object" or "json_schema".
         json_schema: the schema for "json_schema".
         allow_reasoning: False when the request turned thinking off.
@@ -325,7 +325,9 @@ def constraint_request_from_openai(body: dict) -> ConstraintRequest:
         all_tools=all_tools,
         tool_choice=choice,  # type: ignore[arg-type]
         named=named,
-        parallel_tool_calls=True if parallel is None else parallel,
+        # a named function is called once unless the request says otherwise (OpenAI's
+        # "forced function: call exactly one specific function")
+        parallel_tool_calls=(named is None) if parallel is None else parallel,
         response_format=fmt,  # type: ignore[arg-type]
         json_schema=schema,
         allow_reasoning=_allow_reasoning(body),

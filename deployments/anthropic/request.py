@@ -345,6 +345,8 @@ def _tool_choice(choice: ToolChoice | None) -> tuple[Any, bool | None]:
     parallel = None if choice.disable_parallel_tool_use is None \
         else not choice.disable_parallel_tool_use
     if choice.type == "tool":
+        # Anthropic's forced tool may be called several times unless the request says not
+        parallel = True if parallel is None else parallel
         if not choice.name:
             raise ApiError(400, "'tool_choice.name' is missing; a tool_choice of type 'tool' "
                                 "names the tool.", param="tool_choice.name")

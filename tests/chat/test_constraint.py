@@ -86,6 +86,19 @@ def test_named_function_is_accepted(engine, kind: str) -> None:
     assert _accepts(engine, kind, body, calls_text(kind, [ON])) == (True, "")
 
 
+@pytest.mark.parametrize("kind", [k for k in TOOL_KINDS if k not in ("harmony", "llama3_json")])
+def test_a_named_function_is_called_once_unless_the_request_says_otherwise(engine,
+                                                                           kind: str) -> None:
+    """Found probing Mistral live: a named function came back as two or three calls of it.
+    OpenAI's guide: a forced function is "call exactly one specific function" (vLLM gives
+    one); `parallel_tool_calls: true` asks for more."""
+    named = {"type": "function", "function": {"name": "toggle"}}
+    twice = calls_text(kind, [ON, ON])
+    assert not _accepts(engine, kind, _tools(named), twice)[0]
+    assert _accepts(engine, kind, _tools(named), calls_text(kind, [ON])) == (True, "")
+    assert _accepts(engine, kind, _tools(named, parallel=True), twice) == (True, "")
+
+
 @pytest.mark.parametrize("kind", [k for k in TOOL_KINDS if k != "harmony"])
 def test_auto_allows_text_around_calls(engine, kind: str) -> None:
     text = "Let me look." + calls_text(kind, [OSLO])

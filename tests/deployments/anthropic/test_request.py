@@ -109,6 +109,8 @@ def test_consecutive_turns_of_one_role_are_one_turn() -> None:
     ({"type": "any"}, ("required", None, True)),
     ({"type": "any", "disable_parallel_tool_use": True}, ("required", None, False)),
     ({"type": "tool", "name": "get_weather"}, ("required", "get_weather", True)),
+    ({"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True},
+     ("required", "get_weather", False)),
     ({"type": "none"}, ("none", None, True)),
 ])
 def test_tools_and_tool_choice_are_the_constraint(choice: dict, expect: tuple) -> None:
