@@ -107,7 +107,8 @@ def _body(spec: FormatSpec, request: ConstraintRequest) -> Tag | None:
         return None
     if spec.kind is FormatKind.QWEN_XML:  # a bare call is a call to the parser too
         tags = tags + _qwen_bare_tags(spec, request.tools)
-    triggers = [LLAMA3_CALL_BEGIN] if spec.bare_call else list(spec.tool_openers)
+    # the openers its tags begin with (Llama's `<|python_tag|>` begins none)
+    triggers = [o for o in spec.tool_openers if any(t["begin"].startswith(o) for t in tags)]
     return {"type": "triggered_tags", "triggers": triggers, "tags": tags,
             "at_least_one": False, "stop_after_first": once}
 
@@ -126,17 +127,17 @@ def _tool_tags(spec: FormatSpec, tools: tuple[ToolSpec, ...], once: bool) -> lis
     kind = spec.kind
     if kind is FormatKind.HERMES_JSON:
         # One tag: the call object is a JSON document
-        content = _json(_call_objects(tools), excludes=markers(spec))
+        schema, defs = _call_objects(tools)
+        content = _json({**schema, "$defs": defs} if defs else schema, excludes=markers(spec))
         return [{"type": "tag", "begin": spec.tool_start,
                  "content": {"type": "sequence", "elements": [_WS, content, _WS]},
                  "end": spec.tool_end}]
     if kind is FormatKind.MISTRAL_JSON:
         # One tag to the end of the turn: the calls are one JSON list
-        items = _call_objects(tools)
-        schema = {"type": "array", "items": {k: v for k, v in items.items() if k != "$defs"},
-                  "minItems": 1}
-        if "$defs" in items:  # the wrappers' references name the document's root
-            schema["$defs"] = items["$defs"]
+        items, defs = _call_objects(tools)
+        schema = {"type": "array", "items": items, "minItems": 1}
+        if defs:  # the wrappers' references name the document's root
+            schema["$defs"] = defs
         if once:
             schema["maxItems"] = 1
         return [{"type": "tag", "begin": spec.tool_start,
@@ -167,10 +168,11 @@ def _tool_tags(spec: FormatSpec, tools: tuple[ToolSpec, ...], once: bool) -> lis
     raise ValueError(f"format {kind} has no tool syntax")
 
 
-def _call_objects(tools: tuple[ToolSpec, ...]) -> Any:
-    """The schema of a `{"name": ..., "arguments": {...}}` call object, one wrapper per tool.
-    A tool whose schema refers into itself ("#/$defs/...", "#") is moved under the wrapper's
-    $defs and its references rebased there, so they still name its own parts."""
+def _call_objects(tools: tuple[ToolSpec, ...]) -> tuple[Any, dict[str, Any]]:
+    """The schema of a `{"name": ..., "arguments": {...}}` call object, one wrapper per tool,
+    and the `$defs` its document's root must hold: a tool whose schema refers into itself
+    ("#/$defs/...", "#") is moved there and its references rebased, so they still name its
+    own parts."""
     defs: dict[str, Any] = {}
 
     def arguments(i: int, t: ToolSpec) -> Any:
@@ -182,8 +184,7 @@ def _call_objects(tools: tuple[ToolSpec, ...]) -> Any:
     wrappers = [{"type": "object", "properties": {
         "name": {"const": t.name}, "arguments": arguments(i, t)},
         "required": ["name", "arguments"]} for i, t in enumerate(tools)]
-    schema = wrappers[0] if len(wrappers) == 1 else {"anyOf": wrappers}
-    return {**schema, "$defs": defs} if defs else schema
+    return (wrappers[0] if len(wrappers) == 1 else {"anyOf": wrappers}), defs
 
 
 def _is_pointer(ref: Any) -> bool:

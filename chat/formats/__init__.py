@@ -67,7 +67,6 @@ def make_parser(
         openers=spec.tool_openers,
         channel_name=_channel(kind),
         echo_after_call=kind is FormatKind.LFM2_PYTHONIC,
-        bare_opener="{" if spec.bare_call else "",
     )
 
 

@@ -37,9 +37,10 @@ class TaggedParser:
             qwen_xml, a bare `<function=`).
         channel_name: Gemma4: the channel name after the reasoning opener, dropped.
         echo_after_call: LFM2: drop a call list echoed after a call block.
-        bare_opener: a block may also open the turn with this text and no marker (llama3_json:
-            `{`); it is part of the block, and the block falls back to content if it is not
-            one.
+
+    A format whose calls may be bare (`spec.bare_call`, llama3_json) also opens a block at
+    a `{` that begins the turn, and at its `{"name": ` opener, both read by the block
+    itself (which falls back to content where they are no call).
     """
 
     def __init__(
@@ -51,7 +52,6 @@ class TaggedParser:
         openers: tuple[str, ...] = (),
         channel_name: str = "",
         echo_after_call: bool = False,
-        bare_opener: str = "",
     ) -> None:
         self.spec = spec
         self.b = builder
@@ -72,9 +72,9 @@ class TaggedParser:
         self.block_raw: list[str] = []
         self.block_first_call = 0
         self._scanned = 0  # _TENTATIVE: text after pos already searched for the closer
-        self.bare_opener = bare_opener if block is not None else ""
-        # llama3_json's `{"name": `: an opener that is the block's own first text
-        self.inline_opener = LLAMA3_CALL_BEGIN if spec.bare_call and block is not None else ""
+        bare = spec.bare_call and block is not None
+        self.bare_opener = "{" if bare else ""  # until the turn's first text is seen
+        self.inline_opener = LLAMA3_CALL_BEGIN if bare else ""
 
     # -- driver -----------------------------------------------------------------------
     def feed(self, text: str, final: bool) -> None:

@@ -145,11 +145,14 @@ def _one_call_each(messages: list[dict]) -> list[dict]:
 
 def _drops_a_system(messages: list[dict], text: str) -> bool:
     """Whether a system message's text is not in `text` (whitespace aside: a template that
-    trims it or writes its lines on one keeps it)."""
+    trims it or writes its lines on one keeps it). Runs on every render: the prompt is
+    only normalised where a text is not found as it is."""
+    systems = [_text(m.get("content")).strip() for m in messages if m.get("role") == "system"]
+    missing = [s for s in systems if s and s not in text]
+    if not missing:
+        return False
     shown = " ".join(text.split())
-    systems = [" ".join(_text(m.get("content")).split()) for m in messages
-               if m.get("role") == "system"]
-    return any(s and s not in shown for s in systems)
+    return any(" ".join(s.split()) not in shown for s in missing)
 
 
 def _system_into_user(messages: list[dict]) -> list[dict]:
