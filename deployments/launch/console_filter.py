@@ -7,6 +7,11 @@ A replica's lines (ours: access lines, load progress, our loggers' warnings) are
 without Ray's "(ServeReplica:flm:Ingress pid=...)" prefix; a kept line of Ray's own
 processes (the controller's warnings, the raylet's) keeps it, so its source stays named.
 
+Once the run is stopping, Ray's own processes print nothing more on the console: Serve takes
+its parts down one by one, and a part still running may log that another has gone (Ray
+2.60's HAProxy manager logs a traceback when its metrics loop finds HAProxy already
+killed). Those lines stay in the log files; a replica's lines still show.
+
 `--verbose` or `FLM_VERBOSE=1` (in the environment or configs/serve.env) leaves Ray's
 printing as Ray has it.
 
@@ -25,6 +30,7 @@ import logging
 import os
 import re
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -72,13 +78,17 @@ def is_replica(data: Mapping[str, Any]) -> bool:
     return str(data.get("actor_name") or "").startswith("ServeReplica:")
 
 
-def make_printer(show: Callable[[dict[str, Any], bool], None]) -> Callable[[dict], None]:
+def make_printer(show: Callable[[dict[str, Any], bool], None],
+                 stopping: threading.Event | None = None) -> Callable[[dict], None]:
     """The dispatcher handler: `show(data, ignore_prefix)` (Ray's printer) of each batch's
-    kept lines, a replica's without Ray's prefix."""
+    kept lines, a replica's without Ray's prefix; once `stopping` is set, a replica's only."""
     def handle(data: dict[str, Any]) -> None:
         kept = filtered(data)
-        if kept is not None:
-            show(kept, is_replica(kept))
+        if kept is None:
+            return
+        replica = is_replica(kept)
+        if replica or stopping is None or not stopping.is_set():
+            show(kept, replica)
 
     return handle
 
@@ -105,9 +115,9 @@ def quiet_driver(verbose: bool) -> None:
         setattr(cli_logger, name, lambda *args, **kwargs: None)
 
 
-def install(verbose: bool) -> None:
+def install(verbose: bool, stopping: threading.Event | None = None) -> None:
     """After `ray.init`: Ray's worker lines are filtered as the module docstring says
-    (nothing changes when `verbose`)."""
+    (`stopping`: set once the run stops; nothing changes when `verbose`)."""
     if verbose:
         return
     try:
@@ -120,7 +130,7 @@ def install(verbose: bool) -> None:
         return  # log_to_driver is off: nothing is printed anyway
     dispatcher.remove_handler(RAY_HANDLER)
     dispatcher.add_handler(RAY_HANDLER, make_printer(
-        lambda data, bare: print_to_stdstream(data, ignore_prefix=bare)))
+        lambda data, bare: print_to_stdstream(data, ignore_prefix=bare), stopping))
 
 
 def verbose_from(argv: list[str],

@@ -173,6 +173,7 @@ class _Stop:
                  private: tuple[str, ...]) -> None:
         self.processes, self.host, self.port, self.private = processes, host, port, private
         self.deadline: float | None = None
+        self.stopping = threading.Event()  # Ray's own processes' lines stay off the console
         self.cleanup = threading.Event()  # the main thread shuts Ray down and sweeps
         self.finished = threading.Event()
         self.exit_code = 0  # of a forced end (1: the run stops because no model loaded)
@@ -189,6 +190,7 @@ class _Stop:
 
     def begin(self) -> None:
         if self.deadline is None:
+            self.stopping.set()
             self.deadline = time.monotonic() + STOP_S
             self.processes.record()  # what runs now, before parts of it start to go
             threading.Thread(target=self._watch, name="flm-stop", daemon=True).start()
@@ -271,7 +273,7 @@ def main(argv: list[str] | None = None, *, remove: tuple[str, ...] = (),
         ray.init(namespace="serve", logging_level=logging.INFO if verbose else logging.WARNING,
                  runtime_env={"worker_process_setup_hook":
                               "deployments.launch.loopback.bind_replica_grpc_to_loopback"})
-        console_filter.install(verbose)
+        console_filter.install(verbose, stop.stopping)
         stop.install()  # again: ray.init installs its own SIGTERM handler
         fault = _app_fault(config)
         if fault:  # one line, before Serve tries (and retries) to build the app

@@ -4,6 +4,8 @@ loopback run always gets. The lines below are copied from a `make serve` console
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from deployments.launch import console_filter as cf
@@ -47,6 +49,20 @@ def test_a_replica_batch_prints_its_kept_lines_without_ray_prefix() -> None:
     handle({"pid": 8, "actor_name": "ServeController", "lines": QUIET[:1]})  # nothing left
     handle({"pid": 8, "actor_name": "ServeController", "lines": KEPT[2:3]})
     assert [(d["lines"], bare) for d, bare in shown] == [(KEPT[:1], True), (KEPT[2:3], False)]
+
+
+def test_once_stopping_only_a_replicas_lines_show() -> None:
+    """Serve's shutdown race (Ray 2.60): the HAProxy manager's metrics loop logs a traceback
+    when HAProxy is already killed; a stopping run keeps such lines in the files."""
+    shown: list[tuple[dict, bool]] = []
+    stopping = threading.Event()
+    handle = cf.make_printer(lambda data, bare: shown.append((data, bare)), stopping)
+    haproxy = {"pid": 9, "actor_name": "HAProxyManager", "lines": KEPT[3:5]}
+    handle(haproxy)
+    stopping.set()
+    handle(haproxy)
+    handle({"pid": 7, "actor_name": "ServeReplica:flm:Ingress", "lines": KEPT[5:6]})
+    assert [(d["lines"], bare) for d, bare in shown] == [(KEPT[3:5], False), (KEPT[5:6], True)]
 
 
 def test_verbose_comes_from_the_flag_or_flm_verbose() -> None:
