@@ -222,6 +222,23 @@ def _arguments_as_objects(messages: list[dict]) -> list[dict]:
     return out
 
 
+def _objects_only(messages: list[dict]) -> list[dict] | None:
+    """`messages` with each call's arguments that are no JSON object (a call cut short by
+    max_tokens, sent back as it came: `{"city": "Par`) as {}; None where all are objects."""
+    out, changed = [], False
+    for m in messages:
+        calls = m.get("tool_calls") if isinstance(m, dict) else None
+        if calls and any(not isinstance((c.get("function") or {}).get("arguments", {}), dict)
+                         for c in calls):
+            changed = True
+            m = {**m, "tool_calls": [
+                {**c, "function": {**c["function"], "arguments": {}}}
+                if not isinstance((c.get("function") or {}).get("arguments", {}), dict) else c
+                for c in calls]}
+        out.append(m)
+    return out if changed else None
+
+
 class Capabilities:
     """What a template renders natively (probed once, as llama.cpp's minja does)."""
 
@@ -462,6 +479,13 @@ class ChatTemplate:
         Raises:
             TemplateError: `first`, where nothing mends the refusal.
         """
+        objects = _objects_only(context["messages"])
+        if objects is not None:  # a template that reads a call's arguments as a mapping
+            context = {**context, "messages": objects}
+            try:
+                return self._render(context), context
+            except TemplateError:
+                pass
         for retry in _retries(context, tools, merge=not native):
             try:
                 return self._render(retry), retry

@@ -471,6 +471,42 @@ def test_tool_call_arguments_reach_the_template_as_objects() -> None:
     assert tpl.render([msg]) == "f:Oslo"
 
 
+CUT_SHORT = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": None, "tool_calls": [{
+        "id": "call_cut", "type": "function",
+        "function": {"name": "get_weather", "arguments": "{\"city\": \"Par"}}]},
+    {"role": "tool", "tool_call_id": "call_cut", "content": "the arguments were cut short"},
+    {"role": "user", "content": "Try again."},
+]
+
+
+def test_a_call_cut_short_renders_where_arguments_are_read_as_a_mapping() -> None:
+    """A call cut by max_tokens, sent back as it came (OpenAI takes it back): templates that
+    loop over `arguments|items` (Qwen3-Coder, Qwen3.5, LFM2.5) failed on its text, a 400 on
+    every later turn of the agent. Such arguments render as {}; a template that writes the
+    text keeps it."""
+    items = ChatTemplate("{% for m in messages %}{% for c in m.tool_calls or [] %}"
+                         "<{{ c.function.name }}{% for k, v in c.function.arguments|items %}"
+                         " {{ k }}={{ v }}{% endfor %}>{% endfor %}{{ m.content or '' }};"
+                         "{% endfor %}")
+    assert items.render(CUT_SHORT) == (
+        "Weather in Paris?;<get_weather>;the arguments were cut short;Try again.;")
+    assert items.render(CONVERSATION[1:3]) == "Weather in Paris?;<get_weather city=Paris>;"
+    text = ChatTemplate("{% for m in messages %}{% for c in m.tool_calls or [] %}"
+                        "<{{ c.function.name }} {{ c.function.arguments }}>{% endfor %}"
+                        "{{ m.content or '' }};{% endfor %}")
+    assert text.render(CUT_SHORT) == (
+        'Weather in Paris?;<get_weather {"city": "Par>;the arguments were cut short;Try again.;')
+
+
+@needs_shared
+@pytest.mark.parametrize("name", template_names() or ["none"])
+def test_every_shared_template_renders_a_call_cut_short(name: str) -> None:
+    tpl = ChatTemplate(template(name), bos_token="<s>", eos_token="</s>")
+    assert "Try again." in tpl.render(CUT_SHORT, TOOLS)
+
+
 def test_conversation_is_rewritten_for_templates_that_cannot_show_it() -> None:
     # no system role, no tool calls, no tool messages, strict alternation (like Gemma 2)
     tpl = ChatTemplate(
