@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import string
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -222,18 +223,29 @@ def _arguments_as_objects(messages: list[dict]) -> list[dict]:
     return out
 
 
+def _readable(arguments: Any) -> bool:
+    """Whether a call's arguments are an object, or JSON text of one (a polyfill's)."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return False
+    return isinstance(arguments, dict)
+
+
 def _objects_only(messages: list[dict]) -> list[dict] | None:
     """`messages` with each call's arguments that are no JSON object (a call cut short by
     max_tokens, sent back as it came: `{"city": "Par`) as {}; None where all are objects."""
+    def args(call: dict) -> Any:
+        return (call.get("function") or {}).get("arguments", {})
+
     out, changed = [], False
     for m in messages:
         calls = m.get("tool_calls") if isinstance(m, dict) else None
-        if calls and any(not isinstance((c.get("function") or {}).get("arguments", {}), dict)
-                         for c in calls):
+        if calls and not all(_readable(args(c)) for c in calls):
             changed = True
             m = {**m, "tool_calls": [
-                {**c, "function": {**c["function"], "arguments": {}}}
-                if not isinstance((c.get("function") or {}).get("arguments", {}), dict) else c
+                c if _readable(args(c)) else {**c, "function": {**c["function"], "arguments": {}}}
                 for c in calls]}
         out.append(m)
     return out if changed else None
@@ -479,14 +491,7 @@ class ChatTemplate:
         Raises:
             TemplateError: `first`, where nothing mends the refusal.
         """
-        objects = _objects_only(context["messages"])
-        if objects is not None:  # a template that reads a call's arguments as a mapping
-            context = {**context, "messages": objects}
-            try:
-                return self._render(context), context
-            except TemplateError:
-                pass
-        for retry in _retries(context, tools, merge=not native):
+        for retry in self._attempts(context, tools, native):
             try:
                 return self._render(retry), retry
             except TemplateError:
@@ -507,6 +512,19 @@ class ChatTemplate:
             if _shows_every_text(merged, text):
                 return text, lenient
         raise first from None
+
+    @staticmethod
+    def _attempts(context: dict[str, Any], tools: list[dict] | None,
+                  native: bool) -> Iterator[dict[str, Any]]:
+        """The contexts a refused one is tried as: its retries; then, where a call's
+        arguments are no object (a template that reads them as a mapping fails on a call
+        cut short), those arguments as {}, and its retries."""
+        yield from _retries(context, tools, merge=not native)
+        objects = _objects_only(context["messages"])
+        if objects is not None:
+            mended = {**context, "messages": objects}
+            yield mended
+            yield from _retries(mended, tools, merge=not native)
 
     def _render(self, context: dict[str, Any]) -> str:
         """The template on `context`, its failures as TemplateError."""

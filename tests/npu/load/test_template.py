@@ -498,6 +498,17 @@ def test_a_call_cut_short_renders_where_arguments_are_read_as_a_mapping() -> Non
                         "{{ m.content or '' }};{% endfor %}")
     assert text.render(CUT_SHORT) == (
         'Weather in Paris?;<get_weather {"city": "Par>;the arguments were cut short;Try again.;')
+    # a template that refuses for another reason (the order of roles here) and renders
+    # once mended keeps every whole call's arguments, beside a call cut short
+    strict = ChatTemplate("{% for m in messages %}{% if m.role == 'system' and not loop.first %}"
+                          "{{ raise_exception('system first') }}{% endif %}"
+                          "{% for c in m.tool_calls or [] %}<{{ c.function.name }}"
+                          "{% for k, v in c.function.arguments|items %} {{ k }}={{ v }}"
+                          "{% endfor %}>{% endfor %}{{ m.content or '' }};{% endfor %}")
+    both = [*CONVERSATION, *CUT_SHORT[1:], {"role": "system", "content": "Be brief."}]
+    assert strict.render(both).endswith(
+        ";Weather in Paris?;<get_weather city=Paris>;18C and sunny;<get_weather>;"
+        "the arguments were cut short;Try again.;")
 
 
 @needs_shared
