@@ -23,6 +23,7 @@ from deployments.errors import ApiError
 from deployments.exchange import Call
 from deployments.ingress import Ingress
 from deployments.prefill import continuation
+from npu.load.template import PARTS_JOIN
 
 # Anthropic's smallest thinking budget
 MIN_BUDGET = 1024
@@ -159,12 +160,13 @@ def _refuse_media(block: Any, where: str) -> None:
 
 
 def _text(content: str | list, where: str) -> str:
-    """A system prompt's or a tool result's text: a string, or text blocks joined."""
+    """A system prompt's or a tool result's text: a string, or text blocks joined by
+    PARTS_JOIN (as the OpenAI API's text parts: two blocks are two texts, not one word)."""
     if isinstance(content, str):
         return content
     for j, block in enumerate(content):
         _refuse_media(block, f"{where}[{j}]")
-    return "".join(b.text for b in content)
+    return PARTS_JOIN.join(b.text for b in content)
 
 
 class Turn(msgspec.Struct):
@@ -182,17 +184,20 @@ SEAM = "\n\n"
 
 
 class _Joined:
-    """Texts of one field of a turn: joined as they come within a message, parted by SEAM
+    """Texts of one field of a turn: parted by `within` inside a message (a user's blocks by
+    PARTS_JOIN, as the OpenAI API's text parts: Claude Code's system reminder and its prompt,
+    an MCP tool's texts; an assistant's as they come: one text cut into blocks), by SEAM
     where a non-empty one follows another's from an earlier message."""
 
-    def __init__(self) -> None:
+    def __init__(self, within: str = "") -> None:
         self.parts: list[str] = []
         self.last = -1  # the message of the last non-empty text
+        self.within = within
 
     def add(self, message: int, text: str) -> None:
         if text:
-            if self.parts and message != self.last:
-                self.parts.append(SEAM)
+            if self.parts:
+                self.parts.append(SEAM if message != self.last else self.within)
             self.parts.append(text)
             self.last = message
 
@@ -247,7 +252,7 @@ def _user(blocks: list[tuple[int, str, Any]], names: dict[str, str]) -> list[dic
     """A user turn: its tool results as tool messages, its text as a user message, in
     the order they come."""
     out: list[dict] = []
-    text = _Joined()
+    text = _Joined(PARTS_JOIN)
     for i, at, block in blocks:
         _refuse_media(block, at)
         if isinstance(block, TextBlock):
@@ -259,7 +264,7 @@ def _user(blocks: list[tuple[int, str, Any]], names: dict[str, str]) -> list[dic
                                param=f"{at}.tool_use_id")
             if text:
                 out.append({"role": "user", "content": text.text()})
-                text = _Joined()
+                text = _Joined(PARTS_JOIN)
             result = _text(block.content, f"{at}.content")
             out.append({"role": "tool", "tool_call_id": block.tool_use_id,
                         "name": names[block.tool_use_id],

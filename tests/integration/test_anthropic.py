@@ -77,9 +77,9 @@ def test_create_plain_and_with_a_system_prompt(ac) -> None:
     assert r.content[0].text == ("A cat is a majestic creature with a fluffy coat, a playful "
                                  "personality, and a loyal companion.")
     assert 10 < r.usage.output_tokens < 40
-    system = "Answer every question in French, in one short sentence."
-    blocks = [{"type": "text", "text": "Answer every question in French, "},
-              {"type": "text", "text": "in one short sentence.",
+    system = "Answer every question in French.\nKeep to one short sentence."
+    blocks = [{"type": "text", "text": "Answer every question in French."},  # a line each
+              {"type": "text", "text": "Keep to one short sentence.",
                "cache_control": {"type": "ephemeral"}}]
     s1, s2 = (ac.messages.create(model=SMOL, max_tokens=5, messages=CATS, system=sys,
                                  extra_body=GREEDY) for sys in (system, blocks))

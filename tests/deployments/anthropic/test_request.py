@@ -22,12 +22,14 @@ def _request(**body):
 
 
 def test_a_plain_request_with_a_system_prompt_and_sampling() -> None:
-    greq = _request(system=[{"type": "text", "text": "Be "},
-                            {"type": "text", "text": "brief.", "cache_control": {
+    greq = _request(system=[{"type": "text", "text": "You are Claude Code."},
+                            {"type": "text", "text": "Be brief.", "cache_control": {
                                 "type": "ephemeral"}}],
                     stop_sequences=["END"], temperature=0.5, top_p=0.9, top_k=0, seed=3,
                     metadata={"user_id": "u"})
-    assert greq.messages == [{"role": "system", "content": "Be brief."},
+    # blocks are texts of their own, parted as the OpenAI API's text parts are (Claude
+    # Code's system prompt comes as two blocks: joined as they came, two sentences ran on)
+    assert greq.messages == [{"role": "system", "content": "You are Claude Code.\nBe brief."},
                              {"role": "user", "content": "Hi"}]
     assert (greq.max_tokens, greq.stop, greq.temperature, greq.top_p, greq.top_k,
             greq.seed) == (9, ["END"], 0.5, 0.9, None, 3)
@@ -37,8 +39,9 @@ def test_a_plain_request_with_a_system_prompt_and_sampling() -> None:
 
 def test_blocks_become_the_conversation() -> None:
     turns = [
-        {"role": "user", "content": [{"type": "text", "text": "Weather "},
-                                     {"type": "text", "text": "in Oslo?"}]},
+        {"role": "user", "content": [{"type": "text", "text": "<system-reminder>Be brief."
+                                                              "</system-reminder>"},
+                                     {"type": "text", "text": "Weather in Oslo?"}]},
         {"role": "assistant", "content": [
             {"type": "thinking", "thinking": "call it", "signature": "sig"},
             {"type": "redacted_thinking", "data": "xx"},
@@ -50,11 +53,13 @@ def test_blocks_become_the_conversation() -> None:
         {"role": "user", "content": [
             {"type": "tool_result", "tool_use_id": "toolu_1", "content": "Sunny"},
             {"type": "tool_result", "tool_use_id": "toolu_2", "is_error": True,
-             "content": [{"type": "text", "text": "no data"}]},
+             "content": [{"type": "text", "text": "no data"},
+                         {"type": "text", "text": "try Bergen airport"}]},
             {"type": "text", "text": "Thanks."}]},
         {"role": "assistant", "content": "You're welcome."}]
     m = _request(messages=turns, tools=[WEATHER]).messages
-    assert m[0] == {"role": "user", "content": "Weather in Oslo?"}
+    assert m[0] == {"role": "user",
+                    "content": "<system-reminder>Be brief.</system-reminder>\nWeather in Oslo?"}
     assert m[1] == {"role": "assistant", "content": "Checking.", "reasoning_content": "call it",
                     "tool_calls": [
                         {"id": "toolu_1", "type": "function", "function": {
@@ -64,7 +69,7 @@ def test_blocks_become_the_conversation() -> None:
     assert m[2] == {"role": "tool", "tool_call_id": "toolu_1", "name": "get_weather",
                     "content": "Sunny"}
     assert m[3] == {"role": "tool", "tool_call_id": "toolu_2", "name": "get_weather",
-                    "content": "Error: no data"}
+                    "content": "Error: no data\ntry Bergen airport"}
     assert m[4] == {"role": "user", "content": "Thanks."}
     assert m[5] == {"role": "assistant", "content": "You're welcome."}
 
