@@ -587,6 +587,8 @@ def python_calls_ebnf(tools: tuple[ToolSpec, ...], once: bool) -> str:
         props = schema.get("properties") if isinstance(schema, dict) else None
         if isinstance(props, dict) and props:
             kwargs = g.members(props, schema.get("required") or [], "=", 0, False)
+        elif schema.get("additionalProperties") is False:  # no arguments (chat.request)
+            kwargs = '""'
         else:
             kwargs = "pykwargs"
         calls.append(g.rule(f'{json.dumps(tool.name + "(")} {kwargs} ")"'))

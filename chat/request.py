@@ -136,7 +136,7 @@ def _tools(body: dict) -> tuple[ToolSpec, ...]:
                                   param=f"{at}.name")
         seen.add(name)
         params = _get(fn, "parameters")
-        if params is None:
+        if params is None:  # OpenAI: "omitting parameters defines ... an empty parameter list"
             params = {"type": "object", "properties": {}}
         if not isinstance(params, dict) or params.get("type", "object") != "object":
             raise ConstraintError(
@@ -148,9 +148,24 @@ def _tools(body: dict) -> tuple[ToolSpec, ...]:
         found = unenforced(params, f"{at}.parameters") if strict else None
         if found:
             raise ConstraintError(refusal(found), param=f"{at}.parameters")
-        out.append(ToolSpec(name=name, parameters=params, description=desc or "",
-                            strict=bool(strict)))
+        out.append(ToolSpec(name=name, parameters=_arguments_schema(params),
+                            description=desc or "", strict=bool(strict)))
     return tuple(out)
+
+
+# what lets an object schema take a key its `properties` do not name
+_OPENS = ("additionalProperties", "patternProperties", "unevaluatedProperties", "required",
+          "propertyNames", "minProperties", "anyOf", "oneOf", "allOf", "$ref", "if")
+
+
+def _arguments_schema(params: dict) -> dict:
+    """The schema a tool's calls are held to: a tool that declares no parameters (none
+    given, or MCP's `{"type": "object", "properties": {}}`) takes `{}` (JSON Schema would
+    take any object there, and a model then fills it with whatever it invents); any other
+    schema as it is."""
+    if params.get("properties") == {} and not any(k in params for k in _OPENS):
+        return {**params, "additionalProperties": False}
+    return params
 
 
 def _check_object_schema(schema: dict, where: str) -> None:

@@ -145,6 +145,23 @@ def test_llama3_auto_leaves_a_json_answer_free(engine) -> None:
 
 
 @pytest.mark.parametrize("kind", TOOL_KINDS)
+@pytest.mark.parametrize("declared", [{}, {"parameters": {"type": "object", "properties": {}}}],
+                         ids=["omitted", "mcp"])
+def test_a_tool_without_parameters_is_called_with_none(engine, kind: str, declared) -> None:
+    """Found probing live: such a tool's forced call came back as `{"type": "object"` (its
+    arguments free, a small model wrote the schema back). OpenAI: an omitted `parameters`
+    is "an empty parameter list"; MCP writes a tool without arguments as no properties."""
+    body = {"tools": [{"type": "function", "function": {"name": "ping", **declared}}],
+            "tool_choice": "required"}
+    assert _accepts(engine, kind, body, calls_text(kind, [("ping", {})])) == (True, "")
+    assert not _accepts(engine, kind, body, calls_text(kind, [("ping", {"type": "x"})]))[0]
+    free = {"tools": [{"type": "function", "function": {
+        "name": "ping", "parameters": {"type": "object"}}}], "tool_choice": "required"}
+    assert _accepts(engine, kind, free, calls_text(kind, [("ping", {"type": "x"})])) == (
+        True, "")
+
+
+@pytest.mark.parametrize("kind", TOOL_KINDS)
 def test_missing_required_argument_is_rejected(engine, kind: str) -> None:
     text = calls_text(kind, [("get_weather", {"days": 2})])
     assert not _accepts(engine, kind, _tools("required"), text)[0]

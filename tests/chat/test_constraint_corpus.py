@@ -50,6 +50,13 @@ def engine() -> GrammarEngine:
     return GrammarEngine(vocab, stops)
 
 
+def _unknown(calls: list[dict]) -> list[dict]:
+    """The tools of a case that names none: each called one, its arguments any object (an
+    omitted `parameters` would be a tool without any)."""
+    return list({c["name"]: {"name": c["name"], "parameters": {"type": "object"}}
+                 for c in calls}.values())
+
+
 def _cases() -> list[str]:
     return [c["id"] for c in outputs() if not c.get("partial")] or ["no-shared-data"]
 
@@ -62,7 +69,7 @@ def test_real_output_against_its_request(engine, case_id: str) -> None:
         spec_for_kind(case["format"])
     tail = (case.get("context") or {}).get("generation_prompt_ends_with", "")
     calls = case["expect"]["tool_calls"]
-    tools = case.get("tools") or list({c["name"]: {"name": c["name"]} for c in calls}.values())
+    tools = case.get("tools") or _unknown(calls)
     body = {"tools": [{"type": "function", "function": t} for t in tools]} if tools else {}
     request = constraint_request_from_openai(body)
     ok, why = engine.accepts(spec, request, format_prefill(spec, tail), case["raw"])
@@ -88,8 +95,7 @@ def test_required_accepts_outputs_that_are_only_calls(engine, case_id: str) -> N
     name = case["template"]
     spec = detect_format(template(name), is_token_for(name))
     tail = (case.get("context") or {}).get("generation_prompt_ends_with", "")
-    tools = case.get("tools") or list({c["name"]: {"name": c["name"]}
-                                       for c in expect["tool_calls"]}.values())
+    tools = case.get("tools") or _unknown(expect["tool_calls"])
     body = {"tools": [{"type": "function", "function": t} for t in tools],
             "tool_choice": "required"}
     ok, why = engine.accepts(spec, constraint_request_from_openai(body),
