@@ -207,6 +207,9 @@ _PARAMS = {"max_tokens": "max_output_tokens", "response_format": "text.format",
 def _param(param: str | None) -> str | None:
     if not param:
         return param
+    nested = "response_format.json_schema."  # text.format holds json_schema's fields itself
+    if param.startswith(nested):
+        return "text.format." + param[len(nested):]
     for ours, theirs in _PARAMS.items():
         if param == ours or param.startswith((ours + ".", ours + "[")):
             return theirs

@@ -132,6 +132,9 @@ def test_a_message_after_a_call_with_no_output_is_refused() -> None:
     ({"max_output_tokens": 0}, "max_output_tokens"),
     ({"temperature": 3}, "temperature"),
     ({"text": {"format": {"type": "yaml"}}}, "text.format"),
+    # (found probing live: named response_format.json_schema.schema, chat's field)
+    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": 3}}},
+     "text.format.schema"),
     ({"reasoning": {"effort": "max"}}, "reasoning.effort"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"background": True}, "background"),
