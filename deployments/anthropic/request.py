@@ -40,6 +40,8 @@ class ImageBlock(msgspec.Struct, tag="image", tag_field="type", kw_only=True):
 
 class DocumentBlock(msgspec.Struct, tag="document", tag_field="type", kw_only=True):
     source: Any = None
+    title: str | None = None
+    context: str | None = None
 
 
 class ToolUseBlock(msgspec.Struct, tag="tool_use", tag_field="type", kw_only=True):
@@ -152,6 +154,26 @@ def decode(body: bytes, kind: type[CountIn]) -> CountIn:
 
 
 # -- blocks -> chat messages ----------------------------------------------------------------
+def _as_text(block: Any) -> Any:
+    """A document whose source is text (`{"type": "text", "data": ...}`, or `content`: a
+    string or text blocks) as a text block: its title and context, each a line, then its
+    text; any other block as it is."""
+    source = block.source if isinstance(block, DocumentBlock) else None
+    if not isinstance(source, dict):
+        return block
+    if source.get("type") == "text" and isinstance(source.get("data"), str):
+        body = source["data"]
+    elif source.get("type") == "content" and isinstance(source.get("content"), str):
+        body = source["content"]
+    elif source.get("type") == "content" and isinstance(source.get("content"), list) and all(
+            isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)
+            for b in source["content"]):
+        body = PARTS_JOIN.join(b["text"] for b in source["content"])
+    else:
+        return block
+    return TextBlock(text=PARTS_JOIN.join(t for t in (block.title, block.context, body) if t))
+
+
 def _refuse_media(block: Any, where: str) -> None:
     if isinstance(block, (ImageBlock, DocumentBlock)):
         kind = "image" if isinstance(block, ImageBlock) else "document"
@@ -164,6 +186,7 @@ def _text(content: str | list, where: str) -> str:
     PARTS_JOIN (as the OpenAI API's text parts: two blocks are two texts, not one word)."""
     if isinstance(content, str):
         return content
+    content = [_as_text(b) for b in content]
     for j, block in enumerate(content):
         _refuse_media(block, f"{where}[{j}]")
     return PARTS_JOIN.join(b.text for b in content)
@@ -216,7 +239,7 @@ def turns(messages: list[MessageIn]) -> list[Turn]:
     for i, m in enumerate(messages):
         where = f"messages[{i}].content"
         blocks = [(i, where, TextBlock(text=m.content))] if isinstance(m.content, str) else \
-            [(i, f"{where}[{j}]", b) for j, b in enumerate(m.content)]
+            [(i, f"{where}[{j}]", _as_text(b)) for j, b in enumerate(m.content)]
         if out and out[-1].role == m.role:
             out[-1].blocks.extend(blocks)
         else:

@@ -183,6 +183,23 @@ def test_count_tokens_needs_no_max_tokens() -> None:
     assert greq.max_tokens is None and greq.tools[0]["function"]["name"] == "get_weather"
 
 
+def test_a_document_of_text_is_read_as_its_text() -> None:
+    """Found probing live: a plain-text document (a RAG app's) was refused as 'not text'."""
+    doc = {"type": "document", "title": "Notes", "source": {
+        "type": "text", "media_type": "text/plain", "data": "The sky is green."}}
+    parts = {"type": "document", "source": {"type": "content", "content": [
+        {"type": "text", "text": "Line one."}, {"type": "text", "text": "Line two."}]}}
+    m = _request(messages=[{"role": "user", "content": [doc, parts, {
+        "type": "text", "text": "What colour is the sky?"}]}]).messages
+    assert m == [{"role": "user", "content": "Notes\nThe sky is green.\nLine one.\nLine two."
+                                            "\nWhat colour is the sky?"}]
+    pdf = {"type": "document", "source": {"type": "base64", "media_type": "application/pdf",
+                                          "data": "AA=="}}
+    with pytest.raises(ApiError) as err:
+        _request(messages=[{"role": "user", "content": [pdf]}])
+    assert err.value.param == "messages[0].content[0].type"
+
+
 DROP = object()  # a field left out
 IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
                                      "data": "AA=="}}
