@@ -23,7 +23,10 @@ from deployments.errors import ApiError
 from deployments.exchange import Call
 from deployments.ingress import Ingress
 from deployments.prefill import continuation
-from npu.load.template import PARTS_JOIN
+
+# what parts two text blocks of one message (as the worker's templates join the OpenAI API's
+# text parts: npu.load.template.PARTS_JOIN)
+PARTS_JOIN = "\n"
 
 # Anthropic's smallest thinking budget
 MIN_BUDGET = 1024
