@@ -28,6 +28,9 @@ class _Generate(msgspec.Struct, kw_only=True):
     frequency_penalty: float = 0.0
     seed: int | None = None
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit
+    # the API's own defaults (Ollama's) for a model whose generation_config sets none:
+    # SamplingParams' fields -> values, below the request's and the model's own
+    sampling_fallback: dict[str, float] | None = None
     logprobs: bool = False
     top_logprobs: int = 0
     ignore_eos: bool = False

@@ -232,7 +232,7 @@ class Session:
         self.reasoning_end_ids = model.tokenizer.encode(spec.reasoning_end) \
             if budget is not None and spec.reasoning_end else []
         self.reasoning_budget = budget if self.reasoning_end_ids else None
-        base = model.defaults
+        base = sampling_base(model.defaults, request.sampling_fallback)
         params = dict(
             temperature=_pick(request.temperature, base.temperature),
             top_p=_pick(request.top_p, base.top_p), top_k=_pick(request.top_k, base.top_k),
@@ -303,6 +303,15 @@ def _piece(token: bytes) -> str:
 
 def _pick(value, default):
     return default if value is None else value
+
+
+def sampling_base(own: SamplingParams, fallback: dict[str, float] | None) -> SamplingParams:
+    """What a request's unset sampling fields take: the model's own defaults (its
+    generation_config), or, where it has none (a GGUF file: SamplingParams' own values),
+    the API's `fallback` (Ollama's temperature 0.8, top_k 40, top_p 0.9)."""
+    if not fallback or own != SamplingParams():
+        return own
+    return msgspec.structs.replace(own, **fallback)
 
 
 def chosen_template(request: Any, model: Model) -> str | None:

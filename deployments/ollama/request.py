@@ -298,6 +298,13 @@ def _context_limit(req: _Common) -> dict[str, Any]:
     return {"context_limit": n}
 
 
+# Ollama's defaults where neither the request (its options, a variant's parameters) nor the
+# model's generation_config sets one (its docs' Modelfile parameters; Open WebUI sends no
+# options): not its repeat_penalty 1.1, which it applies to the last 64 tokens and the
+# sampler here to the whole sequence
+DEFAULT_SAMPLING = {"temperature": 0.8, "top_k": 40, "top_p": 0.9}
+
+
 def _openai(raw: dict, schema: type[ChatRequest | CompletionRequest],
             extra: dict, variant: tuple | None = None,
             names: dict[str, str] | None = None) -> GenerateRequest:
@@ -305,9 +312,10 @@ def _openai(raw: dict, schema: type[ChatRequest | CompletionRequest],
     if variant is not None:  # a library variant's defaults (/api/create)
         raw = with_defaults(raw, *variant)
     try:
-        return openai_generate_request(convert_request(raw, schema), raw, **extra)
+        greq = openai_generate_request(convert_request(raw, schema), raw, **extra)
     except ApiError as err:  # named as the Ollama request has it, in the text too
         raise err.renamed(_ollama_param(err.param, names)) from None
+    return msgspec.structs.replace(greq, sampling_fallback=DEFAULT_SAMPLING)
 
 
 def _no_images(images: list | None, where: str) -> None:

@@ -109,11 +109,17 @@ def test_format_schema_is_the_grammar_constraint(oc) -> None:
     jsonschema.validate(json.loads(r.response), CITY)
 
 
+# sampling from the whole distribution (Ollama's API defaults to temperature 0.8, top_k 40,
+# top_p 0.9 where the model sets none)
+WHOLE = {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_tool_call_round_trip(oc, stream: bool) -> None:
-    # the random harmony model calls `light` for this seed (tools constrain its output)
+    # the random harmony model calls `light` for this seed (tools constrain its output),
+    # sampled from its whole distribution (not Ollama's default top_k / top_p)
     msgs = [{"role": "user", "content": "Lights?"}]
-    opts = {"seed": 0, "num_predict": 60}
+    opts = {"seed": 0, "num_predict": 60, **WHOLE}
     r = oc.chat(model="tiny-gpt-oss", messages=msgs, tools=[LIGHT], options=opts,
                 stream=stream)
     if stream:
@@ -138,7 +144,7 @@ def test_tool_call_round_trip(oc, stream: bool) -> None:
 def test_think_switch(oc) -> None:
     # the random harmony model reasons for this seed under a JSON constraint
     msgs = [{"role": "user", "content": "hi"}]
-    opts = {"seed": 0, "num_predict": 40}
+    opts = {"seed": 0, "num_predict": 40, **WHOLE}
     on = oc.chat(model="tiny-gpt-oss", messages=msgs, think=True, format="json", options=opts)
     assert on.message.thinking
     streamed = _fold(oc.chat(model="tiny-gpt-oss", messages=msgs, think=True, format="json",

@@ -92,6 +92,24 @@ def test_an_empty_tool_list_is_no_tools() -> None:
     assert g.tools is None and g.constraint.tools == ()
 
 
+def test_unset_options_take_ollamas_defaults_where_the_model_has_none() -> None:
+    """Found probing live: /api/chat without options (Open WebUI's default) sampled SmolLM2
+    at temperature 1.0 over its whole vocabulary (60 tokens of rambling to "hi"); Ollama's
+    defaults are temperature 0.8, top_k 40, top_p 0.9. A model's own generation_config, a
+    variant's parameters and the request's options come first."""
+    from actors.session import sampling_base
+    from npu import SamplingParams
+
+    for g in (_chat(), _generate(), _generate(raw=True), _chat(options={"temperature": 0})):
+        assert g.sampling_fallback == {"temperature": 0.8, "top_k": 40, "top_p": 0.9}
+    assert _chat(options={"temperature": 0}).temperature == 0.0  # the request's own first
+    gguf = sampling_base(SamplingParams(), _chat().sampling_fallback)
+    assert (gguf.temperature, gguf.top_k, gguf.top_p, gguf.min_p) == (0.8, 40, 0.9, 0.0)
+    qwen3 = SamplingParams(temperature=0.6, top_k=20, top_p=0.95)  # its generation_config
+    assert sampling_base(qwen3, _chat().sampling_fallback) == qwen3
+    assert sampling_base(SamplingParams(), None) == SamplingParams()  # the other APIs
+
+
 def test_options_past_openais_ranges_are_read_as_ollama_reads_them() -> None:
     """Ollama checks no option's range and reads a number into an integer option: values a
     slider or a script sends (temperature 2.5, 20 stop strings, num_predict 6.0) are taken,
