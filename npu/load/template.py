@@ -242,11 +242,12 @@ def _objects_only(messages: list[dict]) -> list[dict] | None:
     out, changed = [], False
     for m in messages:
         calls = m.get("tool_calls") if isinstance(m, dict) else None
-        if calls and not all(_readable(args(c)) for c in calls):
-            changed = True
-            m = {**m, "tool_calls": [
-                c if _readable(args(c)) else {**c, "function": {**c["function"], "arguments": {}}}
-                for c in calls]}
+        if calls:  # each call's arguments read once
+            kept = [c if _readable(args(c)) else
+                    {**c, "function": {**c["function"], "arguments": {}}} for c in calls]
+            if any(k is not c for k, c in zip(kept, calls)):
+                changed = True
+                m = {**m, "tool_calls": kept}
         out.append(m)
     return out if changed else None
 
