@@ -26,11 +26,12 @@ class _Generate(msgspec.Struct, kw_only=True):
     repetition_penalty: float | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    repeat_last_n: int | None = None  # the penalties' window (-1: the whole sequence, 0: off)
     seed: int | None = None
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit
     # the API's own defaults (Ollama's) for a model whose generation_config sets none:
     # SamplingParams' fields -> values, below the request's and the model's own
-    sampling_fallback: dict[str, float] | None = None
+    sampling_fallback: dict[str, float | int] | None = None
     logprobs: bool = False
     top_logprobs: int = 0
     ignore_eos: bool = False

@@ -239,7 +239,9 @@ class Session:
             min_p=_pick(request.min_p, base.min_p),
             repetition_penalty=_pick(request.repetition_penalty, base.repetition_penalty),
             presence_penalty=request.presence_penalty,
-            frequency_penalty=request.frequency_penalty, logit_bias=request.logit_bias)
+            frequency_penalty=request.frequency_penalty,
+            repeat_last_n=_pick(request.repeat_last_n, base.repeat_last_n),
+            logit_bias=request.logit_bias)
         self.choices: list[Choice] = []
         for i in range(request.n):
             seed = None if request.seed is None else request.seed + i
@@ -305,10 +307,12 @@ def _pick(value, default):
     return default if value is None else value
 
 
-def sampling_base(own: SamplingParams, fallback: dict[str, float] | None) -> SamplingParams:
+def sampling_base(own: SamplingParams,
+                  fallback: dict[str, float | int] | None) -> SamplingParams:
     """What a request's unset sampling fields take: the model's own defaults (its
     generation_config), or, where it has none (a GGUF file: SamplingParams' own values),
-    the API's `fallback` (Ollama's temperature 0.8, top_k 40, top_p 0.9)."""
+    the API's `fallback` (Ollama's temperature 0.8, top_k 40, top_p 0.9, repeat_penalty
+    1.1 over the last 64 tokens)."""
     if not fallback or own != SamplingParams():
         return own
     return msgspec.structs.replace(own, **fallback)

@@ -1,6 +1,11 @@
 """Sampler: temperature, top-k, top-p, min-p, repetition/presence/frequency penalties and a
 per-request seed, under an optional token mask.
 
+The penalties read the whole sequence (`repeat_last_n` -1: the repetition penalty every
+token of the prompt and the output, as HF and vLLM do; frequency and presence the output's
+counts, OpenAI's) or, as llama.cpp and Ollama do, a window of the latest `repeat_last_n`
+tokens of prompt and output for all three (0: no penalty).
+
 The mask (uint32 words, bit i of word i // 32 set when token i may be sampled) sets the
 disallowed logits to -inf on the sampler's own float32 copy, after the penalties and before
 top-k/top-p; the engine's logits are never written. If a sample still lands outside the
@@ -9,6 +14,7 @@ mask (NaN logits), the best allowed token is used instead.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 
 import msgspec
@@ -25,6 +31,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    repeat_last_n: int = -1  # the penalties' window: -1 the whole sequence, 0 off
     seed: int | None = None
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit (OpenAI's)
 
@@ -40,7 +47,8 @@ class Sampler:
     Args:
         params: the options.
         vocab_size: the logits width.
-        prompt_ids: the prompt, which the repetition penalty also counts (as HF does).
+        prompt_ids: the prompt, which the repetition penalty also counts (as HF does;
+            a window's penalties too, as llama.cpp's).
     """
 
     def __init__(self, params: SamplingParams, vocab_size: int,
@@ -53,19 +61,39 @@ class Sampler:
         # are mapped and unmapped by malloc each time, and their page faults cost more than
         # the arithmetic (a 151k row: 1.5 -> 0.8 ms with top-k and a penalty)
         self._x = np.empty(vocab_size, dtype=np.float32)
+        # the output's counts, or with a window the window's (prompt tokens included)
         self._counts = np.zeros(vocab_size, dtype=np.int32)
         bias = {t: v for t, v in (p.logit_bias or {}).items() if 0 <= t < vocab_size}
         self._bias_ids = np.fromiter(bias, dtype=np.int64, count=len(bias))
         self._bias = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
-        self._penalized = (p.repetition_penalty != 1.0 or p.presence_penalty != 0.0
-                           or p.frequency_penalty != 0.0 or bool(bias))
-        if prompt_ids:
-            ids = np.asarray(prompt_ids)
-            self._seen[ids[(ids >= 0) & (ids < vocab_size)]] = True
+        penalties = p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 \
+            or p.frequency_penalty != 0.0
+        self._penalized = (penalties and p.repeat_last_n != 0) or bool(bias)
+        self._window: deque[int] | None = None
+        ids = np.asarray(prompt_ids or [], dtype=np.int64)
+        ids = ids[(ids >= 0) & (ids < vocab_size)]
+        if p.repeat_last_n > 0:
+            self._window = deque(maxlen=p.repeat_last_n)
+            for token in ids[-p.repeat_last_n:].tolist():
+                self._slide(token)
+        else:
+            self._seen[ids] = True
+
+    def _slide(self, token: int) -> None:
+        """Take `token` into the window, the oldest out of it when full."""
+        window = self._window
+        if len(window) == window.maxlen:
+            self._counts[window[0]] -= 1
+        window.append(token)
+        self._counts[token] += 1
 
     def accept(self, token: int) -> None:
         """Count a generated token (for the penalties)."""
-        if 0 <= token < self.vocab_size:
+        if not 0 <= token < self.vocab_size:
+            return
+        if self._window is not None:
+            self._slide(token)
+        else:
             self._seen[token] = True
             self._counts[token] += 1
 
@@ -82,15 +110,15 @@ class Sampler:
         p = self.params
         x = self._x
         x[:] = logits[: self.vocab_size]
-        if self._penalized:
+        if self._penalized and p.repeat_last_n != 0:
             if p.repetition_penalty != 1.0:
-                seen = self._seen
+                seen = self._seen if self._window is None else self._counts > 0
                 x[seen] = np.where(x[seen] > 0, x[seen] / p.repetition_penalty,
                                    x[seen] * p.repetition_penalty)
             if p.frequency_penalty or p.presence_penalty:
                 x -= p.frequency_penalty * self._counts + p.presence_penalty * (self._counts > 0)
-            if self._bias.size:
-                x[self._bias_ids] += self._bias
+        if self._bias.size:
+            x[self._bias_ids] += self._bias
         allowed = None
         if mask is not None:
             allowed = allowed_from_mask(mask, self.vocab_size)

@@ -18,8 +18,9 @@ fields: `n_predict` (also `max_tokens`, `max_completion_tokens`; -1 or none: no 
 the prompt read into the cache, nothing written, as llama.vim warms its extra files),
 `temperature`, `top_k`, `top_p`, `min_p` (clamped as llama-server clamps them, not OpenAI's
 ranges), `repeat_penalty` (above 0, at most 10), `presence_penalty`, `frequency_penalty`
-(any), `seed` (-1: random), `stop` (a string or a list), `ignore_eos`, `n_indent` (a line
-after the first indented less ends the output), `t_max_predict_ms` (after that long
+(any), `repeat_last_n` (the tokens the penalties read: 64 unless set, 0 none, -1 all),
+`seed` (-1: random), `stop` (a string or a list), `ignore_eos`, `n_indent` (a line after
+the first indented less ends the output), `t_max_predict_ms` (after that long
 writing, the output ends at its next newline), `n_probs` (each token's logprob and its most
 likely alternatives: llama-server's `completion_probabilities`), `json_schema` (the output
 a JSON document of that schema), `stream`, `response_fields`. Fields of its slots and
@@ -48,6 +49,7 @@ from deployments.openai.schemas import CompletionRequest
 
 MAX_PROBS = 100  # the most alternatives `n_probs` may ask for each token
 MAX_STOPS = 64  # stop strings one request may give (llama-server sets none; OpenAI's 8)
+REPEAT_LAST_N = 64  # the tokens llama-server's penalties read unless told
 MAX_TEMPERATURE = 1e6  # past this a float32 division gives inf: as good as uniform anyway
 # llama-server's names of the OpenAI completion fields its bodies are typed as
 NAMES = {"max_tokens": "n_predict", "repetition_penalty": "repeat_penalty",
@@ -67,6 +69,7 @@ class _Sampling(msgspec.Struct, kw_only=True):
     top_p: float | None = None
     min_p: float | None = None
     repeat_penalty: float | None = None
+    repeat_last_n: int | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     seed: int | None = None
@@ -182,6 +185,7 @@ def _typed(req: _Sampling, model: str, prompt: Prompt,
     raw: dict[str, Any] = {  # a mixed prompt goes to the worker as its parts (below)
         "model": model, "prompt": "" if mixed else prompt,
         "repetition_penalty": req.repeat_penalty,
+        "repeat_last_n": REPEAT_LAST_N if req.repeat_last_n is None else max(-1, req.repeat_last_n),
         "seed": None if req.seed is None or req.seed < 0 else req.seed,
         "ignore_eos": req.ignore_eos}
     if req.json_schema is not None:
@@ -285,6 +289,7 @@ def _settings(req: _Sampling, greq: CompletionGenerate) -> dict[str, Any]:
                 "seed": -1 if greq.seed is None else greq.seed,
                 "temperature": greq.temperature, "top_k": greq.top_k, "top_p": greq.top_p,
                 "min_p": greq.min_p, "repeat_penalty": greq.repetition_penalty,
+                "repeat_last_n": greq.repeat_last_n,
                 "presence_penalty": greq.presence_penalty,
                 "frequency_penalty": greq.frequency_penalty, "stop": greq.stop,
                 "ignore_eos": greq.ignore_eos, "n_indent": greq.min_indent,

@@ -42,6 +42,7 @@ class Options(msgspec.Struct, kw_only=True):
     seed: float | None = None
     stop: str | list[str] | None = None
     repeat_penalty: float | None = None
+    repeat_last_n: float | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
 
@@ -194,6 +195,7 @@ _PARAMS = {"max_tokens": "options.num_predict", "temperature": "options.temperat
            "top_p": "options.top_p", "top_k": "options.top_k", "min_p": "options.min_p",
            "seed": "options.seed", "stop": "options.stop",
            "repetition_penalty": "options.repeat_penalty",
+           "repeat_last_n": "options.repeat_last_n",
            "presence_penalty": "options.presence_penalty",
            "frequency_penalty": "options.frequency_penalty", "response_format": "format",
            "reasoning_effort": "think", "top_logprobs": "top_logprobs"}
@@ -237,6 +239,7 @@ def _clamped(value: float | None, low: float, high: float) -> float | None:
 _HELD = {"temperature": (0.0, 2.0), "presence_penalty": (-2.0, 2.0),
          "frequency_penalty": (-2.0, 2.0), "repetition_penalty": (0.0, 10.0)}
 MAX_STOPS = 8  # OpenAI's
+REPEAT_LAST_N = 64  # the tokens Ollama's penalties read unless told
 
 
 def _held(out: dict[str, Any]) -> dict[str, Any]:
@@ -256,9 +259,11 @@ def _sampling(req: _Common) -> dict[str, Any]:
     """The OpenAI fields of `req`'s options, thinking switch, format and logprobs; values
     past OpenAI's ranges as Ollama (llama.cpp's samplers) reads them: a temperature below 0
     is greedy, top_p at most 0 keeps the likeliest token and above 1 is off, min_p within
-    0..1, a repeat_penalty of 0 or less is off."""
+    0..1, a repeat_penalty of 0 or less is off; the penalties read the last repeat_last_n
+    tokens (64 unless set; 0: none, -1: the whole context)."""
     o = req.options or Options()
     top_k, num_predict = _whole(o.top_k), _whole(o.num_predict)
+    last_n = _whole(o.repeat_last_n)
     repeat = o.repeat_penalty
     out: dict[str, Any] = {
         "temperature": None if o.temperature is None else max(o.temperature, 0.0),
@@ -267,6 +272,7 @@ def _sampling(req: _Common) -> dict[str, Any]:
         "stop": [o.stop] if isinstance(o.stop, str) else o.stop,
         "repetition_penalty": None if repeat is None else repeat if repeat > 0 else 1.0,
         "presence_penalty": o.presence_penalty, "frequency_penalty": o.frequency_penalty,
+        "repeat_last_n": None if last_n is None else max(last_n, -1),
         # -1 (no limit) and -2 (until the context is full) both run to the context's end
         "max_tokens": None if num_predict is None or num_predict < 0 else num_predict}
     if isinstance(req.think, bool):
@@ -300,9 +306,8 @@ def _context_limit(req: _Common) -> dict[str, Any]:
 
 # Ollama's defaults where neither the request (its options, a variant's parameters) nor the
 # model's generation_config sets one (its docs' Modelfile parameters; Open WebUI sends no
-# options): not its repeat_penalty 1.1, which it applies to the last 64 tokens and the
-# sampler here to the whole sequence
-DEFAULT_SAMPLING = {"temperature": 0.8, "top_k": 40, "top_p": 0.9}
+# options); its penalties' window (`repeat_last_n`) is the API's, whatever the model
+DEFAULT_SAMPLING = {"temperature": 0.8, "top_k": 40, "top_p": 0.9, "repetition_penalty": 1.1}
 
 
 def _openai(raw: dict, schema: type[ChatRequest | CompletionRequest],
@@ -311,6 +316,8 @@ def _openai(raw: dict, schema: type[ChatRequest | CompletionRequest],
     """`names`: this request's own OpenAI -> Ollama field names, beside _PARAMS."""
     if variant is not None:  # a library variant's defaults (/api/create)
         raw = with_defaults(raw, *variant)
+    if raw.get("repeat_last_n") is None:
+        raw = {**raw, "repeat_last_n": REPEAT_LAST_N}
     try:
         greq = openai_generate_request(convert_request(raw, schema), raw, **extra)
     except ApiError as err:  # named as the Ollama request has it, in the text too

@@ -145,7 +145,8 @@ def generate_request(req: OpenAIRequest, raw: dict, *, prompt: str | list[int] |
         top_k=None if req.top_k in (None, -1) else req.top_k, min_p=req.min_p,
         repetition_penalty=req.repetition_penalty,
         presence_penalty=req.presence_penalty or 0.0,
-        frequency_penalty=req.frequency_penalty or 0.0, seed=req.seed,
+        frequency_penalty=req.frequency_penalty or 0.0, repeat_last_n=req.repeat_last_n,
+        seed=req.seed,
         logit_bias=_logit_bias(req.logit_bias), ignore_eos=bool(req.ignore_eos), **extra)
     if isinstance(req, CompletionRequest):
         if prompt is None:
@@ -269,7 +270,8 @@ def _thinking(raw: dict) -> tuple[bool | None, dict]:
 VARIANT_FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
                   "min_p": "min_p", "seed": "seed", "stop": "stop",
                   "repeat_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
-                  "frequency_penalty": "frequency_penalty", "num_predict": "max_tokens"}
+                  "frequency_penalty": "frequency_penalty", "num_predict": "max_tokens",
+                  "repeat_last_n": "repeat_last_n"}
 
 
 def with_defaults(raw: dict, system: str | None, options: dict[str, Any]) -> dict:

@@ -66,6 +66,8 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     repetition_penalty: Annotated[float, Meta(gt=0.0, le=10.0)] | None = None
     presence_penalty: Annotated[float, Meta(ge=-2.0, le=2.0)] | None = None
     frequency_penalty: Annotated[float, Meta(ge=-2.0, le=2.0)] | None = None
+    # llama.cpp's: the penalties read the last n tokens (-1: the whole sequence, 0: off)
+    repeat_last_n: Annotated[int, Meta(ge=-1)] | None = None
     seed: int | None = None
     stop: str | Annotated[list[str], Meta(max_length=8)] | None = None
     # token id (as a string) -> bias added to its logit before sampling, as OpenAI's

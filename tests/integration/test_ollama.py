@@ -59,7 +59,9 @@ def test_list_show_ps_and_version(oc, client) -> None:
 
 def test_chat_is_the_same_pipeline_as_openais(oc) -> None:
     # the same greedy reply as /v1/chat/completions gives (tests/integration/test_smollm2.py)
-    r = oc.chat(model=SMOL, messages=CATS, options={"temperature": 0, "num_predict": 40})
+    # without Ollama's default repeat_penalty
+    r = oc.chat(model=SMOL, messages=CATS,
+                options={"temperature": 0, "num_predict": 40, "repeat_penalty": 1})
     assert r.message.content == ("A cat is a majestic creature with a fluffy coat, a playful "
                                  "personality, and a loyal companion.")
     assert r.done and r.done_reason == "stop" and r.model == SMOL
@@ -111,7 +113,7 @@ def test_format_schema_is_the_grammar_constraint(oc) -> None:
 
 # sampling from the whole distribution (Ollama's API defaults to temperature 0.8, top_k 40,
 # top_p 0.9 where the model sets none)
-WHOLE = {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
+WHOLE = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "repeat_penalty": 1.0}
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -94,6 +94,38 @@ def test_repetition_penalty_counts_the_prompt() -> None:
     assert s.sample(np.array([2.0, 1.9, 0.0], np.float32)) == 1
 
 
+def test_a_windowed_penalty_reads_only_the_latest_tokens() -> None:
+    """llama.cpp's and Ollama's repeat_last_n: the penalties read the last n tokens of
+    prompt and output, a token leaving the window is free again; 0 turns them off."""
+    logits = np.array([2.0, 1.9, 1.0, -5.0], np.float32)
+    for name, value in (("repetition_penalty", 10.0), ("frequency_penalty", 5.0),
+                        ("presence_penalty", 5.0)):
+        s = Sampler(SamplingParams(temperature=0.0, repeat_last_n=2, **{name: value}), 4,
+                    prompt_ids=[0, 3])
+        assert s.sample(logits) == 1  # 0 is in the window (the prompt's)
+        s.accept(3)  # the window: 3, 3
+        assert s.sample(logits) == 0  # 0 has left it
+        s.accept(0)
+        s.accept(1)  # the window: 0, 1
+        assert s.sample(logits) == 2
+        off = Sampler(SamplingParams(temperature=0.0, repeat_last_n=0, **{name: value}), 4,
+                      prompt_ids=[0])
+        assert off.sample(logits) == 0
+    whole = Sampler(SamplingParams(temperature=0.0, repetition_penalty=10.0), 4,
+                    prompt_ids=[0, 3, 3, 3])
+    assert whole.sample(logits) == 1  # -1: the whole sequence
+
+
+def test_frequency_counts_only_the_window() -> None:
+    """A token written three times, the window holding two of them: penalized twice."""
+    logits = np.array([2.0, 0.0, 0.0], np.float32)
+    s = Sampler(SamplingParams(temperature=0.0, frequency_penalty=0.9, repeat_last_n=3), 3)
+    for token in (0, 0, 0, 2):
+        s.accept(token)
+    x, _ = s._prepare(logits, None)
+    assert x.tolist() == pytest.approx([2.0 - 2 * 0.9, 0.0, -0.9])
+
+
 def test_logprobs() -> None:
     lp, top = logprobs(np.log(np.array([0.5, 0.25, 0.25], np.float32)), 1, top=2)
     assert lp == pytest.approx(np.log(0.25), abs=1e-6)
@@ -164,7 +196,9 @@ OPTIONS = [dict(temperature=0.7, top_p=0.9), dict(temperature=0.7, top_p=0.9),
            dict(temperature=1.0), dict(temperature=1.3, top_p=0.5), dict(temperature=0.0),
            dict(temperature=0.7, top_p=0.9, repetition_penalty=1.3), dict(top_k=5),
            dict(temperature=2.0, top_p=0.999), dict(temperature=0.7, top_p=0.9, min_p=0.1),
-           dict(top_k=5, presence_penalty=0.5, frequency_penalty=0.3)]
+           dict(top_k=5, presence_penalty=0.5, frequency_penalty=0.3),
+           dict(temperature=0.7, repetition_penalty=1.3, frequency_penalty=0.3,
+                repeat_last_n=3)]
 # rows (of len(OPTIONS) * 3) sampled under a mask on odd steps: plain, top-k with a
 # penalised neighbour, min-p, and the row whose logits hold a NaN
 MASKED = {2, 6, 6 + len(OPTIONS), 8, 3, 3 + len(OPTIONS)}

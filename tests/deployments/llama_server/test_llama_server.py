@@ -59,8 +59,8 @@ def test_llama_servers_body_is_one_completion_with_its_layout() -> None:
     assert greq.infill == Infill(suffix="\n", middle="  ", repository=True,
                                  extra=[("a.py", "A = 1"), ("tmp", "B = 2")])
     assert (greq.max_tokens, greq.temperature, greq.top_k, greq.top_p, greq.seed,
-            greq.repetition_penalty, greq.stop, greq.min_indent) == \
-        (16, 0.1, 40, 0.99, None, 1.1, ["\n\n"], 4)
+            greq.repetition_penalty, greq.repeat_last_n, greq.stop, greq.min_indent) == \
+        (16, 0.1, 40, 0.99, None, 1.1, 64, ["\n\n"], 4)  # llama-server's window: 64
     body = r.json()
     assert body["content"] == "\n    return 1" and body["stop"] is True
     assert body["prompt"] == PROMPT and body["model"] == "m"
@@ -248,6 +248,7 @@ def test_completion_is_the_prompt_continued_in_llama_servers_shape() -> None:
     assert isinstance(greq, CompletionGenerate) and greq.infill is None
     assert (greq.prompt, greq.prompt_ids, greq.max_tokens, greq.seed, greq.stop) == \
         ("The knight said:", None, 12, None, ["\nUser:"])
+    assert (greq.repetition_penalty, greq.repeat_last_n) == (1.1, 64)
     body = r.json()
     assert (body["content"], body["stop"], body["stop_type"], body["stopping_word"]) == \
         ("\n    return 1", True, "word", "\nUser:")
@@ -255,6 +256,9 @@ def test_completion_is_the_prompt_continued_in_llama_servers_shape() -> None:
     r = client.post("/completions", json={"prompt": [1, 2, 3]})
     assert r.status_code == 200 and worker.requests[1].prompt_ids == [1, 2, 3]
     assert worker.requests[1].max_tokens is None
+    worker.plays.append(_middle())
+    r = client.post("/completion", json={"prompt": "a", "repeat_last_n": -1})
+    assert r.status_code == 200 and worker.requests[2].repeat_last_n == -1  # the whole context
 
 
 def test_each_of_llama_servers_prompt_forms_is_one_prompt() -> None:

@@ -94,17 +94,24 @@ def test_an_empty_tool_list_is_no_tools() -> None:
 
 def test_unset_options_take_ollamas_defaults_where_the_model_has_none() -> None:
     """Found probing live: /api/chat without options (Open WebUI's default) sampled SmolLM2
-    at temperature 1.0 over its whole vocabulary (60 tokens of rambling to "hi"); Ollama's
-    defaults are temperature 0.8, top_k 40, top_p 0.9. A model's own generation_config, a
-    variant's parameters and the request's options come first."""
+    at temperature 1.0 over its whole vocabulary (60 tokens of rambling to "hi"), and with
+    no num_predict ran on to the context's end on 2 seeds of 6; Ollama's defaults are
+    temperature 0.8, top_k 40, top_p 0.9, repeat_penalty 1.1 over the last 64 tokens. A
+    model's own generation_config, a variant's parameters and the request's options come
+    first."""
     from actors.session import sampling_base
     from npu import SamplingParams
 
+    ollamas = {"temperature": 0.8, "top_k": 40, "top_p": 0.9, "repetition_penalty": 1.1}
     for g in (_chat(), _generate(), _generate(raw=True), _chat(options={"temperature": 0})):
-        assert g.sampling_fallback == {"temperature": 0.8, "top_k": 40, "top_p": 0.9}
+        assert g.sampling_fallback == ollamas
+        assert g.repeat_last_n == 64  # the API's window, whatever the model
     assert _chat(options={"temperature": 0}).temperature == 0.0  # the request's own first
+    assert [_chat(options={"repeat_last_n": n}).repeat_last_n for n in (0, -1, -5, 8.0)] \
+        == [0, -1, -1, 8]  # 0: no penalty; -1 (any below): the whole context
     gguf = sampling_base(SamplingParams(), _chat().sampling_fallback)
-    assert (gguf.temperature, gguf.top_k, gguf.top_p, gguf.min_p) == (0.8, 40, 0.9, 0.0)
+    assert (gguf.temperature, gguf.top_k, gguf.top_p, gguf.min_p, gguf.repetition_penalty) \
+        == (0.8, 40, 0.9, 0.0, 1.1)
     qwen3 = SamplingParams(temperature=0.6, top_k=20, top_p=0.95)  # its generation_config
     assert sampling_base(qwen3, _chat().sampling_fallback) == qwen3
     assert sampling_base(SamplingParams(), None) == SamplingParams()  # the other APIs

@@ -237,10 +237,11 @@ def test_a_variants_defaults_fill_only_what_the_request_leaves_out() -> None:
     raw = {"model": "v", "messages": [{"role": "user", "content": "hi"}], "top_p": 0.5}
     out = with_defaults(raw, "Be brief.", {"temperature": 0.1, "top_p": 0.9,
                                            "num_predict": 7, "stop": "END",
-                                           "repeat_penalty": 1.1})
+                                           "repeat_penalty": 1.1, "repeat_last_n": 16})
     assert out["messages"][0] == {"role": "system", "content": "Be brief."}
     assert (out["temperature"], out["top_p"], out["max_tokens"]) == (0.1, 0.5, 7)
     assert out["stop"] == ["END"] and out["repetition_penalty"] == 1.1
+    assert out["repeat_last_n"] == 16
     own = with_defaults({"messages": [{"role": "system", "content": "mine"}],
                          "max_completion_tokens": 3}, "Be brief.", {"num_predict": 7})
     assert own["messages"] == [{"role": "system", "content": "mine"}]
