@@ -166,9 +166,11 @@ def variant_request(req: CreateIn) -> Variant:
     if options.num_ctx is not None and options.num_ctx < 1:
         raise ApiError(400, f"'parameters.num_ctx' is {params['num_ctx']}; it must be at "
                             "least 1.", param="parameters.num_ctx")
-    for key in ("num_predict", "top_k", "num_ctx", "seed"):  # into integers, as Ollama does
-        if isinstance(params.get(key), float):
+    for key in ("num_predict", "top_k", "num_ctx", "seed", "repeat_last_n"):
+        if isinstance(params.get(key), float):  # into integers, as Ollama does
             params[key] = int(params[key])
+    if isinstance(params.get("repeat_last_n"), int):  # below -1: the whole context, as -1
+        params["repeat_last_n"] = max(-1, params["repeat_last_n"])
     # a variant's parameters are every API's requests' defaults: what one of them would
     # refuse is refused here, once, not at each request
     probe = with_defaults({"model": "m", "messages": [{"role": "user", "content": "x"}]},

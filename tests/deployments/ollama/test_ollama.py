@@ -449,9 +449,10 @@ def test_an_open_triple_quote_over_many_lines_is_refused_in_one_pass() -> None:
 
 
 def test_create_reads_numbers_into_integer_parameters() -> None:
-    body = {"model": "v", "from": "m", "parameters": {"top_k": 40.0, "num_predict": 5.0}}
+    body = {"model": "v", "from": "m", "parameters": {"top_k": 40.0, "num_predict": 5.0,
+                                                      "repeat_last_n": -3.0}}
     v = request.variant_request(request.decode(json.dumps(body).encode(), request.CreateIn))
-    assert v.parameters == {"top_k": 40, "num_predict": 5}
+    assert v.parameters == {"top_k": 40, "num_predict": 5, "repeat_last_n": -1}
     assert all(isinstance(x, int) for x in v.parameters.values())
 
 
