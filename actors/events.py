@@ -60,6 +60,9 @@ class ChatGenerate(_Generate, tag="chat"):
             model goes on writing it, and the reply holds what it adds.
         require_thinking: a model whose format has no reasoning refuses the request (400;
             Ollama's `think: true`), rather than answering without thinking.
+        require_tools: a model that cannot call the request's tools (its template shows
+            none, or its format's calls are not read here) refuses the request (400;
+            Ollama's), rather than answering as if none were given.
         drop_history: a conversation past the context drops its oldest messages (system
             messages and the last message kept) until it fits, as Ollama's /api/chat does,
             rather than being refused.
@@ -74,6 +77,7 @@ class ChatGenerate(_Generate, tag="chat"):
     template: str | None = None
     continue_final: bool = False
     require_thinking: bool = False
+    require_tools: bool = False
     drop_history: bool = False
 
 

@@ -509,6 +509,9 @@ def build_session(request: GenerateRequest, model: Model, spec: FormatSpec,
                            param="require_thinking")
     if chat:
         text, thinking, tools_enabled = _render(request, model)
+        if request.require_tools and request.tools and (
+                not tools_enabled or spec.kind is FormatKind.CONTENT_ONLY):
+            raise RequestError(f'"{model.name}" does not support tools', param="require_tools")
     else:
         text, thinking, tools_enabled = request.prompt, True, True
     if request.logit_bias:

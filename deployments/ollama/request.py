@@ -363,7 +363,8 @@ def chat_request(req: ChatIn, variant: tuple | None = None) -> GenerateRequest:
     if req.tools:
         raw["tools"] = req.tools
     greq = _thinks(req, _openai(raw, ChatRequest, _context_limit(req), variant))
-    greq = msgspec.structs.replace(greq, drop_history=True, **held)
+    greq = msgspec.structs.replace(greq, drop_history=True, require_tools=bool(req.tools),
+                                   **held)
     if greq.constraint.response_format != "text":  # a document from its start: as before
         return greq
     messages, prefilled = continuation(greq.messages)  # a last assistant message goes on

@@ -240,6 +240,31 @@ def test_a_request_that_must_think_is_refused_by_a_model_that_cannot(model, spec
     _session(model, plain, ChatGenerate(request_id="z", messages=MSG, thinking=True))
 
 
+def test_a_request_that_must_call_tools_is_refused_by_a_model_that_cannot(
+        model, spec, monkeypatch) -> None:
+    """Ollama refuses tools on a model without the capability; a GGUF whose template shows
+    no tools (SmolLM2's own) answered as if none were sent (found probing live)."""
+    from chat import FormatKind, spec_for_kind
+    from npu import ChatTemplate
+
+    body = {"tools": [TOOL]}
+    req = ChatGenerate(request_id="t", messages=MSG, tools=[TOOL], require_tools=True,
+                       constraint=constraint_request_from_openai(body))
+    _session(model, spec, req)  # flm-tiny's template shows tools, its format reads calls
+    for plain in (spec_for_kind(FormatKind.CONTENT_ONLY), spec):
+        with monkeypatch.context() as patch:
+            if plain is spec:  # a template that leaves the tools out
+                patch.setattr(model, "template", ChatTemplate(
+                    "{% for m in messages %}{{ m.content }}{% endfor %}"))
+            with pytest.raises(RequestError) as err:
+                _session(model, plain, req)
+        assert err.value.status == 400 and err.value.message == \
+            f'"{model.name}" does not support tools'
+    # the OpenAI API's auto: the tools are dropped and the model answers
+    _session(model, spec_for_kind(FormatKind.CONTENT_ONLY),
+             msgspec.structs.replace(req, require_tools=False))
+
+
 def test_a_later_system_message_is_rendered_where_it_stands(model) -> None:
     """flm-tiny's template keeps a system message past the first as a system turn."""
     text = model.render([{"role": "user", "content": "Hi"},

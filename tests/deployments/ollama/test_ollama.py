@@ -180,6 +180,12 @@ def test_think_asks_the_model_to_be_able_to(think, required: bool) -> None:
     assert _chat(think=think).require_thinking is required
 
 
+def test_tools_ask_the_model_to_be_able_to_call_them() -> None:
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    assert _chat(tools=[tool]).require_tools and not _chat().require_tools
+    assert not _chat(tools=[]).require_tools
+
+
 def test_a_last_assistant_message_is_continued() -> None:
     hi = [{"role": "user", "content": "hi"}]
     begun = _chat(messages=hi + [{"role": "assistant", "content": "Well,"}])
