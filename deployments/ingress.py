@@ -374,11 +374,13 @@ class Ingress(LibraryFront):
             ApiError: the worker rejected the request (its status; the field it names in
                 the API's words), or answered out of order (503).
         """
-        trace.model = call.model
-        library = call.model not in self.streams
+        configured = self.resolve(call.model)  # a configured model's name in any case
+        model = configured if configured in self.streams else call.model
+        trace.model = model
+        library = model not in self.streams
         args = (call.keep_loaded_s,) if library else ()
-        greq = self.with_variant_template(call.model, call.request) if library else call.request
-        gen, head = await self._start(self.stream(call.model), greq, *args)
+        greq = self.with_variant_template(model, call.request) if library else call.request
+        gen, head = await self._start(self.stream(model), greq, *args)
         gen = _Traced(gen, trace)
         trace.saw(head)
         first = head[0] if head else None

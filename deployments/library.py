@@ -59,14 +59,17 @@ class LibraryFront:
 
     def resolve(self, name: str) -> str | None:
         """The served model `name` means: a configured model by its exact name, else the
-        library's model of that name (`model_key`: any case, `:latest` or not); None."""
+        library's model of that name (`model_key`: any case, `:latest` or not), else the one
+        configured model of that name in any case, `:latest` or not (Ollama's names are
+        read so); None."""
         if name in self.streams:
             return name
+        key = model_key(name)
         if self.library is not None:
-            key = model_key(name)
             if key not in self.streams and self.library.get(key) is not None:
                 return key
-        return None
+        alike = [s for s in self.streams if model_key(s) == key]
+        return alike[0] if len(alike) == 1 else None
 
     def stream(self, name: str) -> Any:
         """The streaming handle for a served model (a library model's carries its id for
@@ -75,9 +78,11 @@ class LibraryFront:
         if handle is not None:
             return handle
         key = self.resolve(name)
-        if key is None or key in self.streams:
+        if key is None:
             raise ApiError(404, f"The model '{name}' does not exist; see /v1/models.",
                            param="model", code="model_not_found")
+        if key in self.streams:
+            return self.streams[key]
         target = self._library_target(key)
         if target not in self._library_streams:
             self._library_streams[target] = self.library_handle.options(

@@ -181,6 +181,20 @@ def test_ollamas_think_refusal_reads_as_ollamas() -> None:
     assert r.status_code == 400 and r.json() == {"error": '"m" does not support thinking'}
 
 
+def test_a_configured_models_name_is_read_in_any_case_and_with_latest() -> None:
+    """Ollama reads model names in any case, `:latest` or not (a library model's were
+    read so; a configured model's were a 404: found probing live); one name each way."""
+    worker = FakeWorker(*[FakeStream(_reply()) for _ in range(3)])
+    client, ingress = _client(worker)
+    assert ingress.resolve("M") == ingress.resolve("m:LATEST") == "m"
+    assert client.post("/v1/chat/completions", json={**CHAT, "model": "M"}).status_code == 200
+    r = client.post("/api/chat", json={**CHAT, "model": "M:latest", "stream": False})
+    assert r.status_code == 200, r.text
+    assert len(worker.requests) == 2
+    r = client.post("/api/chat", json={**CHAT, "model": "n", "stream": False})
+    assert r.status_code == 404
+
+
 @pytest.mark.parametrize("path", ["/api/chat", "/api/generate", "/api/show"])
 def test_ollamas_empty_model_name_is_ollamas_400(path: str) -> None:
     worker = FakeWorker()
