@@ -42,12 +42,17 @@ class Alias(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
             requests that do not set them.
         template: the Jinja chat template its chats render with (Ollama's TEMPLATE, made
             Jinja by actors.go_template when it was a Go template); None: the model's.
+        license: its license text (Ollama's LICENSE; None: none given).
+        created: when it was made (seconds since the epoch; None: an alias file written
+            before this was kept, dated as its model).
     """
 
     model: str
     system: str | None = None
     parameters: dict[str, Any] = msgspec.field(default_factory=dict)
     template: str | None = None
+    license: str | None = None
+    created: float | None = None
 
 
 def _alias(value: Any) -> Alias:

@@ -22,6 +22,7 @@ import json
 import logging
 import re
 import struct
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,7 @@ class LibraryModel(msgspec.Struct, frozen=True, kw_only=True):
         options: a variant's Modelfile parameters (defaults of its requests).
         template: a variant's own Jinja chat template (/api/create; None: the file's,
             `chat_template`, which then shows this one).
+        license: a variant's license text (/api/create's; "" none).
     """
 
     name: str
@@ -109,6 +111,7 @@ class LibraryModel(msgspec.Struct, frozen=True, kw_only=True):
     system: str | None = None
     options: dict[str, Any] = msgspec.field(default_factory=dict)
     template: str | None = None
+    license: str = ""
 
     def capabilities(self) -> list[str]:
         """What the model serves, as Ollama lists it, from its header: its capability, then
@@ -135,6 +138,8 @@ class LibraryModel(msgspec.Struct, frozen=True, kw_only=True):
                 "context_length": self.context_length, "file_format": self.format,
                 "weight_bytes": self.size, "digest": self.digest, "library": True,
                 "capabilities": self.capabilities(),
+                **({"alias_of": self.alias_of} if self.alias_of else {}),
+                **({"license": self.license} if self.license else {}),
                 **({"error": self.error} if self.error else {})}
 
 
@@ -427,14 +432,16 @@ class Library:
                 base = out[a.model]
                 out[alias] = msgspec.structs.replace(
                     base, name=alias, alias_of=a.model, system=a.system,
-                    options=dict(a.parameters), template=a.template,
+                    options=dict(a.parameters), template=a.template, license=a.license or "",
+                    modified=a.created if a.created is not None else base.modified,
                     chat_template=a.template if a.template is not None else base.chat_template,
                     # a variant's own template serves conversations with tools too
                     tool_template="" if a.template is not None else base.tool_template)
         return out
 
     def copy(self, source: str, destination: str, *, system: str | None = None,
-             parameters: dict[str, Any] | None = None, template: str | None = None) -> str:
+             parameters: dict[str, Any] | None = None, template: str | None = None,
+             license: str | None = None) -> str:
         """Make `destination` an alias of the model `source` means (Ollama's /api/copy; a
         variant's defaults come along), or, with `system`, `parameters` or `template`, a
         variant with those defaults over the source's (/api/create); returns the alias's
@@ -461,7 +468,9 @@ class Library:
             model=target.alias_of or target.name,
             system=system if system is not None else target.system,
             parameters={**target.options, **(parameters or {})},
-            template=variant_template(template) if template else target.template))
+            template=variant_template(template) if template else target.template,
+            license=license if license is not None else (target.license or None),
+            created=time.time()))
         return name
 
     def delete(self, name: str, *, allow_files: bool) -> LibraryModel:

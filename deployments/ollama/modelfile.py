@@ -3,8 +3,8 @@
 
 Read as Ollama's parser reads them: an instruction per line (any case), `#` comments, a
 value on one line or between triple quotes over several, a quoted value unquoted; a
-PARAMETER repeated (`stop`) is a list. ADAPTER and MESSAGE are refused by name; LICENSE
-and REQUIRES are ignored. No I/O.
+PARAMETER repeated (`stop`) is a list, LICENSE repeated a list of licenses. ADAPTER and
+MESSAGE are refused by name; REQUIRES is ignored. No I/O.
 """
 
 from __future__ import annotations
@@ -67,7 +67,9 @@ def parse_modelfile(text: str) -> dict[str, Any]:
             raise ApiError(400, f"modelfile: {word} is not supported here (a variant has a "
                                 "system prompt, a template and parameters).",
                            param="modelfile")
-        elif word not in ("LICENSE", "REQUIRES"):
+        elif word == "LICENSE":
+            out.setdefault("license", []).append(value)
+        elif word != "REQUIRES":
             raise ApiError(400, f"modelfile line {i}: unknown instruction {m[1]!r} (FROM, "
                                 "SYSTEM, TEMPLATE, PARAMETER).", param="modelfile")
     if params:

@@ -124,7 +124,7 @@ class CreateIn(msgspec.Struct, kw_only=True):
     files: dict[str, Any] | None = None
     adapters: dict[str, Any] | None = None
     quantize: str | None = None
-    license: Any = None
+    license: str | list[str] | None = None
     messages: list[Any] | None = None
     stream: bool | None = None
 
@@ -136,6 +136,7 @@ class Variant(msgspec.Struct, frozen=True, kw_only=True):
     system: str | None = None
     template: str | None = None
     parameters: dict[str, Any] = msgspec.field(default_factory=dict)
+    license: str | None = None
 
 
 def variant_request(req: CreateIn) -> Variant:
@@ -179,10 +180,13 @@ def variant_request(req: CreateIn) -> Variant:
         convert_request(probe, ChatRequest)
     except ApiError as err:
         raise ApiError(400, f"parameters: {err.message}", param="parameters") from None
+    licenses = req.license if req.license is not None else mf.get("license")
     return Variant(source=source,
                    system=req.system if req.system is not None else mf.get("system"),
                    template=req.template if req.template is not None else mf.get("template"),
-                   parameters=params)
+                   parameters=params,
+                   license=("\n\n".join(licenses) if isinstance(licenses, list) else licenses)
+                   or None)
 
 
 class PullIn(msgspec.Struct, kw_only=True):

@@ -143,7 +143,7 @@ async def create(request: Request, ingress: Current) -> Response:
         v = variant_request(req)
         ingress.edit_library(lambda lib: lib.copy(v.source, name, system=v.system,
                                                   parameters=v.parameters,
-                                                  template=v.template),
+                                                  template=v.template, license=v.license),
                              {"model": name, "from": v.source})
         if req.stream is False:
             return JSONResponse({"status": "success"})

@@ -172,6 +172,40 @@ def test_show_gives_a_variants_system_prompt_and_parameters_as_modelfile_lines(
     assert "system" not in plain and plain["parameters"] == ""
 
 
+def test_show_gives_the_modelfile_that_makes_a_variant_again(tmp_path) -> None:
+    """`ollama show --modelfile` printed nothing (found probing live): the Modelfile reads
+    back (parse_modelfile, /api/create) as the variant; its license is kept and shown, its
+    parent named, and it is dated when it was made, not as its file."""
+    import time
+
+    from actors.library import Library
+    from deployments.ollama import request
+    from deployments.ollama.modelfile import parse_modelfile
+    from deployments.ollama.reply import show, tag
+    from tests.actors.test_library import write_gguf
+
+    write_gguf(tmp_path / "base.gguf", "qwen3")
+    made = time.time()
+    Library(tmp_path).copy("base", "terse", system="Be terse.\nAlways.", license="MIT",
+                           parameters={"temperature": 0.2, "stop": ["<a>", "b"]})
+    front = LibraryFront(_Handle([]), {"models_dir": str(tmp_path)})
+    front.streams = {}
+    info = front.library_info("terse", verbose=True)
+    shown = show(info)
+    assert shown["license"] == "MIT" and shown["details"]["parent_model"] == "base"
+    assert tag("terse", info)["details"]["parent_model"] == "base"
+    assert info["created"] >= int(made) > front.library_info("base")["created"] - 1e9
+    mf = parse_modelfile(shown["modelfile"])
+    assert mf["from"] == "base" and mf["system"] == "Be terse.\nAlways."
+    assert mf["parameters"] == {"temperature": 0.2, "stop": ["<a>", "b"]}
+    assert mf["license"] == ["MIT"] and mf["template"] == info["template"]
+    again = request.variant_request(request.CreateIn(model="again", modelfile=shown["modelfile"]))
+    assert (again.source, again.system, again.license) == ("base", "Be terse.\nAlways.", "MIT")
+    base = show(front.library_info("base", verbose=True))
+    assert base["modelfile"].splitlines()[4] == f"FROM {tmp_path / 'base.gguf'}"
+    assert base["license"] == "" and base["details"]["parent_model"] == ""
+
+
 def test_show_lists_a_library_models_capability_from_its_header(tmp_path) -> None:
     """Ollama's /api/show of a model not loaded yet: an embedding or rerank file is not a
     chat model with tools (its header's chat template mentions them)."""
