@@ -3,6 +3,7 @@ Anthropic's or llama-server's on their routes)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from starlette.responses import JSONResponse
@@ -88,17 +89,25 @@ _ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
 OVERLOADED = 529
 
 
+# the worker's words for a prompt over the context: the limit, then the prompt's tokens
+_OVER_CONTEXT = re.compile(r"(\d+) tokens; the prompt has (\d+)")
+
+
 def anthropic_error_body(err: ApiError) -> dict[str, Any]:
-    """`{"type": "error", "error": {"type", "message"}}`; the message names the field (a
-    prompt over the context says "prompt is too long", as clients that compact look for)."""
+    """`{"type": "error", "error": {"type", "message"}}`; the message names the field. A
+    prompt over the context is Anthropic's "prompt is too long: 9031 tokens > 8192
+    maximum", whose numbers Claude Code reads to compact by the gap in one retry."""
     status = OVERLOADED if err.status == 503 else err.status
     kind = _ANTHROPIC_TYPES.get(status, "invalid_request_error" if status < 500
                                 else "api_error")
     message = err.message
-    if err.param and err.param not in message:
-        message = f"{err.param}: {message}"
-    if err.code == "context_length_exceeded":
+    over = _OVER_CONTEXT.search(message) if err.code == "context_length_exceeded" else None
+    if over is not None:
+        message = f"prompt is too long: {over[2]} tokens > {over[1]} maximum"
+    elif err.code == "context_length_exceeded":
         message = f"prompt is too long: {message}"
+    elif err.param and err.param not in message:
+        message = f"{err.param}: {message}"
     return {"type": "error", "error": {"type": kind, "message": message}}
 
 

@@ -6,6 +6,7 @@ in usage, the API key and errors."""
 from __future__ import annotations
 
 import json
+import re
 
 import jsonschema
 import pytest
@@ -222,4 +223,5 @@ def test_errors_from_bad_input_are_anthropic_shaped(ac, client) -> None:
     r = client.post("/v1/messages", json={"model": "flm-tiny", "max_tokens": 2,
                                           "messages": long, "stream": True})
     assert r.status_code == 400, r.text
-    assert r.json()["error"]["message"].startswith("prompt is too long")
+    assert re.fullmatch(r"prompt is too long: \d+ tokens > \d+ maximum",
+                        r.json()["error"]["message"])

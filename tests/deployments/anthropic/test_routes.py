@@ -8,6 +8,7 @@ answer."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -95,7 +96,10 @@ def test_refusals_and_back_pressure_are_anthropic_errors() -> None:
                                    FakeStream([], {0: BackPressureError()})))
     r = client.post("/v1/messages", json={**BODY, "stream": True})
     assert r.status_code == 400  # before any byte of a stream
-    assert r.json()["error"]["message"].startswith("prompt is too long: ")
+    # Anthropic's words, whose numbers Claude Code reads (its compaction's pattern)
+    message = r.json()["error"]["message"]
+    assert message == "prompt is too long: 36 tokens > 8 maximum"
+    assert re.search(r"prompt is too long[^0-9]*(\d+)\s*tokens?\s*>\s*(\d+)", message, re.I)
     r = client.post("/v1/messages", json=BODY)
     assert r.status_code == 529 and r.headers["retry-after"] == "1"
     assert r.json()["error"]["type"] == "overloaded_error"
