@@ -36,7 +36,7 @@ class ReasoningIn(msgspec.Struct, kw_only=True):
 
 class ResponsesIn(msgspec.Struct, kw_only=True):
     model: str
-    input: str | list[dict] = ""
+    input: str | list[dict] | None = None  # required (a 400 without it)
     instructions: str | None = None
     tools: list[dict] | None = None
     tool_choice: Any = None
@@ -66,7 +66,12 @@ def decode(body: bytes) -> ResponsesIn:
 
 
 # -- the request ------------------------------------------------------------------------------
-def _text(content: Any, where: str, sep: str = "") -> str:
+# what joins a message's text parts, as the chat API's (npu.load.template.PARTS_JOIN): two
+# parts run together ran their words together ("Sunny" and "22C": "Sunny22C")
+PARTS_JOIN = "\n"
+
+
+def _text(content: Any, where: str, sep: str = PARTS_JOIN) -> str:
     """A message's text: a string, or text parts (input_text / output_text / text, and a
     reasoning item's reasoning_text / summary_text) joined by `sep`."""
     if isinstance(content, str):
@@ -118,8 +123,8 @@ def input_messages(items: str | list[dict], history: list[dict]) -> list[dict]:
                 msg["reasoning_content"], reasoning = reasoning, ""
             messages.append(msg)
         elif kind == "reasoning":
-            if item.get("content"):
-                reasoning += _text(item["content"], f"{where}.content")
+            if item.get("content"):  # one text cut into parts
+                reasoning += _text(item["content"], f"{where}.content", sep="")
             else:  # OpenAI's summary: paragraphs
                 reasoning += _text(item.get("summary") or [], f"{where}.summary", sep="\n\n")
         elif kind == "function_call":
@@ -193,6 +198,10 @@ def _response_format(fmt: dict | None) -> dict | None:
         return None
     kind = fmt.get("type")
     if kind == "json_schema":
+        if not isinstance(fmt.get("schema"), dict):  # required here (chat's may leave it out)
+            raise ApiError(400, "'text.format.schema' is required with type 'json_schema': "
+                                "the JSON schema the output follows (an object).",
+                           param="text.format.schema")
         schema = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
         return {"type": "json_schema", "json_schema": schema}
     return {"type": kind}
@@ -234,6 +243,11 @@ def chat_request(req: ResponsesIn, history: list[dict]) -> tuple[GenerateRequest
     if req.prompt is not None:
         raise ApiError(400, "'prompt' (a stored prompt template) is not supported here: send "
                             "its text as 'instructions' and 'input'.", param="prompt")
+    if req.input is None:
+        raise ApiError(400, "'input' is required: the conversation's next items (a string, "
+                            "or a list of messages and tool outputs).", param="input")
+    if req.input == "" or req.input == []:
+        raise ApiError(400, "'input' is empty.", param="input")
     conversation = input_messages(req.input, history)
     if not conversation:
         raise ApiError(400, "'input' is empty.", param="input")

@@ -40,8 +40,8 @@ def test_a_string_input_with_instructions() -> None:
 def test_items_become_the_conversation() -> None:
     items = [{"role": "developer", "content": "rules"},
              {"type": "message", "role": "user",
-              "content": [{"type": "input_text", "text": "Lights"}, {"type": "input_text",
-                                                                     "text": "?"}]},
+              "content": [{"type": "input_text", "text": "Lights on?"},
+                          {"type": "input_text", "text": "Thanks."}]},
              {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "call"}]},
              {"type": "message", "role": "assistant",
               "content": [{"type": "output_text", "text": "Sure."}]},
@@ -51,17 +51,19 @@ def test_items_become_the_conversation() -> None:
               "arguments": '{"on": false}'},
              {"type": "function_call_output", "call_id": "c1", "output": "on"},
              {"type": "function_call_output", "call_id": "c2",
-              "output": [{"type": "input_text", "text": "off"}]}]
+              "output": [{"type": "input_text", "text": "off"},
+                         {"type": "input_text", "text": "22C"}]}]
     greq, _ = _request(input=items, tools=[LIGHT],
                        tool_choice={"type": "function", "name": "light"})
     m = greq.messages
     assert m[0] == {"role": "system", "content": "rules"}
-    assert m[1] == {"role": "user", "content": "Lights?"}
+    # parts joined by a newline, as the chat API's (they ran together: "Sunny22C")
+    assert m[1] == {"role": "user", "content": "Lights on?\nThanks."}
     assert m[2]["role"] == "assistant" and m[2]["content"] == "Sure."
     assert m[2]["reasoning_content"] == "call"
     assert [c["id"] for c in m[2]["tool_calls"]] == ["c1", "c2"]  # one turn, two calls
     assert m[3] == {"role": "tool", "tool_call_id": "c1", "name": "light", "content": "on"}
-    assert m[4]["content"] == "off"
+    assert m[4]["content"] == "off\n22C"
     assert greq.tools[0]["function"]["name"] == "light"
     c = greq.constraint
     assert c.tool_choice == "required" and c.named == "light"
@@ -135,6 +137,12 @@ def test_a_message_after_a_call_with_no_output_is_refused() -> None:
     # (found probing live: named response_format.json_schema.schema, chat's field)
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": 3}}},
      "text.format.schema"),
+    # found probing live: no schema was any JSON ('null'), no input ran from an empty
+    # conversation until the client gave up
+    ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),
+    ({"input": None}, "input"),
+    ({"input": ""}, "input"),
+    ({"input": []}, "input"),
     ({"reasoning": {"effort": "max"}}, "reasoning.effort"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"background": True}, "background"),
