@@ -93,12 +93,19 @@ async def _routing_error(request: Request, exc: HTTPException) -> Response:
     return ollama_error_response(err) if ollama_route else error_response(err)
 
 
+# the origins CORS allows whatever the config adds, Ollama's own defaults: pages served from
+# this machine (any port) and the schemes of desktop apps and editors' webviews
+LOCAL_ORIGINS = (r"https?://(localhost|127\.0\.0\.1|0\.0\.0\.0|\[::1\])(:\d+)?"
+                 r"|(app|file|tauri|vscode-webview|vscode-file)://.*")
+
+
 def make_app(cors_origins: list[str] | None = None) -> FastAPI:
-    """The FastAPI app of every route (handlers find their Ingress through `current`)."""
+    """The FastAPI app of every route (handlers find their Ingress through `current`);
+    CORS allows `cors_origins` and, as Ollama, LOCAL_ORIGINS."""
     app = FastAPI(title="flm-serve", docs_url=None, redoc_url=None)
-    if cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=cors_origins, allow_methods=["*"],
-                           allow_headers=["*"])
+    app.add_middleware(CORSMiddleware, allow_origins=cors_origins or [],
+                       allow_origin_regex=LOCAL_ORIGINS, allow_methods=["*"],
+                       allow_headers=["*"])
     app.add_middleware(AccessLog)  # outermost: a line per request, CORS answers included
     app.add_exception_handler(HTTPException, _routing_error)
     for router in ROUTERS:

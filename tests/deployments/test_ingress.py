@@ -550,3 +550,18 @@ def test_a_listing_does_not_wait_on_a_model_whose_workers_are_full(monkeypatch) 
     assert first["context_length"] == 2049
     assert client.get("/v1/models").json()["data"][0] == first
     assert answered == [False]
+
+
+@pytest.mark.parametrize("origin,allowed", [
+    ("http://localhost:3000", True), ("http://127.0.0.1", True), ("https://[::1]:8443", True),
+    ("vscode-webview://abc", True), ("tauri://localhost", True),
+    ("http://localhost.evil.test", False), ("https://example.test", False),
+    ("http://127.0.0.1.evil.test:80", False)])
+def test_cors_allows_this_machines_pages_as_ollama_does(origin: str, allowed: bool) -> None:
+    """Ollama's default origins (found probing live: a browser page on localhost:3000 got
+    no CORS answer unless the config listed its origin)."""
+    client, _ = _client(FakeWorker())
+    r = client.options("/api/chat", headers={"Origin": origin,
+                                              "Access-Control-Request-Method": "POST"})
+    assert (r.headers.get("access-control-allow-origin") == origin) is allowed
+    assert (r.status_code == 200) is allowed
