@@ -365,7 +365,7 @@ def _gguf_groups(folder: Path, tag_of: str | None) -> list[_Found]:
     out = []
     for stem, files in singles:
         name = f"{_clean(tag_of)}:{_clean(stem)}" if tag_of else _clean(stem)
-        out.append(_Found(name, "gguf", files[0], files))
+        out.append(_Found(model_key(name), "gguf", files[0], files))  # qwen3/latest.gguf: qwen3
     return out
 
 

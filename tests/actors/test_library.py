@@ -68,11 +68,13 @@ def test_gguf_files_split_files_tags_and_hf_directories_are_models(tmp_path: Pat
         write_gguf(tmp_path / f"big-model-0000{part}-of-00003.gguf", split=(part, 3))
     (tmp_path / "llama3").mkdir()
     write_gguf(tmp_path / "llama3" / "8B-Q8_0.gguf", file_type=7)
+    write_gguf(tmp_path / "llama3" / "latest.gguf")  # the tag `latest`: the name itself
     write_hf(tmp_path / "Tiny-HF", shards=2)
     (tmp_path / "notes.txt").write_text("not a model")
     (tmp_path / ".hidden.gguf").write_bytes(b"x")
     models = Library(tmp_path).models()
-    assert sorted(models) == ["big-model", "llama3:8b-q8_0", "qwen3-0.6b-q4_k_m", "tiny-hf"]
+    assert sorted(models) == ["big-model", "llama3", "llama3:8b-q8_0", "qwen3-0.6b-q4_k_m",
+                              "tiny-hf"]
     big = models["big-model"]
     assert big.path.endswith("big-model-00001-of-00003.gguf") and len(big.files) == 3
     assert big.parameters == 3 * 4 * 32 and not big.error  # every part's tensors
@@ -86,6 +88,7 @@ def test_gguf_files_split_files_tags_and_hf_directories_are_models(tmp_path: Pat
     assert (hf.parameters, hf.quantization) == (2 * 8 * 16, "BF16")
     lib = Library(tmp_path)
     assert lib.get("Qwen3-0.6B-Q4_K_M:latest") is not None and lib.get("nope") is None
+    assert lib.get("llama3:latest") == lib.get("llama3") == models["llama3"]
 
 
 def test_quantization_falls_back_to_the_matrices_type(tmp_path: Path) -> None:
