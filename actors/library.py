@@ -34,6 +34,7 @@ from actors.errors import RequestError
 from actors.go_template import GoTemplateError, is_go_template, jinja_from_go
 from chat import detect_format
 from npu.load.fim import vocabulary_fim
+from npu.load.gguf import ARCHITECTURES
 from npu.load.gguf_header import read_header
 from npu.load.gguf_tokenizer import TOKENIZER_MODELS
 
@@ -239,6 +240,9 @@ def _gguf_facts(files: list[Path]) -> dict[str, Any]:
             if len(t.shape) == 2:
                 by_type[t.tensor_type] += t.n_bytes
         quant = _type_name(by_type.most_common(1)[0][0]) if by_type else ""
+    if arch not in ARCHITECTURES:  # as the load would say: listed as unavailable, not ready
+        raise ValueError(f"its architecture {arch!r} is not supported (supported: "
+                         f"{', '.join(sorted(ARCHITECTURES))})")
     tokenizer = meta.get("tokenizer.ggml.model")
     if tokenizer is not None and tokenizer not in TOKENIZER_MODELS:  # as the load would say
         raise ValueError(f"its tokenizer model {tokenizer!r} is not supported (supported: "

@@ -279,3 +279,13 @@ def test_a_file_whose_tokenizer_cannot_load_is_listed_with_the_reason(tmp_path: 
     w.close()
     entry = Library(tmp_path).models()["bge-reranker-v2-m3"]
     assert "tokenizer model 'rwkv' is not supported" in entry.error
+
+
+def test_a_file_of_an_architecture_not_run_here_is_listed_with_the_reason(
+        tmp_path: Path) -> None:
+    """A Phi-3 GGUF was listed ready, with tools, and every request got a 422 (found
+    probing live): its header says why it cannot be served."""
+    write_gguf(tmp_path / "phi.gguf", "phi3")
+    entry = Library(tmp_path).models()["phi"]
+    assert "architecture 'phi3' is not supported" in entry.error
+    assert entry.info()["error"] == entry.error
