@@ -20,13 +20,12 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from deployments.launch import launcher
+from deployments.launch import folders, launcher
 
 NAMES = ("smollm2-135m", "flm-tiny")  # built-in models (no file to give)
 QUANTIZE = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "f16", "bf16")
@@ -218,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_config:
         print(text, end="")
         return 0
-    folder = tempfile.mkdtemp(prefix="flm-serve-cli-")  # 0700: the API key stays private
+    folder = folders.private_folder("cli-")  # 0700: the API key stays private
     try:
         path = Path(folder) / "serve.yaml"
         path.write_text(text)

@@ -29,7 +29,6 @@ import shutil
 import signal
 import socket
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -37,7 +36,7 @@ from pathlib import Path
 
 import yaml
 
-from deployments.launch import console_filter
+from deployments.launch import console_filter, folders
 from deployments.launch.console import StartWatch
 from deployments.launch.loopback import LOOPBACK_ENV
 from deployments.launch.processes import RUN_ID_VAR, RunProcesses
@@ -117,7 +116,8 @@ def port_in_use(host: str, port: int) -> bool:
 
 
 def _say_stopped(ended: list[int]) -> None:
-    extra = f" ({len(ended)} leftover process(es) ended)" if ended else ""
+    # (Ray leaves some of its own: ended by the sweep, as every stop does)
+    extra = f" ({len(ended)} of Ray's processes ended)" if ended else ""
     print(f"flm-serve: stopped{extra}", file=sys.stderr, flush=True)
 
 
@@ -256,7 +256,8 @@ def main(argv: list[str] | None = None, *, remove: tuple[str, ...] = (),
         print(f"flm-serve: {exc}", file=sys.stderr)
         return 1
     run_id = os.environ.get(RUN_ID_VAR) or uuid.uuid4().hex
-    private = tempfile.mkdtemp(prefix="flm-serve-")
+    folders.sweep()  # those of runs killed before their cleanup
+    private = folders.private_folder()
     os.environ.update(_environment(host, run_id, private))  # before Ray reads its settings
     verbose = verbose or console_filter.is_verbose(os.environ)  # configs/serve.env's too
     processes = RunProcesses(run_id)
