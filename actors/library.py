@@ -352,6 +352,17 @@ class _Found(msgspec.Struct, frozen=True):
     files: list[Path]
 
 
+def gguf_problem(path: Path) -> str | None:
+    """Why the GGUF file `path` (a split file's first part) cannot be served, as a models
+    folder lists it from its header (cut short, an architecture or tokenizer not run here);
+    None when its header reads as one that can."""
+    try:
+        _gguf_facts([path])
+    except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        return f"{path.name}: cannot be read ({exc})"
+    return None
+
+
 def _gguf_groups(folder: Path, tag_of: str | None) -> list[_Found]:
     """The GGUF models of one folder (split parts grouped); `tag_of`: the sub-folder's name
     when these are tags of it."""

@@ -110,8 +110,9 @@ def _model_name(path: str) -> str:
 
 
 def _check_path(path: str) -> str:
-    """`path` made absolute, once it names something servable (a GGUF file's first bytes
-    read, as llama-server refuses a file that is none at once; nothing else)."""
+    """`path` made absolute, once it names something servable (a GGUF file's header read,
+    as llama-server refuses a file it cannot load at once, before Ray starts: its
+    architecture and tokenizer run here; a directory one model, not a folder of them)."""
     if path in NAMES:
         return path
     p = Path(path).expanduser()
@@ -127,14 +128,31 @@ def _check_path(path: str) -> str:
         if magic != b"GGUF":
             raise UsageError(f"{path} is not a GGUF file (it does not begin with GGUF's "
                              f"magic bytes, but {magic!r})")
+        _check_gguf(p)
         return str(p.resolve())
     if p.is_dir():
-        if not (p / "config.json").exists() and not list(p.glob("*.gguf")):
+        ggufs = sorted(f for f in p.glob("*.gguf") if not f.name.startswith("."))
+        if not (p / "config.json").exists() and not ggufs:
             raise UsageError(f"{path} holds neither config.json (a Hugging Face model) nor "
                              "a .gguf file")
+        if not (p / "config.json").exists():
+            if len(ggufs) > 1:  # a models folder given as the model: say how to serve it
+                names = ", ".join(f.name for f in ggufs[:4]) + (", ..." if len(ggufs) > 4
+                                                                 else "")
+                raise UsageError(f"{path} holds several GGUF files ({names}): name one, or "
+                                 f"serve them all with --models-dir {path}")
+            _check_gguf(ggufs[0])
         return str(p.resolve())
     raise UsageError(f"no model at {path}: give a .gguf file, a model directory, or one of "
                      + ", ".join(NAMES))
+
+
+def _check_gguf(path: Path) -> None:
+    from actors.library import gguf_problem  # (its imports: only for a path to check)
+
+    problem = gguf_problem(path)
+    if problem is not None:
+        raise UsageError(f"{path.parent / problem}")
 
 
 def config_for(args: argparse.Namespace) -> dict[str, Any]:

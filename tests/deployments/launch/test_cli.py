@@ -22,8 +22,9 @@ def test_the_default_model_is_configs_flm_yaml() -> None:
 
 
 def test_options_reach_the_config(tmp_path, monkeypatch) -> None:
-    gguf = tmp_path / "My Model.Q4_0.gguf"
-    gguf.write_bytes(b"GGUF")
+    from tests.actors.test_library import write_gguf
+
+    gguf = write_gguf(tmp_path / "My Model.Q4_0.gguf")
     template = tmp_path / "t.jinja"
     template.write_text("{{ messages }}")
     cfg = _config(str(gguf), "--host", "0.0.0.0", "--port", "9000", "--replicas", "2",
@@ -126,3 +127,28 @@ def test_a_file_that_is_no_gguf_is_one_line_before_ray_starts(tmp_path, capsys) 
     assert cli.main(["serve", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "is not a GGUF file" in err and err.count("\n") == 1
+
+
+def test_a_gguf_file_that_cannot_be_served_is_one_line_before_ray_starts(
+        tmp_path, capsys) -> None:
+    """Found probing live: a cut file, a Phi-3 file and a folder of GGUF files were refused
+    only after Ray had started, 45-60 s later; now the header says, at once."""
+    from tests.actors.test_library import write_gguf
+
+    good = write_gguf(tmp_path / "good.gguf")
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(good.read_bytes()[:40])
+    (tmp_path / "phi").mkdir()
+    phi = write_gguf(tmp_path / "phi" / "phi.gguf", "phi3")
+    folder = tmp_path / "many"
+    folder.mkdir()
+    write_gguf(folder / "a.gguf")
+    write_gguf(folder / "b.gguf")
+    for argv, text in (([str(cut)], "cut.gguf: cannot be read"),
+                       ([str(phi)], "architecture 'phi3' is not supported"),
+                       ([str(phi.parent)], "architecture 'phi3' is not supported"),
+                       ([str(folder)], f"serve them all with --models-dir {folder}")):
+        assert cli.main(["serve", *argv, "--print-config"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("flm-serve: ") and text in err and err.count("\n") == 1, err
+    assert cli.main(["serve", str(good), "--print-config"]) == 0
