@@ -504,7 +504,8 @@ class Library:
             return entry
         if not allow_files:
             raise RequestError(f"'{name}' is the file {entry.path}; this server deletes "
-                               "files only when its config says allow_delete: true.",
+                               "files only when its config says allow_delete: true "
+                               "(flm-serve serve --allow-delete).",
                                status=403, param="model")
         if entry.format != "gguf":
             raise RequestError(f"'{name}' is the directory {entry.path}; delete it yourself.",

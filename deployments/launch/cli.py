@@ -64,6 +64,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="--models-dir: how long a model stays loaded after its last request "
                         "(a duration such as 5m or 1h, seconds, -1 for ever; default: "
                         "%(default)s; Ollama's keep_alive overrides it per request)")
+    s.add_argument("--allow-delete", action="store_true",
+                   help="--models-dir: Ollama's /api/delete may delete a model's GGUF files "
+                        "(without it, only aliases and variants)")
     s.add_argument("--name", help="the model id clients send as `model` (default: the "
                                   "built-in name, or the file or directory name)")
     s.add_argument("--host", default="127.0.0.1",
@@ -216,6 +219,7 @@ def _library_args(args: argparse.Namespace) -> dict[str, Any]:
     except ValueError as exc:
         raise UsageError(f"--keep-alive: {exc}") from None
     return {"models_dir": str(folder.resolve()), "keep_alive": args.keep_alive,
+            **({"allow_delete": True} if args.allow_delete else {}),
             "library": {"max_loaded_models": args.max_loaded_models,
                         "max_batch": args.max_batch, "replicas": args.replicas}}
 

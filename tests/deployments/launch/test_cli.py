@@ -90,6 +90,9 @@ def test_models_dir_and_its_options_reach_the_config(tmp_path) -> None:
     assert args["library"] == {"max_loaded_models": 3, "max_batch": 4, "replicas": 1}
     both = _config("flm-tiny", "--models-dir", str(tmp_path))["applications"][0]["args"]
     assert [m["name"] for m in both["models"]] == ["flm-tiny"] and both["models_dir"]
+    assert "allow_delete" not in args  # (found probing live: no flag for what 403 asks)
+    assert _config("--models-dir", str(tmp_path), "--allow-delete")["applications"][0][
+        "args"]["allow_delete"] is True
 
 
 @pytest.mark.parametrize("argv,text", [
