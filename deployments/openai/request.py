@@ -11,6 +11,7 @@ asked), message content parts and tool calls, and the options that go together.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 import uuid
@@ -138,6 +139,7 @@ def generate_request(req: OpenAIRequest, raw: dict, *, prompt: str | list[int] |
         ApiError: 400 for constraint options (tools, tool_choice, response_format, the
             thinking switch) that are malformed or do not go together.
     """
+    raw = _extension_format(raw)
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     common = dict(
         request_id=uuid.uuid4().hex, n=req.n or 1, stop=stop,
@@ -239,6 +241,54 @@ def _token_ids(ids: list[Any], param: str) -> list[int]:
         raise ApiError(400, f"'{param}' as token ids must hold non-negative integers only.",
                        param=param)
     return list(ids)
+
+
+# vLLM's and llama-server's own ways to ask for a JSON document: `response_format` here
+_AS_SCHEMA = ("guided_json", "json_schema", "structured_outputs.json")
+# theirs for other grammars (a regex, a choice, EBNF / GBNF), which the constraints here
+# do not take: refused by name rather than ignored
+_UNTAKEN = ("guided_regex", "guided_choice", "guided_grammar", "grammar",
+            "structured_outputs.regex", "structured_outputs.choice",
+            "structured_outputs.grammar", "structured_outputs.structural_tag")
+
+
+def _extension_format(raw: dict) -> dict:
+    """`raw` with vLLM's `guided_json` / `structured_outputs` and llama-server's
+    `json_schema` as the `response_format` they ask for.
+
+    Raises:
+        ApiError: 400 for a grammar these constraints do not take (a regex, a choice, EBNF),
+            or a second way to constrain the output beside `response_format`.
+    """
+    outputs = raw.get("structured_outputs")
+    fields = {**{k: v for k, v in raw.items() if v is not None},
+              **({f"structured_outputs.{k}": v for k, v in outputs.items() if v is not None}
+                 if isinstance(outputs, dict) else {})}
+    for name in _UNTAKEN:
+        if name in fields:
+            raise ApiError(400, f"'{name}' is not supported here: the output can be "
+                                "constrained to a JSON schema ('response_format').",
+                           param=name)
+    asked = [n for n in (*_AS_SCHEMA, "structured_outputs.json_object") if n in fields]
+    if not asked:
+        return raw
+    if len(asked) > 1 or raw.get("response_format") is not None:
+        first = asked[0]
+        other = asked[1] if len(asked) > 1 else "response_format"
+        raise ApiError(400, f"'{first}' and '{other}' both constrain the output; send one.",
+                       param=first)
+    name, value = asked[0], fields[asked[0]]
+    if name == "structured_outputs.json_object":
+        return {**raw, "response_format": {"type": "json_object"} if value else None}
+    if isinstance(value, str):  # vLLM takes a schema as JSON text too
+        try:
+            value = json.loads(value)
+        except ValueError:
+            value = None
+    if not isinstance(value, dict):
+        raise ApiError(400, f"'{name}' must be a JSON schema (an object).", param=name)
+    return {**raw, "response_format": {"type": "json_schema",
+                                       "json_schema": {"name": "schema", "schema": value}}}
 
 
 def _constraint(raw: dict) -> ConstraintRequest:

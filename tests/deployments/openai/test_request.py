@@ -304,3 +304,38 @@ def test_max_tokens_0_is_for_scoring_an_echoed_prompt() -> None:
     err = _error({"model": "m", "prompt": "Once", "max_tokens": -1, "echo": True},
                  "completion")
     assert err.status == 400 and err.param == "max_tokens"
+
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+
+def _typed(kind: str, fields: dict):
+    base = {"model": "m", **({"messages": [{"role": "user", "content": "hi"}]}
+                              if kind == "chat" else {"prompt": "hi"})}
+    return generate_request(*decode_request(json.dumps({**base, **fields}).encode(),
+                                            SCHEMAS[kind]))
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+@pytest.mark.parametrize("fields", [
+    {"guided_json": SCHEMA}, {"guided_json": json.dumps(SCHEMA)}, {"json_schema": SCHEMA},
+    {"structured_outputs": {"json": SCHEMA}}])
+def test_vllms_and_llama_servers_schema_fields_are_the_response_format(kind, fields) -> None:
+    """Found probing live: `extra_body={"guided_json": ...}` (vLLM's) and llama-server's
+    `json_schema` were ignored: the output came back unconstrained, without an error."""
+    greq = _typed(kind, fields)
+    assert greq.constraint.response_format == "json_schema"
+    assert greq.constraint.json_schema == SCHEMA
+
+
+@pytest.mark.parametrize("fields,param", [
+    ({"guided_regex": "[ab]"}, "guided_regex"), ({"guided_choice": ["a", "b"]}, "guided_choice"),
+    ({"guided_grammar": "root ::= x"}, "guided_grammar"), ({"grammar": "root ::= x"}, "grammar"),
+    ({"structured_outputs": {"choice": ["a"]}}, "structured_outputs.choice"),
+    ({"guided_json": 3}, "guided_json"), ({"guided_json": "{nope"}, "guided_json"),
+    ({"guided_json": SCHEMA, "response_format": {"type": "json_object"}}, "guided_json"),
+    ({"guided_json": SCHEMA, "json_schema": SCHEMA}, "guided_json")])
+def test_grammars_not_taken_here_are_refused_by_name(fields, param) -> None:
+    with pytest.raises(ApiError) as err:
+        _typed("chat", fields)
+    assert err.value.status == 400 and err.value.param == param, err.value.message
