@@ -19,7 +19,9 @@ the prompt read into the cache, nothing written, as llama.vim warms its extra fi
 `temperature`, `top_k`, `top_p`, `min_p` (clamped as llama-server clamps them, not OpenAI's
 ranges), `repeat_penalty` (above 0, at most 10), `presence_penalty`, `frequency_penalty`
 (any), `repeat_last_n` (the tokens the penalties read: 64 unless set, 0 none, -1 all),
-`seed` (-1: random), `stop` (a string or a list), `ignore_eos`, `n_indent` (a line after
+`seed` (-1: random), `stop` (a string or a list), `logit_bias` (`[[id, bias]]` or
+`{"id": bias}`; `false`: never that token; a token's text is a 400 asking for ids),
+`ignore_eos`, `n_indent` (a line after
 the first indented less ends the output), `t_max_predict_ms` (after that long
 writing, the output ends at its next newline), `n_probs` (each token's logprob and its most
 likely alternatives: llama-server's `completion_probabilities`), `json_schema` (the output
@@ -50,6 +52,7 @@ from deployments.openai.schemas import CompletionRequest
 MAX_PROBS = 100  # the most alternatives `n_probs` may ask for each token
 MAX_STOPS = 64  # stop strings one request may give (llama-server sets none; OpenAI's 8)
 REPEAT_LAST_N = 64  # the tokens llama-server's penalties read unless told
+BANNED = -1e30  # a logit bias no logit comes back from (a finite number: JSON carries it)
 MAX_TEMPERATURE = 1e6  # past this a float32 division gives inf: as good as uniform anyway
 # llama-server's names of the OpenAI completion fields its bodies are typed as
 NAMES = {"max_tokens": "n_predict", "repetition_penalty": "repeat_penalty",
@@ -74,6 +77,7 @@ class _Sampling(msgspec.Struct, kw_only=True):
     frequency_penalty: float | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
+    logit_bias: list[Any] | dict[str, Any] | None = None
     ignore_eos: bool = False
     n_indent: int = 0
     t_max_predict_ms: float | None = None
@@ -160,6 +164,34 @@ def _prompt(value: Any, param: str) -> Prompt:
                         "'prompt_string'; several prompts: an array of those.", param=param)
 
 
+def _logit_bias(value: list[Any] | dict[str, Any] | None) -> dict[int, float] | None:
+    """llama-server's `logit_bias`: `[[token id, bias], ...]` or `{"token id": bias}`, a
+    bias of `false` never writing the token; a token's text (its tokens biased) is a 400
+    here, which asks for the ids (the worker checks they are in the vocabulary)."""
+    if not value:
+        return None
+    pairs = list(value.items()) if isinstance(value, dict) else value
+    out: dict[int, float] = {}
+    for i, pair in enumerate(pairs):
+        where = "logit_bias" if isinstance(value, dict) else f"logit_bias[{i}]"
+        if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
+            raise ApiError(400, f"'{where}' must be a [token id, bias] pair.", param=where)
+        key, bias = pair
+        if isinstance(key, str) and key.strip().isascii() and key.strip().isdecimal():
+            key = int(key)
+        if not isinstance(key, int) or isinstance(key, bool):
+            raise ApiError(400, f"'{where}' names {key!r}; give token ids here (POST "
+                                "/tokenize gives a text's).", param=where)
+        if bias is False:
+            out[key] = BANNED
+        elif isinstance(bias, (int, float)) and not isinstance(bias, bool):
+            out[key] = float(bias)
+        else:
+            raise ApiError(400, f"'{where}' has the bias {bias!r}: a number, or false (never "
+                                "this token).", param=where)
+    return out
+
+
 def _typed(req: _Sampling, model: str, prompt: Prompt,
            names: dict[str, str]) -> CompletionGenerate:
     """The worker's completion of `prompt` with `req`'s sampling, checked as OpenAI's
@@ -208,7 +240,7 @@ def _typed(req: _Sampling, model: str, prompt: Prompt,
         top_p=_unit(req.top_p), min_p=_unit(req.min_p),
         logprobs=req.n_probs > 0, top_logprobs=req.n_probs,
         presence_penalty=req.presence_penalty or 0.0,
-        frequency_penalty=req.frequency_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0, logit_bias=_logit_bias(req.logit_bias),
         echo_prompt=_shows_prompt(req.response_fields))
 
 

@@ -453,3 +453,21 @@ def test_hostile_bodies_are_4xx_in_openais_shape(kind: str) -> None:
         assert r.status_code in (400, 404), (path, r.status_code, r.text[:300])
         assert r.json()["error"]["message"] and r.json()["error"]["type"]
     assert worker.requests == []
+
+
+def test_logit_bias_in_llama_servers_forms_reaches_the_worker() -> None:
+    """Found probing live: /completion ignored `logit_bias` in every form (SillyTavern's
+    banned tokens among them)."""
+    from deployments.llama_server.request import BANNED
+
+    worker = FakeWorker(_middle(), _middle())
+    client, _ = _client(worker)
+    r = client.post("/completion", json={"prompt": "a", "logit_bias": [[28, 2.5], [7, False]]})
+    assert r.status_code == 200 and worker.requests[0].logit_bias == {28: 2.5, 7: BANNED}
+    r = client.post("/completion", json={"prompt": "a", "logit_bias": {"28": -1}})
+    assert r.status_code == 200 and worker.requests[1].logit_bias == {28: -1.0}
+    for bias, param in (([["Hello", 1]], "logit_bias[0]"), ([[1, "x"]], "logit_bias[0]"),
+                        ([3], "logit_bias[0]"), ({"x": 1}, "logit_bias")):
+        r = client.post("/completion", json={"prompt": "a", "logit_bias": bias})
+        assert r.status_code == 400 and param in r.text, r.text
+    assert len(worker.requests) == 2
