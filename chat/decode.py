@@ -182,8 +182,8 @@ class GrammarConstraint:
         if not self.active:
             return len(tokens)
         n = 0
-        for t in tokens:
-            if not self.matcher.accept_token(int(t)):
+        for t in tokens:  # nothing after a stop token (the matcher would log each one)
+            if self.matcher.is_terminated() or not self.matcher.accept_token(int(t)):
                 break
             n += 1
         if n:

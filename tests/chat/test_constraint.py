@@ -655,3 +655,17 @@ def test_harmony_recipient_after_the_channel_or_in_the_role_header(engine, choic
     assert _accepts(engine, "harmony", _tools(choice), after_analysis) == (True, "")
     wrong = header.replace("get_weather", "get_time") + '{"city": "Paris"}<|call|>'
     assert not _accepts(engine, "harmony", _tools(choice), wrong)[0]
+
+
+def test_admits_takes_nothing_after_the_stop_token(engine, capfd) -> None:
+    """Found probing live: drafts past the end of turn were fed to a terminated matcher,
+    which logged a warning for each (16-18 lines a short request)."""
+    spec = spec_for_kind("hermes_json")
+    c = make_constraint(spec, constraint_request_from_openai(
+        {"response_format": {"type": "json_object"}}), engine)
+    c.start("")
+    brace, close = engine.token_id("{"), engine.token_id("}")
+    stop = engine.stop_token_ids[0]
+    assert c.admits([brace, close, stop, brace, close]) == 3
+    assert c.tokens == [] and c.active
+    assert "terminated" not in capfd.readouterr().err
