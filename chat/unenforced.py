@@ -56,6 +56,12 @@ def unenforced(node: Any, where: str = "schema") -> str | None:
     all_of = node.get("allOf")
     if isinstance(all_of, list) and len(all_of) > 1:
         return f"`allOf` of {len(all_of)} schemas at {where} (none of them is applied there)"
+    required, props = node.get("required"), node.get("properties")
+    if isinstance(required, list) and "patternProperties" not in node:
+        listed = props if isinstance(props, dict) else {}
+        missing = next((r for r in required if isinstance(r, str) and r not in listed), None)
+        if missing is not None:  # (OpenAI's strict mode: "Extra required key ... supplied")
+            return f"the `required` name {missing!r} at {where}, which is not in its `properties`"
     pattern = node.get("pattern")
     if isinstance(pattern, str) and any(m in pattern for m in _LOOKAROUND):
         return f"a look-ahead in `pattern` at {where}"

@@ -43,6 +43,11 @@ LEFT_OUT = [
     ({"type": "string", "maxLength": 2, "allOf": [{"type": "string"}]}, "beside `allOf`",
      '"xxxxx"'),
     ({**OBJ, "required": ["a"], "anyOf": [{"required": ["b"]}]}, "beside `anyOf`", '{"b": 1}'),
+    # found probing live: a strict schema whose required key is not a property
+    ({**OBJ, "required": ["a", "c"], "additionalProperties": False},
+     "`required` name 'c' at schema,", '{"a": 1}'),
+    ({**OBJ, "required": ["c"]}, "`required` name 'c'", '{"a": 1}'),
+    ({"type": "object", "required": ["c"]}, "`required` name 'c'", '{"a": 1}'),
 ]
 # (schema, a document that breaks it): applied, so not listed
 APPLIED = [
