@@ -198,12 +198,18 @@ def _neighbours_as_one(messages: list[dict]) -> list[dict]:
 def _arguments_as_objects(messages: list[dict]) -> list[dict]:
     """Tool-call arguments arrive as JSON text (OpenAI); templates expect objects. An
     assistant's content that is null or absent beside its calls (OpenAI's reply, sent back
-    as it came) is "" (templates concatenate it or test it with `in`), as llama.cpp reads it."""
+    as it came) is "" (templates concatenate it or test it with `in`), as llama.cpp reads it;
+    its `reasoning_content` is also its `thinking`, the name gpt-oss's template reads (as
+    llama.cpp passes it; not beside calls and text, which that template refuses together)."""
     out = []
     for m in messages:
         calls = m.get("tool_calls") if isinstance(m, dict) else None
         if isinstance(m, dict) and m.get("role") == "assistant" and m.get("content") is None:
             m = {**m, "content": ""}
+        if isinstance(m, dict) and m.get("role") == "assistant" and "thinking" not in m \
+                and isinstance(m.get("reasoning_content"), str) and m["reasoning_content"] \
+                and not (calls and m.get("content")):
+            m = {**m, "thinking": m["reasoning_content"]}
         if calls:
             m = dict(m)
             fixed = []

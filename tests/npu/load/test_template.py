@@ -534,3 +534,37 @@ def test_conversation_is_rewritten_for_templates_that_cannot_show_it() -> None:
     ])
     assert text.startswith("<user>Be brief.\n\nWeather?<assistant>")
     assert "get_weather" in text and text.endswith("<user>Tool result (get_weather): sunny")
+
+
+def test_reasoning_sent_back_is_the_thinking_a_template_reads() -> None:
+    """Found probing live: gpt-oss's template reads an assistant's `thinking`, and the
+    reasoning sent back (`reasoning_content`) never reached its prompt; it is given under
+    both names (not beside calls and text, which that template refuses together)."""
+    tpl = ChatTemplate("{% for m in messages %}[{{ m.thinking }}]{{ m.content }}"
+                       "{% for c in m.tool_calls or [] %}<{{ c.function.name }}>{% endfor %}"
+                       "{% endfor %}")
+    call = {"type": "function", "function": {"name": "f", "arguments": "{}"}}
+    conv = [{"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "", "reasoning_content": "I call f.",
+             "tool_calls": [call]},
+            {"role": "assistant", "content": "Sure.", "reasoning_content": "So.",
+             "tool_calls": [call]},
+            {"role": "assistant", "content": "Done.", "reasoning_content": "Easy.",
+             "thinking": "Own."}]
+    assert tpl.render(conv, TOOLS) == "[]Hi[I call f.]<f>[]Sure.<f>[Own.]Done."
+
+
+@needs_shared
+def test_gpt_oss_renders_the_reasoning_of_a_call_sent_back() -> None:
+    name = next((n for n in template_names() if "gpt-oss" in n), None)
+    if name is None:
+        pytest.skip("no gpt-oss template in the shared formats")
+    tpl = ChatTemplate(template(name))
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+    conv = [{"role": "user", "content": "Weather in Oslo?"},
+            {"role": "assistant", "content": None, "reasoning_content": "I should call it.",
+             "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "Sunny"}]
+    text = tpl.render(conv, TOOLS)
+    assert "<|channel|>analysis<|message|>I should call it.<|end|>" in text
