@@ -301,8 +301,9 @@ def _constraint(raw: dict) -> ConstraintRequest:
 def _thinking(raw: dict) -> tuple[bool | None, dict]:
     """The thinking switch and the template's other variables: `chat_template_kwargs`
     (its `enable_thinking` first), then `think` (Ollama's, also accepted here) and
-    `reasoning_effort` ("none": off; any value also goes to the template, as gpt-oss's
-    reads it). Types were checked with the constraint options."""
+    `reasoning_effort` ("none": off; "low", "medium", "high": on, as Ollama reads an effort
+    as `think: true`; any value also goes to the template, as gpt-oss's reads it). Types were
+    checked with the constraint options."""
     kwargs = dict(raw.get("chat_template_kwargs") or {})
     thinking = kwargs.pop("enable_thinking", None)
     effort = raw.get("reasoning_effort")
@@ -311,7 +312,7 @@ def _thinking(raw: dict) -> tuple[bool | None, dict]:
     think = raw.get("think")
     if thinking is None and (think is False or effort == "none"):
         thinking = False
-    if thinking is None and think is True:
+    if thinking is None and (think is True or effort in ("low", "medium", "high")):
         thinking = True
     return thinking, kwargs
 

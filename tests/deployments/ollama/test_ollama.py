@@ -64,8 +64,10 @@ def test_format_and_think_become_the_constraint_and_the_thinking_switch() -> Non
     assert _chat(format="").constraint.response_format == "text"
     off = _chat(think=False)
     assert off.thinking is False and not off.constraint.allow_reasoning
+    # an effort is thinking on, as Ollama reads it (Gemma 4's template, off by default,
+    # stayed off for "high": found probing live)
     high = _chat(think="high")
-    assert high.template_kwargs == {"reasoning_effort": "high"} and high.thinking is None
+    assert high.template_kwargs == {"reasoning_effort": "high"} and high.thinking is True
 
 
 def test_messages_in_ollamas_shape() -> None:
