@@ -82,6 +82,18 @@ def decode_typed(text: str, types: set[str]) -> Any:
     return text
 
 
+BOUNDED = "bounded string"  # (a value type of its own: decoded whole, stripped)
+_BOUNDS = ("enum", "const", "maxLength", "pattern", "format")
+
+
+def _bounded_string(schema: Any) -> bool:
+    """A string property whose schema bounds its text (an enum or const of strings, a
+    length, a pattern, a format): a value, not free text such as a file's content."""
+    if not isinstance(schema, dict) or schema_types(schema) != {"string"}:
+        return False
+    return any(k in schema for k in _BOUNDS)
+
+
 class QwenXMLBlock:
     def __init__(self, builder: MessageBuilder, opener: str, closer: str, schemas: dict) -> None:
         self.b = builder
@@ -131,8 +143,10 @@ class QwenXMLBlock:
                 key = buf[pos:end].strip()
                 assert self.writer is not None
                 self.writer.key(key)
-                types = schema_types(self.props.get(key))
-                self.value_types = types if types - {"string"} else set()
+                prop = self.props.get(key)
+                types = schema_types(prop)
+                self.value_types = ({BOUNDED} if _bounded_string(prop)
+                                    else types if types - {"string"} else set())
                 self.value_started = False
                 pos = end + 1
                 self.state = "value"
@@ -184,7 +198,10 @@ class QwenXMLBlock:
             if end < 0:
                 return pos, Status.MORE
             text = _strip_one_newline(buf[pos:end])
-            self.writer.value(decode_typed(text, self.value_types))
+            # a bounded string is the value alone: the whitespace the grammar lets in
+            # around it (its runs between tags) is no part of it
+            self.writer.value(text.strip() if BOUNDED in self.value_types
+                              else decode_typed(text, self.value_types))
             self.state = "params"
             return end + len(PARAMETER_END), None
         # a string: stream it, holding what may still be the closer or the last newline

@@ -92,3 +92,25 @@ def test_a_llama_turn_that_ends_inside_its_second_call_keeps_the_first() -> None
     msg = parse(spec_for_kind("llama3_json"), text, partial=False, tools=WEATHER)
     assert [(c.name, c.arguments) for c in msg.tool_calls] == [("get_weather", "{}")]
     assert msg.content == '{"name": "get_weather", "parameters": {"city": "Pa'
+
+
+def test_a_bounded_string_of_qwen_xml_is_its_value_without_the_grammars_whitespace() -> None:
+    """Found probing live: Qwen3.5 under a strict enum wrote `<parameter=city>Oslo
+    </parameter>` (the grammar lets whitespace in around a value) and the call came back
+    with "Oslo ", outside the enum; free text keeps its own (one newline each side is the
+    template's)."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {
+            "city": {"type": "string", "enum": ["Oslo", "Paris"]},
+            "code": {"type": "string", "maxLength": 5},
+            "body": {"type": "string"}}}}}]
+    text = ("<tool_call>\n<function=f>\n<parameter=city>Oslo \n</parameter>\n"
+            "<parameter=code>\r\rab12\n\n\n</parameter>\n"
+            "<parameter=body>\n  x = 1\n\n</parameter>\n</function>\n</tool_call>")
+    spec = spec_for_kind("qwen_xml")
+    msg = parse(spec, text, partial=False, tools=tools)
+    assert json.loads(msg.tool_calls[0].arguments) == {"city": "Oslo", "code": "ab12",
+                                                      "body": "  x = 1\n"}
+    for cut in range(len(text)):
+        part = parse(spec, text[:cut], partial=True, tools=tools)
+        assert is_prefix_msg(part, msg) is None, cut
