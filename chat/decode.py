@@ -15,7 +15,13 @@ import msgspec
 import numpy as np
 
 from chat.errors import ConstraintError
-from chat.grammar import schema_fault, structural_tag, text_markers, tool_schema_tag
+from chat.grammar import (
+    python_unenforced,
+    schema_fault,
+    structural_tag,
+    text_markers,
+    tool_schema_tag,
+)
 from chat.request import ConstraintRequest
 from chat.spec import FormatKind, FormatSpec
 
@@ -288,6 +294,16 @@ def make_constraint(
         return GrammarConstraint(engine, engine.compile(tag, param="tool_choice"),
                                  stop_token_ids=list(engine.stop_token_ids),
                                  request_id=request_id)
+    if spec.kind is FormatKind.LFM2_PYTHONIC:  # its own grammar: what it leaves out
+        declared = [x.name for x in request.all_tools]
+        for t in request.tools:
+            found = python_unenforced(t.parameters, "parameters") if t.strict else None
+            if found:
+                i = declared.index(t.name) if t.name in declared else 0
+                raise ConstraintError(f"Tool {t.name!r} is strict, but this model's calls "
+                                      f"(Python syntax) cannot be held to {found}: remove it, "
+                                      "or send the tool without `strict`.",
+                                      param=f"tools[{i}].function.parameters")
     tag = structural_tag(spec, request)
     if tag is None:
         return None

@@ -482,6 +482,47 @@ pykwargs ::= (pyname "=" pyany (", " pyname "=" pyany){0,63})?
 '''
 
 
+MAX_PY_LENGTH = 4096  # the longest string a Python call's grammar counts characters to
+# keywords a Python call's grammar (`python_calls_ebnf`) does not apply (it takes types,
+# enums and consts, properties, string lengths and array sizes)
+PY_UNENFORCED = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
+                 "pattern", "format", "uniqueItems", "minProperties", "maxProperties",
+                 "patternProperties", "$ref")
+
+
+def python_unenforced(schema: Any, where: str) -> str | None:
+    """The first keyword of `schema` a Python call's grammar does not apply, with its
+    place, or None."""
+    if isinstance(schema, list):
+        return next((f for i, s in enumerate(schema)
+                     if (f := python_unenforced(s, f"{where}[{i}]"))), None)
+    if not isinstance(schema, dict):
+        return None
+    for key in PY_UNENFORCED:
+        if key in schema:
+            return f"`{key}` at {where}"
+    for key in ("anyOf", "oneOf", "allOf"):
+        found = python_unenforced(schema.get(key), f"{where}.{key}")
+        if found:
+            return found
+    props = schema.get("properties")
+    if isinstance(props, dict):
+        for name, sub in props.items():
+            found = python_unenforced(sub, f"{where}.properties.{name}")
+            if found:
+                return found
+    return python_unenforced(schema.get("items"), f"{where}.items")
+
+
+def _counts(schema: dict, low_key: str, high_key: str, most: int) -> tuple[int, int]:
+    """A schema's bounds on a count (a string's characters, an array's items) within
+    0..`most`, the lower at most the upper."""
+    low, high = schema.get(low_key), schema.get(high_key)
+    high = min(most, high) if isinstance(high, int) and high >= 0 else most
+    low = max(0, min(low, high)) if isinstance(low, int) else 0
+    return low, high
+
+
 class _EBNF:
     def __init__(self) -> None:
         self.rules: list[str] = []
@@ -509,7 +550,11 @@ class _EBNF:
             return "pyany"
         alts = []
         for t in sorted(types):
-            if t == "string":
+            if t == "string" and ("minLength" in schema or "maxLength" in schema):
+                low, high = _counts(schema, "minLength", "maxLength", MAX_PY_LENGTH)
+                alts.append(self.rule(f'"\'" pysq{{{low},{high}}} "\'" | '
+                                      f'"\\"" pydq{{{low},{high}}} "\\""'))
+            elif t == "string":
                 alts.append("pystr")
             elif t == "integer":
                 alts.append("pyint")
@@ -521,7 +566,14 @@ class _EBNF:
                 alts.append("pynone")
             elif t == "array":
                 item = self.value(schema.get("items"), depth + 1)
-                alts.append(self.rule(f'"[" ({item} (", " {item}){{0,63}})? "]"'))
+                low, high = _counts(schema, "minItems", "maxItems", 64)
+                if high == 0:
+                    alts.append('"[]"')
+                elif low == 0:
+                    alts.append(self.rule(f'"[" ({item} (", " {item}){{0,{high - 1}}})? "]"'))
+                else:
+                    alts.append(self.rule(f'"[" {item} (", " {item}){{{low - 1},{high - 1}}}'
+                                          ' "]"'))
             elif t == "object":
                 props = schema.get("properties")
                 if isinstance(props, dict) and props:

@@ -640,6 +640,46 @@ def test_lfm2_enum_rejects_other_values_in_both_quote_styles(engine) -> None:
         assert not _accepts(engine, "lfm2_pythonic", body, text)[0]
 
 
+BOUNDED = {"type": "function", "function": {"name": "note", "parameters": {
+    "type": "object", "properties": {
+        "s": {"type": "string", "maxLength": 3},
+        "tags": {"type": "array", "items": {"type": "string"}, "minItems": 1,
+                 "maxItems": 2}},
+    "required": ["s", "tags"]}}}
+
+
+def test_lfm2_holds_string_lengths_and_array_sizes(engine) -> None:
+    """Found probing live: LFM2's calls took a 40-character string for maxLength 3 and any
+    number of items."""
+    body = {"tools": [BOUNDED], "tool_choice": "required"}
+
+    def call(args: str) -> str:
+        return f"<|tool_call_start|>[note({args})]<|tool_call_end|>"
+
+    assert _accepts(engine, "lfm2_pythonic", body, call("s='abc', tags=['x']"))[0]
+    assert _accepts(engine, "lfm2_pythonic", body, call('s="a\\nb", tags=["x", "y"]'))[0]
+    for bad in ("s='abcd', tags=['x']", "s='ab', tags=[]", "s='ab', tags=['x', 'y', 'z']"):
+        assert not _accepts(engine, "lfm2_pythonic", body, call(bad))[0], bad
+
+
+def test_a_strict_lfm2_tool_with_a_bound_its_grammar_leaves_out_is_refused(engine) -> None:
+    """Numbers' bounds, patterns and formats are not in LFM2's call grammar: a strict tool
+    holding one is a 400 naming it (its calls came back with 763763763763763 for a maximum
+    of 9); without `strict` the grammar applies what it can."""
+    strict = {"type": "function", "function": {"name": "n", "strict": True, "parameters": {
+        "type": "object", "properties": {"n": {"type": "integer", "maximum": 9}},
+        "required": ["n"], "additionalProperties": False}}}
+    body = {"tools": [strict], "tool_choice": "required"}
+    with pytest.raises(ConstraintError) as err:
+        make_constraint(spec_for_kind("lfm2_pythonic"), constraint_request_from_openai(body),
+                        engine)
+    assert "`maximum` at parameters.properties.n" in err.value.message
+    assert err.value.param == "tools[0].function.parameters"
+    loose = {"type": "function", "function": {**strict["function"], "strict": False}}
+    assert make_constraint(spec_for_kind("lfm2_pythonic"), constraint_request_from_openai(
+        {"tools": [loose], "tool_choice": "required"}), engine) is not None
+
+
 @pytest.mark.parametrize("choice", ["auto", "required"])
 @pytest.mark.parametrize("header", [
     "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>",
