@@ -16,6 +16,7 @@ import numpy as np
 
 from chat.errors import ConstraintError
 from chat.grammar import (
+    has_lengths,
     python_unenforced,
     schema_fault,
     structural_tag,
@@ -294,16 +295,14 @@ def make_constraint(
         return GrammarConstraint(engine, engine.compile(tag, param="tool_choice"),
                                  stop_token_ids=list(engine.stop_token_ids),
                                  request_id=request_id)
-    if spec.kind is FormatKind.LFM2_PYTHONIC:  # its own grammar: what it leaves out
-        declared = [x.name for x in request.all_tools]
-        for t in request.tools:
-            found = python_unenforced(t.parameters, "parameters") if t.strict else None
-            if found:
-                i = declared.index(t.name) if t.name in declared else 0
-                raise ConstraintError(f"Tool {t.name!r} is strict, but this model's calls "
-                                      f"(Python syntax) cannot be held to {found}: remove it, "
-                                      "or send the tool without `strict`.",
-                                      param=f"tools[{i}].function.parameters")
+    declared = [x.name for x in request.all_tools]
+    for t in request.tools:
+        found = _left_out(spec, t.parameters) if t.strict else None
+        if found:
+            i = declared.index(t.name) if t.name in declared else 0
+            raise ConstraintError(f"Tool {t.name!r} is strict, but this model's calls cannot "
+                                  f"be held to {found}: remove it, or send the tool without "
+                                  "`strict`.", param=f"tools[{i}].function.parameters")
     tag = structural_tag(spec, request)
     if tag is None:
         return None
@@ -332,6 +331,18 @@ def make_constraint(
         skip_prefix="assistant" if spec.kind is FormatKind.HARMONY else "",
         request_id=request_id,
     )
+
+
+def _left_out(spec: FormatSpec, parameters: Any) -> str | None:
+    """What a format's own call syntax leaves out of a tool's schema (beside what every
+    format's does, chat.unenforced): LFM2's Python calls (`python_unenforced`); Gemma 4's
+    strings, whose delimiters the compiler keeps out of them and then drops their lengths
+    (xgrammar 0.2.9 warns "not applied together with JSONSchemaFormat.excludes")."""
+    if spec.kind is FormatKind.LFM2_PYTHONIC:
+        return python_unenforced(parameters, "parameters")
+    if spec.kind is FormatKind.GEMMA4 and has_lengths(parameters):
+        return "a string's `minLength` / `maxLength` (in Gemma 4's call syntax)"
+    return None
 
 
 def _loosened(spec: FormatSpec, request: ConstraintRequest, engine: Grammars,

@@ -312,7 +312,7 @@ def _json(schema: Any, *, style: str = "json", excludes: tuple[str, ...] = (),
     # markers: the schema's lengths are kept then (a marker inside a string is the model's
     # choice against its own format; a length the request asked for is not); and a schema
     # whose own values or names hold a marker (`"const": "<think>"`) could not be written
-    if excludes and not _has_lengths(schema) and not _names(schema, excludes):
+    if excludes and not has_lengths(schema) and not _names(schema, excludes):
         tag["excludes"] = list(excludes)
     return tag
 
@@ -339,14 +339,14 @@ def _names(node: Any, texts: tuple[str, ...]) -> bool:
             or any(_names(v, texts) for v in schemas_in(node)))
 
 
-def _has_lengths(node: Any) -> bool:
+def has_lengths(node: Any) -> bool:
     """Whether a schema bounds some string's length."""
     if isinstance(node, dict):
         if "minLength" in node or "maxLength" in node:
             return True
-        return any(_has_lengths(v) for v in schemas_in(node))
+        return any(has_lengths(v) for v in schemas_in(node))
     if isinstance(node, list):
-        return any(_has_lengths(v) for v in node)
+        return any(has_lengths(v) for v in node)
     return False
 
 

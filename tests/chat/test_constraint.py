@@ -640,6 +640,24 @@ def test_lfm2_enum_rejects_other_values_in_both_quote_styles(engine) -> None:
         assert not _accepts(engine, "lfm2_pythonic", body, text)[0]
 
 
+def test_a_strict_gemma4_tool_with_a_string_length_is_refused(engine) -> None:
+    """Found probing live: Gemma 4's calls took ~200 characters for maxLength 3 (the
+    compiler drops a length where its strings keep their delimiters out, and says so in a
+    warning): strict is a 400 naming it; without strict the length is not held (if a new
+    xgrammar holds it, the first assertion fails and the refusal can go)."""
+    tool = {"type": "function", "function": {"name": "note", "parameters": {
+        "type": "object", "properties": {"text": {"type": "string", "maxLength": 3}},
+        "required": ["text"]}}}
+    body = {"tools": [tool], "tool_choice": "required"}
+    long = calls_text("gemma4", [("note", {"text": "abcdef"})])
+    assert _accepts(engine, "gemma4", body, long)[0]
+    strict = {"type": "function", "function": {**tool["function"], "strict": True}}
+    with pytest.raises(ConstraintError) as err:
+        make_constraint(spec_for_kind("gemma4"), constraint_request_from_openai(
+            {"tools": [strict], "tool_choice": "required"}), engine)
+    assert "maxLength" in err.value.message and err.value.param == "tools[0].function.parameters"
+
+
 BOUNDED = {"type": "function", "function": {"name": "note", "parameters": {
     "type": "object", "properties": {
         "s": {"type": "string", "maxLength": 3},
