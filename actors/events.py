@@ -230,6 +230,9 @@ class Usage(msgspec.Struct, tag="usage", tag_field="event"):
     # (part of completion_tokens) and those the model did not produce (not part of it)
     accepted_prediction_tokens: int = 0
     rejected_prediction_tokens: int = 0
+    # of completion_tokens, those whose text went to the reasoning (a token whose text
+    # the stream held back counts where its text went out)
+    reasoning_tokens: int = 0
 
     def plus(self, other: Usage) -> Usage:
         """Both requests' counts (the prompts of a batch)."""

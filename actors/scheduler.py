@@ -82,7 +82,8 @@ class Scheduler:
                          cached_tokens=session.cached or 0,
                          accepted_prediction_tokens=accepted,
                          rejected_prediction_tokens=sum(c.drafted for c in session.choices)
-                         - accepted))
+                         - accepted,
+                         reasoning_tokens=sum(c.reasoned for c in session.choices)))
         outbox.put(End)
         return outbox
 

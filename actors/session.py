@@ -81,6 +81,10 @@ class Choice:
         # the reasoning budget: tokens written while reasoning is open, and the tokens that
         # close it, written for the model once the budget is spent
         self.reasoning_tokens = 0
+        # tokens that wrote reasoning (usage reports them): a token whose text is held
+        # back, or is markup, counts with the field of the next text that goes out
+        self.reasoned = 0
+        self.unplaced = 0
         self.forced: list[int] = []
         self.budget_spent = False
         # speculative decoding: the drafter (made on the first draft), tokens drafted and
@@ -144,6 +148,12 @@ class Choice:
         piece = self.detok.push(token)
         text = self.stops.push(piece)
         events = self._emit(text, lp)
+        self.unplaced += 1
+        field = next((d.field for e in events if isinstance(e, Deltas) for d in e.deltas),
+                     None)
+        if field is not None:
+            self.reasoned += self.unplaced if field == "reasoning_content" else 0
+            self.unplaced = 0
         if s.reasoning_budget is not None and not forced:
             self._spend_reasoning(events, s.reasoning_budget)
         if self.stops.stopped or (self.constraint is not None and self.constraint.ended):

@@ -27,7 +27,8 @@ def usage_body(u: Usage) -> dict:
     """OpenAI's `usage`: `prompt_tokens` is the whole prompt, of which
     `prompt_tokens_details.cached_tokens` came from the KV cache; with speculative
     decoding, `completion_tokens_details` counts the drafted tokens kept and rejected (the
-    fields OpenAI's predicted outputs report), present once a token was drafted."""
+    fields OpenAI's predicted outputs report), present once a token was drafted, and the
+    tokens that wrote reasoning (`reasoning_tokens`), present once one did."""
     body = {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
             "total_tokens": u.prompt_tokens + u.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
@@ -35,6 +36,8 @@ def usage_body(u: Usage) -> dict:
         body["completion_tokens_details"] = {
             "accepted_prediction_tokens": u.accepted_prediction_tokens,
             "rejected_prediction_tokens": u.rejected_prediction_tokens}
+    if u.reasoning_tokens:
+        body.setdefault("completion_tokens_details", {})["reasoning_tokens"] = u.reasoning_tokens
     return body
 
 

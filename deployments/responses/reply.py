@@ -171,7 +171,7 @@ class ResponseBuilder:
             "input_tokens": u.prompt_tokens,
             "input_tokens_details": {"cached_tokens": u.cached_tokens, "cache_write_tokens": 0},
             "output_tokens": u.completion_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
             "total_tokens": u.prompt_tokens + u.completion_tokens}
         return {**self.base, "status": status,
                 "incomplete_details": {"reason": "max_output_tokens"}

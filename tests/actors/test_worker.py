@@ -519,8 +519,13 @@ def test_a_reasoning_budget_closes_the_reasoning_and_the_answer_follows(tmp_path
             events = asyncio.run(_collect(w, req))
             return next(e for e in events if isinstance(e, Finished)), events
 
-        free, _ = run(None)
+        free, events = run(None)
         assert free.message.reasoning_content and not free.message.content  # all reasoning
+        # usage counts the tokens that wrote reasoning (Responses' reasoning_tokens were
+        # always 0: found probing live): here all but those still held at the end
+        usage = events[-1]
+        assert isinstance(usage, Usage)
+        assert usage.completion_tokens - 3 <= usage.reasoning_tokens <= usage.completion_tokens
         capped, events = run(6)
         # six tokens of reasoning (the same six), then `</think>`: nothing after it is
         # reasoning (this noise model goes on writing `</think>`, which is markup)

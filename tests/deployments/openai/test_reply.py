@@ -20,6 +20,8 @@ def test_usage_counts_speculative_drafts_only_when_there_were_some() -> None:
     assert spec["completion_tokens_details"] == {"accepted_prediction_tokens": 3,
                                                  "rejected_prediction_tokens": 2}
     assert spec["total_tokens"] == 15  # rejected drafts are not output
+    thought = usage_body(Usage(prompt_tokens=10, completion_tokens=5, reasoning_tokens=4))
+    assert thought["completion_tokens_details"] == {"reasoning_tokens": 4}
 
 
 def _chunks(body: bytes) -> list[dict]:

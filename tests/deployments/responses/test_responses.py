@@ -184,7 +184,8 @@ def _events(parts: list[tuple[str, str]], reason: str = "stop") -> list:
             evs.append(Deltas(index=0, deltas=[Delta(field=field, text=text)]))
     return evs + [Finished(index=0, finish_reason=reason, completion_tokens=len(evs),
                            message=ChatMsg()),
-                  Usage(prompt_tokens=5, completion_tokens=len(evs))]
+                  Usage(prompt_tokens=5, completion_tokens=len(evs),
+                        reasoning_tokens=sum(f == "reasoning_content" for f, _ in parts))]
 
 
 def _builder() -> reply.ResponseBuilder:
@@ -216,6 +217,8 @@ def test_items_open_and_close_in_order() -> None:
     assert (call["name"], call["arguments"], call["call_id"]) == ("light", '{"on": true}',
                                                                   "call_0")
     assert final["usage"]["input_tokens"] == 5 and final["status"] == "completed"
+    # (it was always 0: found probing live)
+    assert final["usage"]["output_tokens_details"] == {"reasoning_tokens": 1}
     assert b.assistant_messages() == [{"role": "assistant", "content": "Sure",
                                        "reasoning_content": "hm", "tool_calls": [
                                            {"id": "call_0", "type": "function", "function": {
