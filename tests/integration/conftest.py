@@ -113,8 +113,9 @@ def library_dir(serve_url, tmp_path_factory) -> Path:
     """A models_dir app on the shared Serve instance (started only when a test asks for it):
     three small random GGUF files of real architectures (flm-tiny's tokenizer and chat
     template), a code model's (the same with Qwen2.5-Coder's FIM tokens, a 4,096-token
-    context), a file that is not GGUF, one whose architecture is not served and one larger
-    than the memory budget; at most two models loaded at once."""
+    context), a file that is not GGUF, one whose architecture is not served, one whose
+    header reads but whose load fails (metadata missing) and one larger than the memory
+    budget; at most two models loaded at once."""
     from ray import serve
 
     from deployments.app import build_app
@@ -135,6 +136,7 @@ def library_dir(serve_url, tmp_path_factory) -> Path:
                       dims=(512, 1024, 8, 2, 64, 6))  # about 57 MB
     (folder / "broken.gguf").write_bytes(b"NOT A GGUF FILE" + bytes(100))
     _write_unknown_arch(folder / "mamba.gguf")
+    _write_unknown_arch(folder / "hollow.gguf", "llama")  # a Llama header without its metadata
     serve.run(build_app(library_args(folder)), name="library", route_prefix=LIBRARY_PREFIX)
     return folder
 
@@ -145,11 +147,11 @@ def library_args(folder: Path) -> dict:
             "library": {"max_loaded_models": 2, "max_batch": 4, "memory_budget": 40_000_000}}
 
 
-def _write_unknown_arch(path: Path) -> None:
+def _write_unknown_arch(path: Path, arch: str = "mamba") -> None:
     import numpy as np
     from gguf import GGUFWriter
 
-    w = GGUFWriter(str(path), "mamba")
+    w = GGUFWriter(str(path), arch)
     w.add_tensor("token_embd.weight", np.zeros((4, 32), np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -113,7 +113,7 @@ def test_a_short_keep_alive_expires(oc) -> None:
 
 def test_files_that_cannot_be_served_are_clear_errors_and_the_rest_serve(oc, ai) -> None:
     with pytest.raises(ollama.ResponseError) as oerr:
-        oc.chat(model="mamba", messages=HI)  # its header reads; its load fails
+        oc.chat(model="mamba", messages=HI)  # its header says why (listed unavailable)
     assert oerr.value.status_code == 422
     assert "mamba.gguf" in oerr.value.error and "'mamba' is not supported" in oerr.value.error
     for name in (LLAMA, QWEN):
@@ -189,8 +189,8 @@ def test_loads_and_unloads_reach_the_metrics(serve_url, library_dir, oc) -> None
 
     oc.generate(model=GEMMA, prompt="")
     oc.generate(model=GEMMA, prompt="", keep_alive=0)
-    with pytest.raises(ollama.ResponseError):
-        oc.chat(model="mamba", messages=HI)
+    with pytest.raises(ollama.ResponseError):  # its header reads; its load fails
+        oc.chat(model="hollow", messages=HI)
     want = [f'flm_model_loads_total{{model="{GEMMA}",outcome="loaded"}}', 'outcome="failed"',
             f'flm_model_unloads_total{{model="{GEMMA}",reason="keep_alive"}}',
             f'flm_model_unloads_total{{model="{LLAMA}",reason="evicted"}}',  # past N (above)
