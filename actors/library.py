@@ -463,14 +463,18 @@ class Library:
         name. `template`: Ollama's Go template or a Jinja chat template (`variant_template`).
 
         Raises:
-            RequestError: 404 for an unknown source; 400 for a destination that is a file's
-                model or not a name, or a template that cannot be used.
+            RequestError: 404 for an unknown source, 422 for one that cannot be served; 400
+                for a destination that is a file's model or not a name, or a template that
+                cannot be used.
         """
         models = self.models()
         target = models.get(model_key(source))
         if target is None:
             raise RequestError(f"model '{source}' not found; see /api/tags.", status=404,
                                param="source", code="model_not_found")
+        if target.error:  # a name for it would be one more model that cannot be served
+            raise RequestError(f"model '{source}' cannot be served: {target.error}",
+                               status=422, param="source", code="model_not_servable")
         name = model_key(destination)
         if not re.fullmatch(r"[a-z0-9][a-z0-9._-]*(:[a-z0-9._-]+)?", name):
             raise RequestError(f"'{destination}' is not a model name (letters, digits, '.', "

@@ -13,6 +13,7 @@ from gguf import GGMLQuantizationType as QT
 from gguf import GGUFWriter
 
 import actors.library as library
+from actors.errors import RequestError
 from actors.library import Library, model_key
 
 
@@ -289,3 +290,14 @@ def test_a_file_of_an_architecture_not_run_here_is_listed_with_the_reason(
     entry = Library(tmp_path).models()["phi"]
     assert "architecture 'phi3' is not supported" in entry.error
     assert entry.info()["error"] == entry.error
+
+
+def test_no_alias_or_variant_is_made_of_a_model_that_cannot_be_served(tmp_path: Path) -> None:
+    """Found probing live: /api/copy and /api/create from a broken file made one more
+    broken entry."""
+    write_gguf(tmp_path / "phi.gguf", "phi3")
+    lib = Library(tmp_path)
+    with pytest.raises(RequestError) as err:
+        lib.copy("phi", "mine", system="Be brief.")
+    assert err.value.status == 422 and "'phi3' is not supported" in err.value.message
+    assert lib.get("mine") is None
