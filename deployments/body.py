@@ -1,7 +1,8 @@
 """A request body as an API's typed request (its msgspec schema): `decode_json`, shared by
 every API surface, and `decode_raw` for the plain JSON object beside it; a bad body is a 400
 whose `param` is the offending field's path. `page_limit`: a listing's `limit` parameter;
-`is_token_id` and `several_prompts`: how prompts given as token ids are read."""
+`is_token_id` and `several_prompts`: how prompts given as token ids are read; `PARTS_JOIN`:
+what joins a message's text parts where an API's translation makes them one text."""
 
 from __future__ import annotations
 
@@ -12,6 +13,10 @@ from typing import Any
 import msgspec
 
 from deployments.errors import ApiError
+
+# what parts two text parts of one message, as the worker's templates join the OpenAI API's
+# (npu.load.template.PARTS_JOIN): two parts run together ran their words together
+PARTS_JOIN = "\n"
 
 _DECODERS: dict[type, msgspec.json.Decoder] = {}
 

@@ -18,15 +18,11 @@ from msgspec import Meta
 from actors.events import ChatGenerate
 from chat import ConstraintError, constraint_request_from_openai
 from deployments.anthropic.reply import PING, MessageBuilder, MessagesReply, new_id
-from deployments.body import decode_json
+from deployments.body import PARTS_JOIN, decode_json
 from deployments.errors import ApiError
 from deployments.exchange import Call
 from deployments.ingress import Ingress
 from deployments.prefill import continuation
-
-# what parts two text blocks of one message (as the worker's templates join the OpenAI API's
-# text parts: npu.load.template.PARTS_JOIN)
-PARTS_JOIN = "\n"
 
 # Anthropic's smallest thinking budget
 MIN_BUDGET = 1024

@@ -13,7 +13,7 @@ import msgspec
 from msgspec import Meta
 
 from actors.events import GenerateRequest
-from deployments.body import decode_json
+from deployments.body import PARTS_JOIN, decode_json
 from deployments.errors import ApiError
 from deployments.exchange import Call
 from deployments.ingress import Ingress
@@ -66,11 +66,6 @@ def decode(body: bytes) -> ResponsesIn:
 
 
 # -- the request ------------------------------------------------------------------------------
-# what joins a message's text parts, as the chat API's (npu.load.template.PARTS_JOIN): two
-# parts run together ran their words together ("Sunny" and "22C": "Sunny22C")
-PARTS_JOIN = "\n"
-
-
 def _text(content: Any, where: str, sep: str = PARTS_JOIN) -> str:
     """A message's text: a string, or text parts (input_text / output_text / text, and a
     reasoning item's reasoning_text / summary_text) joined by `sep`."""
