@@ -336,12 +336,12 @@ def _hf_facts(folder: Path, shards: list[Path]) -> dict[str, Any]:
 def _hf_capability(config: dict[str, Any]) -> str:
     """What a Hugging Face directory serves, as npu.load reads its config.json (a decoder
     reranker's directory needs a model entry's `rerank`: a library has none)."""
-    from npu.config import ENCODER_ARCHITECTURES
+    from npu.config import ENCODER_ARCHITECTURES, architectures_of
     from npu.load.pooling import classifier_of
 
     if classifier_of(config) is not None:
         return "rerank"
-    archs = config.get("architectures") or []
+    archs = architectures_of(config)
     return "embedding" if any(a in ENCODER_ARCHITECTURES for a in archs) else "completion"
 
 

@@ -25,6 +25,16 @@ ENCODER_ARCHITECTURES = {"BertModel": "bert", "NomicBertModel": "nomic_bert"}
 ENCODERS = frozenset(ENCODER_ARCHITECTURES.values())
 
 
+def architectures_of(raw: dict[str, Any]) -> list[str]:
+    """A config.json's architectures; without any, the one its `model_type` names among
+    those run here (as transformers' Auto classes read a config without them)."""
+    archs = raw.get("architectures") or []
+    if archs:
+        return list(archs)
+    kind = raw.get("model_type")
+    return [a for a, t in {**ARCHITECTURES, **ENCODER_ARCHITECTURES}.items() if t == kind][:1]
+
+
 class Rope(msgspec.Struct, frozen=True, kw_only=True):
     theta: float = 10000.0
     kind: str = "default"  # default | linear | llama3 | yarn
@@ -117,7 +127,7 @@ def config_from_json(raw: dict[str, Any]) -> ModelConfig:
     Raises:
         ModelError: the architecture is not supported, or a required key is missing.
     """
-    archs = raw.get("architectures") or []
+    archs = architectures_of(raw)
     encoder = next((ENCODER_ARCHITECTURES[a] for a in archs if a in ENCODER_ARCHITECTURES),
                    None)
     if encoder is not None:

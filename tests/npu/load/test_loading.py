@@ -36,6 +36,15 @@ def test_unsupported_architecture_is_named() -> None:
         config_from_json({k: v for k, v in BASE.items() if k != "hidden_size"})
 
 
+def test_a_config_without_architectures_is_read_by_its_model_type() -> None:
+    """As transformers reads it: `model_type` names the architecture when `architectures`
+    is missing (the message said "'qwen3' is not supported (supported: ..., Qwen3...)")."""
+    bare = {k: v for k, v in BASE.items() if k != "architectures"}
+    assert config_from_json({**bare, "model_type": "qwen3"}) == config_from_json(BASE)
+    with pytest.raises(ModelError, match="'mamba' is not supported"):
+        config_from_json({**bare, "model_type": "mamba"})
+
+
 def test_bf16_and_fp16_become_float32(tmp_path: Path) -> None:
     x = np.array([[1.5, -2.25], [3.0e4, 1e-3]], dtype=np.float32)
     bf16 = (x.view(np.uint32) >> 16).astype(np.uint16)
