@@ -175,6 +175,10 @@ class LibraryFront:
             ApiError: the model is unknown (404) or cannot be served (422).
         """
         key = self.resolve(name)
+        if key is None and keep_alive_s == 0 and self.library_handle is not None:
+            # a model still loaded whose files went (removed by hand): unloaded by its name
+            key = next((m["id"] for m in await self.running()
+                        if m["id"] == model_key(name)), None)
         if key is None or key in self.streams:
             raise ApiError(404, f"The model '{name}' does not exist; see /v1/models.",
                            param="model", code="model_not_found")

@@ -457,8 +457,14 @@ def generate_call(body: bytes, ingress: Ingress) -> Call:
 
 
 def _call(req: ChatIn | GenerateIn, endpoint: str, empty: bool, ingress: Ingress) -> Call:
-    model = served(ingress, req.model)
     keep = keep_alive(req)
+    if empty and keep == 0 and req.model and ingress.resolve(req.model) is None and \
+            ingress.resolve(model_name(req.model)) is None:
+        # an unload of a model no longer listed (its file removed while it was loaded): the
+        # workers look it up among the models they hold (404 when none does)
+        model = model_name(req.model)
+        return Call(later=lambda: _load(ingress, model, req.model, endpoint, keep))
+    model = served(ingress, req.model)
     if empty and model in ingress.streams:  # configured models are always loaded
         return Call(now=JSONResponse(load_reply(req.model, endpoint, req.keep_alive)))
     if empty:

@@ -100,6 +100,36 @@ def test_deleting_a_models_files_unloads_it_and_an_alias_leaves_the_model_loaded
     assert unloads == [("base", 0)] and not (tmp_path / "base.gguf").exists()
 
 
+def test_a_loaded_model_whose_file_was_removed_unloads_with_keep_alive_0(tmp_path) -> None:
+    """A folder model's file removed by hand while it is loaded: Ollama's keep_alive 0
+    still unloads it (it answered 404 and stayed loaded until evicted); loading it is a
+    404, as is unloading a model that was never loaded."""
+    import pytest
+
+    from deployments.errors import ApiError
+
+    unloads: list[tuple[str, float]] = []
+
+    class Handle:
+        running = _Remote([_m("gone", "r1", 1.0, 9.0)])
+
+        def options(self, multiplexed_model_id: str):
+            async def load(keep: float) -> dict:
+                unloads.append((multiplexed_model_id, keep))
+                return {"done_reason": "unload"}
+            return type("H", (), {"load": type("L", (), {"remote": lambda _, k: load(k)})()})()
+
+    front = LibraryFront(Handle(), {"models_dir": str(tmp_path)})
+    front.streams = {}
+    assert asyncio.run(front.load("Gone:latest", 0)) == {"done_reason": "unload"}
+    assert unloads == [("gone", 0)]
+    for name, keep in [("gone", None), ("never", 0)]:
+        with pytest.raises(ApiError) as err:
+            asyncio.run(front.load(name, keep))
+        assert err.value.status == 404
+    assert unloads == [("gone", 0)]
+
+
 def test_a_configured_models_name_is_not_edited_in_the_folder(tmp_path, caplog) -> None:
     """A folder model that a configured model of the same name hides: listed once (the
     configured one, which requests reach), logged once; /api/delete, copy and create under

@@ -243,6 +243,35 @@ def test_load_requests_answer_done() -> None:
     assert ollama_reply.load_reply("m", "generate", 0)["done_reason"] == "unload"
 
 
+def test_an_unload_reaches_the_workers_for_a_model_no_longer_listed() -> None:
+    """keep_alive 0 for a name the folder no longer lists (its file removed while loaded)
+    goes to the workers, who unload it (or answer 404); any other request for it is a 404
+    at once."""
+    import asyncio
+
+    asked: list[tuple[str, float | None]] = []
+
+    class Ingress:
+        streams: dict = {}
+
+        def resolve(self, name: str) -> None:
+            return None
+
+        async def load(self, model: str, keep: float | None) -> dict:
+            asked.append((model, keep))
+            return {"done_reason": "unload"}
+
+    for api, body in [(request.chat_call, {"model": "gone:latest", "messages": []}),
+                      (request.generate_call, {"model": "gone:latest"})]:
+        call = api(json.dumps({**body, "keep_alive": 0}).encode(), Ingress())
+        answer = json.loads(asyncio.run(call.later()).body)
+        assert answer["done_reason"] == "unload"
+        with pytest.raises(ApiError) as err:
+            api(json.dumps(body).encode(), Ingress())
+        assert err.value.status == 404
+    assert asked == [("gone", 0), ("gone", 0)]
+
+
 # -- answers --------------------------------------------------------------------------------
 def _events(content: list[str], thinking: list[str] = (), calls: list[ToolCall] = (),
             reason: str = "stop", cut: bool = False) -> list:
