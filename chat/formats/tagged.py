@@ -2,7 +2,12 @@
 lfm2_pythonic, content_only).
 
 Content runs until a reasoning opener or a tool opener; reasoning until its closer; a tool
-block is read by the format's `ToolBlock`. Text that could still become a marker is held
+block is read by the format's `ToolBlock`. Reasoning comes first: once it has closed, or once
+content has shown more than whitespace, a reasoning opener is the answer's own text (a reply
+about `<think>` tags, a JSON string or code holding one), as the constraint's grammar reads
+it (reasoning, then the answer), and so is a closer that follows one; a closer on its own
+is dropped (a stray one). Gemma 4 is the exception: its channel markers are control tokens
+and a thought block may follow the answer (an empty one, dropped, as llama.cpp reads it). Text that could still become a marker is held
 back, and the parser keeps only the text it has not consumed, so feeding text in any
 pieces gives the same events and each update costs time in the new text only.
 """
@@ -64,6 +69,9 @@ class TaggedParser:
         self.openers = openers if block is not None else ()
         self.stop = spec.stop_marker
         self.content_markers = Markers(r_start, r_end, *self.openers, self.stop)
+        self.answering = False  # reasoning is over: its opener is text
+        self.reasoning_first = not channel_name  # (Gemma 4's thought blocks go anywhere)
+        self.literal_openers = 0  # openers taken as text, not yet closed
         self.reasoning_markers = Markers(r_start, r_end, *self.openers, self.stop)
         self.tool_end_markers = Markers(self.tool_end)
         self.buf = ""
@@ -120,11 +128,11 @@ class TaggedParser:
         if at < 0:
             end = n if final else n - markers.hold(buf, pos)
             if end > pos:
-                self.b.text(field, buf[pos:end])
+                self._text(field, buf[pos:end])
                 return end
             return None
         if at > pos:
-            self.b.text(field, buf[pos:at])
+            self._text(field, buf[pos:at])
         after = at + len(marker)
         if marker == self.stop:
             self.b.end_segment(field)
@@ -134,6 +142,7 @@ class TaggedParser:
             if marker == self.r_end:
                 self.b.end_segment(REASONING)
                 self.mode = _CONTENT
+                self.answering = self.reasoning_first
                 return after
             if marker == self.r_start:  # a repeated opener: drop it
                 self.mode = _HEADER if self.channel_name else _REASONING
@@ -142,14 +151,27 @@ class TaggedParser:
             self.mode = _TENTATIVE
             self._scanned = 0
             return at
+        if marker == self.r_start and self.answering:  # the answer's own text
+            self.literal_openers += 1
+            self.b.text(CONTENT, marker)
+            return after
         if marker == self.r_start:
             self.b.end_segment(CONTENT)
             self.mode = _HEADER if self.channel_name else _REASONING
+            return after
+        if marker == self.r_end and self.literal_openers:  # closes a literal opener
+            self.literal_openers -= 1
+            self.b.text(CONTENT, marker)
             return after
         if marker == self.r_end:  # a stray closer: drop it
             self.b.end_segment(CONTENT)
             return after
         return self._open_at(marker, at)
+
+    def _text(self, field: str, text: str) -> None:
+        self.b.text(field, text)
+        if field == CONTENT and not self.answering and not text.isspace():
+            self.answering = self.reasoning_first
 
     def _bare(self, buf: str, pos: int, final: bool) -> int | None:
         """The turn's first text: a block opened by `bare_opener`, or content."""
@@ -190,6 +212,7 @@ class TaggedParser:
             self.b.text(REASONING, buf[pos:at])
             self.b.end_segment(REASONING)
             self.mode = _CONTENT
+            self.answering = self.reasoning_first
             return at + len(self.r_end)
         if not final:
             self._scanned = max(0, len(buf) - pos - len(self.r_end) + 1)

@@ -83,6 +83,32 @@ def test_thinking_off_spec_leaves_think_tags_in_content() -> None:
     assert parse(spec, "<think>x</think>y", partial=False).content == "<think>x</think>y"
 
 
+@pytest.mark.parametrize("kind", ["hermes_json", "qwen_xml", "lfm2_pythonic"])
+@pytest.mark.parametrize("answer", [
+    'Wrap it in {o} and {c}: {o}plan{c}.',  # an answer about the markers
+    '{{"html": "{o}x{c}"}}',  # a JSON string holding them (a constraint lets it through)
+    'if tag == "{o}":',  # code, an opener alone
+])
+@pytest.mark.parametrize("reasoned", [False, True])
+def test_reasoning_markers_in_the_answer_are_its_text(kind: str, answer: str,
+                                                      reasoned: bool) -> None:
+    """Reasoning comes first: once it closed, or once the answer began, its markers are
+    the answer's text, whole and in place, streamed as they are read (they cut the answer
+    and moved its pieces into reasoning). A closer after the answer with no opener before
+    it stays dropped. (Gemma 4's channel markers are control tokens, its thought blocks
+    read anywhere: the corpus's cases from llama.cpp.)"""
+    spec = spec_for_kind(kind)
+    o, c = spec.reasoning_start, spec.reasoning_end
+    text = answer.format(o=o, c=c)
+    raw = (f"{o}think{c}" if reasoned else "") + text
+    final = parse(spec, raw, partial=False)
+    assert (final.reasoning_content, final.content) == ("think" if reasoned else "", text)
+    for cut in range(len(raw) + 1):
+        assert is_prefix_msg(parse(spec, raw[:cut], partial=True), final) is None
+    if text.count(o) == text.count(c):  # nothing open: a closer more is a stray one
+        assert parse(spec, raw + c, partial=False).content == text
+
+
 def test_a_llama_turn_that_ends_inside_its_second_call_keeps_the_first() -> None:
     """A turn that ends (not cut by a limit: `partial` is False) inside a bare call: the
     calls before it stay calls, the unfinished one is content (as an unfinished block of
