@@ -128,6 +128,28 @@ def test_page_streams_a_reply_and_stop_frees_the_slot(browser, serve_url, tmp_pa
     assert (tmp_path / "page.png").stat().st_size > 10_000
 
 
+def test_new_chat_during_a_reply_leaves_that_reply_out_of_it(browser, serve_url) -> None:
+    """The new chat's first request holds its own message only: the reply cut short by
+    "New chat" went into the new chat's history (the next request began with it)."""
+    from selenium.webdriver.common.by import By
+
+    _open(browser, serve_url + "/", SMOL)
+    browser.find_element(By.ID, "temperature").send_keys("0")
+    _send(browser, "Tell me a long story about a cat.", 4000)
+    content = _last_reply(browser).find_element(By.CSS_SELECTOR, ".content")
+    _wait(browser, lambda d: len(content.text.split()) >= 3, "no streamed text")
+    browser.execute_script(  # the bodies the page sends from now on
+        "window.sent = []; const f = window.fetch; window.fetch = (u, o) => "
+        "{ if (o && o.body) window.sent.push(JSON.parse(o.body)); return f(u, o); };")
+    browser.find_element(By.ID, "new-chat").click()
+    send = browser.find_element(By.ID, "send")
+    _wait(browser, lambda d: send.is_enabled(), "the stopped reply did not end")
+    _send(browser, "Hello", 3)
+    _wait(browser, lambda d: d.execute_script("return window.sent.length"), "nothing sent")
+    [body] = browser.execute_script("return window.sent")
+    assert body["messages"] == [{"role": "user", "content": "Hello"}]
+
+
 def test_reply_shows_its_speed_and_reasoning_collapsed(browser, serve_url) -> None:
     from selenium.webdriver.common.by import By
 

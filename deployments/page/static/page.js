@@ -221,7 +221,10 @@ async function send(event) {
   if (!text || state.controller || !$("model").value) return;
   $("prompt").value = "";
   localStorage.setItem("flm-model", $("model").value);
-  state.history.push({ role: "user", content: text });
+  // this chat's turns: "New chat" during the reply starts another list, which this reply
+  // (stopped) never joins
+  const history = state.history;
+  history.push({ role: "user", content: text });
   addTurn("user", text);
   const reply = new Reply();
   const controller = state.controller = new AbortController();
@@ -230,7 +233,7 @@ async function send(event) {
   let stopped = false;
   try {
     let body;
-    try { body = JSON.stringify(request(state.history)); }
+    try { body = JSON.stringify(request(history)); }
     catch (e) { reply.fail("Tools: " + e.message); return; }
     const response = await fetch("v1/chat/completions", {
       method: "POST", headers: headers(), body, signal: controller.signal });
@@ -255,8 +258,8 @@ async function send(event) {
     setBusy(false);
     reply.done(started, stopped);
     const m = reply.message();
-    if (m.content || m.tool_calls) state.history.push(m);
-    else state.history.pop();  // nothing came back: the question is not in the chat
+    if (m.content || m.tool_calls) history.push(m);
+    else history.pop();  // nothing came back: the question is not in the chat
     $("prompt").focus();
   }
 }
