@@ -377,8 +377,8 @@ def chat_request(req: ChatIn, variant: tuple | None = None) -> GenerateRequest:
 
 def _thinks(req: _Common, greq: GenerateRequest) -> GenerateRequest:
     """`greq`, refused by a model that cannot think when `think` asks for thinking (true or
-    an effort), as Ollama refuses it."""
-    if req.think is None or req.think is False:
+    an effort), as Ollama refuses it; the effort "none" is thinking off, as `false`."""
+    if req.think in (None, False, "none"):
         return greq
     return msgspec.structs.replace(greq, require_thinking=True)
 
@@ -400,7 +400,7 @@ def generate_request(req: GenerateIn, variant: tuple | None = None) -> GenerateR
     # suffix in its FIM tokens, the system prompt not at all); `raw`: the prompt as it is.
     # In both, `format` constrains the continuation itself
     if req.raw or req.suffix:
-        if sampling.get("think") or "reasoning_effort" in sampling:
+        if sampling.get("think") or sampling.get("reasoning_effort", "none") != "none":
             raise ApiError(400, "'think' needs the model's chat template; it cannot be "
                                 "used with " + ("'suffix'." if req.suffix else "'raw': true."),
                            param="think")

@@ -177,9 +177,12 @@ def test_raw_generate_takes_ollamas_boolean_logprobs() -> None:
 
 
 @pytest.mark.parametrize("think,required", [(True, True), ("high", True), (False, False),
-                                            (None, False)])
+                                            ("none", False), (None, False)])
 def test_think_asks_the_model_to_be_able_to(think, required: bool) -> None:
     assert _chat(think=think).require_thinking is required
+    assert _generate(think=think).require_thinking is required
+    if not required:  # nothing to switch on: a raw prompt takes it too
+        assert not _generate(raw=True, think=think).constraint.allow_reasoning
 
 
 def test_tools_ask_the_model_to_be_able_to_call_them() -> None:
