@@ -539,9 +539,15 @@ def build_session(request: GenerateRequest, model: Model, spec: FormatSpec,
         check_ids(model, prompt_ids, "prompt")
     else:
         prompt_ids = model.prompt_ids(text)
-        if chat and request.drop_history and len(prompt_ids) >= limit:
-            request, text, thinking, tools_enabled, prompt_ids = _fitted(
-                request, model, limit, (request, text, thinking, tools_enabled, prompt_ids))
+        # room for the reply the request asks for: Ollama's runner shifts its context and
+        # writes all of it; here the oldest messages go for it (if that can make it)
+        room = min(request.max_tokens or 0, limit - 1) if chat and request.drop_history else 0
+        if chat and request.drop_history and len(prompt_ids) + room >= limit:
+            rendered = (request, text, thinking, tools_enabled, prompt_ids)
+            fitted = _fitted(request, model, limit - room, rendered) if room else rendered
+            if fitted is rendered and len(prompt_ids) >= limit:  # the prompt alone, then
+                fitted = _fitted(request, model, limit, rendered)
+            request, text, thinking, tools_enabled, prompt_ids = fitted
     if not prompt_ids:
         prompt_ids = [model.tokenizer.bos_id] if model.tokenizer.bos_id is not None else []
     if not prompt_ids:

@@ -148,6 +148,31 @@ def test_ollamas_long_conversation_drops_its_oldest_messages_to_fit(model, spec)
                                            drop_history=True))
 
 
+def test_ollamas_long_conversation_leaves_room_for_the_reply_it_asks_for(model, spec) -> None:
+    """A conversation just under num_ctx with num_predict: older messages go until the
+    reply fits too, as Ollama's runner (shifting its context) writes all of it; a reply
+    that no cut makes room for keeps the conversation as it fits."""
+    turns = []
+    for i in range(12):
+        turns += [{"role": "user", "content": f"question {i} " + "word " * 20},
+                  {"role": "assistant", "content": f"answer {i}"}]
+    turns.append({"role": "user", "content": "and the last one?"})
+    limit = 120
+    fitted, _ = _session(model, spec, ChatGenerate(request_id="r0", messages=turns,
+                                                   context_limit=limit, drop_history=True))
+    short = len(fitted.prompt_ids)
+    assert limit - short < 40  # without a reply's length: the history fills the context
+    session, _ = _session(model, spec, ChatGenerate(request_id="r1", messages=turns,
+                                                    context_limit=limit, drop_history=True,
+                                                    max_tokens=40))
+    assert len(session.prompt_ids) + 40 < limit
+    assert session.request.messages[-1] == turns[-1]
+    session, _ = _session(model, spec, ChatGenerate(request_id="r2", messages=turns,
+                                                    context_limit=limit, drop_history=True,
+                                                    max_tokens=limit))  # no cut makes room
+    assert len(session.prompt_ids) == short
+
+
 def test_a_logit_bias_outside_the_vocabulary_is_a_400_naming_it(model, spec) -> None:
     vocab = model.config.vocab_size
     with pytest.raises(RequestError) as info:
