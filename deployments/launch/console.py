@@ -114,10 +114,12 @@ def _logs_dir() -> str | None:
 class StartWatch:
     """Waits for a Serve config's apps, then prints the start block; if no model could
     load, sets `failed`, calls `on_no_model` and sends this process SIGINT (the launcher's
-    stop)."""
+    stop). It gives up once `stopping` is set: a Serve call after the launcher's
+    `ray.shutdown()` would start a Ray cluster of its own (Ray's auto-init)."""
 
     def __init__(self, config_path: Path, started: float, *,
-                 on_no_model: Callable[[], None] = lambda: None) -> None:
+                 on_no_model: Callable[[], None] = lambda: None,
+                 stopping: threading.Event | None = None) -> None:
         config = yaml.safe_load(config_path.read_text()) or {}
         http = config.get("http_options") or {}
         self.host = str(http.get("host") or "127.0.0.1")
@@ -127,6 +129,7 @@ class StartWatch:
         self.on_no_model = on_no_model
         self.failed = False
         self.broken = ""  # why an app could not be deployed
+        self.stopping = stopping or threading.Event()
 
     def start(self) -> None:
         if self.apps:
@@ -165,6 +168,8 @@ class StartWatch:
 
         deadline = time.monotonic() + READY_S
         while time.monotonic() < deadline:
+            if self.stopping.is_set():
+                return None
             try:
                 status = serve.status().applications
             except Exception:  # Serve's controller is not up yet
@@ -181,6 +186,8 @@ class StartWatch:
                 break
             time.sleep(0.5)
         else:
+            return None
+        if self.stopping.is_set():
             return None
         models: dict[str, dict[str, Any]] = {}
         for app in self.apps:

@@ -281,7 +281,8 @@ def main(argv: list[str] | None = None, *, remove: tuple[str, ...] = (),
             print(f"flm-serve: {fault}", file=sys.stderr, flush=True)
             return 1
         # the start block, once the apps answer; no loadable model stops the run (status 1)
-        watch = StartWatch(config, started, on_no_model=lambda: setattr(stop, "exit_code", 1))
+        watch = StartWatch(config, started, on_no_model=lambda: setattr(stop, "exit_code", 1),
+                           stopping=stop.stopping)
         watch.start()
         try:
             cli.main(["run", str(config)], prog_name="serve", standalone_mode=False)

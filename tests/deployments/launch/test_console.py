@@ -53,3 +53,29 @@ def test_a_library_is_named_and_keeps_the_run_going() -> None:
     assert "library  /models" in text and text.endswith("ready in 3 s\n")
     assert none_loaded({"bert": BROKEN}, []) and not none_loaded({"bert": BROKEN}, ["/m"])
     assert not none_loaded({"smollm2-135m": SMOL, "bert": BROKEN}, [])
+
+
+def test_the_watch_stops_asking_serve_once_the_run_stops(tmp_path, monkeypatch) -> None:
+    # a Serve call after the launcher's ray.shutdown() starts a new Ray cluster (auto-init):
+    # seen when `serve run` failed under load and a second Ray started as the run exited
+    import threading
+
+    from ray import serve
+
+    from deployments.launch import console
+
+    config = tmp_path / "serve.yaml"
+    config.write_text("applications:\n  - name: flm\n    import_path: deployments.app:build_app\n")
+    stopping = threading.Event()
+    calls = []
+
+    def status():
+        calls.append(1)
+        stopping.set()  # the run stops while the apps are still starting
+        raise RuntimeError("Serve's controller is not up")
+
+    monkeypatch.setattr(serve, "status", status)
+    monkeypatch.setattr(console, "READY_S", 2.0)
+    watch = console.StartWatch(config, 0.0, stopping=stopping)
+    assert watch._wait_and_describe() is None
+    assert len(calls) == 1
