@@ -102,7 +102,7 @@ def _version() -> str:
         return "(not installed)"
 
 
-def _logs_dir() -> str | None:
+def logs_dir() -> str | None:
     try:
         import ray
 
@@ -156,7 +156,7 @@ class StartWatch:
             return
         libraries = tuple(a.models_dir for a in self.apps if a.models_dir)
         print(start_block(version=_version(), urls=self._urls(), models=models,
-                          logs=_logs_dir(), seconds=time.monotonic() - self.started,
+                          logs=logs_dir(), seconds=time.monotonic() - self.started,
                           libraries=libraries), end="", flush=True)
         if none_loaded(models, list(libraries)):
             self.failed = True

@@ -37,7 +37,7 @@ from pathlib import Path
 import yaml
 
 from deployments.launch import console_filter, folders
-from deployments.launch.console import StartWatch
+from deployments.launch.console import StartWatch, logs_dir
 from deployments.launch.loopback import LOOPBACK_ENV
 from deployments.launch.processes import RUN_ID_VAR, RunProcesses
 from deployments.launch.serve_env import serve_environ
@@ -227,6 +227,17 @@ class _Stop:
         return False
 
 
+def _start_failure(exc: Exception) -> str:
+    """Why Ray or Serve failed, in one line (their messages run over several), and where
+    Ray's logs are."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = "; ".join(lines) or "(no message)"
+    text = text if len(text) <= 400 else text[:399] + "…"
+    logs = logs_dir()
+    return (f"Ray or Serve failed: {type(exc).__name__}: {text}"
+            + (f" (Ray's logs: {logs})" if logs else ""))
+
+
 def _remove(paths: tuple[str, ...]) -> None:
     for path in paths:
         shutil.rmtree(path, ignore_errors=True)
@@ -292,6 +303,10 @@ def main(argv: list[str] | None = None, *, remove: tuple[str, ...] = (),
             code = exc.code if isinstance(exc.code, int) else 0
         if watch.failed:  # no model could load
             code = 1
+    except Exception as exc:  # Ray or Serve could not start (a raylet that timed out, a
+        # proxy Serve gave up on: seen on an overloaded host) or could not take the config
+        print(f"flm-serve: {_start_failure(exc)}", file=sys.stderr, flush=True)
+        code = 1
     finally:
         stop.begin()
         stop.cleanup.set()
