@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import msgspec
@@ -53,6 +54,7 @@ class LibraryEntry(LibraryConfig, kw_only=True, forbid_unknown_fields=True):
 
 
 DEFAULT_MODEL = {"name": "smollm2-135m", "path": "smollm2-135m"}
+API_KEY_VAR = "FLM_API_KEY"  # api_key's default (README: Configuration)
 
 
 class AppConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -68,6 +70,9 @@ class AppConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             request does not say (Ollama's `keep_alive`: "5m", seconds, -1 for ever).
         allow_delete: Ollama's /api/delete may delete a library model's GGUF files (off:
             it removes aliases only).
+        api_key: the key every API route requires (None: $FLM_API_KEY of the processes
+            Ray starts, which the command line's --api-key sets, so that the key is not in
+            the args Serve logs; else no key).
     """
 
     models: list[ModelEntry] | None = None
@@ -144,7 +149,7 @@ def build_app(args: dict[str, Any] | None = None):
             max_queued_requests=m.max_queued, ray_actor_options=actor,
             health_check_period_s=5, health_check_timeout_s=30, **routing,
         ).bind(msgspec.structs.replace(worker_config(m), device=device), metrics_hub=hub)
-    settings: dict[str, Any] = {"api_key": cfg.api_key,
+    settings: dict[str, Any] = {"api_key": cfg.api_key or os.environ.get(API_KEY_VAR) or None,
                                 "max_request_bytes": cfg.max_request_bytes}
     library = None
     if cfg.models_dir:

@@ -28,6 +28,7 @@ import yaml
 from deployments.launch import folders, launcher
 
 NAMES = ("smollm2-135m", "flm-tiny")  # built-in models (no file to give)
+API_KEY_VAR = "FLM_API_KEY"  # --api-key's default (deployments.app reads it too)
 QUANTIZE = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "f16", "bf16")
 
 
@@ -194,7 +195,7 @@ def config_for(args: argparse.Namespace) -> dict[str, Any]:
         app_args["models"].append(model)
     if args.models_dir:
         app_args.update(_library_args(args))
-    api_key = args.api_key or os.environ.get("FLM_API_KEY")
+    api_key = args.api_key or os.environ.get(API_KEY_VAR)
     if api_key:
         app_args["api_key"] = api_key
     return {"proxy_location": "HeadOnly",
@@ -235,10 +236,15 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"flm-serve: {exc}", file=sys.stderr)
         return 2
-    text = yaml.safe_dump(config, sort_keys=False)
     if args.print_config:
-        print(text, end="")
+        print(yaml.safe_dump(config, sort_keys=False), end="")
         return 0
+    app_args = config["applications"][0]["args"]
+    if "api_key" in app_args and not launcher.joins_cluster():
+        # the key reaches the app through the environment of the Ray this run starts, not
+        # the config's args, which Serve's controller logs (world-readable files in /tmp/ray)
+        os.environ[API_KEY_VAR] = app_args.pop("api_key")
+    text = yaml.safe_dump(config, sort_keys=False)
     folder = folders.private_folder("cli-")  # 0700: the API key stays private
     try:
         path = Path(folder) / "serve.yaml"

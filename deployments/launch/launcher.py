@@ -128,12 +128,12 @@ def _environment(host: str, run_id: str, private: str) -> dict[str, str]:
     env.setdefault("RAY_SERVE_HAPROXY_SOCKET_PATH", f"{private}/admin.sock")
     env.setdefault("RAY_SERVE_HAPROXY_SERVER_STATE_BASE", private)
     env.setdefault("RAY_SERVE_HAPROXY_SERVER_STATE_FILE", f"{private}/server-state")
-    if host in LOOPBACK and not _joins_cluster():
+    if host in LOOPBACK and not joins_cluster():
         # Ray's single-host mode (its default on macOS and Windows): every Ray process takes
         # 127.0.0.1 as the node's address, so its agents and metrics servers listen there
         env.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         env[LOOPBACK_ENV] = "1"  # and Serve's replica gRPC servers (deployments.launch.loopback)
-    if _joins_cluster():
+    if joins_cluster():
         # Ray turns token authentication on for the clusters it starts, and a process that
         # joins one sends its token (~/.ray/auth_token) only when told to
         env.setdefault("RAY_AUTH_MODE", "token")
@@ -144,7 +144,7 @@ def _environment(host: str, run_id: str, private: str) -> dict[str, str]:
     return env
 
 
-def _joins_cluster() -> bool:
+def joins_cluster() -> bool:
     """Whether ray.init() will join a running cluster (RAY_ADDRESS, or one `ray start`
     began on this machine) instead of starting Ray here: its processes, started without
     this run's settings, are then not this run's to configure or to stop."""

@@ -60,3 +60,16 @@ def test_the_launcher_says_a_bad_config_in_one_line(tmp_path) -> None:
     # as the command line's --models-dir: not an empty library that starts silently
     config.write_text(config.read_text().replace(str(tmp_path), str(tmp_path / "nope")))
     assert "models_dir" in _app_fault(config) and "not a directory" in _app_fault(config)
+
+
+def test_the_api_key_defaults_to_flm_api_key(monkeypatch) -> None:
+    # README: api_key's default is $FLM_API_KEY (`FLM_API_KEY=k make serve` requires it);
+    # the command line's --api-key comes this way, out of the args Serve logs
+    def key(args: dict) -> str | None:
+        return build_app(args)._bound_deployment.init_args[1]["api_key"]
+
+    monkeypatch.delenv("FLM_API_KEY", raising=False)
+    assert key({}) is None
+    monkeypatch.setenv("FLM_API_KEY", "from-env")
+    assert key({}) == "from-env"
+    assert key({"api_key": "from-config"}) == "from-config"

@@ -3,6 +3,7 @@ that cannot be served is one line before Ray starts."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -122,6 +123,28 @@ def test_verbose_reaches_the_launcher(flag: list[str], monkeypatch) -> None:
     # and a busy port's message names --port, not that file
     assert kwargs[0] == {"remove": (str(Path(seen[0][0]).parent),), "port_option": "--port"}
     assert not Path(seen[0][0]).parent.exists()
+
+
+def test_the_api_key_reaches_the_app_through_the_environment_not_the_args(
+        monkeypatch, capsys) -> None:
+    # Serve's controller logs an app's args ("Importing application 'flm' with arguments
+    # {... 'api_key': ...}") into Ray's world-readable log files
+    from deployments.launch import launcher
+
+    monkeypatch.delenv("FLM_API_KEY", raising=False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(launcher, "joins_cluster", lambda: False)
+    written: list[dict] = []
+    monkeypatch.setattr(launcher, "main", lambda argv, **kw: written.append(
+        yaml.safe_load(Path(argv[0]).read_text())) or 0)
+    assert cli.main(["serve", "smollm2-135m", "--api-key", "s3cret"]) == 0
+    assert "api_key" not in written[0]["applications"][0]["args"]
+    assert "s3cret" not in str(written[0])
+    assert os.environ["FLM_API_KEY"] == "s3cret"  # what the Ray this run starts inherits
+    # --print-config still shows the whole config (one to run elsewhere)
+    assert cli.main(["serve", "smollm2-135m", "--api-key", "k2", "--print-config"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["applications"][0]["args"][
+        "api_key"] == "k2"
 
 
 def test_a_file_that_is_no_gguf_is_one_line_before_ray_starts(tmp_path, capsys) -> None:
