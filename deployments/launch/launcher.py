@@ -206,8 +206,10 @@ class _Stop:
             time.sleep(0.1)
         if self.finished.is_set():
             return
-        ended = self.end()
+        # the folders first: ending the raylet can end this process at once (Ray's core
+        # worker exits when its raylet dies), before anything after `end` runs
         _remove(self.private)
+        ended = self.end()
         _say_stopped(ended)
         os._exit(self.exit_code)
 
