@@ -3,6 +3,8 @@ from the config file to `load_model` (its loading options are npu's LoadOptions)
 
 from __future__ import annotations
 
+from typing import Annotated, Literal
+
 import msgspec
 
 from actors.speculation import Speculation
@@ -37,11 +39,11 @@ class WorkerConfig(LoadOptions, kw_only=True):
 
     name: str
     path: str
-    device: str = "cpu"
-    max_batch: int = 8
-    blas_threads: int | None = None
-    stream_interval_ms: float = 100.0
-    max_messages_per_s: float = 100.0
+    device: Literal["cpu", "npu", "auto"] = "cpu"
+    max_batch: Annotated[int, msgspec.Meta(ge=1)] = 8
+    blas_threads: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    stream_interval_ms: Annotated[float, msgspec.Meta(ge=0)] = 100.0
+    max_messages_per_s: Annotated[float, msgspec.Meta(ge=0)] = 100.0
     speculative: Speculation = msgspec.field(default_factory=Speculation)
     simulator_devices: list[str] | None = None
 

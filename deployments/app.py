@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 from ray.serve.config import RequestRouterConfig
@@ -18,6 +18,15 @@ from deployments.routing import router_config
 from deployments.server import make_ingress
 
 
+# a deployment's replicas (Serve takes 0 too: a model no request could reach)
+Replicas = Annotated[int, msgspec.Meta(ge=1)]
+
+
+def _check_max_queued(value: int) -> None:
+    if value == 0:  # Serve's max_queued_requests: -1 (no limit) or a positive count
+        raise ValueError("max_queued must be -1 (no limit) or at least 1")
+
+
 class ModelEntry(WorkerConfig, kw_only=True, forbid_unknown_fields=True):
     """One served model: its worker (WorkerConfig: name, path, device, batch, streaming;
     LoadOptions: how the model is loaded) and how Serve runs it.
@@ -30,9 +39,12 @@ class ModelEntry(WorkerConfig, kw_only=True, forbid_unknown_fields=True):
             unless one replica has half a batch more requests than another; off: by load.
     """
 
-    replicas: int = 1
-    max_queued: int = 64
+    replicas: Replicas = 1
+    max_queued: Annotated[int, msgspec.Meta(ge=-1)] = 64
     prefix_routing: bool = True
+
+    def __post_init__(self) -> None:
+        _check_max_queued(self.max_queued)
 
 
 class LibraryEntry(LibraryConfig, kw_only=True, forbid_unknown_fields=True):
@@ -48,9 +60,12 @@ class LibraryEntry(LibraryConfig, kw_only=True, forbid_unknown_fields=True):
             router keyed by model), unless one has half a batch more requests; off: by load.
     """
 
-    replicas: int = 1
-    max_queued: int = 64
+    replicas: Replicas = 1
+    max_queued: Annotated[int, msgspec.Meta(ge=-1)] = 64
     prefix_routing: bool = True
+
+    def __post_init__(self) -> None:
+        _check_max_queued(self.max_queued)
 
 
 DEFAULT_MODEL = {"name": "smollm2-135m", "path": "smollm2-135m"}
@@ -82,8 +97,8 @@ class AppConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     allow_delete: bool = False
     api_key: str | None = None
     cors_origins: list[str] = msgspec.field(default_factory=list)
-    max_request_bytes: int = 4 << 20
-    ingress_replicas: int = 1
+    max_request_bytes: Annotated[int, msgspec.Meta(ge=1)] = 4 << 20
+    ingress_replicas: Replicas = 1
 
 
 # The ingress's handlers only await (no blocking work, no model): run them and its handles'
@@ -111,6 +126,11 @@ def check_args(args: dict[str, Any] | None) -> AppConfig:
         msgspec.ValidationError: the config is malformed; the message names the key.
     """
     cfg = msgspec.convert(args or {}, AppConfig)
+    names = [m.name for m in cfg.models or []]
+    for i, name in enumerate(names):
+        if name in names[:i]:  # the second would replace the first's worker
+            raise msgspec.ValidationError(f"{name!r} is also the name of models"
+                                          f"[{names.index(name)}] - at `$.models[{i}].name`")
     if cfg.models_dir is not None:
         _library_config(cfg)
     return cfg

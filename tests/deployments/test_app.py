@@ -73,3 +73,30 @@ def test_the_api_key_defaults_to_flm_api_key(monkeypatch) -> None:
     monkeypatch.setenv("FLM_API_KEY", "from-env")
     assert key({}) == "from-env"
     assert key({"api_key": "from-config"}) == "from-config"
+
+
+@pytest.mark.parametrize("model,where", [
+    ({"max_batch": 0}, "$.models[0].max_batch"),
+    ({"replicas": 0}, "$.models[0].replicas"),
+    ({"max_queued": 0}, "$.models[0]"),
+    ({"device": "gpu"}, "$.models[0].device"),
+    ({"blas_threads": 0}, "$.models[0].blas_threads"),
+])
+def test_a_bad_model_value_is_named_before_serve_starts(model: dict, where: str) -> None:
+    # max_batch 0 reached Serve, whose build failed three times with pydantic tracebacks,
+    # and the launcher's line was "For further information visit https://errors.pydantic..."
+    with pytest.raises(msgspec.ValidationError, match=where.replace("$", r"\$")
+                       .replace("[", r"\[")):
+        check_args({"models": [{"name": "m", "path": "smollm2-135m", **model}]})
+
+
+@pytest.mark.parametrize("args,where", [
+    ({"ingress_replicas": 0}, "$.ingress_replicas"),
+    ({"max_request_bytes": 0}, "$.max_request_bytes"),
+    ({"models": [{"name": "m", "path": "smollm2-135m"}, {"name": "m", "path": "flm-tiny"}]},
+     "$.models[1].name"),
+])
+def test_a_bad_app_value_is_named_before_serve_starts(args: dict, where: str) -> None:
+    with pytest.raises(msgspec.ValidationError, match=where.replace("$", r"\$")
+                       .replace("[", r"\[")):
+        check_args(args)
