@@ -151,6 +151,14 @@ def _check_path(path: str) -> str:
                      + ", ".join(NAMES))
 
 
+def _is_gguf(path: str) -> bool:
+    """Whether a checked model path is served from a GGUF file (smollm2-135m is one)."""
+    if path in NAMES:
+        return path == "smollm2-135m"
+    p = Path(path)
+    return p.is_file() or not (p / "config.json").exists()
+
+
 def _check_gguf(path: Path) -> None:
     from actors.library import gguf_problem  # (its imports: only for a path to check)
 
@@ -182,6 +190,10 @@ def config_for(args: argparse.Namespace) -> dict[str, Any]:
     app_args: dict[str, Any] = {"models": []}
     if args.model is not None:
         path = _check_path(args.model)
+        if args.quantize and _is_gguf(path):  # the loader refuses it, once Ray has started
+            raise UsageError(f"--quantize {args.quantize}: {args.model} is a GGUF file, which "
+                             "keeps its own formats (--quantize is for a Hugging Face "
+                             "checkpoint)")
         model: dict[str, Any] = {"name": args.name or _model_name(args.model), "path": path,
                                  "device": args.device, "replicas": args.replicas,
                                  "max_batch": args.max_batch}

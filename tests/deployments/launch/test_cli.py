@@ -52,6 +52,8 @@ def test_options_reach_the_config(tmp_path, monkeypatch) -> None:
     (["flm-tiny", "--replicas", "0"], "--replicas 0 is out of range"),
     (["flm-tiny", "--device", "npu"], "--device npu needs --kernel-dir"),
     (["flm-tiny", "--chat-template", "/nope.jinja"], "no such file"),
+    # the worker's load refused it, after Ray started: "no model could be loaded"
+    (["smollm2-135m", "--quantize", "q8_0"], "--quantize q8_0: smollm2-135m is a GGUF file"),
 ])
 def test_a_bad_option_is_one_line(argv: list[str], text: str, capsys) -> None:
     assert cli.main(["serve", *argv]) == 2
