@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -206,17 +207,18 @@ class _Stop:
             time.sleep(0.1)
         if self.finished.is_set():
             return
-        # the folders first: ending the raylet can end this process at once (Ray's core
-        # worker exits when its raylet dies), before anything after `end` runs
+        # the folders first and the line before the raylet ends: that can end this process
+        # at once (Ray's core worker exits when its raylet dies)
         _remove(self.private)
-        ended = self.end()
-        _say_stopped(ended)
+        self.end(before_raylet=_say_stopped)
         os._exit(self.exit_code)
 
-    def end(self) -> list[int]:
+    def end(self, before_raylet: Callable[[list[int]], None] = lambda ended: None,
+            ) -> list[int]:
         """End what is left of the run and wait for the API's port to be free."""
         return self.processes.end(self.deadline or time.monotonic(),
-                                  done=lambda: not port_in_use(self.host, self.port))
+                                  done=lambda: not port_in_use(self.host, self.port),
+                                  before_raylet=before_raylet)
 
     def _gcs_alive(self) -> bool:
         for pid in self.processes.alive():

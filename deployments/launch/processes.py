@@ -115,24 +115,45 @@ class RunProcesses:
         return out
 
     def end(self, deadline: float, *, grace_s: float = 2.0,
-            done: Callable[[], bool] = lambda: True) -> list[int]:
+            done: Callable[[], bool] = lambda: True,
+            before_raylet: Callable[[list[int]], None] = lambda ended: None) -> list[int]:
         """SIGTERM what is left of the run, SIGKILL what is still there after `grace_s`,
         then wait (until `deadline`, a time.monotonic() value) for it to go and for `done`.
+        The raylet goes last, after `before_raylet(the pids ended so far)`: its end can end
+        this process at once (Ray's core worker exits when its raylet dies), and whatever
+        this process still had to end (Ray's agents, which ignore SIGTERM) would stay.
 
         Returns:
             The pids that were still alive and had to be ended.
         """
         left = self.alive()
-        for pid in left:
+        raylets = {pid for pid in left if _comm(pid) == "raylet"}
+        self._end(lambda: [pid for pid in self.alive() if pid not in raylets], deadline,
+                  grace_s, lambda: True)
+        before_raylet([pid for pid in left if pid not in raylets])
+        self._end(self.alive, deadline, grace_s, done)
+        return left
+
+    @staticmethod
+    def _end(targets: Callable[[], list[int]], deadline: float, grace_s: float,
+             done: Callable[[], bool]) -> None:
+        for pid in targets():
             _signal(pid, signal.SIGTERM)
         kill_at = min(deadline, time.monotonic() + grace_s)
-        while self.alive() and time.monotonic() < kill_at:
+        while targets() and time.monotonic() < kill_at:
             time.sleep(0.05)
-        for pid in self.alive():
+        for pid in targets():
             _signal(pid, signal.SIGKILL)
-        while (self.alive() or not done()) and time.monotonic() < deadline:
+        while (targets() or not done()) and time.monotonic() < deadline:
             time.sleep(0.05)
-        return left
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 def _signal(pid: int, sig: int) -> None:

@@ -58,14 +58,57 @@ def test_a_forced_stop_removes_the_private_folders_before_ending_ray(tmp_path,
         def alive(self) -> list[int]:
             return []  # no gcs_server: Serve has nothing left to shut down
 
-        def end(self, deadline: float, *, done) -> list[int]:
+        def end(self, deadline: float, *, done, before_raylet) -> list[int]:
             seen["folder_at_end"] = private.exists()
+            before_raylet([])  # the stop's line, before the end of the raylet ends this process
             return []
 
     monkeypatch.setattr(launcher.os, "_exit", lambda code: exited.set())
+    printed: list[list[int]] = []
+    monkeypatch.setattr(launcher, "_say_stopped", printed.append)
     stop = launcher._Stop(Processes(), "127.0.0.1", free_port(), (str(private),))
     stop.begin()
     assert exited.wait(10)
     time.sleep(0.1)
     assert seen == {"folder_at_end": False}
     assert not private.exists()
+    assert printed == [[]]
+
+
+def test_the_raylet_is_ended_after_the_rest_of_the_run(tmp_path) -> None:
+    # its end can end the launcher at once (Ray's core worker exits when its raylet dies):
+    # what was still to end then (Ray's agents, which ignore SIGTERM) stayed behind
+    import shutil
+    import signal
+    import time
+    import uuid
+
+    from deployments.launch.processes import RUN_ID_VAR, RunProcesses
+
+    run_id = uuid.uuid4().hex
+    raylet = tmp_path / "raylet"
+    raylet.symlink_to(shutil.which("sleep"))
+    env = {**os.environ, RUN_ID_VAR: run_id}
+    procs = [subprocess.Popen([str(raylet), "60"], env=env),
+             subprocess.Popen(["sleep", "60"], env=env,
+                              preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN))]
+    try:
+        time.sleep(0.2)
+        run = RunProcesses(run_id)
+        order: dict[str, object] = {}
+
+        def before_raylet(ended: list[int]) -> None:
+            for p in procs:
+                p.poll()
+            order["agent_gone"] = procs[1].returncode is not None
+            order["raylet_alive"] = procs[0].returncode is None
+            order["ended"] = ended
+
+        ended = run.end(time.monotonic() + 8, grace_s=0.5, before_raylet=before_raylet)
+        for p in procs:
+            p.wait(5)
+        assert order == {"agent_gone": True, "raylet_alive": True, "ended": [procs[1].pid]}
+        assert sorted(ended) == sorted(p.pid for p in procs)
+    finally:
+        for p in procs:
+            p.kill()
