@@ -110,12 +110,15 @@ class OllamaEmbedReply(_EmbedFold):
         super().__init__()
         self.model, self.legacy = model, legacy
 
-    def empty(self) -> Response:
-        """The answer to a request with nothing to embed (it loads the model)."""
+    def empty(self, load_s: float | None = None) -> Response:
+        """The answer to a request with nothing to embed (it loads the model: `load_s`, the
+        load's seconds; None: the model is always loaded, no time taken)."""
         if self.legacy:
             return JSONResponse({"embedding": []})
-        return JSONResponse({"model": self.model, "embeddings": [], "total_duration": 0,
-                             "load_duration": 0, "prompt_eval_count": 0})
+        total = 0 if load_s is None else int((time.perf_counter() - self.started) * 1e9)
+        load_s = load_s or 0.0
+        return JSONResponse({"model": self.model, "embeddings": [], "total_duration": total,
+                             "load_duration": int(load_s * 1e9), "prompt_eval_count": 0})
 
     def answer(self) -> Response:
         m = self.matrix().tolist()

@@ -24,6 +24,7 @@ import uuid
 from typing import Annotated, Any, Literal
 
 import msgspec
+from starlette.responses import Response
 
 from actors.events import EmbedGenerate
 from deployments.body import decode_json, is_token_id, several_prompts
@@ -156,7 +157,8 @@ def embed_call(body: bytes, ingress: Ingress) -> Call:
     model = served(ingress, req.model)
     texts = [req.input] if isinstance(req.input, str) else req.input
     if not texts or texts == [""]:
-        return Call(now=OllamaEmbedReply(req.model, legacy=False).empty())
+        return _load_call(ingress, model, keep_alive(req), OllamaEmbedReply(req.model,
+                                                                             legacy=False))
     _check_count(len(texts))
     for i, text in enumerate(texts):
         if not text:
@@ -175,11 +177,25 @@ def embeddings_call(body: bytes, ingress: Ingress) -> Call:
     model = served(ingress, req.model)
     reply = OllamaEmbedReply(req.model, legacy=True)
     if not req.prompt:
-        return Call(now=reply.empty())
+        return _load_call(ingress, model, keep_alive(req), reply)
     greq = EmbedGenerate(request_id=_request_id(), inputs=[req.prompt], truncate=True,
                          context_limit=_num_ctx(req.options))
     return Call(model=model, request=greq, reply=reply, params={"input": "prompt"},
                 keep_loaded_s=keep_alive(req))
+
+
+def _load_call(ingress: Ingress, model: str, keep: float | None,
+               reply: OllamaEmbedReply) -> Call:
+    """An Ollama embedding request with nothing to embed: as Ollama, it loads the model
+    (keep_alive 0: unloads it) and answers no embeddings; a configured model is always
+    loaded."""
+    if model in ingress.streams:
+        return Call(now=reply.empty())
+
+    async def load() -> Response:
+        out = await ingress.load(model, keep)
+        return reply.empty(load_s=out.get("load_s", 0.0))
+    return Call(later=load)
 
 
 def _llama_inputs(value: Any, field: str) -> list[str | list[int]]:

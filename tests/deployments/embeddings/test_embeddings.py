@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -130,6 +131,48 @@ def test_ollama_empty_input_loads_and_bad_input_is_an_ollama_error() -> None:
     r = client.post("/api/embed", json={"model": "other", "input": "a"})
     assert r.status_code == 404 and "other" in r.json()["error"]
     assert worker.requests == []
+
+
+class _Library:
+    """An ingress whose one model is a library model (loaded on request), as `ingress.load`
+    sees it: the keep_alive each load was asked with."""
+
+    streams: dict = {}
+
+    def __init__(self) -> None:
+        self.loads: list[float | None] = []
+
+    def resolve(self, name: str) -> str | None:
+        return "lib" if name == "lib" else None
+
+    async def load(self, model: str, keep_alive_s: float | None) -> dict:
+        self.loads.append(keep_alive_s)
+        return {"done_reason": "load", "load_s": 0.5}
+
+
+@pytest.mark.parametrize("path, body", [("/api/embed", {"input": ""}), ("/api/embed", {}),
+                                        ("/api/embeddings", {"prompt": ""})])
+def test_ollama_empty_input_loads_a_library_model(path: str, body: dict) -> None:
+    """As Ollama, an embedding request with nothing to embed loads the model (keep_alive 0:
+    unloads it), then answers no embeddings (the load's time in /api/embed's)."""
+    import asyncio
+
+    from deployments.embeddings.request import embed_call, embeddings_call
+
+    ingress = _Library()
+    build = embed_call if path == "/api/embed" else embeddings_call
+    for keep, seconds in ((None, None), (0, 0.0)):
+        call = build(msgspec.json.encode({"model": "lib", "keep_alive": keep, **body}),
+                     ingress)
+        assert call.later is not None and call.now is None
+        answer = msgspec.json.decode(asyncio.run(call.later()).body)
+        assert ingress.loads[-1] == seconds
+        if path == "/api/embed":
+            assert answer["embeddings"] == [] and answer["load_duration"] == 500_000_000
+            assert answer["total_duration"] > 0
+        else:
+            assert answer == {"embedding": []}
+    assert len(ingress.loads) == 2
 
 
 def test_ollama_embed_caps_its_inputs_as_openai_does() -> None:
