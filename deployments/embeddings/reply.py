@@ -104,11 +104,13 @@ class LlamaEmbedReply(_EmbedFold):
 
 
 class OllamaEmbedReply(_EmbedFold):
-    """/api/embed's answer (`legacy`: /api/embeddings', one `embedding`)."""
+    """/api/embed's answer (`legacy`: /api/embeddings', one `embedding`). `dimensions`:
+    Ollama's rule, each unit vector's first this many normalized again where fewer than
+    the model's (more, 0 or less: the whole vector)."""
 
-    def __init__(self, model: str, legacy: bool) -> None:
+    def __init__(self, model: str, legacy: bool, dimensions: int | None = None) -> None:
         super().__init__()
-        self.model, self.legacy = model, legacy
+        self.model, self.legacy, self.dimensions = model, legacy, dimensions
 
     def empty(self, load_s: float | None = None) -> Response:
         """The answer to a request with nothing to embed (it loads the model: `load_s`, the
@@ -121,7 +123,12 @@ class OllamaEmbedReply(_EmbedFold):
                              "load_duration": int(load_s * 1e9), "prompt_eval_count": 0})
 
     def answer(self) -> Response:
-        m = self.matrix().tolist()
+        m = self.matrix()
+        if self.dimensions is not None and 0 < self.dimensions < m.shape[1]:
+            m = m[:, :self.dimensions]
+            norms = np.linalg.norm(m, axis=1, keepdims=True)
+            m = m / np.where(norms > 0, norms, 1)  # a zero row stays zero
+        m = m.tolist()
         if self.legacy:
             return Response(_encoder.encode({"embedding": m[0]}), media_type=self.media_type)
         total = int((time.perf_counter() - self.started) * 1e9)

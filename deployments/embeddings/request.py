@@ -151,6 +151,8 @@ def openai_call(body: bytes, ingress: Ingress) -> Call:
 
 def embed_call(body: bytes, ingress: Ingress) -> Call:
     """/api/embed's Call: inputs over the context are cut to it unless `truncate` is false;
+    `dimensions` cuts the vectors as Ollama does (OllamaEmbedReply: one past the model's, or
+    0 and below, is the whole vector, not a 400);
     no input at all loads the model (answered with no embeddings); more than MAX_INPUTS
     inputs is a 400, as on /v1/embeddings. (/api/embeddings takes one `prompt`: no cap.)"""
     req = decode(body, EmbedIn)
@@ -164,9 +166,9 @@ def embed_call(body: bytes, ingress: Ingress) -> Call:
         if not text:
             raise ApiError(400, f"input {i} is empty")
     greq = EmbedGenerate(request_id=_request_id(), inputs=list(texts), truncate=req.truncate,
-                         dimensions=_dimensions(req.dimensions),
                          context_limit=_num_ctx(req.options))
-    return Call(model=model, request=greq, reply=OllamaEmbedReply(req.model, legacy=False),
+    return Call(model=model, request=greq,
+                reply=OllamaEmbedReply(req.model, legacy=False, dimensions=req.dimensions),
                 keep_loaded_s=keep_alive(req))
 
 

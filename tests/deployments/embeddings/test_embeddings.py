@@ -133,6 +133,21 @@ def test_ollama_empty_input_loads_and_bad_input_is_an_ollama_error() -> None:
     assert worker.requests == []
 
 
+@pytest.mark.parametrize("dimensions, expected", [
+    (2, [[0.6, 0.8], [0.0, 0.0]]),  # cut and normalized again (a zero row stays zero)
+    (3, VECTORS.tolist()), (5, VECTORS.tolist()), (0, VECTORS.tolist()),
+    (-1, VECTORS.tolist())])
+def test_ollama_dimensions_follow_ollamas_rule(dimensions: int, expected: list) -> None:
+    """Ollama cuts a vector to `dimensions` only where that is fewer than the model's, and
+    reads 0 (Go's unset) or less as none: never a 400 for a size the model lacks."""
+    worker = FakeWorker(_play())
+    client, _ = _client(worker)
+    r = client.post("/api/embed", json={"model": "m", "input": ["a", "b"],
+                                        "dimensions": dimensions})
+    assert r.status_code == 200, r.text
+    np.testing.assert_allclose(r.json()["embeddings"], expected, atol=1e-6)
+
+
 class _Library:
     """An ingress whose one model is a library model (loaded on request), as `ingress.load`
     sees it: the keep_alive each load was asked with."""
