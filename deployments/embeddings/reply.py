@@ -14,7 +14,7 @@ import msgspec
 import numpy as np
 from starlette.responses import JSONResponse, Response
 
-from actors.events import Embeddings, Failed, Usage
+from actors.events import Accepted, Embeddings, Failed, Usage
 from deployments.errors import ApiError
 from deployments.exchange import WholeReply
 
@@ -28,10 +28,13 @@ class _EmbedFold(WholeReply):
         self.result: Embeddings | None = None
         self.usage: Usage | None = None
         self.started = time.perf_counter()
+        self.load_s = 0.0  # the model's load, when this request waited for it
 
     def fold(self, batch: list) -> None:
         for ev in batch:
-            if isinstance(ev, Embeddings):
+            if isinstance(ev, Accepted):
+                self.load_s = ev.load_s
+            elif isinstance(ev, Embeddings):
                 self.result = ev
             elif isinstance(ev, Usage):
                 self.usage = ev
@@ -134,6 +137,7 @@ class OllamaEmbedReply(_EmbedFold):
         total = int((time.perf_counter() - self.started) * 1e9)
         tokens = self.usage.prompt_tokens if self.usage else sum(self.result.tokens)
         return Response(_encoder.encode({"model": self.model, "embeddings": m,
-                                         "total_duration": total, "load_duration": 0,
+                                         "total_duration": total,
+                                         "load_duration": int(self.load_s * 1e9),
                                          "prompt_eval_count": tokens}),
                         media_type=self.media_type)

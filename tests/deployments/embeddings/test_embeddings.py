@@ -133,6 +133,19 @@ def test_ollama_empty_input_loads_and_bad_input_is_an_ollama_error() -> None:
     assert worker.requests == []
 
 
+def test_ollama_embed_reports_the_load_it_waited_for() -> None:
+    """A request that waited for its library model's load says so in `load_duration`, as
+    Ollama's does (the worker's Accepted carries the load's seconds)."""
+    v = VECTORS[:1]
+    worker = FakeWorker(FakeStream([[Accepted(request_id="r", model="m", prompt_tokens=5,
+                                              load_s=0.25),
+                                     Embeddings(vectors=v.tobytes(), dims=3, tokens=[5]),
+                                     Usage(prompt_tokens=5, completion_tokens=0)]]))
+    client, _ = _client(worker)
+    body = client.post("/api/embed", json={"model": "m", "input": "a"}).json()
+    assert body["load_duration"] == 250_000_000 and body["prompt_eval_count"] == 5
+
+
 @pytest.mark.parametrize("dimensions, expected", [
     (2, [[0.6, 0.8], [0.0, 0.0]]),  # cut and normalized again (a zero row stays zero)
     (3, VECTORS.tolist()), (5, VECTORS.tolist()), (0, VECTORS.tolist()),
