@@ -92,10 +92,9 @@ class DetokenizeIn(msgspec.Struct, kw_only=True):
 
 
 def _object(body: bytes) -> dict[str, Any]:
+    """The body's JSON object; anything else a 400 in JSON's words, as every route's."""
     raw = decode_raw(body)
-    if not isinstance(raw, dict):
-        raise ApiError(400, f"The body must be a JSON object; got {type(raw).__name__}.")
-    return raw
+    return raw if isinstance(raw, dict) else _convert(raw, dict[str, Any])
 
 
 def _convert(raw: dict[str, Any], kind: type) -> Any:

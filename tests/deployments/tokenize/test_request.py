@@ -169,11 +169,14 @@ def test_bad_tokenize_bodies_are_400s_naming_the_field(body: dict, param: str) -
     assert worker.requests == []
 
 
-@pytest.mark.parametrize("content", [b"[1, 2]", b"not json", b'"text"'])
-def test_a_body_that_is_not_an_object_is_a_400(content: bytes) -> None:
+@pytest.mark.parametrize("content, named", [(b"[1, 2]", "got `array`"), (b"not json", ""),
+                                            (b'"text"', "got `str`"), (b"null", "got `null`")])
+def test_a_body_that_is_not_an_object_is_a_400(content: bytes, named: str) -> None:
+    """In JSON's words, as the other routes say it (not Python's `list` or `NoneType`)."""
     client, _ = _client(FakeWorker())
     for path in ("/tokenize", "/detokenize"):
-        assert client.post(path, content=content).status_code == 400
+        r = client.post(path, content=content)
+        assert r.status_code == 400 and named in r.json()["error"]["message"]
 
 
 def test_detokenize_answers_both_apis_names_for_the_text() -> None:
