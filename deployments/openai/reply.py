@@ -4,6 +4,7 @@ and the pieces other APIs reuse (`ChoiceFold`, `message_from`, `usage_body`)."""
 
 from __future__ import annotations
 
+import codecs
 import functools
 from typing import Any, ClassVar
 
@@ -66,29 +67,40 @@ def chat_logprobs(items: list[TokenLogprob] | None) -> dict | None:
                                           for s, v, b in t.top]} for t in items]}
 
 
-def completion_logprobs(items: list[TokenLogprob] | None, offset: int,
+def completion_logprobs(items: list[TokenLogprob] | None, offsets: TextOffsets,
                         prompt: list[TokenLogprob] | None = None) -> dict | None:
-    """A completion choice's `logprobs`: its tokens' from `offset` (characters into the
-    choice's text), after the echoed `prompt`'s where given (from 0; its first token's are
-    null). None where there are neither. Each position's `top_logprobs` holds the token
-    itself beside the `logprobs` likeliest (as OpenAI's: "up to logprobs+1 elements")."""
+    """A completion choice's `logprobs`: its tokens', placed by `offsets` (where the
+    choice's text has got to), after the echoed `prompt`'s where given (from 0; its first
+    token's are null). None where there are neither. Each position's `top_logprobs` holds
+    the token itself beside the `logprobs` likeliest (as OpenAI's: "up to logprobs+1
+    elements")."""
     if items is None and prompt is None:
         return None
-    offsets = [*_offsets(prompt or [], 0), *_offsets(items or [], offset)]
+    at = [*TextOffsets(0).place(prompt or []), *offsets.place(items or [])]
     items = [*(prompt or []), *(items or [])]
     return {"tokens": [t.token for t in items], "token_logprobs": [t.logprob for t in items],
             "top_logprobs": [None if t.logprob is None
                              else {**{s: v for s, v, _ in t.top}, t.token: t.logprob}
                              for t in items],
-            "text_offset": offsets}
+            "text_offset": at}
 
 
-def _offsets(items: list[TokenLogprob], start: int) -> list[int]:
-    out, pos = [], start
-    for t in items:
-        out.append(pos)
-        pos += len(t.token)
-    return out
+class TextOffsets:
+    """Where each of a choice's tokens starts in its text, in characters, counted from the
+    tokens' bytes (not their pieces: a character split across tokens shows as U+FFFD in
+    each, and is one character, at the token that completes it): the same whether the
+    tokens come in one list or in chunks."""
+
+    def __init__(self, start: int) -> None:
+        self.at = start
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def place(self, items: list[TokenLogprob]) -> list[int]:
+        out = []
+        for t in items:
+            out.append(self.at)
+            self.at += len(self._decoder.decode(bytes(t.bytes)))
+        return out
 
 
 class ChoiceFold:
@@ -261,7 +273,7 @@ class CompletionReply(_Reply):
     def __init__(self, meta: dict, include_usage: bool = False) -> None:
         super().__init__(meta, include_usage)
         self.prompt = Prompt(text="")
-        self.offsets: dict[int, int] = {}  # each choice's text so far, in characters
+        self.offsets: dict[int, TextOffsets] = {}  # where each choice's text has got to
 
     def _chunks(self, batch: list):
         self._note_prompt(batch)
@@ -279,26 +291,25 @@ class CompletionReply(_Reply):
         """The prompt and its logprobs, before a choice's first text (once)."""
         if index in self.offsets:
             return "", None
-        self.offsets[index] = len(self.prompt.text)
+        self.offsets[index] = TextOffsets(len(self.prompt.text))
         return self.prompt.text, self.prompt.logprobs
 
     def delta_choice(self, ev: Deltas) -> dict:
         lead, lead_lp = self._lead(ev.index)
-        off = self.offsets[ev.index]
-        self.offsets[ev.index] = off + len(ev.text)
         return {"index": ev.index, "text": lead + ev.text,
-                "logprobs": completion_logprobs(ev.logprobs, off, lead_lp),
+                "logprobs": completion_logprobs(ev.logprobs, self.offsets[ev.index], lead_lp),
                 "finish_reason": None}
 
     def finish_choice(self, ev: Finished) -> dict:
         lead, lead_lp = self._lead(ev.index)
         return {"index": ev.index, "text": lead,
-                "logprobs": completion_logprobs(None, 0, lead_lp),
+                "logprobs": completion_logprobs(None, TextOffsets(0), lead_lp),
                 "finish_reason": ev.finish_reason}
 
     def final_choice(self, index: int, fold: ChoiceFold) -> dict:
         return {"index": index, "text": self.prompt.text + "".join(fold.content),
-                "logprobs": completion_logprobs(fold.logprobs, len(self.prompt.text),
+                "logprobs": completion_logprobs(fold.logprobs,
+                                                TextOffsets(len(self.prompt.text)),
                                                 self.prompt.logprobs),
                 "finish_reason": fold.finish_reason}
 

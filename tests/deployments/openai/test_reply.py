@@ -117,21 +117,45 @@ def test_a_batch_lists_each_prompts_choices_in_openais_order_and_sums_usage() ->
                              "prompt_tokens_details": {"cached_tokens": 3}}
 
 
+def _split(token_bytes: bytes, value: float) -> TokenLogprob:
+    """A token whose bytes are part of a character: its piece is U+FFFD."""
+    return TokenLogprob(token="\ufffd", logprob=value, bytes=list(token_bytes),
+                        top=[("\ufffd", value, list(token_bytes))])
+
+
+def _offsets_streamed_and_whole(events: list) -> tuple[list[int], list[int]]:
+    whole = CompletionReply({"id": "cmpl-x", "created": 0, "model": "m"})
+    whole.fold(events)
+    offsets = json.loads(whole.answer().body)["choices"][0]["logprobs"]["text_offset"]
+    streamed = CompletionReply({"id": "cmpl-x", "created": 0, "model": "m"})
+    got = [o for chunk in _chunks(streamed.render(events)) for c in chunk["choices"]
+           for o in (c["logprobs"] or {}).get("text_offset", [])]
+    return offsets, got
+
+
 def test_written_tokens_offsets_start_after_the_echoed_text_streamed_or_not() -> None:
     """A prompt whose token pieces are not its text (a character split across tokens shows
-    as U+FFFD in each): the written tokens' offsets still start at the prompt text's end,
-    the same streamed or not."""
-    prompt = Prompt(text="a媽", logprobs=[_lp("a", None), _lp("\ufffd", -1.0),
-                                          _lp("\ufffd", -2.0)])
+    as U+FFFD in each): the character starts at the token that completes it, and the
+    written tokens' offsets start at the prompt text's end, the same streamed or not."""
+    prompt = Prompt(text="a媽", logprobs=[_lp("a", None), _split(b"\xe5\xaa", -1.0),
+                                          _split(b"\xbd", -2.0)])
     events = [prompt, Deltas(index=0, text="b", logprobs=[_lp("b", -0.5)]),
               Deltas(index=0, text="c", logprobs=[_lp("c", -0.5)]),
               Finished(index=0, finish_reason="length", completion_tokens=2),
               Usage(prompt_tokens=3, completion_tokens=2)]
-    whole = CompletionReply({"id": "cmpl-x", "created": 0, "model": "m"})
-    whole.fold(events)
-    offsets = json.loads(whole.answer().body)["choices"][0]["logprobs"]["text_offset"]
-    assert offsets == [0, 1, 2, 2, 3]
-    streamed = CompletionReply({"id": "cmpl-x", "created": 0, "model": "m"})
-    got = [o for chunk in _chunks(streamed.render(events)) for c in chunk["choices"]
-           for o in (c["logprobs"] or {}).get("text_offset", [])]
-    assert got == offsets
+    assert _offsets_streamed_and_whole(events) == ([0, 1, 1, 2, 3], [0, 1, 1, 2, 3])
+
+
+def test_written_characters_split_across_tokens_take_one_offset_streamed_or_not() -> None:
+    """Found live: "🎉🎉\\n" written as three tokens for each emoji had offsets 0..6 whole
+    (a U+FFFD piece counted as a character each, past the text's end) and 0, 0, 0, 1, 1,
+    2, 2 streamed: offsets are the characters the tokens' bytes make, so each token's text
+    is `text[offset[i]:offset[i + 1]]`, in chunks or not."""
+    party = [_split(b"\xf0\x9f", -0.1), _split(b"\x8e", -0.2), _split(b"\x89", -0.3)]
+    events = [Deltas(index=0, text="", logprobs=party[:2]),
+              Deltas(index=0, text="🎉", logprobs=party[2:]),
+              Deltas(index=0, text="🎉\n", logprobs=[*party, _lp("\n", -1.0)]),
+              Finished(index=0, finish_reason="length", completion_tokens=7),
+              Usage(prompt_tokens=3, completion_tokens=7)]
+    assert _offsets_streamed_and_whole(events) == ([0, 0, 0, 1, 1, 1, 2],
+                                                   [0, 0, 0, 1, 1, 1, 2])
