@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 import msgspec
 from starlette.responses import Response
 
-from actors.events import Deltas, Failed, Finished, Prompt, TokenLogprob, Usage
+from actors.events import Accepted, Deltas, Failed, Finished, Prompt, TokenLogprob, Usage
 from chat import ChatMsg
 from deployments.errors import ApiError, error_body
 from deployments.exchange import WholeReply
@@ -163,14 +163,20 @@ class _Reply:
         meta: the body's fixed fields: id, created, model.
         include_usage: streamed: every chunk carries `usage` (null), and a last chunk with
             no choices carries the counts (`stream_options.include_usage`).
+        continuous_usage: streamed: each choice's chunk carries the counts so far, its
+            choice's tokens written (vLLM's `stream_options.continuous_usage_stats`: a
+            chunk may hold several tokens); the last chunk's too, as `include_usage`.
     """
 
     media_type = "text/event-stream"
     headers: ClassVar[dict[str, str]] = {"Cache-Control": "no-cache"}
     chunk_object = final_object = ""
 
-    def __init__(self, meta: dict, include_usage: bool = False) -> None:
-        self.meta, self.include_usage = meta, include_usage
+    def __init__(self, meta: dict, include_usage: bool = False,
+                 continuous_usage: bool = False) -> None:
+        self.meta, self.include_usage = meta, include_usage or continuous_usage
+        self.continuous_usage = continuous_usage
+        self.prompt_counts = Usage(prompt_tokens=0, completion_tokens=0)  # streamed: Accepted's
         self.started: set[int] = set()  # choices that have sent a chunk
         self.folds: dict[int, ChoiceFold] = {}
         self.counts = Usage(prompt_tokens=0, completion_tokens=0)
@@ -198,16 +204,26 @@ class _Reply:
             body["usage"] = usage
         return sse(body)
 
+    def _so_far(self, tokens: int) -> dict | None:
+        """A choice chunk's `usage`: the counts with the choice's `tokens` written where
+        continuous usage was asked for (else null)."""
+        if not self.continuous_usage:
+            return None
+        return usage_body(msgspec.structs.replace(self.prompt_counts, completion_tokens=tokens))
+
     def _chunks(self, batch: list):
         for ev in batch:
-            if isinstance(ev, Deltas):
+            if isinstance(ev, Accepted):
+                self.prompt_counts = Usage(prompt_tokens=ev.prompt_tokens, completion_tokens=0,
+                                           cached_tokens=ev.cached_tokens)
+            elif isinstance(ev, Deltas):
                 choice = self.delta_choice(ev)
                 self.started.add(ev.index)
-                yield self._chunk([choice])
+                yield self._chunk([choice], self._so_far(ev.tokens))
             elif isinstance(ev, Finished):
                 choice = self.finish_choice(ev)
                 self.started.add(ev.index)
-                yield self._chunk([choice])
+                yield self._chunk([choice], self._so_far(ev.completion_tokens))
             elif isinstance(ev, Usage):
                 if self.include_usage:
                     yield self._chunk([], usage_body(ev))
@@ -270,8 +286,9 @@ class CompletionReply(_Reply):
 
     chunk_object = final_object = "text_completion"
 
-    def __init__(self, meta: dict, include_usage: bool = False) -> None:
-        super().__init__(meta, include_usage)
+    def __init__(self, meta: dict, include_usage: bool = False,
+                 continuous_usage: bool = False) -> None:
+        super().__init__(meta, include_usage, continuous_usage)
         self.prompt = Prompt(text="")
         self.offsets: dict[int, TextOffsets] = {}  # where each choice's text has got to
 

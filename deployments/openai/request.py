@@ -390,8 +390,7 @@ def _call(req: OpenAIRequest, raw: dict, ingress: Ingress,
           prompt: str | list[int] | None = None) -> Call:
     req, raw = _with_variant(req, raw, ingress)
     greq = generate_request(req, raw, prompt=prompt)
-    meta, usage = _meta(prefix, greq, req.model), _include_usage(req)
-    answer = reply(meta, usage)
+    answer = reply(_meta(prefix, greq, req.model), *_usage_options(req))
     return Call(model=req.model, request=greq, stream=bool(req.stream), reply=answer)
 
 
@@ -411,5 +410,10 @@ def _meta(prefix: str, greq: GenerateRequest, model: str) -> dict:
     return {"id": prefix + greq.request_id, "created": int(time.time()), "model": model}
 
 
-def _include_usage(req: ChatRequest | CompletionRequest) -> bool:
-    return bool(req.stream and req.stream_options and req.stream_options.include_usage)
+def _usage_options(req: ChatRequest | CompletionRequest) -> tuple[bool, bool]:
+    """A stream's usage: the last chunk's (`include_usage`), each chunk's
+    (`continuous_usage_stats`)."""
+    options = req.stream_options if req.stream else None
+    if options is None:
+        return False, False
+    return bool(options.include_usage), bool(options.continuous_usage_stats)

@@ -51,6 +51,7 @@ class Message(msgspec.Struct, kw_only=True):
 
 class StreamOptions(msgspec.Struct, kw_only=True):
     include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None  # vLLM's: each chunk's counts so far
 
 
 class SamplingFields(msgspec.Struct, kw_only=True):

@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from actors.events import Deltas, Finished, Prompt, TokenLogprob, Usage
-from deployments.openai.reply import CompletionBatchReply, CompletionReply, usage_body
+from actors.events import Accepted, Deltas, Finished, Prompt, TokenLogprob, Usage
+from deployments.openai.reply import (ChatReply, CompletionBatchReply, CompletionReply,
+                                      usage_body)
 
 
 def test_usage_counts_speculative_drafts_only_when_there_were_some() -> None:
@@ -159,3 +160,26 @@ def test_written_characters_split_across_tokens_take_one_offset_streamed_or_not(
               Usage(prompt_tokens=3, completion_tokens=7)]
     assert _offsets_streamed_and_whole(events) == ([0, 0, 0, 1, 1, 1, 2],
                                                    [0, 0, 0, 1, 1, 1, 2])
+
+
+def test_continuous_usage_puts_the_counts_so_far_on_every_chunk() -> None:
+    """vLLM's `stream_options.continuous_usage_stats` (benchmarks count the tokens of a
+    chunk that holds several from it): each choice's chunk carries the prompt's counts and
+    its choice's tokens so far, and the last chunk the totals; it was ignored, every
+    chunk's `usage` null (found probing live)."""
+    events = [Accepted(request_id="r", model="m", prompt_tokens=5, cached_tokens=2),
+              Deltas(index=0, text="Hi", tokens=1), Deltas(index=1, text="Yo", tokens=1),
+              Deltas(index=0, text=" there", tokens=3),
+              Finished(index=0, finish_reason="length", completion_tokens=3),
+              Finished(index=1, finish_reason="stop", completion_tokens=2),
+              Usage(prompt_tokens=5, completion_tokens=5, cached_tokens=2)]
+    reply = ChatReply({"id": "chatcmpl-x", "created": 0, "model": "m"}, False, True)
+    got = [(c["choices"][0]["index"] if c["choices"] else None,
+            c["usage"] and (c["usage"]["prompt_tokens"], c["usage"]["completion_tokens"],
+                            c["usage"]["total_tokens"],
+                            c["usage"]["prompt_tokens_details"]["cached_tokens"]))
+           for c in _chunks(reply.render(events))]
+    assert got == [(0, (5, 1, 6, 2)), (1, (5, 1, 6, 2)), (0, (5, 3, 8, 2)), (0, (5, 3, 8, 2)),
+                   (1, (5, 2, 7, 2)), (None, (5, 5, 10, 2))]
+    plain = ChatReply({"id": "chatcmpl-x", "created": 0, "model": "m"}, True)
+    assert [c["usage"] for c in _chunks(plain.render(events))][:-1] == [None] * 5
