@@ -35,6 +35,7 @@ class _Generate(msgspec.Struct, kw_only=True):
     logprobs: bool = False
     top_logprobs: int = 0
     ignore_eos: bool = False
+    min_tokens: int = 0  # the end tokens are not sampled before this many (vLLM's)
     # a context smaller than the model's: prompt and output within it
     context_limit: int | None = None
 

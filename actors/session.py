@@ -251,7 +251,8 @@ class Session:
             presence_penalty=request.presence_penalty,
             frequency_penalty=request.frequency_penalty,
             repeat_last_n=_pick(request.repeat_last_n, base.repeat_last_n),
-            logit_bias=request.logit_bias)
+            logit_bias=request.logit_bias, min_tokens=request.min_tokens,
+            end_ids=tuple(sorted(eos_ids)))
         self.choices: list[Choice] = []
         for i in range(request.n):
             seed = None if request.seed is None else request.seed + i

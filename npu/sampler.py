@@ -34,6 +34,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     repeat_last_n: int = -1  # the penalties' window: -1 the whole sequence, 0 off
     seed: int | None = None
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit (OpenAI's)
+    # vLLM's: `end_ids` (the end tokens) are not sampled before this many tokens are
+    min_tokens: int = 0
+    end_ids: tuple[int, ...] = ()
 
 
 def allowed_from_mask(mask: np.ndarray, size: int) -> np.ndarray:
@@ -68,7 +71,12 @@ class Sampler:
         self._bias = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
         penalties = p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 \
             or p.frequency_penalty != 0.0
-        self._penalized = (penalties and p.repeat_last_n != 0) or bool(bias)
+        self._written = 0  # tokens accepted (for min_tokens)
+        self._end_ids = np.array([t for t in p.end_ids if 0 <= t < vocab_size], dtype=np.int64)
+        if not p.min_tokens:
+            self._end_ids = self._end_ids[:0]
+        self._penalized = (penalties and p.repeat_last_n != 0) or bool(bias) \
+            or bool(self._end_ids.size)
         self._window: deque[int] | None = None
         ids = np.asarray(prompt_ids or [], dtype=np.int64)
         ids = ids[(ids >= 0) & (ids < vocab_size)]
@@ -88,7 +96,10 @@ class Sampler:
         self._counts[token] += 1
 
     def accept(self, token: int) -> None:
-        """Count a generated token (for the penalties)."""
+        """Count a generated token (for the penalties and min_tokens)."""
+        self._written += 1
+        if self._written >= self.params.min_tokens:
+            self._end_ids = self._end_ids[:0]  # the end tokens may come now
         if not 0 <= token < self.vocab_size:
             return
         if self._window is not None:
@@ -119,6 +130,8 @@ class Sampler:
                 x -= p.frequency_penalty * self._counts + p.presence_penalty * (self._counts > 0)
         if self._bias.size:
             x[self._bias_ids] += self._bias
+        if self._end_ids.size:
+            x[self._end_ids] = -np.inf
         allowed = None
         if mask is not None:
             allowed = allowed_from_mask(mask, self.vocab_size)

@@ -62,6 +62,11 @@ def _check(req: OpenAIRequest) -> None:
     if req.stream_options is not None and not req.stream:
         raise ApiError(400, "'stream_options' is only allowed with 'stream': true.",
                        param="stream_options")
+    most = req.max_completion_tokens or req.max_tokens if isinstance(req, ChatRequest) \
+        else req.max_tokens
+    if req.min_tokens and most is not None and req.min_tokens > most:
+        raise ApiError(400, f"'min_tokens' ({req.min_tokens}) is more than the most tokens "
+                            f"asked for ({most}).", param="min_tokens")
     if isinstance(req, ChatRequest):
         _check_chat(req)
     elif req.best_of is not None and req.best_of != (req.n or 1):
@@ -149,7 +154,8 @@ def generate_request(req: OpenAIRequest, raw: dict, *, prompt: str | list[int] |
         presence_penalty=req.presence_penalty or 0.0,
         frequency_penalty=req.frequency_penalty or 0.0, repeat_last_n=req.repeat_last_n,
         seed=req.seed,
-        logit_bias=_logit_bias(req.logit_bias), ignore_eos=bool(req.ignore_eos), **extra)
+        logit_bias=_logit_bias(req.logit_bias), ignore_eos=bool(req.ignore_eos),
+        min_tokens=req.min_tokens or 0, **extra)
     if isinstance(req, CompletionRequest):
         if prompt is None:
             [prompt] = _prompts(req.prompt, most=1)

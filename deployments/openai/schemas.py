@@ -75,6 +75,7 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     logit_bias: dict[str, Annotated[float, Meta(ge=-100.0, le=100.0)]] | None = None
     user: str | None = None
     ignore_eos: bool | None = None
+    min_tokens: Annotated[int, Meta(ge=0)] | None = None  # vLLM's: no end token before
 
 
 class ChatRequest(SamplingFields, kw_only=True):

@@ -317,3 +317,25 @@ def test_row_logprobs_are_each_rows_logprobs(top: int) -> None:
         assert [v for _, v in best] == pytest.approx([v for _, v in want_best], abs=1e-5)
     if top:
         assert got[5][0] == got[5][1][0][1]  # lm-eval's greedy check: exactly equal
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_min_tokens_holds_the_end_tokens_back_until_that_many_alone_and_in_a_batch(
+        temperature: float) -> None:
+    """vLLM's min_tokens: the end tokens the model all but insists on are not sampled
+    before the request's minimum, then they are (it was ignored: a chat asking for 40
+    ended at 10); a batch samples what each row does alone."""
+    from npu.sampler import sample_rows
+
+    logits = np.array([[9.0, 0.0, -1.0, 8.0]] * 3, np.float32)  # 0 and 3: end tokens
+    held = SamplingParams(temperature=temperature, seed=3, min_tokens=2, end_ids=(0, 3))
+    alone = Sampler(held, 4)
+    rows = [Sampler(held, 4), Sampler(held, 4), Sampler(SamplingParams(temperature=0.0), 4)]
+    for step in range(3):
+        tokens = [alone.sample(logits[0]), *sample_rows(rows, logits)]
+        ended = [t in (0, 3) for t in tokens]
+        assert ended == [step == 2] * 3 + [True]
+        alone.accept(tokens[0])
+        for s, t in zip(rows, tokens[1:]):
+            s.accept(t)
+    assert Sampler(SamplingParams(temperature=0.0, end_ids=(0,)), 4).sample(logits[0]) == 0

@@ -159,6 +159,19 @@ def test_best_of_as_many_as_n_is_n() -> None:
     assert err.param == "best_of" and "'n' (2)" in err.message
 
 
+@pytest.mark.parametrize("kind,body", [("chat", {"max_completion_tokens": 30}),
+                                       ("completion", {"max_tokens": 30})])
+def test_min_tokens_reaches_the_worker_and_no_more_than_the_most(kind: str, body: dict) -> None:
+    """vLLM's min_tokens (was ignored); more than the most tokens asked for is a 400."""
+    base = {**(CHAT if kind == "chat" else COMPLETION), **body}
+    greq = generate_request(*decode_request(json.dumps({**base, "min_tokens": 30}).encode(),
+                                            SCHEMAS[kind]))
+    assert greq.min_tokens == 30
+    err = _error({**base, "min_tokens": 31}, kind)
+    assert (err.status, err.param) == (400, "min_tokens") and "(30)" in err.message
+    assert _error({**base, "min_tokens": -1}, kind).param == "min_tokens"
+
+
 def _set(body: dict, path: str, value: Any) -> dict:
     body = copy.deepcopy(body)
     *head, last = path.split(".")
