@@ -418,8 +418,12 @@ def _meta(prefix: str, greq: GenerateRequest, model: str) -> dict:
 
 def _usage_options(req: ChatRequest | CompletionRequest) -> tuple[bool, bool]:
     """A stream's usage: the last chunk's (`include_usage`), each chunk's
-    (`continuous_usage_stats`)."""
+    (`continuous_usage_stats`, with the last chunk's unless that is turned off, as
+    vLLM's)."""
     options = req.stream_options if req.stream else None
     if options is None:
         return False, False
-    return bool(options.include_usage), bool(options.continuous_usage_stats)
+    last = options.include_usage
+    if last is None:
+        last = bool(options.continuous_usage_stats)
+    return last, last and bool(options.continuous_usage_stats)

@@ -11,7 +11,7 @@ import pytest
 
 from actors.events import ChatGenerate, CompletionGenerate
 from deployments.errors import ApiError
-from deployments.openai.request import decode_request, generate_request
+from deployments.openai.request import _usage_options, decode_request, generate_request
 from deployments.openai.schemas import ChatRequest, CompletionRequest
 
 TOOL = {"type": "function", "function": {
@@ -170,6 +170,18 @@ def test_min_tokens_reaches_the_worker_and_no_more_than_the_most(kind: str, body
     err = _error({**base, "min_tokens": 31}, kind)
     assert (err.status, err.param) == (400, "min_tokens") and "(30)" in err.message
     assert _error({**base, "min_tokens": -1}, kind).param == "min_tokens"
+
+
+@pytest.mark.parametrize("options,want", [
+    ({"include_usage": True}, (True, False)),
+    ({"continuous_usage_stats": True}, (True, True)),
+    ({"include_usage": True, "continuous_usage_stats": True}, (True, True)),
+    ({"include_usage": False, "continuous_usage_stats": True}, (False, False)),
+    ({}, (False, False))])
+def test_a_streams_usage_last_and_on_every_chunk_as_vllms(options: dict, want: tuple) -> None:
+    req, _ = decode_request(json.dumps({**CHAT, "stream_options": options}).encode(),
+                            ChatRequest)
+    assert _usage_options(req) == want
 
 
 def _set(body: dict, path: str, value: Any) -> dict:
