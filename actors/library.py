@@ -33,7 +33,7 @@ from actors.aliases import Alias, AliasStore
 from actors.errors import RequestError
 from actors.go_template import GoTemplateError, is_go_template, jinja_from_go
 from chat import detect_format
-from npu.load.fim import vocabulary_fim
+from npu.load.fim import fim_tokens, vocabulary_fim
 from npu.load.gguf import ARCHITECTURES
 from npu.load.gguf_header import read_header
 from npu.load.gguf_tokenizer import TOKENIZER_MODELS
@@ -82,7 +82,8 @@ class LibraryModel(msgspec.Struct, frozen=True, kw_only=True):
         capability: what it serves, read from its header: "completion" (a decoder),
             "embedding" (an encoder) or "rerank" (a reranker: a GGUF file with pooling_type
             4 or a cls.output head, a sequence classifier's config.json).
-        insert: a GGUF decoder whose vocabulary has FIM tokens (fill-in-the-middle).
+        insert: a decoder whose vocabulary has FIM tokens (fill-in-the-middle): a GGUF
+            file's header, a directory's tokenizer.json.
         error: why the model cannot be read ("" when it can).
         alias_of: for an alias (/api/copy), the model it stands for ("" otherwise).
         system: a variant's system prompt (/api/create; None: the request's own).
@@ -324,13 +325,29 @@ def _hf_facts(folder: Path, shards: list[Path]) -> dict[str, Any]:
     except (OSError, ValueError):  # none, or unreadable: the load says so
         tok_config = {}
     templates = template_sources(folder, tok_config if isinstance(tok_config, dict) else {})
+    capability = _hf_capability(config)
     return {"family": str(config.get("model_type") or text.get("model_type") or ""),
             "parameters": params,
             "quantization": dtypes.most_common(1)[0][0] if dtypes else "",
             "context_length": int(ctx) if isinstance(ctx, int) else None,
             "chat_template": templates.get("default", ""),
             "tool_template": templates.get("tool_use", ""),
-            "capability": _hf_capability(config)}
+            "capability": capability,
+            "insert": capability == "completion" and _hf_fim(folder)}
+
+
+def _hf_fim(folder: Path) -> bool:
+    """Whether a directory's tokenizer.json has FIM tokens (in its vocabulary or its added
+    tokens, where the load's tokenizer finds them); none, or unreadable: no."""
+    try:
+        tok = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+        vocab = tok["model"]["vocab"]  # BPE's {piece: id}, Unigram's [[piece, score]]
+        ids = dict(vocab) if isinstance(vocab, dict) else {v[0]: i for i, v in enumerate(vocab)}
+        ids.update((t["content"], t["id"]) for t in tok.get("added_tokens") or [])
+    except (OSError, ValueError, LookupError, TypeError, AttributeError):
+        return False
+    size = max((i for i in ids.values() if isinstance(i, int)), default=-1) + 1
+    return fim_tokens(ids.get, size) is not None
 
 
 def _hf_capability(config: dict[str, Any]) -> str:

@@ -255,6 +255,35 @@ def test_show_lists_a_library_models_capability_from_its_header(tmp_path) -> Non
                     "rerank": ["rerank"], "coder": ["completion", "tools", "insert"]}
 
 
+def test_show_lists_a_directorys_fim_tokens_as_insert(tmp_path) -> None:
+    """A Hugging Face directory of a code model (Qwen2.5-Coder's FIM tokens among its added
+    tokens, CodeLlama's in its vocabulary) was listed without "insert", though its suffix
+    and /infill were served: only a GGUF header's vocabulary was read."""
+    import json
+
+    from deployments.ollama.reply import show
+    from tests.actors.test_library import write_hf
+
+    def tokenizer(folder, vocab, added=()) -> None:
+        (folder / "tokenizer.json").write_text(json.dumps({
+            "model": {"vocab": vocab},
+            "added_tokens": [{"id": 10 + i, "content": t} for i, t in enumerate(added)]}))
+
+    tokenizer(write_hf(tmp_path / "qwen-coder"), {"a": 0, "b": 1},
+              ["<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>"])
+    tokenizer(write_hf(tmp_path / "codellama"),
+              [["a", 0.0], ["▁<PRE>", 0.0], ["▁<SUF>", 0.0], ["▁<MID>", 0.0]])
+    tokenizer(write_hf(tmp_path / "chat"), {"a": 0}, ["<|im_start|>"])
+    write_hf(tmp_path / "bare")
+    (write_hf(tmp_path / "broken") / "tokenizer.json").write_text("{")
+    front = LibraryFront(_Handle([]), {"models_dir": str(tmp_path)})
+    front.streams = {}
+    names = ("qwen-coder", "codellama", "chat", "bare", "broken")
+    caps = {name: show(front.library_info(name))["capabilities"] for name in names}
+    assert caps == {"qwen-coder": ["completion", "insert"], "codellama": ["completion", "insert"],
+                    "chat": ["completion"], "bare": ["completion"], "broken": ["completion"]}
+
+
 def test_show_lists_a_directorys_capabilities_from_its_templates(tmp_path) -> None:
     """A Hugging Face directory's chat template was not read at all: every one listed as
     "completion" alone. Now its tokenizer_config.json's template (and a named tool_use
