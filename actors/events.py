@@ -118,10 +118,11 @@ class CompletionGenerate(_Generate, tag="completion"):
     `max_tokens` 0 scores the prompt and writes nothing. `infill`: the prompt is the text
     before a gap the model fills (a code model's fill-in-the-middle); `min_indent`: a line
     after the first indented less than this ends the output (llama-server's `n_indent`:
-    an editor's completion ends where its block does; 0: no such rule); `time_limit_s`:
-    once the output has been written for longer, it ends with the next token that writes a
-    newline (llama-server's `t_max_predict_ms`: an editor waits no longer than that for a
-    completion of whole lines; None: no limit).
+    an editor's completion ends where its block does; 0: no such rule); `return_ids`: each
+    Deltas holds the token ids written since the last (llama-server's `return_tokens`);
+    `time_limit_s`: once the output has been written for longer, it ends with the next
+    token that writes a newline (llama-server's `t_max_predict_ms`: an editor waits no
+    longer than that for a completion of whole lines; None: no limit).
     """
 
     prompt: str = ""
@@ -133,6 +134,7 @@ class CompletionGenerate(_Generate, tag="completion"):
     constraint: ConstraintRequest = msgspec.field(default_factory=ConstraintRequest)
     echo_prompt: bool = False
     prompt_logprobs: bool = False
+    return_ids: bool = False
 
 
 class EmbedGenerate(msgspec.Struct, kw_only=True, tag="embed"):
@@ -205,6 +207,9 @@ class Deltas(msgspec.Struct, tag="deltas", tag_field="event"):
     text: str = ""  # completions
     logprobs: list[TokenLogprob] | None = None
     tokens: int = 0  # the choice's tokens written so far (llama-server's running count)
+    # a completion's `return_ids`: the token ids written since the last Deltas (an end
+    # token's too; a token's text held back, as a stop string's start, comes later)
+    ids: list[int] | None = None
 
 
 class Finished(msgspec.Struct, tag="finished", tag_field="event"):
@@ -275,7 +280,8 @@ def coalesce(events: list[Event]) -> list[Event]:
                 acc = open_[ev.index] = Deltas(index=ev.index, deltas=list(ev.deltas),
                                                text=ev.text, tokens=ev.tokens,
                                                logprobs=None if ev.logprobs is None
-                                               else list(ev.logprobs))
+                                               else list(ev.logprobs),
+                                               ids=None if ev.ids is None else list(ev.ids))
                 out.append(acc)
                 continue
             for d in ev.deltas:
@@ -290,6 +296,8 @@ def coalesce(events: list[Event]) -> list[Event]:
             acc.tokens = max(acc.tokens, ev.tokens)
             if ev.logprobs is not None:
                 acc.logprobs = (acc.logprobs or []) + list(ev.logprobs)
+            if ev.ids is not None:
+                acc.ids = (acc.ids or []) + list(ev.ids)
         else:
             if isinstance(ev, Finished):
                 open_.pop(ev.index, None)

@@ -74,6 +74,8 @@ class Choice:
         self.writing_since = time.monotonic()
         self.generated = 0
         self.tokens: list[int] = []  # sampled so far (the last one is next_token until fed)
+        self.return_ids = completion and request.return_ids
+        self.ids_sent = 0  # of `tokens`, those a Deltas named (`return_ids`)
         self.next_token: int | None = None
         self.done = False
         self.mask = np.zeros(mask_words(session.vocab_size), dtype=np.uint32)
@@ -187,8 +189,12 @@ class Choice:
                 return [Deltas(index=self.index, deltas=deltas, logprobs=lp,
                                tokens=self.generated)]
             return []
-        if text or lp:
-            return [Deltas(index=self.index, text=text, logprobs=lp, tokens=self.generated)]
+        ids = None
+        if self.return_ids and len(self.tokens) > self.ids_sent:
+            ids, self.ids_sent = self.tokens[self.ids_sent:], len(self.tokens)
+        if text or lp or ids:
+            return [Deltas(index=self.index, text=text, logprobs=lp, tokens=self.generated,
+                           ids=ids)]
         return []
 
     def finish(self, reason: str) -> list[Event]:

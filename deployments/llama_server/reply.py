@@ -1,5 +1,6 @@
 """/completion's and /infill's answer in llama-server's own shape (not OpenAI's): one object
-with `content`, `stop: true`, `model`, `tokens_predicted`, `tokens_evaluated`,
+with `content`, `tokens` (the ids written, where `return_tokens` asks: with each piece
+when streamed), `stop: true`, `model`, `tokens_predicted`, `tokens_evaluated`,
 `generation_settings`, `prompt` (the prompt the model read, FIM tokens written),
 `has_new_line`,
 `truncated`, `stop_type` ("eos", "word" or "limit"), `stopping_word`, `tokens_cached`
@@ -78,6 +79,7 @@ class NativeReply:
         self.prompt = ""
         self.pieces = 0
         self.probs: list[dict] = []  # completion_probabilities, where asked (n_probs)
+        self.ids: list[int] = []  # the tokens written, where asked (return_tokens)
         self.first_at: float | None = None
         self.finished: Finished | None = None
         self.usage: Usage | None = None
@@ -94,10 +96,12 @@ class NativeReply:
                 self.first_at = time.perf_counter()
             probs = probabilities(ev.logprobs) if ev.logprobs else []
             self.probs += probs
-            if ev.text or probs:
+            self.ids += ev.ids or []
+            if ev.text or probs or ev.ids:
                 self.content.append(ev.text)
                 self.pieces += 1
-                piece = {"index": self.index, "content": ev.text, "tokens": [], "stop": False,
+                piece = {"index": self.index, "content": ev.text, "tokens": ev.ids or [],
+                         "stop": False,
                          "id_slot": -1, "tokens_predicted": ev.tokens or self.pieces,
                          "tokens_evaluated": self.prompt_tokens}
                 return [{**piece, "completion_probabilities": probs} if probs else piece]
@@ -124,7 +128,8 @@ class NativeReply:
         computed = u.prompt_tokens - u.cached_tokens
         prompt_ms, predicted_ms = (first - self.started) * 1e3, (now - first) * 1e3
         body = {
-            "index": self.index, "content": content, "tokens": [], "id_slot": -1, "stop": True,
+            "index": self.index, "content": content,
+            "tokens": [] if self.stream else self.ids, "id_slot": -1, "stop": True,
             "model": self.model, "tokens_predicted": u.completion_tokens,
             "tokens_evaluated": u.prompt_tokens, "generation_settings": self.settings,
             "prompt": self.prompt, "has_new_line": "\n" in "".join(self.content),

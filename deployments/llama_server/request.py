@@ -25,7 +25,8 @@ ranges), `repeat_penalty` (above 0, at most 10), `presence_penalty`, `frequency_
 the first indented less ends the output), `t_max_predict_ms` (after that long
 writing, the output ends at its next newline), `n_probs` (each token's logprob and its most
 likely alternatives: llama-server's `completion_probabilities`), `json_schema` (the output
-a JSON document of that schema), `stream`, `response_fields`. Fields of its slots and
+a JSON document of that schema), `return_tokens` (the ids of the tokens written, in
+`tokens`), `stream`, `response_fields`. Fields of its slots and
 samplers (`id_slot`, `cache_prompt`, `samplers`, `t_max_prompt_ms` (off in llama-server
 too), `post_sampling_probs` (the logprobs are before sampling), `mirostat`, `dry_*`, ...)
 are not read (prompts are cached here whatever they say); a `grammar` (GBNF) is a 400: the
@@ -85,6 +86,7 @@ class _Sampling(msgspec.Struct, kw_only=True):
     json_schema: dict[str, Any] | None = None
     grammar: str | None = None
     stream: bool = False
+    return_tokens: bool = False
     response_fields: list[str] | None = None
 
 
@@ -241,7 +243,7 @@ def _typed(req: _Sampling, model: str, prompt: Prompt,
         logprobs=req.n_probs > 0, top_logprobs=req.n_probs,
         presence_penalty=req.presence_penalty or 0.0,
         frequency_penalty=req.frequency_penalty or 0.0, logit_bias=_logit_bias(req.logit_bias),
-        echo_prompt=_shows_prompt(req.response_fields))
+        echo_prompt=_shows_prompt(req.response_fields), return_ids=req.return_tokens)
 
 
 def completion_request(req: CompletionIn, model: str, prompt: Prompt) -> CompletionGenerate:

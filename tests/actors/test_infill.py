@@ -227,3 +227,23 @@ def test_a_time_limit_ends_the_output_at_its_next_newline(tmp_path) -> None:
     assert timed.startswith(first_line) and "\n" not in timed[len(first_line):]
     assert len(timed) < len(whole) and reasons == ["length"]
     assert runs["free"][0] == whole  # within the limit: the same output
+
+
+def test_return_ids_names_each_token_written_once(tmp_path) -> None:
+    """llama-server's return_tokens in the worker: the Deltas' ids are the tokens written,
+    in order, each once, the text theirs; without it, none."""
+    tiny = load_model(ensure_tiny(tmp_path), name="flm-tiny")
+    worker = Worker(lambda: tiny, max_batch=2)
+    common = dict(prompt="def add(a, b):\n    return a\n\n", max_tokens=24,
+                  temperature=1.0, seed=1, ignore_eos=True)
+    try:
+        plain = asyncio.run(_events(worker, CompletionGenerate(request_id="p", **common)))
+        events = asyncio.run(_events(worker, CompletionGenerate(
+            request_id="r", return_ids=True, **common)))
+    finally:
+        worker.close()
+    ids = [i for e in events if isinstance(e, Deltas) for i in e.ids or []]
+    text = "".join(e.text for e in events if isinstance(e, Deltas))
+    assert len(ids) == 24 and tiny.tokenizer.decode(ids) == text
+    assert text == "".join(e.text for e in plain if isinstance(e, Deltas))
+    assert all(e.ids is None for e in plain if isinstance(e, Deltas))

@@ -471,3 +471,29 @@ def test_logit_bias_in_llama_servers_forms_reaches_the_worker() -> None:
         r = client.post("/completion", json={"prompt": "a", "logit_bias": bias})
         assert r.status_code == 400 and param in r.text, r.text
     assert len(worker.requests) == 2
+
+
+def test_return_tokens_answers_the_ids_written_in_tokens() -> None:
+    """`tokens` was always empty: return_tokens was not read. Now the worker is asked for
+    the ids: the whole object lists them all, a stream each piece's (its last object none,
+    as llama-server's)."""
+    def ids_play() -> FakeStream:
+        return FakeStream([[Accepted(request_id="r", model="m", prompt_tokens=3)],
+                           [Deltas(index=0, text="Pa", tokens=1, ids=[7])],
+                           [Deltas(index=0, text="", tokens=2, ids=[8]),
+                            Deltas(index=0, text="ris", tokens=3, ids=[9])],
+                           [Finished(index=0, finish_reason="length", completion_tokens=3),
+                            Usage(prompt_tokens=3, completion_tokens=3)]])
+
+    worker = FakeWorker(ids_play(), ids_play(), _middle())
+    client, _ = _client(worker)
+    body = {"prompt": "x", "n_predict": 3, "return_tokens": True}
+    r = client.post("/completion", json=body)
+    assert worker.requests[0].return_ids
+    assert (r.json()["content"], r.json()["tokens"]) == ("Paris", [7, 8, 9])
+    r = client.post("/completion", json={**body, "stream": True})
+    events = [json.loads(ln[6:]) for ln in r.text.splitlines() if ln.startswith("data: ")]
+    assert [e["tokens"] for e in events] == [[7], [8], [9], []]  # a held-back text too
+    assert "".join(e["content"] for e in events) == "Paris"
+    client.post("/infill", json={**BODY, "return_tokens": False})
+    assert not worker.requests[2].return_ids
