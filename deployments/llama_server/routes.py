@@ -1,6 +1,7 @@
 """llama-server's own routes: /completion (also /completions) and /infill through the
 ingress's one request path, GET /props (a model's context, slots and chat template: what
-SillyTavern and llama.cpp's own clients read), GET /models (GET /v1/models' list, which
+SillyTavern and llama.cpp's own clients read), GET /slots (llama-server's 501 with its slots
+endpoint off: a client reading a context there falls back as from llama-server), GET /models (GET /v1/models' list, which
 llama-server serves on both paths); errors in llama-server's shape (`code`: the status as a
 number; /models' as /v1/models')."""
 
@@ -9,7 +10,7 @@ number; /models' as /v1/models')."""
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
-from deployments.errors import llama_error_response
+from deployments.errors import ApiError, llama_error_response
 from deployments.ingress import Current
 from deployments.llama_server.reply import props as props_body
 from deployments.llama_server.request import completion_call, infill_call
@@ -37,6 +38,18 @@ async def props(request: Request, ingress: Current) -> Response:
         ingress.authenticate(request)
         name = ingress.served(request.query_params.get("model"))
         return JSONResponse(props_body(name, await ingress.info(name, verbose=True)))
+
+    return await ingress.respond(run, llama_error_response)
+
+
+@router.get("/slots")
+async def slots(request: Request, ingress: Current) -> Response:
+    """llama-server's answer with its slots endpoint off (`endpoint_slots` false in
+    /props): slots here are the worker's batch, not inspected or saved one by one."""
+    async def run() -> Response:
+        ingress.authenticate(request)
+        raise ApiError(501, "This server does not support slots endpoint.",
+                       type="not_supported_error")
 
     return await ingress.respond(run, llama_error_response)
 

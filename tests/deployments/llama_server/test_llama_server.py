@@ -497,3 +497,14 @@ def test_return_tokens_answers_the_ids_written_in_tokens() -> None:
     assert "".join(e["content"] for e in events) == "Paris"
     client.post("/infill", json={**BODY, "return_tokens": False})
     assert not worker.requests[2].return_ids
+
+
+def test_slots_is_llama_servers_501_with_the_endpoint_off() -> None:
+    """GET /slots was OpenAI's unknown-path 404: a client reading the context there (and
+    falling back on llama-server's 501 not_supported_error) got neither."""
+    client, _ = _client(FakeWorker())
+    r = client.get("/slots")
+    assert r.status_code == 501
+    assert r.json()["error"]["code"] == 501
+    assert r.json()["error"]["type"] == "not_supported_error"
+    assert client.get("/props").json()["endpoint_slots"] is False
