@@ -17,7 +17,6 @@ from deployments.metrics import MetricsHub
 from deployments.routing import router_config
 from deployments.server import make_ingress
 
-
 # a deployment's replicas (Serve takes 0 too: a model no request could reach)
 Replicas = Annotated[int, msgspec.Meta(ge=1)]
 

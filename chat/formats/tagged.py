@@ -7,9 +7,10 @@ content has shown more than whitespace, a reasoning opener is the answer's own t
 about `<think>` tags, a JSON string or code holding one), as the constraint's grammar reads
 it (reasoning, then the answer), and so is a closer that follows one; a closer on its own
 is dropped (a stray one). Gemma 4 is the exception: its channel markers are control tokens
-and a thought block may follow the answer (an empty one, dropped, as llama.cpp reads it). Text that could still become a marker is held
-back, and the parser keeps only the text it has not consumed, so feeding text in any
-pieces gives the same events and each update costs time in the new text only.
+and a thought block may follow the answer (an empty one, dropped, as llama.cpp reads it).
+Text that could still become a marker is held back, and the parser keeps only the text it
+has not consumed, so feeding text in any pieces gives the same events and each update costs
+time in the new text only.
 """
 
 from __future__ import annotations

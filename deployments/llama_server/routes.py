@@ -1,9 +1,9 @@
 """llama-server's own routes: /completion (also /completions) and /infill through the
 ingress's one request path, GET /props (a model's context, slots and chat template: what
 SillyTavern and llama.cpp's own clients read), GET /slots (llama-server's 501 with its slots
-endpoint off: a client reading a context there falls back as from llama-server), GET /models (GET /v1/models' list, which
-llama-server serves on both paths); errors in llama-server's shape (`code`: the status as a
-number; /models' as /v1/models')."""
+endpoint off: a client reading a context there falls back as from llama-server), GET /models
+(GET /v1/models' list, which llama-server serves on both paths); errors in llama-server's
+shape (`code`: the status as a number; /models' as /v1/models')."""
 
 # No `from __future__ import annotations`: FastAPI reads the handlers' annotations.
 

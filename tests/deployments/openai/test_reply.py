@@ -8,8 +8,7 @@ import json
 import pytest
 
 from actors.events import Accepted, Deltas, Finished, Prompt, TokenLogprob, Usage
-from deployments.openai.reply import (ChatReply, CompletionBatchReply, CompletionReply,
-                                      usage_body)
+from deployments.openai.reply import ChatReply, CompletionBatchReply, CompletionReply, usage_body
 
 
 def test_usage_counts_speculative_drafts_only_when_there_were_some() -> None:
