@@ -148,7 +148,7 @@ class Choice:
         if token in s.eos_ids and not s.request.ignore_eos:
             return self.finish("stop")
         piece = self.detok.push(token)
-        text = self.stops.push(piece)
+        text = self.stops.push(piece, armed=self.generated >= s.request.min_tokens)
         events = self._emit(text, lp)
         self.unplaced += 1
         field = next((d.field for e in events if isinstance(e, Deltas) for d in e.deltas),

@@ -24,9 +24,13 @@ class StopMatcher:
         self.matched: str | None = None  # the stop string that cut the text
         self.dedented = False  # a line's indentation ended the text (`min_indent`)
 
-    def push(self, text: str) -> str:
+    def push(self, text: str, armed: bool = True) -> str:
         """Text that is safe to emit; sets `stopped` when a stop string completes or a line
-        is indented less than `min_indent`."""
+        is indented less than `min_indent`. Not `armed` (the output is shorter than the
+        request's min_tokens, as vLLM reads it): the stop strings are not looked for."""
+        if not armed and not self.stopped:
+            text, self._held = self._held + text, ""
+            return self._indentation(text)
         return self._indentation(self._stop_strings(text))
 
     def _indentation(self, text: str) -> str:

@@ -26,6 +26,16 @@ def test_no_stops_passes_everything() -> None:
     assert m.push("abc") == "abc" and m.flush() == ""
 
 
+def test_stops_are_not_looked_for_before_the_matcher_is_armed() -> None:
+    """min_tokens: text written before it is reached goes out whole, a stop string's start
+    held before that too; once armed, the next stop string cuts."""
+    m = StopMatcher(["END"])
+    assert m.push("aE", armed=False) == "aE"
+    assert m.push("END b", armed=False) == "END b"
+    assert m.push("x", armed=False) == "x" and not m.stopped
+    assert m.push("yE") == "y" and m.push("ND z") == "" and m.stopped
+
+
 def test_the_stop_that_cut_is_named() -> None:
     m = StopMatcher(["END", "!!"])
     assert m.matched is None

@@ -112,6 +112,21 @@ def test_stop_string_ends_the_choice(worker) -> None:
     assert fin.finish_reason in ("stop", "length")
 
 
+def test_stop_strings_wait_for_min_tokens(worker) -> None:
+    """vLLM's min_tokens holds stop strings back as well as end tokens: the output runs to
+    that many tokens, the stop strings it wrote on the way kept, then ends at the next."""
+    def run(**kw) -> tuple[str, Finished]:
+        events = asyncio.run(_complete(worker, prompt="Numbers:", max_tokens=40, seed=1,
+                                       stop=[" "], **kw))
+        text = "".join(e.text for e in events if isinstance(e, Deltas))
+        return text, [e for e in events if isinstance(e, Finished)][0]
+    free, _ = run(ignore_eos=True)
+    early = len(free)  # the first space, at most a few tokens in
+    held, fin = run(ignore_eos=True, min_tokens=12)
+    assert fin.completion_tokens >= 12 and len(held) > early and " " in held
+    assert fin.finish_reason == "length" or fin.stop == " "
+
+
 def test_cancelled_request_frees_its_sequence(worker) -> None:
     async def run():
         req = ChatGenerate(request_id="c", messages=MSG, max_tokens=3000, seed=2,
