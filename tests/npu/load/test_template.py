@@ -320,6 +320,26 @@ def test_our_templates_join_text_parts_as_the_others_are_joined(name: str) -> No
     assert tpl.render(PARTS) == tpl.render([{"role": "user", "content": "Hello\nWorld"}])
 
 
+@pytest.mark.parametrize("name", ["smollm2_chat_template.jinja", "flm_tiny_chat_template.jinja"])
+def test_our_templates_put_a_turns_tool_results_in_one_user_turn(name: str) -> None:
+    """As Qwen's and Hermes' templates do (found probing: each result was a turn of its
+    own); a result alone, and results of two turns, stay turns of their own."""
+    from npu.load.loader import DATA
+
+    tpl = ChatTemplate((DATA / name).read_text(encoding="utf-8"))
+    call = {**CONVERSATION[2]["tool_calls"][0]}
+    two = [*CONVERSATION[:2], {**CONVERSATION[2], "tool_calls": [call, call]},
+           {**CONVERSATION[3], "content": "18C"}, {**CONVERSATION[3], "content": "sunny"},
+           {"role": "user", "content": "And Oslo?"}]
+    text = tpl.render(two, tools=TOOLS)
+    assert "<tool_response>\n18C\n</tool_response>\n<tool_response>\nsunny\n</tool_response>" \
+        "<|im_end|>\n<|im_start|>user\nAnd Oslo?" in text
+    assert text.count("<|im_start|>user") == 3
+    one = tpl.render([*CONVERSATION, {"role": "user", "content": "Thanks"}], tools=TOOLS)
+    assert "<|im_start|>user\n<tool_response>\n18C and sunny\n</tool_response><|im_end|>\n" \
+        "<|im_start|>user\nThanks" in one
+
+
 @needs_shared
 @pytest.mark.parametrize("name", template_names() or ["none"])
 def test_every_shared_template_renders_text_parts_as_text(name: str) -> None:
