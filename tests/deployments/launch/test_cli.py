@@ -133,7 +133,10 @@ def test_the_api_key_reaches_the_app_through_the_environment_not_the_args(
     # {... 'api_key': ...}") into Ray's world-readable log files
     from deployments.launch import launcher
 
-    monkeypatch.delenv("FLM_API_KEY", raising=False)
+    # set, then deleted: monkeypatch restores it as it was (unset) after the test, the key
+    # the command line puts there included (a later server of this run would want it)
+    monkeypatch.setenv("FLM_API_KEY", "")
+    monkeypatch.delenv("FLM_API_KEY")
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setattr(launcher, "joins_cluster", lambda: False)
     written: list[dict] = []
