@@ -312,6 +312,8 @@ def main(argv: list[str] | None = None, *, remove: tuple[str, ...] = (),
         print(f"flm-serve: {_start_failure(exc)}", file=sys.stderr, flush=True)
         code = 1
     finally:
+        if code:  # a forced end (the cleanup below outlasting FORCE_AT_S) exits with it too
+            stop.exit_code = code
         stop.begin()
         stop.cleanup.set()
         try:
