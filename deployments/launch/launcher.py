@@ -178,6 +178,7 @@ class _Stop:
         self.cleanup = threading.Event()  # the main thread shuts Ray down and sweeps
         self.finished = threading.Event()
         self.exit_code = 0  # of a forced end (1: the run stops because no model loaded)
+        self._said, self._said_lock = False, threading.Lock()
 
     def install(self) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -210,8 +211,15 @@ class _Stop:
         # the folders first and the line before the raylet ends: that can end this process
         # at once (Ray's core worker exits when its raylet dies)
         _remove(self.private)
-        self.end(before_raylet=_say_stopped)
+        self.end(before_raylet=self.say_stopped)
         os._exit(self.exit_code)
+
+    def say_stopped(self, ended: list[int]) -> None:
+        """The run's last line, once (the forced end and the main path may both get there)."""
+        with self._said_lock:
+            if not self._said:
+                self._said = True
+                _say_stopped(ended)
 
     def end(self, before_raylet: Callable[[list[int]], None] = lambda ended: None,
             ) -> list[int]:
@@ -324,7 +332,7 @@ def main(argv: list[str] | None = None, *, remove: tuple[str, ...] = (),
             print(f"flm-serve: Ray's shutdown failed: {exc!r}", file=sys.stderr)
         ended = stop.end()
         _remove((private, *remove))
-        _say_stopped(ended)
+        stop.say_stopped(ended)
         stop.finished.set()
     return code
 

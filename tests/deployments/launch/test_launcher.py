@@ -37,6 +37,8 @@ def test_ray_failing_to_start_is_one_line_not_a_traceback(tmp_path, slow_cleanup
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr
+    assert [line for line in done.stderr.splitlines() if "stopped" in line] == [
+        "flm-serve: stopped"]
     lines = [line for line in done.stderr.splitlines() if line.startswith("flm-serve: Ray")]
     assert lines == ["flm-serve: Ray or Serve failed: Exception: The current node timed out "
                      "during startup. This could; happen because some of the raylet failed "
