@@ -24,6 +24,9 @@ def test_browser_gets_the_page_at_the_root(http) -> None:
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
     assert '<base href="/">' in r.text and 'src="page/page.js"' in r.text
     assert "script-src 'self'" in r.headers["content-security-policy"]
+    # its icon is inline (an image the policy allows): no /favicon.ico 404 on every load
+    assert '<link rel="icon" href="data:,">' in r.text
+    assert "img-src 'self' data:" in r.headers["content-security-policy"]
 
 
 @pytest.mark.parametrize("headers", [{}, {"accept": "*/*"}, {"accept": "application/json"}])
