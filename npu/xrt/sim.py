@@ -5,7 +5,9 @@ pybind11 bindings (`src/python/pybind11/src/pyxrt.cpp`, read at Xilinx/XRT@963c5
 2.26; `tests/npu/xrt/pyxrt_table.py` lists the forms), and it rejects with a `TypeError`
 what those bindings would not convert: a runlist's `wait` takes no argument from Python
 (its timeout is a `std::chrono::milliseconds` and pyxrt does not include pybind11's chrono
-casters), `bo.sync` takes the direction alone or with size and offset, paths are `str`.
+casters), `bo.sync` takes the direction alone or with size and offset, paths are `str`, sizes and
+offsets are unsigned (`size_t`). A read, write or sync past a buffer's end fails, as XRT's
+`bo::read` / `bo::write` and the amdxdna shim's `sync` (EINVAL) do.
 Failures are as XRT's: a single run's `wait` returns its `ert_cmd_state`; a runlist's
 `wait` raises (XRT's `runlist::command_error`, a RuntimeError in Python) and blocks while
 a run hangs; `state()` may not be called on a run of a runlist (`xrt_kernel.h`). The
@@ -104,6 +106,11 @@ def _forms(what: str, got: tuple, *forms: str) -> TypeError:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int | np.integer) and not isinstance(value, bool | enum.Enum)
+
+
+def _is_size(value: Any) -> bool:
+    """A value pybind11 converts to a `size_t` (no negative ones)."""
+    return _is_int(value) and value >= 0
 
 
 class _Bound:
@@ -226,8 +233,8 @@ class _Bo(_Bound):
     device_only = _Flags.device_only
 
     def __init__(self, dev: Any, size: Any, flags: Any, group: Any) -> None:
-        if not (isinstance(dev, _Device) and _is_int(size) and isinstance(flags, _Flags)
-                and _is_int(group)):
+        if not (isinstance(dev, _Device) and _is_size(size) and isinstance(flags, _Flags)
+                and _is_size(group)):
             raise _forms("bo", (dev, size, flags, group),
                          "(device, size: int, flags: pyxrt.bo.flags, group: int)")
         if size <= 0:
@@ -243,17 +250,19 @@ class _Bo(_Bound):
 
     def write(self, data: Any, seek: Any) -> None:
         if not isinstance(data, bytes | bytearray | memoryview | np.ndarray) or not \
-                _is_int(seek):
+                _is_size(seek):
             raise _forms("write", (data, seek), "(buffer, seek: int)")
         raw = np.frombuffer(data.tobytes() if isinstance(data, np.ndarray) else bytes(data),
                             dtype=np.uint8)
-        if seek + raw.size > self.nbytes:
-            raise SimulatorError("write past the end of the bo")
+        if seek + raw.size > self.nbytes:  # xrt::bo::write
+            raise SimulatorError("attempting to write past buffer size")
         self.host[seek : seek + raw.size] = raw
 
     def read(self, size: Any, skip: Any) -> np.ndarray:
-        if not (_is_int(size) and _is_int(skip)):
+        if not (_is_size(size) and _is_size(skip)):
             raise _forms("read", (size, skip), "(size: int, skip: int)")
+        if size + skip > self.nbytes:  # xrt::bo::read
+            raise SimulatorError("attempting to read past buffer size")
         return self.host[skip : skip + size].view(np.int8).copy()  # py::array_t<char>
 
     def map(self) -> memoryview:
@@ -261,12 +270,14 @@ class _Bo(_Bound):
 
     def sync(self, direction: Any, *size_offset: Any) -> None:
         if not isinstance(direction, xclBOSyncDirection) or len(size_offset) not in (0, 2) \
-                or not all(_is_int(v) for v in size_offset):
+                or not all(_is_size(v) for v in size_offset):
             raise _forms("sync", (direction, *size_offset), "(dir)",
                          "(dir, size: int, offset: int)")
         if self.sim.lost(self.device):
             raise SimulatorError("device lost")
         size, offset = size_offset or (self.nbytes, 0)
+        if offset + size > self.nbytes:  # the amdxdna shim's buffer::sync: EINVAL
+            raise SimulatorError(f"Invalid BO offset and size for sync'ing: {offset}, {size}")
         end = offset + size
         if direction == xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE:
             self.dev[offset:end] = self.host[offset:end]

@@ -166,6 +166,11 @@ def test_the_simulator_accepts_the_forms_the_adapter_uses(tmp_path) -> None:
     (lambda rig, rl: rig.built_run().set_arg(0, 1.5), "run.set_arg(int, float)"),
     (lambda rig, rl: rig.built_run().wait(-1), "run.wait(negative)"),
     (lambda rig, rl: rig.s.kernel(rig.ctx, b"K"), "kernel(ctx, bytes)"),
+    (lambda rig, rl: rig.a.read(4, -4), "bo.read(size, negative skip)"),
+    (lambda rig, rl: rig.a.write(b"\x00", -1), "bo.write(data, negative seek)"),
+    (lambda rig, rl: rig.a.sync(Simulator.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE, 4, -4),
+     "bo.sync(dir, size, negative offset)"),
+    (lambda rig, rl: rig.s.bo(rig.dev, 16, rig.s.bo.host_only, -1), "bo(..., negative group)"),
 ])
 def test_the_simulator_rejects_what_the_bindings_cannot_convert(tmp_path, call, what) -> None:
     rig = _Rig(tmp_path)
@@ -173,6 +178,18 @@ def test_the_simulator_rejects_what_the_bindings_cannot_convert(tmp_path, call, 
     # pybind11's message, or Python's for a missing argument: a TypeError either way
     with pytest.raises(TypeError, match="incompatible function arguments|required positional"):
         call(rig, rl)
+
+
+@pytest.mark.parametrize("call", [
+    lambda a, d: a.read(8, 12), lambda a, d: a.read(17, 0), lambda a, d: a.write(b"\0" * 8, 12),
+    lambda a, d: a.sync(d.XCL_BO_SYNC_BO_TO_DEVICE, 8, 12),
+    lambda a, d: a.sync(d.XCL_BO_SYNC_BO_FROM_DEVICE, 32, 0)])
+def test_reads_writes_and_syncs_past_a_buffer_fail_as_xrts_do(tmp_path, call) -> None:
+    # xrt::bo::read / write: "attempting to read past buffer size"; the amdxdna shim's
+    # buffer::sync: EINVAL (the 16-byte bo did not give back a short array, or sync less)
+    rig = _Rig(tmp_path)
+    with pytest.raises(SimulatorError, match="past buffer size|Invalid BO offset and size"):
+        call(rig.a, Simulator.xclBOSyncDirection)
 
 
 def test_runlists_raise_their_failures_and_hide_their_runs_state(tmp_path) -> None:
