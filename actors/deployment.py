@@ -85,16 +85,15 @@ class ModelWorker:
         self.index = index
         options = config.options()
         if device == "npu":
-            from npu.xrt import XRT
+            def factory():  # pyxrt opened here: its absence is the model's failure (below)
+                from npu.xrt import XRT
 
-            if config.simulator_devices:  # testing: the simulator stands in for the driver
-                from npu.xrt.sim_kernels import simulator_for
+                if config.simulator_devices:  # testing: the simulator stands in for the driver
+                    from npu.xrt.sim_kernels import simulator_for
 
-                xrt = XRT(simulator_for(config.kernel_dir, config.simulator_devices))
-            else:
-                xrt = XRT()
-
-            def factory():
+                    xrt = XRT(simulator_for(config.kernel_dir, config.simulator_devices))
+                else:
+                    xrt = XRT()
                 return load_model(config.path, "npu", options, name=name,
                                   device_index=index or 0, xrt=xrt)
         else:
