@@ -43,6 +43,16 @@ def resolve_device(device: str, kernel_dir: str | None) -> str:
         return "cpu"
 
 
+def npus_seen() -> int:
+    """The NPUs pyxrt sees on this machine (0 without pyxrt or its driver)."""
+    try:
+        from npu.xrt import XRT
+
+        return len(XRT().enumerate_devices())
+    except Exception:  # no pyxrt, no driver
+        return 0
+
+
 def device_index(device: str) -> int | None:
     """This replica's NPU index from Ray (None on CPU)."""
     if device != "npu":

@@ -46,11 +46,14 @@ _QUIET = re.compile(
 )
 
 # warnings Ray gives on every run about this launcher's own deliberate settings: a loopback
-# API (so no HAProxy of another node reaches it) and the token Ray protects its clusters
-# with; nothing to act on, so they stay in the log files
+# API (so no HAProxy of another node reaches it), the token Ray protects its clusters
+# with, and the NPUs it declares (Ray then asks Ascend's `acl` for their type, and logs a
+# traceback: ours are AMD's); nothing to act on, so they stay in the log files
 EXPECTED = ("won't accept connections from HAProxy on other nodes",
-            "Token authentication is enabled for this Ray cluster")
+            "Token authentication is enabled for this Ray cluster",
+            "Failed to detect NPU type")
 _TOKEN_LOGGER = "ray._private.authentication.authentication_token_setup"
+_NPU_LOGGER = "ray._private.accelerators.npu"
 
 
 def is_verbose(environ: Mapping[str, str]) -> bool:
@@ -106,7 +109,8 @@ def quiet_driver(verbose: bool) -> None:
         return
     for name in ("ray", "ray.serve"):  # ray.serve does not propagate to ray
         logging.getLogger(name).setLevel(logging.WARNING)
-    logging.getLogger(_TOKEN_LOGGER).addFilter(_Expected())
+    for name in (_TOKEN_LOGGER, _NPU_LOGGER):
+        logging.getLogger(name).addFilter(_Expected())
     try:
         from ray.autoscaler._private.cli_logger import cli_logger
     except ImportError:

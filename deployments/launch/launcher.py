@@ -104,6 +104,26 @@ def _app_fault(config_path: Path) -> str | None:
     return None
 
 
+def npu_count(config_path: Path) -> int:
+    """The NPUs the Ray a run starts declares, where a model of the config may run on one
+    (device npu or auto): Ray detects none on a Ryzen AI machine (its built-in "NPU" is
+    Ascend's), so a worker claiming {"NPU": 1} would wait for ever. Those pyxrt sees, else
+    what the npu models ask for (their simulator devices, or replicas): each worker then
+    starts and says why it cannot load. 0 for a config without one."""
+    config = yaml.safe_load(config_path.read_text()) or {}
+    models = [m for app in config.get("applications") or [] if isinstance(app, dict)
+              for m in ((app.get("args") or {}).get("models") or []) if isinstance(m, dict)]
+    npus = [m for m in models if m.get("device") in ("npu", "auto")]
+    if not npus:
+        return 0
+    from actors.deployment import npus_seen
+
+    seen = npus_seen()
+    asked = [len(m.get("simulator_devices") or []) or int(m.get("replicas") or 1)
+             for m in npus if m.get("device") == "npu"]
+    return seen or max(asked, default=0)
+
+
 def port_in_use(host: str, port: int) -> bool:
     """Whether binding host:port fails now (something else listens there)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -294,9 +314,12 @@ def main(argv: list[str] | None = None, *, remove: tuple[str, ...] = (),
 
         console_filter.quiet_driver(verbose)
         # the job's runtime_env is the default of every deployment `serve run` starts
+        # a cluster `ray start` began declares its own resources (configs/multi_npu.yaml)
+        npus = 0 if joins_cluster() else npu_count(config)
         ray.init(namespace="serve", logging_level=logging.INFO if verbose else logging.WARNING,
                  runtime_env={"worker_process_setup_hook":
-                              "deployments.launch.loopback.bind_replica_grpc_to_loopback"})
+                              "deployments.launch.loopback.bind_replica_grpc_to_loopback"},
+                 **({"resources": {"NPU": npus}} if npus else {}))
         console_filter.install(verbose, stop.stopping)
         stop.install()  # again: ray.init installs its own SIGTERM handler
         fault = _app_fault(config)

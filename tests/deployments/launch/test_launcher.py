@@ -120,3 +120,61 @@ def test_the_raylet_is_ended_after_the_rest_of_the_run(tmp_path) -> None:
     finally:
         for p in procs:
             p.kill()
+
+
+def _npu_config(tmp_path: Path, model: str) -> Path:
+    config = tmp_path / "serve.yaml"
+    config.write_text(f"http_options: {{host: 127.0.0.1, port: {free_port()}}}\n"
+                      "applications:\n  - name: flm\n    import_path: deployments.app:build_app\n"
+                      f"    args: {{models: [{model}]}}\n")
+    return config
+
+
+def test_the_ray_a_run_starts_declares_the_npus_its_workers_claim(tmp_path, monkeypatch) -> None:
+    # `flm-serve serve MODEL --device npu --kernel-dir DIR` on one machine: Ray detects no
+    # NPU there (its own "NPU" is Ascend's), so the worker's {"NPU": 1} waited for ever
+    from deployments.launch import launcher
+
+    monkeypatch.setitem(sys.modules, "pyxrt", None)  # no XRT here: none seen
+    npu = "{name: m, path: flm-tiny, device: npu, kernel_dir: /k, replicas: 2}"
+    assert launcher.npu_count(_npu_config(tmp_path, npu)) == 2
+    sim = "{name: m, path: flm-tiny, device: npu, simulator_devices: [a, b, c]}"
+    assert launcher.npu_count(_npu_config(tmp_path, sim)) == 3
+    assert launcher.npu_count(_npu_config(tmp_path, "{name: m, path: flm-tiny}")) == 0
+    script = ("import sys, ray\n"
+              "def init(*a, **k):\n"
+              "    print('resources', k.get('resources'), file=sys.stderr)\n"
+              "    raise Exception('stop here')\n"
+              "ray.init = init\n"
+              "sys.modules['pyxrt'] = None\n"
+              "from deployments.launch import launcher\n"
+              "launcher.joins_cluster = lambda: False\n"
+              f"sys.exit(launcher.main([{str(_npu_config(tmp_path, npu))!r}]))\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert "resources {'NPU': 2}" in done.stderr.splitlines(), done.stderr
+
+
+def test_rays_ascend_npu_type_traceback_stays_off_the_console(monkeypatch) -> None:
+    # with {"NPU": n} declared, ray.init asks Ascend's `acl` for the NPU's type and logs
+    # "Failed to detect NPU type." with an ImportError traceback on the console
+    import logging
+
+    from ray.autoscaler._private.cli_logger import cli_logger
+
+    from deployments.launch import console_filter
+
+    npu_log = logging.getLogger("ray._private.accelerators.npu")
+    for name in ("print", "success", "info"):  # put back after the test
+        monkeypatch.setattr(cli_logger, name, getattr(cli_logger, name))
+    for log in (npu_log, logging.getLogger(console_filter._TOKEN_LOGGER)):
+        monkeypatch.setattr(log, "filters", [])
+    for name in ("ray", "ray.serve"):
+        monkeypatch.setattr(logging.getLogger(name), "level", logging.getLogger(name).level)
+    console_filter.quiet_driver(False)
+    record = npu_log.makeRecord(npu_log.name, logging.ERROR, __file__, 1,
+                                "Failed to detect NPU type.", (), None)
+    assert not npu_log.filter(record)
+    other = npu_log.makeRecord(npu_log.name, logging.ERROR, __file__, 1, "other", (), None)
+    assert npu_log.filter(other)
