@@ -237,6 +237,9 @@ def _check_weights(bad: Callable[[str], XRTError], name: str, op: Op) -> None:
 def generation_dir(kernel_dir: Path, generation: str, device_name: str) -> Path:
     """The sub-directory of `kernel_dir` for a device of `generation` ("XDNA1" | "XDNA2")."""
     kernel_dir = Path(kernel_dir)
+    if not kernel_dir.is_dir():
+        raise XRTError(f"the kernel directory {kernel_dir} does not exist (a kernel directory "
+                       "holds npu1/ and/or npu2/, each with manifest.json)")
     want = GENERATIONS.get(generation)
     have = sorted(p.name for p in kernel_dir.iterdir() if (p / "manifest.json").exists()) \
         if kernel_dir.is_dir() else []

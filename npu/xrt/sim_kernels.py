@@ -221,10 +221,24 @@ def _streams(folder: Path, shapes: list[Shape]) -> dict[bytes, Shape]:
     """Each shape's stream, its scalar words (set per launch) zeroed."""
     out = {}
     for s in shapes:
-        words = np.fromfile(folder / s.insts, dtype=np.uint32)
+        try:
+            words = np.fromfile(folder / s.insts, dtype=np.uint32)
+        except OSError:  # missing: the engine's upload names it, as on an NPU
+            continue
+        if any(not 0 <= i < words.size for i in s.scalar_words):
+            continue  # the engine names that too
         words[list(s.scalar_words)] = 0
         out[words.tobytes()] = s
     return out
+
+
+def _uuid(path: Path) -> str | None:
+    """A simulator binary's uuid; None where it cannot be read (a kernel directory missing
+    a file: opening it then fails in the engine, with its name, as pyxrt's xclbin would)."""
+    try:
+        return str(json.loads(path.read_text())["uuid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def simulator_for(kernel_dir: Path, devices: list[str], **kwargs: Any) -> Simulator:
@@ -232,7 +246,8 @@ def simulator_for(kernel_dir: Path, devices: list[str], **kwargs: Any) -> Simula
     sub-directories) run the kernels their manifests describe."""
     sim = Simulator(devices, **kwargs)
     decoded = Decoded()
-    for folder in sorted(Path(kernel_dir).iterdir()):
+    root = Path(kernel_dir)
+    for folder in sorted(root.iterdir()) if root.is_dir() else []:
         if not (folder / "manifest.json").exists():
             continue
         manifest = load_manifest(folder)  # what the engine would refuse is refused here too
@@ -240,7 +255,9 @@ def simulator_for(kernel_dir: Path, devices: list[str], **kwargs: Any) -> Simula
             compute = (layer_kernel(name, op, decoded) if name in LAYER_OPS
                        else linear_kernel(op, decoded))
             if op.instr_format == "elf":
-                uuid = json.loads((folder / op.elf).read_text())["uuid"]
+                uuid = _uuid(folder / op.elf)
+                if uuid is None:
+                    continue
                 params = (scratchpad.load_params(folder / op.params)
                           if op.scalars == "scratchpad" else {})
                 words = max((p.index for p in params.values()), default=-1) + 1
@@ -250,7 +267,9 @@ def simulator_for(kernel_dir: Path, devices: list[str], **kwargs: Any) -> Simula
                                         scratchpad_words=words)
             else:  # one kernel per xclbin, running the streams of its own shapes
                 for (xclbin, kernel), shapes in _binaries(op).items():
-                    uuid = json.loads((folder / xclbin).read_text())["uuid"]
+                    uuid = _uuid(folder / xclbin)
+                    if uuid is None:
+                        continue
                     sim.register_kernel(uuid, kernel, 3 + len(op.args),
                                         _bin(op, _streams(folder, shapes), compute),
                                         gbps=op.gbps)

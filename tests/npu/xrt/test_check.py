@@ -52,3 +52,19 @@ def test_a_kernel_that_computes_wrong_is_reported_off(tmp_path) -> None:
     assert results and not any(r.matched for r in results)
     assert all(0.9 < r.max_rel_err < 1.1 for r in results)
     assert "0 of" in report(results)
+
+
+def test_a_missing_or_incomplete_kernel_dir_is_named_and_fails(tmp_path, capsys) -> None:
+    # each was a traceback (FileNotFoundError from the simulator), or "0 of 0 shapes
+    # matched numpy" with exit status 0 when no op could open
+    missing = main(["--kernel-dir", str(tmp_path / "none"), "--simulate"])
+    assert missing == 2 and "kernel directory" in capsys.readouterr().err
+    kd = _kdir(tmp_path, weights="bf16")
+    (kd / "npu2" / "flm.xclbin").unlink()
+    assert main(["--kernel-dir", str(kd), "--simulate"]) == 1
+    out = capsys.readouterr().out
+    assert "cannot open" in out and "flm.xclbin" in out and "could not run" in out
+    kd = _kdir(tmp_path / "2", weights="bf16")
+    (kd / "npu2" / "gemv_0.bin").unlink()
+    assert main(["--kernel-dir", str(kd), "--simulate"]) == 1
+    assert "cannot read gemv_0.bin" in capsys.readouterr().out
