@@ -86,6 +86,8 @@ class XRTEngine(NumpyEngine):
         self._dev = {}
         self.layer_bytes = 0
         self._slots: dict[int, _Slot] = {}
+        # the model's parameters and format, as loaded (the host drops what it uploads)
+        self._summary = super().weight_summary()
         if self.mode == "linear":
             for L in self.layers:
                 for lname in LINEAR:
@@ -178,6 +180,10 @@ class XRTEngine(NumpyEngine):
     @property
     def weight_bytes(self) -> int:
         return self.linear_ops.weight_bytes + self.layer_bytes
+
+    def weight_summary(self) -> dict[str, Any]:
+        """The loaded model's (the CPU engine's): its matrices are on the device now."""
+        return dict(self._summary)
 
     def check_device(self) -> None:
         """Raise XRTError when the NPU is gone (for health checks)."""

@@ -75,6 +75,17 @@ def test_modes_match_the_cpu_engine_and_count_launches(tiny, kdir, mode, per_lay
                for end in (1, 4, len(ids))) < 0.03
 
 
+@pytest.mark.parametrize("mode", ["linear", "layer"])
+def test_the_model_summary_counts_the_weights_on_the_device(tiny, kdir, mode) -> None:
+    # Ollama's /api/ps and /api/show showed SmolLM2-135M on the NPU as 28M parameters (the
+    # embedding alone: the host drops the matrices it uploads), 134M on the CPU
+    cfg = _config(tiny)
+    npu = XRTEngine(cfg, load_weights(tiny, progress=False), xrt=XRT(simulator_for(
+        kdir, ["RyzenAI-npu4"])), device_index=0, kernel_dir=kdir, mode=mode)
+    cpu = NumpyEngine(cfg, load_weights(tiny, progress=False))
+    assert npu.weight_summary() == cpu.weight_summary()
+
+
 def test_linear_mode_embeds_as_the_cpu_engine_and_fused_modes_refuse(tiny, kdir) -> None:
     cfg = _config(tiny)
     items = [[5, 9, 14, 3], [7, 22, 40, 11, 17, 2]]
