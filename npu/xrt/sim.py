@@ -252,6 +252,10 @@ class _Bo(_Bound):
         if not isinstance(data, bytes | bytearray | memoryview | np.ndarray) or not \
                 _is_size(seek):
             raise _forms("write", (data, seek), "(buffer, seek: int)")
+        if not memoryview(data).c_contiguous:  # pyxrt copies itemsize * size bytes from
+            # the buffer's start, strides ignored: the device would get other bytes
+            raise SimulatorError("write of a non-contiguous buffer: pyxrt copies its memory "
+                                 "as it lies, not its elements in order")
         raw = np.frombuffer(data.tobytes() if isinstance(data, np.ndarray) else bytes(data),
                             dtype=np.uint8)
         if seek + raw.size > self.nbytes:  # xrt::bo::write

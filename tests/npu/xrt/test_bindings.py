@@ -192,6 +192,15 @@ def test_reads_writes_and_syncs_past_a_buffer_fail_as_xrts_do(tmp_path, call) ->
         call(rig.a, Simulator.xclBOSyncDirection)
 
 
+def test_a_non_contiguous_write_is_refused(tmp_path) -> None:
+    # pyxrt's bo.write memcpys itemsize * size bytes from the buffer's pointer: a strided
+    # view (every other byte here) would reach the device as the bytes it spans, in order
+    rig = _Rig(tmp_path)
+    with pytest.raises(SimulatorError, match="non-contiguous"):
+        rig.a.write(np.arange(16, dtype=np.uint8)[::2], 0)
+    rig.a.write(np.ascontiguousarray(np.arange(16, dtype=np.uint8)[::2]), 0)
+
+
 def test_runlists_raise_their_failures_and_hide_their_runs_state(tmp_path) -> None:
     rig = _Rig(tmp_path)
     s = rig.s
