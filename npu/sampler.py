@@ -14,6 +14,7 @@ mask (NaN logits), the best allowed token is used instead.
 
 from __future__ import annotations
 
+import sys
 from collections import deque
 from collections.abc import Sequence
 
@@ -81,8 +82,11 @@ class Sampler:
         ids = np.asarray(prompt_ids or [], dtype=np.int64)
         ids = ids[(ids >= 0) & (ids < vocab_size)]
         if p.repeat_last_n > 0:
-            self._window = deque(maxlen=p.repeat_last_n)
-            for token in ids[-p.repeat_last_n:].tolist():
+            # no sequence is longer than sys.maxsize: a window past it (an API's 2**70) is
+            # that one, which deque can hold
+            last_n = min(p.repeat_last_n, sys.maxsize)
+            self._window = deque(maxlen=last_n)
+            for token in ids[-last_n:].tolist():
                 self._slide(token)
         else:
             self._seen[ids] = True

@@ -116,6 +116,19 @@ def test_a_windowed_penalty_reads_only_the_latest_tokens() -> None:
     assert whole.sample(logits) == 1  # -1: the whole sequence
 
 
+def test_a_window_past_any_sequence_reads_the_whole_sequence() -> None:
+    """Ollama's options.repeat_last_n 2**70 (or 1e308): the sampler failed to build (a
+    deque's maxlen is a C ssize_t) and the request was a 500; now it is a window holding
+    every token, prompt and output."""
+    logits = np.array([2.0, 1.9, 1.0, -5.0], np.float32)
+    for last_n in (2**63, 2**70, int(1e308)):
+        s = Sampler(SamplingParams(temperature=0.0, repeat_last_n=last_n,
+                                   presence_penalty=5.0), 4, prompt_ids=[0, 3])
+        assert s.sample(logits) == 1  # 0 is in the window (the prompt's)
+        s.accept(1)
+        assert s.sample(logits) == 2
+
+
 def test_frequency_counts_only_the_window() -> None:
     """A token written three times, the window holding two of them: penalized twice."""
     logits = np.array([2.0, 0.0, 0.0], np.float32)
