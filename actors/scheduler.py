@@ -136,6 +136,8 @@ class Scheduler:
                 picked.pop()
             elif running:
                 return []
+            elif self._give_back(waiting[1:]):  # (a prompt behind it took its cached start)
+                continue
             else:  # nothing will free more: the oldest prompt does not fit at all
                 return [self._reject_unfittable(head, waiting, outboxes)]
         try:
@@ -172,9 +174,10 @@ class Scheduler:
         return ended
 
     def decode_step(self, running: list[Session], paused: list[Session],
-                     outboxes: dict[int, Outbox]) -> list[Outbox]:
-        """One token for every running choice; returns the outboxes of ended sessions."""
-        ended = self._make_room(running, paused, outboxes)
+                     outboxes: dict[int, Outbox], waiting: list[Session]) -> list[Outbox]:
+        """One token for every running choice (room made for it: `_make_room`); returns the
+        outboxes of ended sessions."""
+        ended = self._make_room(running, paused, waiting, outboxes)
         batch: list[Choice] = [c for s in running for c in s.choices if not c.done]
         drafts = self._drafts(batch) if batch and self.speculation is not None else None
         if drafts is not None:
@@ -308,35 +311,57 @@ class Scheduler:
         return outbox
 
     def _start(self, session: Session, outboxes: dict[int, Outbox]) -> None:
-        """Before a prompt's first chunk: take what the KV cache holds of it (the Accepted
-        that waits for the first output tells it: Anthropic's message_start shows it)."""
+        """Before a prompt's first chunk, or its next after it gave its blocks back
+        (`_give_back`): take what the KV cache holds of it (the Accepted that waits for the
+        first output tells it: Anthropic's message_start shows it; what the cache held the
+        first time is what usage reports)."""
+        engine, ids = self.model.engine, session.prompt_ids
+        seq_id = session.choices[0].seq_id
+        if session.cached is not None and engine.length(seq_id):
+            return
+        if session.scores_prompt:  # as far as a scored prompt of the same start goes
+            known, scores = self.scores.longest(ids, session.request.top_logprobs)
+            taken = engine.reuse_prefix(seq_id, ids[:known]) if known > 1 else 0
+            # entries 0..taken are the memo's; the rows computed give the rest
+            session.prompt_scores = list(scores[:taken + 1]) if taken else []
+        else:
+            taken = engine.reuse_prefix(seq_id, ids)
+        session.prefilled = taken
         if session.cached is None:
-            engine, ids = self.model.engine, session.prompt_ids
-            if session.scores_prompt:  # as far as a scored prompt of the same start goes
-                known, scores = self.scores.longest(ids, session.request.top_logprobs)
-                session.cached = engine.reuse_prefix(session.choices[0].seq_id,
-                                                     ids[:known]) if known > 1 else 0
-                # entries 0..cached are the memo's; the rows computed give the rest
-                session.prompt_scores = list(scores[:session.cached + 1]) \
-                    if session.cached else []
-            else:
-                session.cached = engine.reuse_prefix(session.choices[0].seq_id, ids)
-            session.prefilled = session.cached
+            session.cached = taken
             outbox = outboxes.get(session.id)
             if outbox is not None and outbox.pending and isinstance(outbox.pending[0],
                                                                     Accepted):
-                outbox.pending[0].cached_tokens = session.cached
+                outbox.pending[0].cached_tokens = taken
+
+    def _give_back(self, waiting: list[Session]) -> bool:
+        """The newest waiting prompt that holds KV blocks (part of it prefilled) gives them
+        back to the cache (its full blocks stay there, named, for when it heads the queue
+        again: `_start`); returns whether one did. A prompt that has written nothing yet
+        makes room before a running request is paused, or stopped as too big."""
+        engine = self.model.engine
+        holding = [s for s in waiting if engine.length(s.choices[0].seq_id)]
+        if not holding:
+            return False
+        session = max(holding, key=lambda s: s.id)
+        for c in session.choices:
+            engine.release(c.seq_id)
+        session.prefilled = 0
+        return True
 
     def _make_room(self, running: list[Session], paused: list[Session],
-                   outboxes: dict[int, Outbox]) -> list[Outbox]:
+                   waiting: list[Session], outboxes: dict[int, Outbox]) -> list[Outbox]:
         """KV blocks for the step: while the running choices need more than the cache can
-        give, the newest session is paused (its blocks go back to the cache), or, when it is
+        give, a waiting prompt gives back the blocks of its part prefilled (`_give_back`),
+        else the newest session is paused (its blocks go back to the cache), or, when it is
         the only one left, stops with an error; returns the outboxes of those stopped."""
         engine = self.model.engine
         ended: list[Outbox] = []
         while running and engine.blocks_needed(
                 [(c.seq_id, 1) for s in running for c in s.choices if not c.done]) \
                 > engine.blocks_available():
+            if self._give_back(waiting):
+                continue
             session = max(running, key=lambda s: s.id)
             running.remove(session)
             for c in session.choices:
@@ -351,20 +376,24 @@ class Scheduler:
         return ended
 
     def resume_step(self, paused: list[Session], running: list[Session],
-                     outboxes: dict[int, Outbox]) -> list[Outbox]:
+                     outboxes: dict[int, Outbox], waiting: list[Session]) -> list[Outbox]:
         """The oldest paused session goes on once its tokens fit beside a step of every
         running sequence: each live choice takes back what the cache holds of its prompt and
         output so far and recomputes the rest, then it runs again (its next token was
-        sampled before it was paused). Alone and still too big, it stops with an error."""
+        sampled before it was paused). With nothing running, waiting prompts give back the
+        blocks of their parts prefilled (`_give_back`); alone and still too big, it stops
+        with an error."""
         session = paused[0]
         engine = self.model.engine
         live = [c for c in session.choices if not c.done]
         fed = {c.index: session.prompt_ids + c.tokens[:-1] for c in live}
         # (the blocks the cache still holds count as available until taken back)
         need = engine.blocks_needed([(c.seq_id, len(fed[c.index]) + 1) for c in live])
-        if need + self.running_seqs(running) > engine.blocks_available():
+        while need + self.running_seqs(running) > engine.blocks_available():
             if running:
                 return []
+            if self._give_back(waiting):
+                continue
             paused.pop(0)
             return [self._fail_for_room(session, outboxes)]
         paused.pop(0)

@@ -315,11 +315,11 @@ class Worker:
                 busy = bool(waiting or running or paused)
                 t0 = time.perf_counter()
                 if paused:  # they go on before new prompts start
-                    hand(sched.resume_step(paused, running, outboxes))
+                    hand(sched.resume_step(paused, running, outboxes, waiting))
                 elif waiting:  # a first token goes out before the decode step
                     hand(sched.prefill_step(waiting, running, outboxes))
                 if running:
-                    hand(sched.decode_step(running, paused, outboxes))
+                    hand(sched.decode_step(running, paused, outboxes, waiting))
                 # between the chats' steps, in a bounded share of their time
                 if embeds:
                     if busy:

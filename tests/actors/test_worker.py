@@ -280,6 +280,33 @@ def test_when_decoding_runs_out_of_blocks_the_newest_request_waits(tmp_path,
     w.close()
 
 
+def test_a_prompt_part_prefilled_gives_its_blocks_to_a_running_request(tmp_path) -> None:
+    """Forty blocks: a request that needs thirty runs, and a 560-token prompt (35 blocks)
+    behind it is prefilled chunk by chunk until the cache is full. When the running request
+    needs a block, the prompt gives back the blocks of its part prefilled (kept cached for
+    when it goes on) rather than the running request, which fits alone, ending with 'the
+    KV cache is full'; both end as they do alone."""
+    folder = ensure_tiny(tmp_path / "cache")
+    model = lambda **kw: load_model(folder, quantize="q8_0", **kw)  # noqa: E731
+    probe = model().engine.kv.block_bytes
+    reqs = [CompletionGenerate(request_id="a", prompt_ids=list(range(5, 105)),
+                               max_tokens=380, ignore_eos=True, temperature=0.0),
+            CompletionGenerate(request_id="b", prompt_ids=list(range(200, 760)),
+                               max_tokens=4, ignore_eos=True, temperature=0.0)]
+    alone = Worker(lambda: model(kv_cache_bytes=40 * probe))
+    expected = [_texts(alone, [r])[0] for r in reqs]
+    alone.close()
+
+    w = Worker(lambda: model(kv_cache_bytes=40 * probe))
+    got = _texts(w, reqs)
+    for events, want in zip(got, expected):
+        assert isinstance(events[-1], Usage)
+        assert _text(events) == _text(want)
+    assert got[1][-1].cached_tokens == 0  # what the cache held when the prompt started
+    assert w.model.engine.kv.held() == 0
+    w.close()
+
+
 @pytest.mark.parametrize("fault,state", [("errors", "ERT_CMD_STATE_ERROR"),
                                          ("hangs", "ERT_CMD_STATE_TIMEOUT"),
                                          ("aborts", "ERT_CMD_STATE_ABORT")])
