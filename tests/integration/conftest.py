@@ -22,6 +22,10 @@ SECRET = "test-key-123"
 UNLOADABLE = "no-such-arch"
 UNLOADABLE_CONFIG = '{"architectures": ["FooForCausalLM"], "model_type": "foo"}'
 RERANKER = "bert-rerank"
+# the apps here set their keys themselves: a key in the developer's environment (every
+# app's default, deployments.app.API_KEY_VAR) would lock the keyless ones and the servers
+# the launch tests and benches start
+os.environ.pop("FLM_API_KEY", None)
 
 
 @pytest.fixture(scope="session")
