@@ -76,8 +76,9 @@ class Sampler:
         self._end_ids = np.array([t for t in p.end_ids if 0 <= t < vocab_size], dtype=np.int64)
         if not p.min_tokens:
             self._end_ids = self._end_ids[:0]
-        self._penalized = (penalties and p.repeat_last_n != 0) or bool(bias) \
-            or bool(self._end_ids.size)
+        # whether a row needs _prepare's arithmetic (the end ids' part ends at min_tokens)
+        self._adjusted = (penalties and p.repeat_last_n != 0) or bool(bias)
+        self._penalized = self._adjusted or bool(self._end_ids.size)
         self._window: deque[int] | None = None
         ids = np.asarray(prompt_ids or [], dtype=np.int64)
         ids = ids[(ids >= 0) & (ids < vocab_size)]
@@ -102,8 +103,9 @@ class Sampler:
     def accept(self, token: int) -> None:
         """Count a generated token (for the penalties and min_tokens)."""
         self._written += 1
-        if self._written >= self.params.min_tokens:
+        if self._end_ids.size and self._written >= self.params.min_tokens:
             self._end_ids = self._end_ids[:0]  # the end tokens may come now
+            self._penalized = self._adjusted
         if not 0 <= token < self.vocab_size:
             return
         if self._window is not None:

@@ -14,6 +14,7 @@ import msgspec
 import numpy as np
 from starlette.responses import JSONResponse, Response
 
+from actors.embedding import finish
 from actors.events import Accepted, Embeddings, Failed, Usage
 from deployments.errors import ApiError
 from deployments.exchange import WholeReply
@@ -128,9 +129,7 @@ class OllamaEmbedReply(_EmbedFold):
     def answer(self) -> Response:
         m = self.matrix()
         if self.dimensions is not None and 0 < self.dimensions < m.shape[1]:
-            m = m[:, :self.dimensions]
-            norms = np.linalg.norm(m, axis=1, keepdims=True)
-            m = m / np.where(norms > 0, norms, 1)  # a zero row stays zero
+            m = finish(m, self.dimensions)  # as the worker cuts OpenAI's `dimensions`
         m = m.tolist()
         if self.legacy:
             return Response(_encoder.encode({"embedding": m[0]}), media_type=self.media_type)

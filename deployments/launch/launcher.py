@@ -40,7 +40,7 @@ import yaml
 from deployments.launch import console_filter, folders
 from deployments.launch.console import StartWatch, logs_dir
 from deployments.launch.loopback import LOOPBACK_ENV
-from deployments.launch.processes import RUN_ID_VAR, RunProcesses
+from deployments.launch.processes import RUN_ID_VAR, RunProcesses, comm
 from deployments.launch.serve_env import serve_environ
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -249,14 +249,7 @@ class _Stop:
                                   before_raylet=before_raylet)
 
     def _gcs_alive(self) -> bool:
-        for pid in self.processes.alive():
-            try:
-                with open(f"/proc/{pid}/comm") as f:
-                    if f.read().strip() == "gcs_server":
-                        return True
-            except OSError:
-                continue
-        return False
+        return any(comm(pid) == "gcs_server" for pid in self.processes.alive())
 
 
 def _start_failure(exc: Exception) -> str:

@@ -127,7 +127,7 @@ class RunProcesses:
             The pids that were still alive and had to be ended.
         """
         left = self.alive()
-        raylets = {pid for pid in left if _comm(pid) == "raylet"}
+        raylets = {pid for pid in left if comm(pid) == "raylet"}
         self._end(lambda: [pid for pid in self.alive() if pid not in raylets], deadline,
                   grace_s, lambda: True)
         before_raylet([pid for pid in left if pid not in raylets])
@@ -148,7 +148,8 @@ class RunProcesses:
             time.sleep(0.05)
 
 
-def _comm(pid: int) -> str:
+def comm(pid: int) -> str:
+    """A process's command name ("raylet", "gcs_server"); "" once it is gone."""
     try:
         with open(f"/proc/{pid}/comm") as f:
             return f.read().strip()
